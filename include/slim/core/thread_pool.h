@@ -1,0 +1,49 @@
+// The one thread pool that kernels share. parallel_for splits a range into chunks run
+// by the workers and the calling thread; nested calls run inline so a kernel called
+// from inside a parallel region never deadlocks or oversubscribes the machine.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace slim {
+
+class ThreadPool {
+ public:
+  // num_threads counts the calling thread: a pool of 1 runs everything inline.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return int(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) over [0, n) in chunks of at least `grain` items. Returns when
+  // every chunk is done; rethrows the first exception a chunk threw.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                    int64_t grain = 1);
+
+ private:
+  void worker_loop();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0, job_chunk_ = 0, next_chunk_ = 0, num_chunks_ = 0, chunks_done_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::mutex run_mu_;  // one parallel_for at a time per pool
+};
+
+// The process-wide pool. Its size is set by set_num_threads() (default: hardware threads).
+ThreadPool& default_thread_pool();
+void set_num_threads(int n);  // n <= 0 means the number of hardware threads
+int num_threads();
+
+}  // namespace slim

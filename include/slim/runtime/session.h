@@ -1,0 +1,69 @@
+// Session: load -> compile -> run for ONNX models. Compile orders the graph, folds
+// constants, drops dead nodes, infers static shapes, assigns kernels and plans memory;
+// run executes the plan with named tensors in and out.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slim/core/tensor.h"
+#include "slim/onnx/graph.h"
+
+namespace slim {
+
+struct SessionOptions {
+  int num_threads = 0;                         // 0: all hardware threads
+  std::vector<std::string> providers = {"ref"};  // in priority order
+  bool fold_constants = true;
+  bool plan_memory = true;
+};
+
+struct MemoryPlanStats {
+  int64_t intermediate_bytes = 0;  // sum of the bytes of all planned intermediate tensors
+  int64_t planned_bytes = 0;       // size of the arena that holds them
+  int64_t planned_values = 0;      // values with a static shape, placed in the arena
+  int64_t dynamic_values = 0;      // values whose shape is only known at run time
+  double reuse_rate() const {
+    return intermediate_bytes ? 1.0 - double(planned_bytes) / double(intermediate_bytes) : 0.0;
+  }
+};
+
+struct CompileStats {
+  int64_t nodes_in = 0, nodes_out = 0;
+  int64_t folded_nodes = 0, dead_nodes = 0;
+  MemoryPlanStats memory;
+};
+
+using TensorMap = std::map<std::string, Tensor>;
+
+class Session {
+ public:
+  // Loads an ONNX file and compiles it.
+  static std::unique_ptr<Session> load(const std::string& path, SessionOptions options = {});
+  static std::unique_ptr<Session> compile(Model model, SessionOptions options = {});
+  ~Session();
+
+  // Runs the model. Inputs are matched by name; a missing input, an unknown name, or a
+  // dtype/shape that contradicts the model is invalid_argument naming the input.
+  // Returns the requested outputs (all graph outputs when `output_names` is empty).
+  TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names = {});
+
+  const Model& model() const;
+  const std::vector<ValueInfo>& inputs() const;   // what run() needs
+  const std::vector<ValueInfo>& outputs() const;
+  const CompileStats& stats() const;
+
+  struct Impl;
+
+ private:
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Ops of a model no registered provider can run, as "domain:Op (opset N)" strings.
+std::vector<std::string> unsupported_ops(const Model& model,
+                                         const std::vector<std::string>& providers = {"ref"});
+
+}  // namespace slim

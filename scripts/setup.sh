@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package that slim's build, tests and demo need.
+# Idempotent and non-interactive: packages already present are skipped.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  clang libclang-rt-14-dev
+  libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
+  nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+  libssl-dev libxxhash-dev libzstd-dev
+  python3 python3-numpy python3-onnx python3-sklearn python3-xgboost
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,125 @@
+#include "slim/core/thread_pool.h"
+
+#include <algorithm>
+#include <memory>
+
+namespace slim {
+
+namespace {
+thread_local bool t_in_parallel = false;
+}
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [&] { return stop_ || (generation_ != seen && next_chunk_ < num_chunks_); });
+    if (stop_) return;
+    seen = generation_;
+    while (next_chunk_ < num_chunks_) {
+      const int64_t c = next_chunk_++;
+      const auto* job = job_;
+      const int64_t b = c * job_chunk_, e = std::min(job_n_, b + job_chunk_);
+      lock.unlock();
+      std::exception_ptr err;
+      t_in_parallel = true;
+      try {
+        (*job)(b, e);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      t_in_parallel = false;
+      lock.lock();
+      if (err && !error_) error_ = err;
+      if (++chunks_done_ == num_chunks_) done_cv_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                              int64_t grain) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t max_chunks = std::min<int64_t>(int64_t(num_threads()), (n + grain - 1) / grain);
+  if (workers_.empty() || t_in_parallel || max_chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  const int64_t chunk = (n + max_chunks - 1) / max_chunks;
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = chunk;
+  num_chunks_ = (n + chunk - 1) / chunk;
+  next_chunk_ = 0;
+  chunks_done_ = 0;
+  error_ = nullptr;
+  ++generation_;
+  work_cv_.notify_all();
+  // The caller takes chunks too.
+  while (next_chunk_ < num_chunks_) {
+    const int64_t c = next_chunk_++;
+    const int64_t b = c * chunk, e = std::min(n, b + chunk);
+    lock.unlock();
+    std::exception_ptr err;
+    t_in_parallel = true;
+    try {
+      fn(b, e);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    t_in_parallel = false;
+    lock.lock();
+    if (err && !error_) error_ = err;
+    ++chunks_done_;
+  }
+  done_cv_.wait(lock, [&] { return chunks_done_ == num_chunks_; });
+  job_ = nullptr;
+  num_chunks_ = 0;
+  std::exception_ptr err = error_;
+  error_ = nullptr;
+  lock.unlock();
+  if (err) std::rethrow_exception(err);
+}
+
+namespace {
+std::mutex g_pool_mu;
+std::unique_ptr<ThreadPool> g_pool;
+int g_requested = 0;
+
+int resolve(int n) {
+  if (n > 0) return n;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+}  // namespace
+
+ThreadPool& default_thread_pool() {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (!g_pool) g_pool = std::make_unique<ThreadPool>(resolve(g_requested));
+  return *g_pool;
+}
+
+void set_num_threads(int n) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  g_requested = n;
+  if (g_pool && g_pool->num_threads() == resolve(n)) return;
+  g_pool.reset();
+}
+
+int num_threads() { return default_thread_pool().num_threads(); }
+
+}  // namespace slim

@@ -1,0 +1,72 @@
+#include "slim/runtime/kernel.h"
+
+namespace slim {
+
+KernelContext::KernelContext(const Node& node, std::vector<const Tensor*> inputs,
+                             std::vector<Tensor>* outputs, const std::vector<Tensor>* planned,
+                             ThreadPool* pool)
+    : node_(node), inputs_(std::move(inputs)), outputs_(outputs), planned_(planned), pool_(pool) {
+  if (!pool_) pool_ = &default_thread_pool();
+}
+
+const Tensor* KernelContext::input(int i) const {
+  if (i < 0 || i >= int(inputs_.size())) return nullptr;
+  const Tensor* t = inputs_[size_t(i)];
+  return (t && t->defined()) ? t : nullptr;
+}
+
+const Tensor& KernelContext::required_input(int i) const {
+  const Tensor* t = input(i);
+  if (!t) fail(ErrorCode::invalid_model, "required input " + std::to_string(i) + " is missing");
+  return *t;
+}
+
+bool KernelContext::output_wanted(int i) const {
+  return i >= 0 && i < int(node_.outputs.size()) && !node_.outputs[size_t(i)].empty();
+}
+
+Tensor& KernelContext::output(int i, DType dtype, const Shape& shape) {
+  if (i < 0 || i >= num_outputs())
+    fail(ErrorCode::internal, "output index " + std::to_string(i) + " out of range");
+  Tensor& out = (*outputs_)[size_t(i)];
+  if (planned_ && size_t(i) < planned_->size()) {
+    const Tensor& p = (*planned_)[size_t(i)];
+    if (p.defined() && p.dtype() == dtype && p.shape() == shape) {
+      out = p;
+      return out;
+    }
+  }
+  out = Tensor(dtype, shape);
+  return out;
+}
+
+void KernelContext::set_output(int i, Tensor t) {
+  if (i < 0 || i >= num_outputs())
+    fail(ErrorCode::internal, "output index " + std::to_string(i) + " out of range");
+  (*outputs_)[size_t(i)] = std::move(t);
+}
+
+void KernelContext::fail(ErrorCode code, const std::string& msg) const {
+  throw Error(code, node_.describe() + ": " + msg);
+}
+
+void KernelRegistry::add(KernelDef def) { defs_.push_back(std::move(def)); }
+
+const KernelDef* KernelRegistry::find(const std::string& op_type, const std::string& domain,
+                                      int64_t opset) const {
+  const KernelDef* best = nullptr;
+  for (const auto& d : defs_) {
+    if (d.op_type != op_type || d.domain != domain) continue;
+    if (opset < d.since_version || opset > d.until_version) continue;
+    if (!best || d.since_version > best->since_version) best = &d;
+  }
+  return best;
+}
+
+bool KernelRegistry::has_op(const std::string& op_type, const std::string& domain) const {
+  for (const auto& d : defs_)
+    if (d.op_type == op_type && d.domain == domain) return true;
+  return false;
+}
+
+}  // namespace slim

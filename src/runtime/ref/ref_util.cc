@@ -1,0 +1,69 @@
+#include "runtime/ref/ref_util.h"
+
+namespace slim::ref {
+
+int normalize_axis(const Node& node, int64_t axis, int rank) {
+  const int64_t a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= std::max(rank, 1))
+    throw Error(ErrorCode::invalid_model, node.describe() + ": axis " + std::to_string(axis) +
+                                              " out of range for rank " + std::to_string(rank));
+  return int(a);
+}
+
+int normalize_axis(const KernelContext& ctx, int64_t axis, int rank) {
+  return normalize_axis(ctx.node(), axis, rank);
+}
+
+Shape broadcast_shapes(const KernelContext& ctx, const std::vector<Shape>& shapes) {
+  size_t rank = 0;
+  for (const auto& s : shapes) rank = std::max(rank, s.size());
+  Shape out(rank, 1);
+  for (const auto& s : shapes) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      const size_t o = rank - s.size() + i;
+      const int64_t d = s[i];
+      if (d == out[o] || d == 1) continue;
+      if (out[o] == 1) {
+        out[o] = d;
+        continue;
+      }
+      std::string all;
+      for (const auto& x : shapes) all += shape_str(x) + " ";
+      ctx.fail(ErrorCode::invalid_argument, "shapes cannot be broadcast: " + all);
+    }
+  }
+  return out;
+}
+
+Shape broadcast_strides(const Shape& in, const Shape& out) {
+  Shape st(out.size(), 0);
+  int64_t acc = 1;
+  for (size_t i = in.size(); i-- > 0;) {
+    const size_t o = out.size() - in.size() + i;
+    st[o] = in[i] == 1 ? 0 : acc;
+    acc *= in[i];
+  }
+  return st;
+}
+
+std::vector<int64_t> broadcast_index_map(const Shape& in, const Shape& out) {
+  const int64_t n = shape_numel(out);
+  std::vector<int64_t> map(size_t(n), 0);
+  const Shape st = broadcast_strides(in, out);
+  const size_t r = out.size();
+  std::vector<int64_t> idx(r, 0);
+  int64_t src = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    map[size_t(k)] = src;
+    for (size_t d = r; d-- > 0;) {
+      ++idx[d];
+      src += st[d];
+      if (idx[d] < out[d]) break;
+      src -= st[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+  return map;
+}
+
+}  // namespace slim::ref

@@ -1,0 +1,28 @@
+// Small helpers that ref kernels share: axis normalization, numpy broadcasting, and
+// reading shape-like input tensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "slim/core/convert.h"
+#include "slim/core/dispatch.h"
+#include "slim/runtime/kernel.h"
+
+namespace slim::ref {
+
+// Normalizes a possibly negative axis into [0, rank); fails naming the node otherwise.
+int normalize_axis(const KernelContext& ctx, int64_t axis, int rank);
+int normalize_axis(const Node& node, int64_t axis, int rank);
+
+// Numpy-style multidirectional broadcast of shapes; fails naming the node.
+Shape broadcast_shapes(const KernelContext& ctx, const std::vector<Shape>& shapes);
+
+// For each output element (row-major over `out`), the flat index into an input of shape
+// `in` broadcast to `out` (in's rank <= out's rank).
+std::vector<int64_t> broadcast_index_map(const Shape& in, const Shape& out);
+
+// Strides (in elements) of `in` broadcast to `out`: 0 on broadcast dims.
+Shape broadcast_strides(const Shape& in, const Shape& out);
+
+}  // namespace slim::ref

@@ -1,0 +1,123 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <atomic>
+#include <filesystem>
+#include <limits>
+
+#include "slim/core/half.h"
+#include "slim/core/npy.h"
+#include "slim/core/tensor.h"
+#include "slim/core/thread_pool.h"
+
+using namespace slim;
+
+TEST(Tensor, OwnedIsAlignedZeroedContiguous) {
+  Tensor t(DType::f32, {2, 3, 5});
+  EXPECT_EQ(t.numel(), 30);
+  EXPECT_EQ(t.nbytes(), 120u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % kTensorAlignment, 0u);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.strides(), (Shape{15, 5, 1}));
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(t.data<float>()[i], 0.f);
+}
+
+TEST(Tensor, PermuteSliceAndContiguousCopy) {
+  std::vector<int32_t> v(24);
+  for (int i = 0; i < 24; ++i) v[size_t(i)] = i;
+  Tensor t = Tensor::from_vector<int32_t>({2, 3, 4}, v);
+  Tensor p = t.permute({2, 0, 1});  // [4,2,3]
+  EXPECT_FALSE(p.is_contiguous());
+  Tensor c = p.contiguous();
+  ASSERT_EQ(c.shape(), (Shape{4, 2, 3}));
+  // c[k][i][j] == t[i][j][k]
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(c.data<int32_t>()[k * 6 + i * 3 + j], i * 12 + j * 4 + k);
+  Tensor s = t.slice(2, 1, 3).contiguous();  // [2,3,2]
+  EXPECT_EQ(s.data<int32_t>()[0], 1);
+  EXPECT_EQ(s.data<int32_t>()[11], 23 - 1);
+}
+
+TEST(Tensor, ReshapeInfersAndRejects) {
+  Tensor t(DType::i64, {4, 6});
+  EXPECT_EQ(t.reshape({-1, 3}).shape(), (Shape{8, 3}));
+  EXPECT_THROW(t.reshape({5, 5}), Error);
+  EXPECT_THROW(t.reshape({-1, -1}), Error);
+  EXPECT_THROW(Tensor(DType::f32, {-1}), Error);
+}
+
+TEST(Tensor, WrongTypeAccessThrows) {
+  Tensor t(DType::f32, {2});
+  EXPECT_THROW(t.data<int32_t>(), Error);
+}
+
+TEST(Half, RoundTripsAndRounds) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_f32(uint16_t(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(f32_to_f16(f), h) << h;
+  }
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);  // rounds to infinity
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));
+}
+
+TEST(Npy, RoundTripAllTypes) {
+  const auto dir = std::filesystem::temp_directory_path();
+  for (DType t : {DType::f32, DType::f64, DType::i8, DType::u8, DType::i32, DType::i64,
+                  DType::boolean, DType::f16}) {
+    Tensor x(t, {3, 2});
+    auto* p = static_cast<uint8_t*>(x.raw_data());
+    for (size_t i = 0; i < x.nbytes(); ++i) p[i] = uint8_t(t == DType::boolean ? i % 2 : i * 7);
+    const std::string path = (dir / ("slim_npy_" + std::string(dtype_name(t)) + ".npy")).string();
+    write_npy(path, x);
+    Tensor y = read_npy(path);
+    EXPECT_EQ(y.dtype(), t);
+    EXPECT_EQ(y.shape(), x.shape());
+    EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0);
+  }
+  Tensor s = Tensor::scalar<float>(2.5f);
+  Tensor r = parse_npy(encode_npy(s).data(), encode_npy(s).size(), "scalar");
+  EXPECT_EQ(r.rank(), 0);
+  EXPECT_EQ(r.data<float>()[0], 2.5f);
+}
+
+TEST(Npy, RejectsBadFiles) {
+  EXPECT_THROW(parse_npy("garbage!!garbage", 16, "g"), Error);
+  std::string good = encode_npy(Tensor(DType::f32, {4, 4}));
+  try {
+    parse_npy(good.data(), good.size() - 3, "trunc.npy");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos);
+  }
+  std::string big = good;
+  big.replace(big.find("'<f4'"), 5, "'>f4'");
+  EXPECT_THROW(parse_npy(big.data(), big.size(), "be.npy"), Error);
+  EXPECT_THROW(read_npy("/nonexistent/x.npy"), Error);
+}
+
+TEST(ThreadPool, CoversRangeOnceAndPropagatesErrors) {
+  ThreadPool pool(4);
+  std::vector<int> hits(1000, 0);
+  pool.parallel_for(1000, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+  });
+  for (int h : hits) EXPECT_EQ(h, 1);
+  EXPECT_THROW(pool.parallel_for(10, [](int64_t, int64_t) { throw Error(ErrorCode::internal, "x"); }),
+               Error);
+  // Nested calls run inline instead of deadlocking.
+  std::atomic<int> total{0};
+  pool.parallel_for(8, [&](int64_t b, int64_t e) {
+    pool.parallel_for(10, [&](int64_t b2, int64_t e2) { total += int(e2 - b2); });
+    (void)b; (void)e;
+  });
+  EXPECT_EQ(total.load(), 10 * std::min<int>(8, pool.num_threads()));
+}

@@ -1,0 +1,34 @@
+// How subcommands join the `slim` command line: each tools/slim/cmd_*.cc file adds its
+// subcommands from a static SLIM_COMMAND registrar, so a new front door needs no edit
+// to main.cc. Callbacks throw slim::Error; main() turns it into a message and exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace slim::cli {
+
+struct CommandEntry {
+  int order;  // position in `slim --help`
+  std::function<void(CLI::App&)> add;
+};
+
+std::vector<CommandEntry>& command_registry();
+
+struct CommandRegistrar {
+  CommandRegistrar(int order, std::function<void(CLI::App&)> add) {
+    command_registry().push_back({order, std::move(add)});
+  }
+};
+
+// Options every command that runs kernels shares.
+void add_threads_option(CLI::App* cmd, int* threads);
+
+}  // namespace slim::cli
+
+#define SLIM_CONCAT_INNER(a, b) a##b
+#define SLIM_CONCAT(a, b) SLIM_CONCAT_INNER(a, b)
+#define SLIM_COMMAND(order, fn) \
+  static ::slim::cli::CommandRegistrar SLIM_CONCAT(slim_command_, __LINE__)(order, fn)

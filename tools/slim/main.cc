@@ -1,0 +1,54 @@
+// slim: the command-line front door over libslim. Subcommands live in cmd_*.cc.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "slim/core/error.h"
+#include "slim/core/thread_pool.h"
+
+namespace slim::cli {
+
+std::vector<CommandEntry>& command_registry() {
+  static std::vector<CommandEntry> registry;
+  return registry;
+}
+
+void add_threads_option(CLI::App* cmd, int* threads) {
+  cmd->add_option("--threads", *threads, "Worker threads (0 = all hardware threads)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+}  // namespace slim::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "slim: compress, verify and serve ONNX networks, GGUF language models and "
+      "gradient-boosted trees.\n\n"
+      "Exit codes: 0 success; 1 internal error; 2 bad input (usage, malformed file, "
+      "unsupported model, missing file); 3 integrity failure (digest, signature, audit "
+      "chain); 4 resource exhausted."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "slim 0.1.0");
+  auto& reg = slim::cli::command_registry();
+  std::stable_sort(reg.begin(), reg.end(),
+                   [](const auto& a, const auto& b) { return a.order < b.order; });
+  for (auto& entry : reg) entry.add(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  } catch (const slim::Error& e) {
+    std::fflush(stdout);
+    std::cerr << "slim: error [" << slim::error_code_name(e.code()) << "]: " << e.what() << "\n";
+    return slim::exit_code_for(e.code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::cerr << "slim: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
