@@ -24,6 +24,13 @@ void Progress::update(int64_t done, const std::string& detail) {
   std::fflush(stderr);
 }
 
+void Progress::clear_line() {
+  if (!active_ || finished_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  last_ = {};
+}
+
 void Progress::finish() {
   if (!active_ || finished_) return;
   finished_ = true;

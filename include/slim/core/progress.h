@@ -15,6 +15,8 @@ class Progress {
   ~Progress();  // clears the line
   void update(int64_t done, const std::string& detail = "");
   void finish();
+  // Erases the line so the caller can print a full line; the next update() redraws.
+  void clear_line();
   static bool enabled();  // true when stderr is a terminal
 
  private:
