@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ class Session {
   const std::vector<ValueInfo>& inputs() const;   // what run() needs
   const std::vector<ValueInfo>& outputs() const;
   const CompileStats& stats() const;
+  // Shape of any value of the compiled graph when compile inferred it statically.
+  std::optional<Shape> static_shape(const std::string& value) const;
 
   struct Impl;
 
