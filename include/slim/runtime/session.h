@@ -48,7 +48,9 @@ class Session {
 
   // Runs the model. Inputs are matched by name; a missing input, an unknown name, or a
   // dtype/shape that contradicts the model is invalid_argument naming the input.
-  // Returns the requested outputs (all graph outputs when `output_names` is empty).
+  // Returns the requested outputs (all graph outputs when `output_names` is empty);
+  // they never share memory with the session. Concurrent calls are serialized by a
+  // mutex, because every run writes its intermediates into the session's one arena.
   TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names = {});
 
   const Model& model() const;
@@ -57,6 +59,13 @@ class Session {
   const CompileStats& stats() const;
   // Shape of any value of the compiled graph when compile inferred it statically.
   std::optional<Shape> static_shape(const std::string& value) const;
+  // Element type of a value when compile knows it (constants, typed inputs, probed nodes).
+  std::optional<DType> static_dtype(const std::string& value) const;
+  // The graph as compiled: nodes in execution order after folding and dead-node
+  // elimination, Constant nodes and folded values turned into initializers.
+  const Graph& compiled_graph() const;
+  // Provider that runs each node of compiled_graph(), index for index.
+  const std::vector<std::string>& node_providers() const;
 
   struct Impl;
 
@@ -64,6 +73,15 @@ class Session {
   explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+class KernelRegistry;
+
+// Makes a provider's kernels selectable by name in SessionOptions::providers (a second
+// registry of the same name replaces the first). "ref" is always registered. The
+// registry must outlive every session compiled with it.
+void register_provider(const KernelRegistry* registry);
+// The registry of a provider name; nullptr when none is registered under that name.
+const KernelRegistry* find_provider(const std::string& name);
 
 // Ops of a model no registered provider can run, as "domain:Op (opset N)" strings.
 std::vector<std::string> unsupported_ops(const Model& model,

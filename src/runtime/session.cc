@@ -1,0 +1,855 @@
+#include "slim/runtime/session.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "slim/core/dispatch.h"
+#include "slim/core/thread_pool.h"
+#include "slim/onnx/importer.h"
+#include "slim/runtime/kernel.h"
+#include "slim/runtime/memory_planner.h"
+
+namespace slim {
+
+// ---------------------------------------------------------------------------------------
+// Providers
+
+namespace {
+
+std::mutex g_providers_mu;
+
+std::vector<const KernelRegistry*>& extra_providers() {
+  static std::vector<const KernelRegistry*> providers;
+  return providers;
+}
+
+std::string domain_label(const std::string& domain) {
+  return domain.empty() ? "ai.onnx" : domain;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::vector<const KernelRegistry*> resolve_providers(const std::vector<std::string>& names) {
+  check(!names.empty(), ErrorCode::invalid_argument, "no providers given");
+  std::vector<const KernelRegistry*> out;
+  for (const auto& name : names) {
+    const KernelRegistry* r = find_provider(name);
+    if (!r) {
+      std::vector<std::string> known = {"ref"};
+      {
+        std::lock_guard<std::mutex> lock(g_providers_mu);
+        for (const auto* p : extra_providers()) known.push_back(p->provider());
+      }
+      throw Error(ErrorCode::invalid_argument,
+                  "unknown provider '" + name + "' (known: " + join(known) + ")");
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+// The op handled by the compiler itself, with no kernel.
+bool is_constant_op(const Node& node) { return node.op_type == "Constant" && node.domain.empty(); }
+
+// Ops whose outputs differ from run to run: never folded at compile time.
+bool is_nondeterministic(const Node& node) {
+  static const std::set<std::string> kOps = {"RandomNormal",     "RandomUniform",
+                                             "RandomNormalLike", "RandomUniformLike",
+                                             "Multinomial",      "Bernoulli"};
+  return node.domain.empty() && kOps.count(node.op_type) != 0;
+}
+
+bool has_subgraph(const Node& node) {
+  for (const auto& [key, a] : node.attrs)
+    if (a.kind == Attribute::Kind::g || a.kind == Attribute::Kind::graphs) return true;
+  return false;
+}
+
+// Names a subgraph reads from enclosing scopes: its kernel needs them alive, so they
+// count as uses of the node that owns the subgraph.
+void collect_outer_refs(const Graph& g, std::set<std::string>& out) {
+  std::unordered_set<std::string> defined;
+  for (const auto& v : g.inputs) defined.insert(v.name);
+  for (const auto& v : g.overridable_inputs) defined.insert(v.name);
+  for (const auto& [name, t] : g.initializers) defined.insert(name);
+  for (const auto& n : g.nodes)
+    for (const auto& o : n.outputs) defined.insert(o);
+  auto use = [&](const std::string& name) {
+    if (!name.empty() && !defined.count(name)) out.insert(name);
+  };
+  for (const auto& n : g.nodes) {
+    for (const auto& i : n.inputs) use(i);
+    for (const auto& [key, a] : n.attrs) {
+      std::set<std::string> inner;
+      if (a.kind == Attribute::Kind::g && a.g) collect_outer_refs(*a.g, inner);
+      if (a.kind == Attribute::Kind::graphs)
+        for (const auto& sg : a.graphs)
+          if (sg) collect_outer_refs(*sg, inner);
+      for (const auto& name : inner) use(name);
+    }
+  }
+  for (const auto& v : g.outputs) use(v.name);
+}
+
+// Every value a node reads: its inputs, then what its subgraphs read from outside.
+std::vector<std::string> node_uses(const Node& node) {
+  std::vector<std::string> uses;
+  for (const auto& i : node.inputs)
+    if (!i.empty()) uses.push_back(i);
+  if (has_subgraph(node)) {
+    std::set<std::string> outer;
+    for (const auto& [key, a] : node.attrs) {
+      if (a.kind == Attribute::Kind::g && a.g) collect_outer_refs(*a.g, outer);
+      if (a.kind == Attribute::Kind::graphs)
+        for (const auto& sg : a.graphs)
+          if (sg) collect_outer_refs(*sg, outer);
+    }
+    uses.insert(uses.end(), outer.begin(), outer.end());
+  }
+  return uses;
+}
+
+// The value of a Constant node as a tensor.
+Tensor constant_node_value(const Node& node) {
+  check(node.outputs.size() == 1 && !node.outputs[0].empty(), ErrorCode::invalid_model,
+        node.describe() + ": a Constant has exactly one output");
+  check(node.attrs.size() == 1, ErrorCode::invalid_model,
+        node.describe() + ": a Constant needs exactly one value attribute, it has " +
+            std::to_string(node.attrs.size()));
+  const auto& [key, a] = *node.attrs.begin();
+  auto expect = [&](Attribute::Kind kind) {
+    const Attribute* got = node.attr(key);
+    if (got->kind != kind)
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": attribute '" + key + "' has the wrong kind");
+  };
+  if (key == "value") {
+    expect(Attribute::Kind::t);
+    check(a.t.defined(), ErrorCode::invalid_model, node.describe() + ": empty 'value' tensor");
+    return a.t;
+  }
+  if (key == "value_float") {
+    expect(Attribute::Kind::f);
+    return Tensor::scalar<float>(a.f);
+  }
+  if (key == "value_floats") {
+    expect(Attribute::Kind::floats);
+    return Tensor::from_vector<float>({int64_t(a.floats.size())}, a.floats);
+  }
+  if (key == "value_int") {
+    expect(Attribute::Kind::i);
+    return Tensor::scalar<int64_t>(a.i);
+  }
+  if (key == "value_ints") {
+    expect(Attribute::Kind::ints);
+    return Tensor::from_vector<int64_t>({int64_t(a.ints.size())}, a.ints);
+  }
+  if (key == "value_string" || key == "value_strings")
+    throw Error(ErrorCode::unsupported, node.describe() + ": string constants are not supported");
+  if (key == "sparse_value")
+    throw Error(ErrorCode::unsupported, node.describe() + ": sparse constants are not supported");
+  throw Error(ErrorCode::invalid_model,
+              node.describe() + ": unknown Constant attribute '" + key + "'");
+}
+
+// A tensor of ones. Probe runs use ones rather than zeros: an integer Div or Mod by a
+// zero-filled divisor is undefined behaviour in C++, while ones are valid for almost
+// every op (and index 1 past a size-1 axis merely makes the probe fail, not crash).
+Tensor probe_tensor(DType dtype, const Shape& shape) {
+  Tensor t(dtype, shape);
+  visit_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = static_cast<T*>(t.raw_data());
+    const T one = T(1.0f);
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = one;
+  });
+  return t;
+}
+
+bool same_storage(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.storage() == b.storage();
+}
+
+}  // namespace
+
+void register_provider(const KernelRegistry* registry) {
+  check(registry != nullptr, ErrorCode::invalid_argument, "register_provider: null registry");
+  check(registry->provider() != "ref", ErrorCode::invalid_argument,
+        "register_provider: 'ref' is built in and cannot be replaced");
+  std::lock_guard<std::mutex> lock(g_providers_mu);
+  for (auto& p : extra_providers())
+    if (p->provider() == registry->provider()) {
+      p = registry;
+      return;
+    }
+  extra_providers().push_back(registry);
+}
+
+const KernelRegistry* find_provider(const std::string& name) {
+  if (name == "ref") return &ref_kernel_registry();
+  std::lock_guard<std::mutex> lock(g_providers_mu);
+  for (const auto* p : extra_providers())
+    if (p->provider() == name) return p;
+  return nullptr;
+}
+
+namespace {
+
+void collect_unsupported(const Graph& g, const Model& model,
+                         const std::vector<const KernelRegistry*>& registries,
+                         std::set<std::string>& out) {
+  for (const auto& node : g.nodes) {
+    for (const auto& [key, a] : node.attrs) {
+      if (a.kind == Attribute::Kind::g && a.g) collect_unsupported(*a.g, model, registries, out);
+      if (a.kind == Attribute::Kind::graphs)
+        for (const auto& sg : a.graphs)
+          if (sg) collect_unsupported(*sg, model, registries, out);
+    }
+    if (is_constant_op(node)) continue;
+    const int64_t opset = model.opset(node.domain);
+    bool found = false;
+    for (const auto* r : registries)
+      if (r->find(node.op_type, node.domain, opset)) {
+        found = true;
+        break;
+      }
+    if (!found)
+      out.insert(domain_label(node.domain) + ":" + node.op_type + " (opset " +
+                 std::to_string(opset) + ")");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> unsupported_ops(const Model& model,
+                                         const std::vector<std::string>& providers) {
+  const auto registries = resolve_providers(providers);
+  std::set<std::string> out;
+  collect_unsupported(model.graph, model, registries, out);
+  return {out.begin(), out.end()};
+}
+
+// ---------------------------------------------------------------------------------------
+// The compiled plan
+
+namespace {
+
+enum class ValueKind { constant, input, produced };
+
+struct ValueSlot {
+  std::string name;
+  ValueKind kind = ValueKind::produced;
+  std::optional<DType> dtype;  // known at compile time
+  std::optional<Shape> shape;  // static shape, when known
+  Tensor constant;             // kind == constant
+  bool graph_output = false;
+  int producer_step = -1;
+  int last_step = -1;      // last step that reads it (num_steps for graph outputs)
+  int alias_of = -1;       // value whose storage a view-producing kernel reused
+  Tensor planned;          // its place in the arena, when planned
+};
+
+struct Step {
+  const Node* node = nullptr;
+  std::string provider;
+  std::unique_ptr<OpKernel> kernel;
+  std::vector<int> inputs;   // value ids, -1 for an omitted input
+  std::vector<int> outputs;  // value ids, -1 for an omitted output
+  std::vector<Tensor> planned;
+  std::vector<int> release;  // values whose last reader is this step
+};
+
+}  // namespace
+
+struct Session::Impl {
+  SessionOptions options;
+  Model model;
+  Graph graph;  // compiled
+  std::vector<std::string> node_providers;
+  CompileStats stats;
+  std::string context;
+
+  std::vector<ValueSlot> values;
+  std::unordered_map<std::string, int> value_ids;
+  std::vector<Step> steps;
+  // The nodes the steps run. Kernels may keep a reference to their node, so each node
+  // gets an address that never changes; graph.nodes is a copy for inspection.
+  std::vector<std::unique_ptr<Node>> node_store;
+  std::vector<int> output_ids;
+  std::shared_ptr<Storage> arena;
+  std::unordered_set<const Storage*> constant_storages;
+  std::mutex run_mu;
+
+  int value_id(const std::string& name) {
+    auto it = value_ids.find(name);
+    if (it != value_ids.end()) return it->second;
+    ValueSlot v;
+    v.name = name;
+    values.push_back(std::move(v));
+    value_ids.emplace(name, int(values.size() - 1));
+    return int(values.size() - 1);
+  }
+  const ValueSlot* find_value(const std::string& name) const {
+    auto it = value_ids.find(name);
+    return it == value_ids.end() ? nullptr : &values[size_t(it->second)];
+  }
+
+  void compile();
+  TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names);
+
+ private:
+  void eliminate_dead_nodes();
+  void fold_and_infer(const std::vector<const KernelRegistry*>& regs);
+  void build_steps();
+  void plan_arena();
+  void validate_inputs(const TensorMap& inputs) const;
+  bool in_arena(const Tensor& t) const;
+  bool inside(const Tensor& t, const Tensor& region) const;
+  bool overlaps(const Tensor& a, const Tensor& b) const;
+};
+
+void Session::Impl::compile() {
+  context = model.path.empty() ? (model.graph.name.empty() ? "model" : "model '" + model.graph.name + "'")
+                               : model.path;
+  set_num_threads(options.num_threads);
+  const auto registries = resolve_providers(options.providers);
+  stats.nodes_in = int64_t(model.graph.nodes.size());
+
+  const std::vector<size_t> order = validate_graph(model.graph, context);
+  check(order.size() == model.graph.nodes.size(), ErrorCode::internal,
+        context + ": validate_graph ordered " + std::to_string(order.size()) + " of " +
+            std::to_string(model.graph.nodes.size()) + " nodes");
+
+  graph.name = model.graph.name;
+  graph.inputs = model.graph.inputs;
+  graph.outputs = model.graph.outputs;
+  graph.value_info = model.graph.value_info;
+  graph.overridable_inputs = model.graph.overridable_inputs;
+  node_store.reserve(order.size());
+  for (size_t i : order) {
+    check(i < model.graph.nodes.size(), ErrorCode::internal,
+          context + ": validate_graph returned node index " + std::to_string(i));
+    node_store.push_back(std::make_unique<Node>(model.graph.nodes[i]));
+  }
+
+  // Values the graph starts with.
+  std::set<std::string> overridable;
+  for (const auto& vi : model.graph.overridable_inputs) overridable.insert(vi.name);
+  auto declare_input = [&](const ValueInfo& vi) {
+    ValueSlot& v = values[size_t(value_id(vi.name))];
+    v.kind = ValueKind::input;
+    v.dtype = vi.dtype;
+    if (vi.dtype) v.shape = vi.static_shape();
+  };
+  for (const auto& vi : model.graph.inputs) declare_input(vi);
+  for (const auto& vi : model.graph.overridable_inputs) declare_input(vi);
+  for (const auto& [name, t] : model.graph.initializers) {
+    if (overridable.count(name)) continue;
+    check(t.defined(), ErrorCode::invalid_model, context + ": initializer '" + name + "' is empty");
+    ValueSlot& v = values[size_t(value_id(name))];
+    v.kind = ValueKind::constant;
+    v.constant = t.contiguous();
+    v.dtype = t.dtype();
+    v.shape = t.shape();
+  }
+  for (const auto& vi : model.graph.outputs) values[size_t(value_id(vi.name))].graph_output = true;
+  // Every name gets its slot now, so later passes can hold references into `values`.
+  for (const auto& node : node_store) {
+    for (const auto& u : node_uses(*node)) value_id(u);
+    for (const auto& o : node->outputs)
+      if (!o.empty()) value_id(o);
+  }
+
+  eliminate_dead_nodes();
+
+  // Constant nodes are values, not work.
+  std::vector<std::unique_ptr<Node>> remaining;
+  remaining.reserve(node_store.size());
+  for (auto& node : node_store) {
+    if (!is_constant_op(*node)) {
+      remaining.push_back(std::move(node));
+      continue;
+    }
+    Tensor t = constant_node_value(*node).contiguous();
+    ValueSlot& v = values[size_t(value_id(node->outputs[0]))];
+    v.kind = ValueKind::constant;
+    v.constant = t;
+    v.dtype = t.dtype();
+    v.shape = t.shape();
+    ++stats.folded_nodes;
+  }
+  node_store = std::move(remaining);
+  fold_and_infer(registries);
+
+  // Folding leaves constants nobody reads; drop them so their memory goes.
+  std::unordered_set<std::string> used;
+  for (const auto& node : node_store)
+    for (const auto& u : node_uses(*node)) used.insert(u);
+  for (const auto& vi : graph.outputs) used.insert(vi.name);
+  for (auto& v : values) {
+    if (v.kind != ValueKind::constant) continue;
+    if (!used.count(v.name)) {
+      v.constant = Tensor();
+      continue;
+    }
+    graph.initializers[v.name] = v.constant;
+    constant_storages.insert(v.constant.storage().get());
+  }
+  for (const auto& vi : graph.overridable_inputs) {
+    auto it = model.graph.initializers.find(vi.name);
+    if (it != model.graph.initializers.end()) graph.initializers[vi.name] = it->second;
+  }
+
+  build_steps();
+  for (const auto& node : node_store) graph.nodes.push_back(*node);
+  node_providers.clear();
+  for (const auto& s : steps) node_providers.push_back(s.provider);
+  stats.nodes_out = int64_t(graph.nodes.size());
+  if (options.plan_memory) plan_arena();
+  int64_t dynamic = 0;
+  for (const auto& v : values)
+    if (v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && !v.shape)
+      ++dynamic;
+  stats.memory.dynamic_values = dynamic;
+}
+
+void Session::Impl::eliminate_dead_nodes() {
+  std::unordered_set<std::string> needed;
+  for (const auto& vi : graph.outputs) needed.insert(vi.name);
+  std::vector<bool> live(node_store.size(), false);
+  for (size_t i = node_store.size(); i-- > 0;) {
+    for (const auto& o : node_store[i]->outputs)
+      if (!o.empty() && needed.count(o)) live[i] = true;
+    if (!live[i]) continue;
+    for (const auto& u : node_uses(*node_store[i])) needed.insert(u);
+  }
+  std::vector<std::unique_ptr<Node>> kept;
+  kept.reserve(node_store.size());
+  for (size_t i = 0; i < node_store.size(); ++i) {
+    if (live[i])
+      kept.push_back(std::move(node_store[i]));
+    else
+      ++stats.dead_nodes;
+  }
+  node_store = std::move(kept);
+}
+
+void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& registries) {
+  struct Missing {
+    std::string op, node;
+  };
+  std::vector<Missing> missing;
+  std::vector<std::unique_ptr<Node>> kept;
+  std::vector<Step> built;
+  kept.reserve(node_store.size());
+  for (auto& node_ptr : node_store) {
+    const Node& node = *node_ptr;
+    const int64_t opset = model.opset(node.domain);
+    const KernelDef* def = nullptr;
+    std::string provider;
+    for (const auto* r : registries) {
+      def = r->find(node.op_type, node.domain, opset);
+      if (def) {
+        provider = r->provider();
+        break;
+      }
+    }
+    if (!def) {
+      missing.push_back({domain_label(node.domain) + ":" + node.op_type + " (opset " +
+                             std::to_string(opset) + ")",
+                         node.describe()});
+      kept.push_back(std::move(node_ptr));
+      built.emplace_back();
+      continue;
+    }
+    std::unique_ptr<OpKernel> kernel = def->factory(node, opset);
+    check(kernel != nullptr, ErrorCode::internal,
+          node.describe() + ": provider '" + provider + "' returned no kernel");
+
+    const bool subgraph = has_subgraph(node);
+    bool all_constant = true, all_known = true;
+    for (const auto& in : node.inputs) {
+      if (in.empty()) continue;
+      const ValueSlot& v = values[size_t(value_id(in))];
+      if (v.kind != ValueKind::constant) all_constant = false;
+      if (!v.shape || !v.dtype) all_known = false;
+    }
+    bool shape_inputs_constant = true;
+    for (int idx : def->shape_inputs) {
+      if (idx < 0 || size_t(idx) >= node.inputs.size() || node.inputs[size_t(idx)].empty())
+        continue;
+      if (values[size_t(value_id(node.inputs[size_t(idx)]))].kind != ValueKind::constant)
+        shape_inputs_constant = false;
+    }
+    // Shape and Size read only their input's shape, so a static shape is as good as a
+    // constant value for them.
+    const bool shape_only = node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
+    const bool fold = options.fold_constants && !subgraph && !is_nondeterministic(node) &&
+                      (all_constant || (shape_only && all_known));
+    const bool probe = !subgraph && all_known && shape_inputs_constant;
+
+    if (fold || probe) {
+      std::vector<Tensor> probe_inputs;
+      std::vector<const Tensor*> ins;
+      probe_inputs.reserve(node.inputs.size());
+      for (const auto& in : node.inputs) {
+        if (in.empty()) {
+          probe_inputs.emplace_back();
+          continue;
+        }
+        const ValueSlot& v = values[size_t(value_id(in))];
+        probe_inputs.push_back(v.kind == ValueKind::constant ? v.constant
+                                                             : probe_tensor(*v.dtype, *v.shape));
+      }
+      for (const auto& t : probe_inputs) ins.push_back(t.defined() ? &t : nullptr);
+      std::vector<Tensor> outs(node.outputs.size());
+      bool ok = true;
+      try {
+        KernelContext ctx(node, ins, &outs, nullptr, &default_thread_pool());
+        kernel->compute(ctx);
+      } catch (const Error&) {
+        // Folding real constants fails the same way at every run, so report it now. A
+        // probe on made-up values may fail where real data would not (an index of 1
+        // into an axis of size 1): then the shapes stay unknown until run time.
+        if (fold && all_constant) throw;
+        ok = false;
+      }
+      if (ok && fold) {
+        for (size_t i = 0; i < node.outputs.size(); ++i) {
+          if (node.outputs[i].empty()) continue;
+          check(outs[i].defined(), ErrorCode::internal,
+                node.describe() + ": kernel produced no output " + std::to_string(i));
+          ValueSlot& v = values[size_t(value_id(node.outputs[i]))];
+          // A view of a probe tensor would keep a throwaway buffer alive; copy instead.
+          bool views_probe = false;
+          for (size_t k = 0; k < probe_inputs.size(); ++k)
+            if (same_storage(outs[i], probe_inputs[k]) &&
+                values[size_t(value_id(node.inputs[k]))].kind != ValueKind::constant)
+              views_probe = true;
+          v.kind = ValueKind::constant;
+          v.constant = (views_probe || !outs[i].is_contiguous()) ? outs[i].clone() : outs[i];
+          v.dtype = v.constant.dtype();
+          v.shape = v.constant.shape();
+        }
+        ++stats.folded_nodes;
+        continue;
+      }
+      if (ok) {
+        for (size_t i = 0; i < node.outputs.size(); ++i) {
+          if (node.outputs[i].empty() || !outs[i].defined()) continue;
+          ValueSlot& v = values[size_t(value_id(node.outputs[i]))];
+          v.dtype = outs[i].dtype();
+          v.shape = outs[i].shape();
+          for (size_t k = 0; k < probe_inputs.size(); ++k)
+            if (same_storage(outs[i], probe_inputs[k])) v.alias_of = value_id(node.inputs[k]);
+        }
+      }
+    }
+    Step step;
+    step.node = node_ptr.get();
+    step.provider = provider;
+    step.kernel = std::move(kernel);
+    built.push_back(std::move(step));
+    kept.push_back(std::move(node_ptr));
+  }
+  if (!missing.empty()) {
+    std::string msg = context + ": no kernel in providers [" + join(options.providers) +
+                      "] for " + missing[0].op + ", needed by " + missing[0].node;
+    std::set<std::string> others;
+    for (size_t i = 1; i < missing.size(); ++i)
+      if (missing[i].op != missing[0].op) others.insert(missing[i].op);
+    if (!others.empty())
+      msg += "; also unsupported: " + join(std::vector<std::string>(others.begin(), others.end()));
+    throw Error(ErrorCode::unsupported, msg);
+  }
+  node_store = std::move(kept);
+  steps = std::move(built);
+}
+
+void Session::Impl::build_steps() {
+  const int num_steps = int(node_store.size());
+  for (int s = 0; s < num_steps; ++s) {
+    const Node& node = *node_store[size_t(s)];
+    Step& step = steps[size_t(s)];
+    for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : value_id(in));
+    for (const auto& u : node_uses(node)) {
+      ValueSlot& v = values[size_t(value_id(u))];
+      v.last_step = std::max(v.last_step, s);
+    }
+    for (const auto& out : node.outputs) {
+      if (out.empty()) {
+        step.outputs.push_back(-1);
+        continue;
+      }
+      const int id = value_id(out);
+      ValueSlot& v = values[size_t(id)];
+      v.producer_step = s;
+      v.last_step = std::max(v.last_step, s);
+      step.outputs.push_back(id);
+    }
+    step.planned.resize(node.outputs.size());
+  }
+  for (auto& v : values)
+    if (v.graph_output) v.last_step = num_steps;
+  // A view keeps the buffer it looks into alive for as long as the view itself.
+  for (int s = 0; s < num_steps; ++s)
+    for (int id : steps[size_t(s)].outputs) {
+      if (id < 0) continue;
+      int root = values[size_t(id)].alias_of;
+      while (root >= 0) {
+        ValueSlot& r = values[size_t(root)];
+        r.last_step = std::max(r.last_step, values[size_t(id)].last_step);
+        root = r.alias_of;
+      }
+    }
+  for (int id = 0; id < int(values.size()); ++id) {
+    const ValueSlot& v = values[size_t(id)];
+    if (v.kind != ValueKind::produced || v.producer_step < 0 || v.graph_output) continue;
+    steps[size_t(std::min(v.last_step, num_steps - 1))].release.push_back(id);
+  }
+  for (const auto& vi : graph.outputs) output_ids.push_back(value_id(vi.name));
+}
+
+void Session::Impl::plan_arena() {
+  std::vector<int> ids;
+  std::vector<BufferRequest> requests;
+  for (int id = 0; id < int(values.size()); ++id) {
+    const ValueSlot& v = values[size_t(id)];
+    if (v.kind != ValueKind::produced || v.producer_step < 0 || v.graph_output) continue;
+    if (!v.shape || !v.dtype || v.alias_of >= 0) continue;
+    const int64_t bytes = shape_numel(*v.shape) * int64_t(dtype_size(*v.dtype));
+    ids.push_back(id);
+    requests.push_back({bytes, v.producer_step, v.last_step});
+  }
+  const MemoryPlan plan = plan_memory(requests);
+  stats.memory.intermediate_bytes = plan.requested_bytes;
+  stats.memory.planned_bytes = plan.arena_bytes;
+  stats.memory.planned_values = int64_t(ids.size());
+  if (ids.empty()) return;
+  arena = Storage::allocate(size_t(plan.arena_bytes));
+  char* base = static_cast<char*>(arena->data());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    ValueSlot& v = values[size_t(ids[k])];
+    v.planned = Tensor::borrow(*v.dtype, *v.shape, base + plan.offsets[k], arena);
+    Step& step = steps[size_t(v.producer_step)];
+    for (size_t o = 0; o < step.outputs.size(); ++o)
+      if (step.outputs[o] == ids[k]) step.planned[o] = v.planned;
+  }
+}
+
+bool Session::Impl::in_arena(const Tensor& t) const {
+  if (!arena || !t.defined()) return false;
+  const char* p = static_cast<const char*>(t.raw_data());
+  const char* base = static_cast<const char*>(arena->data());
+  return p >= base && p < base + arena->bytes();
+}
+
+bool Session::Impl::inside(const Tensor& t, const Tensor& region) const {
+  if (!region.defined()) return false;
+  const char* p = static_cast<const char*>(t.raw_data());
+  const char* r = static_cast<const char*>(region.raw_data());
+  return p >= r && p + t.nbytes() <= r + region.nbytes();
+}
+
+bool Session::Impl::overlaps(const Tensor& a, const Tensor& b) const {
+  const char* pa = static_cast<const char*>(a.raw_data());
+  const char* pb = static_cast<const char*>(b.raw_data());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+void Session::Impl::validate_inputs(const TensorMap& inputs) const {
+  auto describe_expected = [](const ValueInfo& vi) { return vi.describe(); };
+  std::unordered_map<std::string, const ValueInfo*> declared;
+  for (const auto& vi : graph.inputs) declared[vi.name] = &vi;
+  for (const auto& vi : graph.overridable_inputs) declared[vi.name] = &vi;
+  for (const auto& [name, t] : inputs) {
+    auto it = declared.find(name);
+    if (it == declared.end()) {
+      std::vector<std::string> names;
+      for (const auto& vi : graph.inputs) names.push_back(vi.name);
+      throw Error(ErrorCode::invalid_argument,
+                  "unknown input '" + name + "' (model inputs: " + join(names) + ")");
+    }
+    const ValueInfo& vi = *it->second;
+    if (!t.defined())
+      throw Error(ErrorCode::invalid_argument, "input '" + name + "': tensor is undefined");
+    bool ok = !vi.dtype || *vi.dtype == t.dtype();
+    if (ok && vi.shape) {
+      ok = vi.shape->size() == t.shape().size();
+      for (size_t d = 0; ok && d < vi.shape->size(); ++d)
+        if ((*vi.shape)[d].is_fixed() && (*vi.shape)[d].value != t.shape()[d]) ok = false;
+    }
+    if (!ok)
+      throw Error(ErrorCode::invalid_argument, "input '" + name + "': expected " +
+                                                   describe_expected(vi) + ", got " + t.describe());
+  }
+  for (const auto& vi : graph.inputs)
+    if (!inputs.count(vi.name))
+      throw Error(ErrorCode::invalid_argument,
+                  "missing input '" + vi.name + "' (expected " + describe_expected(vi) + ")");
+}
+
+TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::string>& output_names) {
+  std::vector<int> wanted;
+  if (output_names.empty()) {
+    wanted = output_ids;
+  } else {
+    for (const auto& name : output_names) {
+      auto pos = std::find_if(graph.outputs.begin(), graph.outputs.end(),
+                              [&](const ValueInfo& vi) { return vi.name == name; });
+      if (pos == graph.outputs.end()) {
+        std::vector<std::string> names;
+        for (const auto& vi : graph.outputs) names.push_back(vi.name);
+        throw Error(ErrorCode::invalid_argument,
+                    "unknown output '" + name + "' (model outputs: " + join(names) + ")");
+      }
+      wanted.push_back(output_ids[size_t(pos - graph.outputs.begin())]);
+    }
+  }
+  validate_inputs(inputs);
+
+  // Per-run state: the tensors this run produced or was given. Constants are read
+  // straight from the plan.
+  std::vector<Tensor> held(values.size());
+  std::vector<const Tensor*> ref(values.size(), nullptr);
+  std::unordered_set<const Storage*> caller_storages;
+  for (size_t id = 0; id < values.size(); ++id) {
+    const ValueSlot& v = values[id];
+    if (v.kind == ValueKind::constant && v.constant.defined()) ref[id] = &v.constant;
+  }
+  for (const auto& vi : graph.overridable_inputs) {
+    auto it = model.graph.initializers.find(vi.name);
+    if (it == model.graph.initializers.end()) continue;
+    const int id = value_ids.at(vi.name);
+    held[size_t(id)] = it->second.contiguous();
+    ref[size_t(id)] = &held[size_t(id)];
+  }
+  for (const auto& [name, t] : inputs) {
+    const int id = value_ids.at(name);
+    held[size_t(id)] = t.contiguous();
+    caller_storages.insert(t.storage().get());
+    ref[size_t(id)] = &held[size_t(id)];
+  }
+
+  ThreadPool& pool = default_thread_pool();
+  std::vector<const Tensor*> ins;
+  std::vector<Tensor> outs;
+  for (Step& step : steps) {
+    const Node& node = *step.node;
+    ins.assign(step.inputs.size(), nullptr);
+    for (size_t k = 0; k < step.inputs.size(); ++k) {
+      const int id = step.inputs[k];
+      if (id < 0) continue;
+      if (!ref[size_t(id)] || !ref[size_t(id)]->defined())
+        throw Error(ErrorCode::internal,
+                    node.describe() + ": input '" + node.inputs[k] + "' has no value");
+      ins[k] = ref[size_t(id)];
+    }
+    outs.assign(step.outputs.size(), Tensor());
+    try {
+      KernelContext ctx(node, ins, &outs, &step.planned, &pool);
+      step.kernel->compute(ctx);
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::resource_exhausted, node.describe() + ": out of memory");
+    }
+    for (size_t o = 0; o < step.outputs.size(); ++o) {
+      const int id = step.outputs[o];
+      if (id < 0) continue;
+      Tensor& t = outs[o];
+      if (!t.defined())
+        throw Error(ErrorCode::internal,
+                    node.describe() + ": kernel produced no output '" + node.outputs[o] + "'");
+      if (!t.is_contiguous()) t = t.contiguous();
+      const ValueSlot& v = values[size_t(id)];
+      // A kernel may hand back a view of its input. When that input lives in the arena,
+      // the view is only safe if compile saw the alias and kept the input's bytes
+      // reserved; otherwise move the data to the value's own place.
+      if (in_arena(t) && !inside(t, v.planned)) {
+        bool reserved = false;
+        for (int root = v.alias_of; root >= 0 && !reserved; root = values[size_t(root)].alias_of)
+          reserved = inside(t, values[size_t(root)].planned);
+        if (!reserved) {
+          if (v.planned.defined() && v.planned.dtype() == t.dtype() &&
+              v.planned.shape() == t.shape() && !overlaps(t, v.planned)) {
+            Tensor dst = v.planned;
+            dst.copy_from(t);
+            t = dst;
+          } else {
+            t = t.clone();
+          }
+        }
+      }
+      held[size_t(id)] = std::move(t);
+      ref[size_t(id)] = &held[size_t(id)];
+    }
+    for (int id : step.release) {
+      held[size_t(id)] = Tensor();
+      ref[size_t(id)] = nullptr;
+    }
+  }
+
+  TensorMap result;
+  for (int id : wanted) {
+    const ValueSlot& v = values[size_t(id)];
+    const Tensor* t = ref[size_t(id)];
+    if (!t || !t->defined())
+      throw Error(ErrorCode::internal, context + ": output '" + v.name + "' was not produced");
+    // Outputs belong to the caller: never hand out the arena, a constant or an input.
+    const bool shared = v.kind != ValueKind::produced || in_arena(*t) ||
+                        constant_storages.count(t->storage().get()) ||
+                        caller_storages.count(t->storage().get());
+    result[v.name] = shared ? t->clone() : *t;
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------
+// Session
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+std::unique_ptr<Session> Session::load(const std::string& path, SessionOptions options) {
+  return compile(OnnxImporter::load_file(path), std::move(options));
+}
+
+std::unique_ptr<Session> Session::compile(Model model, SessionOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->model = std::move(model);
+  impl->compile();
+  return std::unique_ptr<Session>(new Session(std::move(impl)));
+}
+
+TensorMap Session::run(const TensorMap& inputs, const std::vector<std::string>& output_names) {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  return impl_->run(inputs, output_names);
+}
+
+const Model& Session::model() const { return impl_->model; }
+const std::vector<ValueInfo>& Session::inputs() const { return impl_->graph.inputs; }
+const std::vector<ValueInfo>& Session::outputs() const { return impl_->graph.outputs; }
+const CompileStats& Session::stats() const { return impl_->stats; }
+const Graph& Session::compiled_graph() const { return impl_->graph; }
+const std::vector<std::string>& Session::node_providers() const { return impl_->node_providers; }
+
+std::optional<Shape> Session::static_shape(const std::string& value) const {
+  const ValueSlot* v = impl_->find_value(value);
+  return v ? v->shape : std::nullopt;
+}
+
+std::optional<DType> Session::static_dtype(const std::string& value) const {
+  const ValueSlot* v = impl_->find_value(value);
+  return v ? v->dtype : std::nullopt;
+}
+
+}  // namespace slim
