@@ -1,0 +1,151 @@
+// SIMD batch walks: 16 (AVX-512) or 8 (AVX2) rows step through one tree together, each
+// lane gathering its node, its feature value and its child. Leaves point to themselves,
+// so every lane takes exactly tree_depth steps with no per-lane branching. Several row
+// vectors are walked interleaved so their gathers overlap.
+// GCC 12 warns falsely about the gather intrinsics' internal undefined source operand.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "forest/walk.h"
+
+namespace slim::forest::detail {
+namespace {
+
+constexpr int kInterleave = 4;
+
+template <typename T, int V>
+__attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest& cf, const float* x,
+                                                           int64_t n, int64_t r0, T* acc) {
+  const int32_t F = int32_t(cf.num_features());
+  const uint32_t* packed = cf.packed();
+  const float* thr = cf.threshold();
+  const int32_t* left = cf.left();
+  const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i row_off = _mm512_mullo_epi32(lane, _mm512_set1_epi32(F));
+  const __m512i feat_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
+  const __m512i dl_bit = _mm512_set1_epi32(int32_t(kNodeDefaultLeft));
+  const __m512i leaf_bit = _mm512_set1_epi32(int32_t(kNodeLeaf));
+  const __m512i one = _mm512_set1_epi32(1);
+  const float* xb[V];
+  for (int v = 0; v < V; ++v) xb[v] = x + (r0 + 16 * v) * F;
+  for (uint32_t t = 0; t < cf.num_trees(); ++t) {
+    __m512i idx[V];
+    for (int v = 0; v < V; ++v) idx[v] = _mm512_set1_epi32(int32_t(cf.tree_root()[t]));
+    const uint32_t depth = cf.tree_depth()[t];
+    for (uint32_t d = 0; d < depth; ++d) {
+      for (int v = 0; v < V; ++v) {
+        const __m512i p = _mm512_i32gather_epi32(idx[v], packed, 4);
+        const __m512 th = _mm512_i32gather_ps(idx[v], thr, 4);
+        const __m512i l = _mm512_i32gather_epi32(idx[v], left, 4);
+        const __m512i xi = _mm512_add_epi32(row_off, _mm512_and_si512(p, feat_mask));
+        const __m512 xv = _mm512_i32gather_ps(xi, xb[v], 4);
+        const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
+        const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
+        const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
+        const __mmask16 leaf = _mm512_test_epi32_mask(p, leaf_bit);
+        const __mmask16 right = __mmask16(~(lt | (nan & dl) | leaf));
+        idx[v] = _mm512_mask_add_epi32(l, right, l, one);
+      }
+    }
+    T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
+    for (int v = 0; v < V; ++v) {
+      const __m512i li = _mm512_i32gather_epi32(idx[v], reinterpret_cast<const int32_t*>(thr), 4);
+      if constexpr (std::is_same_v<T, float>) {
+        const __m512 lv = _mm512_i32gather_ps(li, leaves, 4);
+        _mm512_storeu_ps(a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(a + 16 * v), lv));
+      } else {
+        const __m512d lo = _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8);
+        const __m512d hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8);
+        _mm512_storeu_pd(a + 16 * v, _mm512_add_pd(_mm512_loadu_pd(a + 16 * v), lo));
+        _mm512_storeu_pd(a + 16 * v + 8, _mm512_add_pd(_mm512_loadu_pd(a + 16 * v + 8), hi));
+      }
+    }
+  }
+}
+
+template <typename T>
+__attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf, const float* x,
+                                                       int64_t n, T* acc) {
+  int64_t r = 0;
+  for (; r + 16 * kInterleave <= n; r += 16 * kInterleave) avx512_rows<T, kInterleave>(cf, x, n, r, acc);
+  for (; r + 16 <= n; r += 16) avx512_rows<T, 1>(cf, x, n, r, acc);
+  return r;
+}
+
+template <typename T, int V>
+__attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, const float* x,
+                                                      int64_t n, int64_t r0, T* acc) {
+  const int32_t F = int32_t(cf.num_features());
+  const int* packed = reinterpret_cast<const int*>(cf.packed());
+  const float* thr = cf.threshold();
+  const int* left = cf.left();
+  const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i row_off = _mm256_mullo_epi32(lane, _mm256_set1_epi32(F));
+  const __m256i feat_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
+  const __m256i dl_bit = _mm256_set1_epi32(int32_t(kNodeDefaultLeft));
+  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  const __m256i one = _mm256_set1_epi32(1);
+  const float* xb[V];
+  for (int v = 0; v < V; ++v) xb[v] = x + (r0 + 8 * v) * F;
+  for (uint32_t t = 0; t < cf.num_trees(); ++t) {
+    __m256i idx[V];
+    for (int v = 0; v < V; ++v) idx[v] = _mm256_set1_epi32(int32_t(cf.tree_root()[t]));
+    const uint32_t depth = cf.tree_depth()[t];
+    for (uint32_t d = 0; d < depth; ++d) {
+      for (int v = 0; v < V; ++v) {
+        const __m256i p = _mm256_i32gather_epi32(packed, idx[v], 4);
+        const __m256 th = _mm256_i32gather_ps(thr, idx[v], 4);
+        const __m256i l = _mm256_i32gather_epi32(left, idx[v], 4);
+        const __m256i xi = _mm256_add_epi32(row_off, _mm256_and_si256(p, feat_mask));
+        const __m256 xv = _mm256_i32gather_ps(xb[v], xi, 4);
+        const __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(xv, th, _CMP_LT_OQ));
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
+        const __m256i dl = _mm256_cmpeq_epi32(_mm256_and_si256(p, dl_bit), dl_bit);
+        const __m256i leaf = _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), leaf_bit);
+        const __m256i stay = _mm256_or_si256(_mm256_or_si256(lt, leaf), _mm256_and_si256(nan, dl));
+        idx[v] = _mm256_add_epi32(l, _mm256_andnot_si256(stay, one));
+      }
+    }
+    T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
+    for (int v = 0; v < V; ++v) {
+      const __m256i li = _mm256_i32gather_epi32(reinterpret_cast<const int*>(thr), idx[v], 4);
+      if constexpr (std::is_same_v<T, float>) {
+        const __m256 lv = _mm256_i32gather_ps(leaves, li, 4);
+        _mm256_storeu_ps(a + 8 * v, _mm256_add_ps(_mm256_loadu_ps(a + 8 * v), lv));
+      } else {
+        const __m256d lo = _mm256_i32gather_pd(leaves, _mm256_castsi256_si128(li), 8);
+        const __m256d hi = _mm256_i32gather_pd(leaves, _mm256_extracti128_si256(li, 1), 8);
+        _mm256_storeu_pd(a + 8 * v, _mm256_add_pd(_mm256_loadu_pd(a + 8 * v), lo));
+        _mm256_storeu_pd(a + 8 * v + 4, _mm256_add_pd(_mm256_loadu_pd(a + 8 * v + 4), hi));
+      }
+    }
+  }
+}
+
+template <typename T>
+__attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, const float* x,
+                                                  int64_t n, T* acc) {
+  int64_t r = 0;
+  for (; r + 8 * kInterleave <= n; r += 8 * kInterleave) avx2_rows<T, kInterleave>(cf, x, n, r, acc);
+  for (; r + 8 <= n; r += 8) avx2_rows<T, 1>(cf, x, n, r, acc);
+  return r;
+}
+
+}  // namespace
+
+int64_t walk_avx512_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc) {
+  return avx512_walk<float>(cf, x, n, acc);
+}
+int64_t walk_avx512_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc) {
+  return avx512_walk<double>(cf, x, n, acc);
+}
+int64_t walk_avx2_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc) {
+  return avx2_walk<float>(cf, x, n, acc);
+}
+int64_t walk_avx2_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc) {
+  return avx2_walk<double>(cf, x, n, acc);
+}
+
+}  // namespace slim::forest::detail

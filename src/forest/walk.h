@@ -1,0 +1,72 @@
+// Tree-walking kernels shared by the prediction entry points. Each adds the leaves of
+// every tree to acc, laid out group-major (acc[g * n + r]) and pre-filled with the base
+// margins, visiting trees in order so float32 sums round exactly as XGBoost's do.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "slim/forest/compiled_forest.h"
+
+namespace slim::forest::detail {
+
+// The slow rule for categorical and LightGBM zero-as-missing nodes.
+inline bool special_goes_left(const CompiledForest& cf, uint32_t p, float thr_bits_as_float, float x) {
+  const bool dl = p & kNodeDefaultLeft;
+  if (std::isnan(x)) return dl;
+  if (p & kNodeCategorical) {
+    uint32_t set;
+    std::memcpy(&set, &thr_bits_as_float, 4);
+    const uint32_t* off = cf.category_offsets();
+    const uint32_t words = off[set + 1] - off[set];
+    if (cf.header().truncate_category_first ? x <= -1.0f : x < 0.0f) return dl;
+    if (x >= float(words) * 32.0f) return dl;
+    const uint32_t c = uint32_t(int32_t(x));
+    return (cf.category_words()[off[set] + c / 32] >> (c % 32)) & 1u;
+  }
+  if (std::fabs(x) <= 1e-35f) return dl;  // zero-as-missing
+  return x < thr_bits_as_float;
+}
+
+// Index of the leaf a row reaches in the tree rooted at `root`.
+inline uint32_t walk_one(const CompiledForest& cf, uint32_t root, const float* row) {
+  const uint32_t* packed = cf.packed();
+  const float* thr = cf.threshold();
+  const int32_t* left = cf.left();
+  uint32_t i = root;
+  for (;;) {
+    const uint32_t p = packed[i];
+    if (p & kNodeLeaf) break;
+    const float x = row[p & kNodeFeatureMask];
+    bool go_left;
+    if (__builtin_expect(p & (kNodeCategorical | kNodeZeroMissing), 0)) {
+      go_left = special_goes_left(cf, p, thr[i], x);
+    } else {
+      go_left = (x < thr[i]) | (std::isnan(x) & bool(p & kNodeDefaultLeft));
+    }
+    i = uint32_t(left[i]) + (go_left ? 0u : 1u);
+  }
+  uint32_t leaf;
+  std::memcpy(&leaf, &thr[i], 4);
+  return leaf;
+}
+
+template <typename T>
+void walk_scalar(const CompiledForest& cf, const float* x, int64_t n, T* acc) {
+  const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const uint32_t F = cf.num_features();
+  for (uint32_t t = 0; t < cf.num_trees(); ++t) {
+    const uint32_t root = cf.tree_root()[t];
+    T* a = acc + int64_t(cf.tree_group()[t]) * n;
+    for (int64_t r = 0; r < n; ++r) a[r] += leaves[walk_one(cf, root, x + r * F)];
+  }
+}
+
+// SIMD kernels (predict_simd.cc); they handle whole vectors of rows and return how many
+// rows they did, leaving the tail to walk_scalar. Numeric-only forests.
+int64_t walk_avx512_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc);
+int64_t walk_avx512_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
+int64_t walk_avx2_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc);
+int64_t walk_avx2_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
+
+}  // namespace slim::forest::detail

@@ -1,0 +1,161 @@
+// Exact agreement with xgboost's own margins and with the LightGBM reference evaluator,
+// for every SIMD level, single-row prediction, threads, and both .slimf encodings.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "forest/forest_fixtures.h"
+#include "slim/core/npy.h"
+#include "slim/core/thread_pool.h"
+#include "slim/forest/compiled_forest.h"
+#include "slim/forest/slimf.h"
+
+namespace slim::forest {
+namespace {
+
+using testing::fixture_dir;
+using testing::fixture_names;
+
+struct Case {
+  std::string dir, name, model;
+  Tensor x, margin, pred;
+};
+
+Case load_case(const std::string& dir, const std::string& name, const std::string& model_ext) {
+  Case c{dir, name, dir + "/" + name + model_ext, {}, {}, {}};
+  c.x = read_npy(dir + "/" + name + ".x.npy");
+  c.margin = read_npy(dir + "/" + name + ".margin.npy");
+  c.pred = read_npy(dir + "/" + name + ".pred.npy");
+  return c;
+}
+
+std::vector<SimdLevel> levels() {
+  std::vector<SimdLevel> out{SimdLevel::scalar};
+  if (detected_simd_level() != SimdLevel::scalar) out.push_back(SimdLevel::avx2);
+  if (detected_simd_level() == SimdLevel::avx512) out.push_back(SimdLevel::avx512);
+  return out;
+}
+
+// Expected margin for row r, group g, as the double our API returns.
+double expected_margin(const Case& c, int64_t r, int g, int G) {
+  if (c.margin.dtype() == DType::f32) return double(c.margin.data<float>()[r * G + g]);
+  return c.margin.data<double>()[r * G + g];
+}
+
+// Checks one compiled forest against the fixture; returns the number of mismatches.
+int64_t check_forest(const CompiledForest& base, const Case& c, const std::string& label) {
+  const int64_t n = c.x.dim(0);
+  const int G = int(base.num_groups());
+  const int W = base.output_width();
+  EXPECT_EQ(int64_t(c.x.dim(1)), int64_t(base.num_features())) << label;
+  const float* x = c.x.data<float>();
+  int64_t bad = 0;
+  ThreadPool pool(2);
+  for (SimdLevel level : levels()) {
+    CompiledForest cf = base;
+    cf.set_simd_level(level);
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<double> m(size_t(n) * G);
+      cf.predict_margin(x, n, m.data(), p);
+      for (int64_t r = 0; r < n; ++r)
+        for (int g = 0; g < G; ++g) {
+          const double want = expected_margin(c, r, g, G);
+          if (std::memcmp(&m[r * G + g], &want, 8) != 0) {
+            if (bad++ < 5)
+              ADD_FAILURE() << label << " " << simd_level_name(level) << " row " << r << " group "
+                            << g << ": margin " << m[r * G + g] << " != " << want;
+          }
+        }
+      std::vector<float> out(size_t(n) * W);
+      cf.predict(x, n, out.data(), false, p);
+      const float* want = c.pred.data<float>();
+      for (int64_t i = 0; i < n * W; ++i)
+        if (out[i] != want[i] && bad++ < 5)
+          ADD_FAILURE() << label << " " << simd_level_name(level) << " output " << i << ": "
+                        << out[i] << " != " << want[i];
+    }
+  }
+  std::vector<float> row_out(static_cast<size_t>(W));
+  for (int64_t r = 0; r < n; ++r) {
+    base.predict_row(x + r * base.num_features(), row_out.data());
+    for (int k = 0; k < W; ++k)
+      if (row_out[k] != c.pred.data<float>()[r * W + k] && bad++ < 5)
+        ADD_FAILURE() << label << " predict_row row " << r << ": " << row_out[k]
+                      << " != " << c.pred.data<float>()[r * W + k];
+  }
+  return bad;
+}
+
+void check_reference_evaluator(const Forest& f, const Case& c) {
+  const int64_t n = c.x.dim(0);
+  const int G = int(f.num_groups);
+  std::vector<double> m(static_cast<size_t>(G));
+  for (int64_t r = 0; r < n; ++r) {
+    reference_margin(f, c.x.data<float>() + r * f.num_features, m.data());
+    for (int g = 0; g < G; ++g)
+      ASSERT_EQ(m[g], expected_margin(c, r, g, G)) << c.name << " reference row " << r;
+  }
+}
+
+void check_slimf_round_trips(const CompiledForest& cf, const Case& c) {
+  const std::string tmp = testing::env_or("SLIM_TEST_TMP", "/tmp");
+  std::filesystem::create_directories(tmp);
+  for (SlimfEncoding enc : {SlimfEncoding::plain, SlimfEncoding::compact}) {
+    const std::string path = tmp + "/" + c.name + (enc == SlimfEncoding::plain ? ".plain" : ".compact") +
+                             std::to_string(::getpid()) + ".slimf";
+    save_slimf(cf, path, enc);
+    CompiledForest back = load_slimf(path);
+    EXPECT_EQ(check_forest(back, c, c.name + (enc == SlimfEncoding::plain ? " plain" : " compact")), 0);
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(ForestExactness, XGBoostMatchesItsOwnPredictions) {
+  const std::string dir = fixture_dir("forest_xgb_fixtures.py");
+  const auto names = fixture_names(dir);
+  ASSERT_GE(names.size(), 12u);
+  int64_t rows = 0;
+  for (const auto& name : names) {
+    for (const char* ext : {".json", ".ubj"}) {
+      if (!std::filesystem::exists(dir + "/" + name + ext)) continue;
+      SCOPED_TRACE(name + ext);
+      Case c = load_case(dir, name, ext);
+      Forest f = load_forest_source(c.model);
+      check_reference_evaluator(f, c);
+      CompiledForest cf = compile_forest(f);
+      EXPECT_EQ(check_forest(cf, c, name + ext), 0);
+      check_slimf_round_trips(cf, c);
+      rows += c.x.dim(0);
+    }
+  }
+  RecordProperty("rows_checked", int(rows));
+}
+
+TEST(ForestExactness, LightGBMMatchesTheReferenceEvaluator) {
+  const std::string dir = fixture_dir("forest_lgbm_fixtures.py");
+  const auto names = fixture_names(dir);
+  ASSERT_GE(names.size(), 5u);
+  for (const auto& name : names) {
+    SCOPED_TRACE(name);
+    Case c = load_case(dir, name, ".txt");
+    Forest f = load_forest_source(c.model);
+    EXPECT_EQ(f.source, SourceKind::lightgbm);
+    check_reference_evaluator(f, c);
+    CompiledForest cf = compile_forest(f);
+    EXPECT_EQ(check_forest(cf, c, name), 0);
+    check_slimf_round_trips(cf, c);
+  }
+}
+
+TEST(ForestExactness, XGBoostCategoricalSendsListedCategoriesRight) {
+  const std::string dir = fixture_dir("forest_xgb_fixtures.py");
+  Forest f = load_forest_source(dir + "/xgb_categorical.json");
+  EXPECT_FALSE(f.category_sets.empty());
+  CompiledForest cf = compile_forest(f);
+  EXPECT_TRUE(cf.header().flags & kHasCategorical);
+}
+
+}  // namespace
+}  // namespace slim::forest
