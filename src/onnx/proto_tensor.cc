@@ -19,7 +19,7 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
 // A sparse tensor is densified; past this size the dense copy is refused rather than
 // letting a few bytes of file claim gigabytes of memory.
-constexpr int64_t kMaxDensifiedBytes = int64_t(4) << 30;
+constexpr int64_t kMaxDensifiedBytes = int64_t(256) << 20;
 
 struct Dims {
   Shape shape;
