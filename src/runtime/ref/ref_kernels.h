@@ -4,6 +4,17 @@
 #include "slim/runtime/kernel.h"
 
 namespace slim::ref {
+void register_elementwise_unary_kernels(KernelRegistry& r);   // elementwise_unary.cc
+void register_elementwise_binary_kernels(KernelRegistry& r);  // elementwise_binary.cc
+void register_elementwise_misc_kernels(KernelRegistry& r);    // elementwise_misc.cc
+void register_reduce_kernels(KernelRegistry& r);              // reduce.cc
+void register_reduce_arg_kernels(KernelRegistry& r);          // reduce_arg.cc
+void register_math_softmax_kernels(KernelRegistry& r);        // math_softmax.cc
+void register_math_det_kernels(KernelRegistry& r);            // math_det.cc
+void register_matmul_kernels(KernelRegistry& r);              // matmul.cc
+void register_matmul_einsum_kernels(KernelRegistry& r);       // matmul_einsum.cc
+void register_norm_kernels(KernelRegistry& r);                // norm.cc
+void register_loss_kernels(KernelRegistry& r);                // loss.cc
 void register_tensor_kernels(KernelRegistry& r);              // tensor.cc
 void register_tensor_index_kernels(KernelRegistry& r);        // tensor_index.cc
 void register_shape_kernels(KernelRegistry& r);               // shape.cc

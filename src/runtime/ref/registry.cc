@@ -7,6 +7,17 @@ const KernelRegistry& ref_kernel_registry() {
   static const KernelRegistry registry = [] {
     KernelRegistry r("ref");
     // One line per kernel group (src/runtime/ref/<group>.cc).
+    ref::register_elementwise_unary_kernels(r);
+    ref::register_elementwise_binary_kernels(r);
+    ref::register_elementwise_misc_kernels(r);
+    ref::register_reduce_kernels(r);
+    ref::register_reduce_arg_kernels(r);
+    ref::register_math_softmax_kernels(r);
+    ref::register_math_det_kernels(r);
+    ref::register_matmul_kernels(r);
+    ref::register_matmul_einsum_kernels(r);
+    ref::register_norm_kernels(r);
+    ref::register_loss_kernels(r);
     ref::register_tensor_kernels(r);
     ref::register_tensor_index_kernels(r);
     ref::register_shape_kernels(r);

@@ -1,0 +1,184 @@
+// Ref kernels of the matrix products MatMul (numpy semantics), Gemm and MatMulInteger.
+// Straight triple loops with double accumulation for floats: the oracle for fast GEMMs.
+#include "runtime/ref/math_common.h"
+#include "runtime/ref/ref_kernels.h"
+
+namespace slim::ref {
+
+namespace {
+
+// Numpy matmul geometry: 1-D operands are promoted (and the promoted dim dropped from the
+// output), leading dims broadcast as batch dims.
+struct MatMulPlan {
+  int64_t m = 0, k = 0, n = 0;
+  Shape out_shape;
+  int64_t batches = 1;
+  std::vector<int64_t> a_batch, b_batch;  // per output batch, the batch index into A / B
+
+  MatMulPlan(const KernelContext& ctx, const Shape& a_in, const Shape& b_in) {
+    if (a_in.empty() || b_in.empty())
+      ctx.fail(ErrorCode::invalid_argument, "MatMul inputs must have rank >= 1, got " +
+                                                shape_str(a_in) + " and " + shape_str(b_in));
+    Shape a = a_in, b = b_in;
+    if (a.size() == 1) a.insert(a.begin(), 1);
+    if (b.size() == 1) b.push_back(1);
+    m = a[a.size() - 2];
+    k = a[a.size() - 1];
+    n = b[b.size() - 1];
+    if (b[b.size() - 2] != k)
+      ctx.fail(ErrorCode::invalid_argument, "inner dimensions differ: " + shape_str(a_in) +
+                                                " x " + shape_str(b_in));
+    const Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+    const Shape batch = broadcast_shapes(ctx, {ab, bb});
+    batches = shape_numel(batch);
+    a_batch = broadcast_index_map(ab, batch);
+    b_batch = broadcast_index_map(bb, batch);
+    out_shape = batch;
+    if (a_in.size() > 1) out_shape.push_back(m);
+    if (b_in.size() > 1) out_shape.push_back(n);
+  }
+};
+
+void compute_matmul(KernelContext& ctx) {
+  const Tensor& a = ctx.required_input(0);
+  const Tensor& b = ctx.required_input(1);
+  if (a.dtype() != b.dtype())
+    ctx.fail(ErrorCode::invalid_model, "inputs have different dtypes: " + a.describe() + " and " +
+                                           b.describe());
+  const MatMulPlan p(ctx, a.shape(), b.shape());
+  visit_class<kFloat | kInt>(ctx, a.dtype(), "input", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = std::conditional_t<kIsFloat<T>, double, T>;
+    const T* pa = elems<T>(a);
+    const T* pb = elems<T>(b);
+    Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
+    T* out = elems_mut<T>(y);
+    for (int64_t bt = 0; bt < p.batches; ++bt) {
+      const T* ma = pa + p.a_batch[size_t(bt)] * p.m * p.k;
+      const T* mb = pb + p.b_batch[size_t(bt)] * p.k * p.n;
+      T* mo = out + bt * p.m * p.n;
+      for (int64_t i = 0; i < p.m; ++i)
+        for (int64_t j = 0; j < p.n; ++j) {
+          A acc = A(0);
+          for (int64_t t = 0; t < p.k; ++t) {
+            if constexpr (kIsFloat<T>) acc += to_double(ma[i * p.k + t]) * to_double(mb[t * p.n + j]);
+            else acc = wrap_add(acc, wrap_mul(ma[i * p.k + t], mb[t * p.n + j]));
+          }
+          mo[i * p.n + j] = T(compute_t<T>(acc));
+        }
+    }
+  });
+}
+
+// Zero points of MatMulInteger: a scalar, or a vector along A's rows (M) / B's columns (N).
+std::vector<int32_t> zero_points(const KernelContext& ctx, int index, DType expect, int64_t len,
+                                 const char* name) {
+  const Tensor* z = ctx.input(index);
+  if (!z) return std::vector<int32_t>(size_t(len), 0);
+  if (z->dtype() != expect)
+    ctx.fail(ErrorCode::invalid_argument, std::string(name) + " " + z->describe() +
+                                              " must have the dtype of its matrix");
+  const std::vector<int64_t> v = tensor_to_int64s(*z);
+  if (v.size() == 1) return std::vector<int32_t>(size_t(len), int32_t(v[0]));
+  if (z->rank() == 1 && int64_t(v.size()) == len) return std::vector<int32_t>(v.begin(), v.end());
+  ctx.fail(ErrorCode::unsupported, std::string(name) + " " + z->describe() +
+                                       " must be a scalar or a vector of length " +
+                                       std::to_string(len));
+}
+
+void compute_matmul_integer(KernelContext& ctx) {
+  const Tensor& a = ctx.required_input(0);
+  const Tensor& b = ctx.required_input(1);
+  for (const Tensor* t : {&a, &b})
+    if (t->dtype() != DType::u8 && t->dtype() != DType::i8)
+      ctx.fail(ErrorCode::invalid_argument, "inputs must be uint8 or int8, got " + t->describe());
+  const MatMulPlan p(ctx, a.shape(), b.shape());
+  const std::vector<int32_t> za = zero_points(ctx, 2, a.dtype(), p.m, "a_zero_point");
+  const std::vector<int32_t> zb = zero_points(ctx, 3, b.dtype(), p.n, "b_zero_point");
+  const std::vector<int64_t> va = tensor_to_int64s(a), vb = tensor_to_int64s(b);
+  Tensor& y = ctx.output(0, DType::i32, p.out_shape);
+  int32_t* out = y.data<int32_t>();
+  for (int64_t bt = 0; bt < p.batches; ++bt) {
+    const int64_t* ma = va.data() + p.a_batch[size_t(bt)] * p.m * p.k;
+    const int64_t* mb = vb.data() + p.b_batch[size_t(bt)] * p.k * p.n;
+    int32_t* mo = out + bt * p.m * p.n;
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) {
+        int64_t acc = 0;
+        for (int64_t t = 0; t < p.k; ++t)
+          acc += (ma[i * p.k + t] - za[size_t(i)]) * (mb[t * p.n + j] - zb[size_t(j)]);
+        mo[i * p.n + j] = int32_t(acc);
+      }
+  }
+}
+
+// Gemm: Y = alpha * op(A) * op(B) + beta * C, C broadcast to (M, N).
+KernelDef gemm_kernel() {
+  KernelFactory f = [](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
+    const double alpha = node.attr_float("alpha", 1.0f);
+    const double beta = node.attr_float("beta", 1.0f);
+    const bool trans_a = node.attr_int("transA", 0) != 0;
+    const bool trans_b = node.attr_int("transB", 0) != 0;
+    // Before opset 7, C broadcast only with broadcast=1; an unbroadcast C must be (M, N).
+    const bool legacy_no_broadcast = opset < 7 && node.attr_int("broadcast", 0) == 0;
+    return make_kernel([=](KernelContext& ctx) {
+      const Tensor& a = ctx.required_input(0);
+      const Tensor& b = ctx.required_input(1);
+      const Tensor* c = ctx.input(2);
+      if (a.rank() != 2 || b.rank() != 2)
+        ctx.fail(ErrorCode::invalid_argument, "A and B must be 2-D, got " + a.describe() + " and " +
+                                                  b.describe());
+      if (a.dtype() != b.dtype() || (c && c->dtype() != a.dtype()))
+        ctx.fail(ErrorCode::invalid_model, "A, B and C must share a dtype");
+      const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+      const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+      const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+      const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+      if (k != kb)
+        ctx.fail(ErrorCode::invalid_argument, "inner dimensions differ: A " + a.describe() +
+                                                  " B " + b.describe());
+      const Shape out_shape{m, n};
+      std::vector<int64_t> cmap;
+      if (c) {
+        if (legacy_no_broadcast && c->shape() != out_shape)
+          ctx.fail(ErrorCode::invalid_argument, "C " + c->describe() + " must be " +
+                                                    shape_str(out_shape) + " without broadcast=1");
+        if (c->rank() > 2 || broadcast_shapes(ctx, {c->shape(), out_shape}) != out_shape)
+          ctx.fail(ErrorCode::invalid_argument, "C " + c->describe() + " does not broadcast to " +
+                                                    shape_str(out_shape));
+        cmap = broadcast_index_map(c->shape(), out_shape);
+      }
+      visit_class<kFloat | kInt>(ctx, a.dtype(), "input", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T* pa = elems<T>(a);
+        const T* pb = elems<T>(b);
+        const T* pc = c ? elems<T>(*c) : nullptr;
+        Tensor& y = ctx.output(0, a.dtype(), out_shape);
+        T* out = elems_mut<T>(y);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t t = 0; t < k; ++t) {
+              const T av = trans_a ? pa[t * m + i] : pa[i * k + t];
+              const T bv = trans_b ? pb[j * k + t] : pb[t * n + j];
+              acc += to_double(av) * to_double(bv);
+            }
+            double v = alpha * acc;
+            if (pc) v += beta * to_double(pc[cmap[size_t(i * n + j)]]);
+            out[i * n + j] = T(compute_t<T>(v));
+          }
+      });
+    });
+  };
+  return KernelDef{"Gemm", "", 1, INT_MAX, f, {}};
+}
+
+}  // namespace
+
+void register_matmul_kernels(KernelRegistry& r) {
+  r.add(KernelDef{"MatMul", "", 1, INT_MAX, simple_kernel(compute_matmul), {}});
+  r.add(KernelDef{"MatMulInteger", "", 10, INT_MAX, simple_kernel(compute_matmul_integer), {}});
+  r.add(gemm_kernel());
+}
+
+}  // namespace slim::ref
