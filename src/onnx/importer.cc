@@ -323,8 +323,20 @@ void collect_free_values(const Graph& g, std::set<std::string>& free, int depth 
   for (const auto& o : g.outputs) use(o.name);
 }
 
-std::vector<size_t> validate_scope(const Graph& g, const std::string& context,
-                                   const std::set<std::string>& outer, int depth) {
+// The values a subgraph may read from the graphs around it, innermost first. Chained
+// instead of copied, so that many nested If/Loop bodies do not copy big name sets.
+struct Scope {
+  const std::set<std::string>* names = nullptr;
+  const Scope* parent = nullptr;
+  bool count(const std::string& name) const {
+    for (const Scope* s = this; s; s = s->parent)
+      if (s->names && s->names->count(name)) return true;
+    return false;
+  }
+};
+
+std::vector<size_t> validate_scope(const Graph& g, const std::string& context, const Scope& outer,
+                                   int depth) {
   check(depth < 256, ErrorCode::invalid_model, context + ": subgraphs are nested too deeply");
   const size_t n = g.nodes.size();
   // Values that exist before any node runs.
@@ -423,9 +435,9 @@ std::vector<size_t> validate_scope(const Graph& g, const std::string& context,
     for (const auto& [key, a] : node.attrs)
       if (a.g || !a.graphs.empty()) has_subgraphs = true;
   if (has_subgraphs) {
-    std::set<std::string> visible = outer;
-    visible.insert(sources.begin(), sources.end());
-    for (const auto& [name, i] : producer) visible.insert(name);
+    std::set<std::string> local = sources;
+    for (const auto& [name, i] : producer) local.insert(name);
+    const Scope visible{&local, &outer};
     for (const auto& node : g.nodes)
       for (const auto& [key, a] : node.attrs) {
         const std::string where = context + ": " + node.describe() + " attribute " + in_quotes(key);
@@ -505,7 +517,7 @@ Tensor read_tensor_pb(const std::string& path, std::string* name) {
 }
 
 std::vector<size_t> validate_graph(const Graph& graph, const std::string& context) {
-  return validate_scope(graph, context, {}, 0);
+  return validate_scope(graph, context, Scope{}, 0);
 }
 
 }  // namespace slim

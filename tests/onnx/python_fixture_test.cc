@@ -1,6 +1,8 @@
 // Models written by python3-onnx (onnx.helper, numpy_helper, save_model with external
 // data) must load to exactly the values numpy holds: the reference writer checks the
 // reader on every encoding it produces.
+#include <unistd.h>
+
 #include <cstring>
 
 #include "onnx/onnx_test_util.h"
@@ -14,9 +16,12 @@ namespace {
 
 fs::path fixtures() {
   static const fs::path dir = [] {
+    // SLIM_SOURCE_DIR when ctest passes it; else this file's own location.
     const char* src = std::getenv("SLIM_SOURCE_DIR");
-    fs::path script = fs::path(src ? src : ".") / "tests/fixtures/make_onnx_importer_fixtures.py";
-    fs::path out = temp_dir("python_fixtures");
+    const fs::path root = src ? fs::path(src) : fs::path(__FILE__).parent_path().parent_path().parent_path();
+    fs::path script = root / "tests/fixtures/make_onnx_importer_fixtures.py";
+    // ctest runs each test in its own process, maybe at the same time: one folder each.
+    fs::path out = temp_dir("python_fixtures_" + std::to_string(::getpid()));
     const std::string cmd = "/usr/bin/python3 '" + script.string() + "' '" + out.string() + "'";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return out;
