@@ -44,6 +44,9 @@ struct TokenizerSpec {
   // llama: prepend U+2581 to the text before encoding (SentencePiece add_dummy_prefix,
   // GGUF tokenizer.ggml.add_space_prefix). Ignored by gpt2.
   bool add_space_prefix = true;
+  // gpt2: a word that is itself a token is emitted whole without running merges
+  // (Llama 3's tokenizer.json sets ignore_merges; llama.cpp does it for llama-bpe).
+  bool ignore_merges = false;
   // Where the spec came from, for error messages (a file path or "GGUF metadata").
   std::string source = "tokenizer spec";
 };
