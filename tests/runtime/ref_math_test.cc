@@ -255,6 +255,19 @@ TEST(RefMathElementwise, WhereAndPRelu) {
             ErrorCode::invalid_argument);
 }
 
+TEST(RefMathElementwise, LegacyBroadcastBeforeOpset7) {
+  // Opset 6 with broadcast=1 and axis=1: B (3) aligns with A's dim 1, not its last dim.
+  const Tensor a = f32({2, 3, 2}, iota_f(12));
+  const Tensor b = f32({3}, {100, 200, 300});
+  expect_close(run1("Add", 6, {a, b}, {{"broadcast", attr_i(1)}, {"axis", attr_i(1)}}), {2, 3, 2},
+               {100, 101, 202, 203, 304, 305, 106, 107, 208, 209, 310, 311});
+  expect_close(run1("Div", 6, {a, b}, {{"broadcast", attr_i(1)}, {"axis", attr_i(-2)}}), {2, 3, 2},
+               {0, 0.01, 0.01, 0.015, 4 / 300.0, 5 / 300.0, 0.06, 0.07, 0.04, 0.045, 10 / 300.0, 11 / 300.0});
+  // PRelu-6 applies a channel-sized slope along dim 1 (PyTorch's multi-parameter export).
+  expect_close(run1("PRelu", 6, {f32({1, 2, 2}, {-1, -2, -3, 4}), f32({2}, {0.5f, 0.25f})}), {1, 2, 2},
+               {-0.5, -1, -0.75, 4});
+}
+
 TEST(RefMathElementwise, ClipAttributesBeforeOpset11InputsAfter) {
   const Tensor x = f32({4}, {-2, 0.5f, 3, 10});
   expect_close(run1("Clip", 6, {x}, {{"min", attr_f(0)}, {"max", attr_f(2)}}), {4}, {0, 0.5, 2, 2});

@@ -9,6 +9,14 @@ namespace slim::ref {
 
 namespace {
 
+constexpr int64_t kNoLegacyAxis = INT64_MIN;
+
+// The legacy axis of a node before opset 7 (kNoLegacyAxis when numpy rules apply).
+int64_t legacy_axis_of(const Node& node, int64_t opset) {
+  if (opset >= 7 || node.attr_int("broadcast", 0) == 0 || !node.has_attr("axis")) return kNoLegacyAxis;
+  return node.attr_int("axis", 0);
+}
+
 void check_same_dtype(const KernelContext& ctx, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
     ctx.fail(ErrorCode::invalid_model, "inputs have different dtypes: " + a.describe() + " and " +
@@ -17,10 +25,26 @@ void check_same_dtype(const KernelContext& ctx, const Tensor& a, const Tensor& b
 
 // z = fn(a, b) with numpy broadcasting; a and b share a dtype, z has it too unless
 // `OutBool`, then z is bool (comparisons).
+// Before opset 7, binary ops broadcast only with broadcast=1, aligning B's dims with A's
+// starting at `axis` instead of at the end. Returns B viewed with trailing 1s so that
+// numpy broadcasting gives that alignment; B itself when no legacy axis applies.
+Tensor legacy_aligned(const KernelContext& ctx, const Tensor& a, const Tensor& b,
+                      int64_t legacy_axis) {
+  if (legacy_axis == kNoLegacyAxis) return b;
+  const int64_t axis = legacy_axis < 0 ? legacy_axis + a.rank() : legacy_axis;
+  if (axis < 0 || axis + b.rank() > a.rank())
+    ctx.fail(ErrorCode::invalid_model, "legacy broadcast axis " + std::to_string(legacy_axis) +
+                                           " does not fit B " + b.describe() + " into A " +
+                                           a.describe());
+  Shape s = b.shape();
+  s.resize(size_t(a.rank() - axis), 1);
+  return b.reshape(s);
+}
+
 template <int Mask, bool OutBool = false, typename Fn>
-void map_binary(KernelContext& ctx, const Fn& fn) {
+void map_binary(KernelContext& ctx, const Fn& fn, int64_t legacy_axis = kNoLegacyAxis) {
   const Tensor& a = ctx.required_input(0);
-  const Tensor& b = ctx.required_input(1);
+  const Tensor b = legacy_aligned(ctx, a, ctx.required_input(1), legacy_axis);
   check_same_dtype(ctx, a, b);
   const BroadcastPlan plan(ctx, {&a, &b});
   visit_class<Mask>(ctx, a.dtype(), "input", [&](auto tag) {
@@ -38,9 +62,11 @@ void map_binary(KernelContext& ctx, const Fn& fn) {
 
 template <int Mask, bool OutBool = false, typename Fn>
 KernelDef binary(const char* op, int64_t since, Fn fn) {
-  return KernelDef{op, "", since, INT_MAX,
-                   simple_kernel([fn](KernelContext& ctx) { map_binary<Mask, OutBool>(ctx, fn); }),
-                   {}};
+  KernelFactory f = [fn](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
+    const int64_t axis = legacy_axis_of(node, opset);
+    return make_kernel([fn, axis](KernelContext& ctx) { map_binary<Mask, OutBool>(ctx, fn, axis); });
+  };
+  return KernelDef{op, "", since, INT_MAX, f, {}};
 }
 
 template <typename C>
@@ -161,19 +187,27 @@ KernelDef bitshift_kernel() {
   return KernelDef{"BitShift", "", 11, INT_MAX, f, {}};
 }
 
-// PRelu broadcasts the slope to X's shape (unidirectionally).
-void compute_prelu(KernelContext& ctx) {
+// PRelu broadcasts the slope to X's shape (unidirectionally). Before opset 7 a 1-D slope
+// of X's channel count applies per channel (dim 1), as PyTorch exports it.
+void compute_prelu(KernelContext& ctx, bool legacy_channel_slope) {
   const Tensor& x = ctx.required_input(0);
-  const Tensor& slope = ctx.required_input(1);
+  Tensor slope = ctx.required_input(1);
+  if (legacy_channel_slope && slope.rank() == 1 && x.rank() > 2 && slope.dim(0) == x.dim(1) &&
+      slope.dim(0) != 1) {
+    Shape s(size_t(x.rank() - 1), 1);
+    s[0] = slope.dim(0);
+    slope = slope.reshape(s);
+  }
   check_same_dtype(ctx, x, slope);
   const BroadcastPlan plan(ctx, {&x, &slope});
   if (plan.out_shape != x.shape())
     ctx.fail(ErrorCode::invalid_argument, "slope " + slope.describe() +
                                               " does not broadcast to X " + x.describe());
+  const int64_t axis = legacy_channel_slope && slope.rank() == x.rank() - 1 ? 1 : kNoLegacyAxis;
   map_binary<kFloat | kSigned>(ctx, [](auto v, auto s) {
     using C = decltype(v);
     return v < C(0) ? C(s * v) : v;
-  });
+  }, axis);
 }
 
 }  // namespace
@@ -191,20 +225,30 @@ void register_elementwise_binary_kernels(KernelRegistry& r) {
     if constexpr (std::is_integral_v<decltype(a)>) return wrap_mul(a, b);
     else return a * b;
   }));
-  r.add(KernelDef{"Div", "", 1, INT_MAX, simple_kernel([](KernelContext& ctx) {
-                    map_binary<kNumeric>(ctx, [&](auto a, auto b) {
-                      using C = decltype(a);
-                      if constexpr (std::is_integral_v<C>) {
-                        check_nonzero_divisor(ctx, b);
-                        return int_div(a, b);
-                      } else {
-                        return a / b;
-                      }
+  r.add(KernelDef{"Div", "", 1, INT_MAX,
+                  [](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
+                    const int64_t axis = legacy_axis_of(node, opset);
+                    return make_kernel([axis](KernelContext& ctx) {
+                      map_binary<kNumeric>(ctx, [&](auto a, auto b) {
+                        using C = decltype(a);
+                        if constexpr (std::is_integral_v<C>) {
+                          check_nonzero_divisor(ctx, b);
+                          return int_div(a, b);
+                        } else {
+                          return a / b;
+                        }
+                      }, axis);
                     });
-                  }), {}});
+                  },
+                  {}});
   r.add(KernelDef{"Pow", "", 1, INT_MAX, simple_kernel(compute_pow), {}});
   r.add(mod_kernel());
-  r.add(KernelDef{"PRelu", "", 1, INT_MAX, simple_kernel(compute_prelu), {}});
+  r.add(KernelDef{"PRelu", "", 1, INT_MAX,
+                  [](const Node&, int64_t opset) -> std::unique_ptr<OpKernel> {
+                    const bool legacy = opset < 7;
+                    return make_kernel([legacy](KernelContext& ctx) { compute_prelu(ctx, legacy); });
+                  },
+                  {}});
 
   r.add(binary<kAll, true>("Equal", 1, [](auto a, auto b) { return a == b; }));
   r.add(binary<kNumeric, true>("Less", 1, [](auto a, auto b) { return a < b; }));
