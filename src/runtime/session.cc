@@ -263,6 +263,7 @@ struct Step {
   std::string provider;
   std::unique_ptr<OpKernel> kernel;
   std::vector<int> inputs;   // value ids, -1 for an omitted input
+  std::vector<int> uses;     // every value read, subgraph captures included
   std::vector<int> outputs;  // value ids, -1 for an omitted output
   std::vector<Tensor> planned;
   std::vector<int> release;  // values whose last reader is this step
@@ -582,7 +583,9 @@ void Session::Impl::build_steps() {
     Step& step = steps[size_t(s)];
     for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : value_id(in));
     for (const auto& u : node_uses(node)) {
-      ValueSlot& v = values[size_t(value_id(u))];
+      const int id = value_id(u);
+      step.uses.push_back(id);
+      ValueSlot& v = values[size_t(id)];
       v.last_step = std::max(v.last_step, s);
     }
     for (const auto& out : node.outputs) {
@@ -717,6 +720,20 @@ TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::str
   }
   validate_inputs(inputs);
 
+  // When only some outputs are wanted, skip the steps none of them depends on.
+  std::vector<char> skip(steps.size(), 0);
+  if (!output_names.empty()) {
+    std::vector<char> needed(values.size(), 0);
+    for (int id : wanted) needed[size_t(id)] = 1;
+    for (size_t s = steps.size(); s-- > 0;) {
+      bool live = false;
+      for (int id : steps[s].outputs) live = live || (id >= 0 && needed[size_t(id)]);
+      skip[s] = !live;
+      if (live)
+        for (int id : steps[s].uses) needed[size_t(id)] = 1;
+    }
+  }
+
   // Per-run state: the tensors this run produced or was given. Constants are read
   // straight from the plan.
   std::vector<Tensor> held(values.size());
@@ -743,8 +760,16 @@ TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::str
   ThreadPool& pool = default_thread_pool();
   std::vector<const Tensor*> ins;
   std::vector<Tensor> outs;
-  for (Step& step : steps) {
+  for (size_t s = 0; s < steps.size(); ++s) {
+    Step& step = steps[s];
     const Node& node = *step.node;
+    if (skip[s]) {
+      for (int id : step.release) {
+        held[size_t(id)] = Tensor();
+        ref[size_t(id)] = nullptr;
+      }
+      continue;
+    }
     ins.assign(step.inputs.size(), nullptr);
     for (size_t k = 0; k < step.inputs.size(); ++k) {
       const int id = step.inputs[k];

@@ -99,13 +99,21 @@ TEST(SessionRun, OverridableInitializersMayBeGivenOrNot) {
 TEST(SessionRun, ReturnsRequestedOutputsOnly) {
   ModelBuilder b;
   b.input("x", DType::f32, {{2}}).output("a").output("b");
-  b.node("Relu", {"x"}, {"a"});
-  b.node("Add", {"x", "x"}, {"b"});
+  b.node("Relu", {"x"}, {"r"});
+  b.node("Tick", {"r"}, {"a"});
+  b.node("Add", {"x", "x"}, {"t"});
+  b.node("Tick", {"t"}, {"b"});
   auto s = Session::compile(b.build(), test_options());
+  int64_t before = test_kernel_calls();
   auto out = s->run({{"x", f32({2}, {-1, 2})}}, {"b"});
+  EXPECT_EQ(test_kernel_calls() - before, 2) << "steps only output 'a' needs were run";
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(values_of(out.at("b")), (std::vector<double>{-2, 4}));
-  EXPECT_EQ(s->run({{"x", f32({2}, {-1, 2})}}).size(), 2u);
+  before = test_kernel_calls();
+  out = s->run({{"x", f32({2}, {-1, 2})}});
+  EXPECT_EQ(test_kernel_calls() - before, 4);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(values_of(out.at("a")), (std::vector<double>{0, 2}));
 }
 
 TEST(SessionRun, OutputsNeverShareMemoryWithTheSession) {
