@@ -351,6 +351,21 @@ TEST(RefNnResize, ScalesAxesAndAspectPolicy) {
   EXPECT_EQ(y[0].shape(), (Shape{1, 1, 6, 8}));
 }
 
+TEST(RefNnResize, AntialiasWidensTheFilterWhenDownscaling) {
+  // x = (arange(30) * 7 % 13) as [5,6], scales 0.5; expected from interpolate_nd with the
+  // ONNX reference's antialias coefficients (a footprint of 2/scale resp. 4/scale
+  // neighbours, triangle resp. cubic filter evaluated at scale * distance, normalized).
+  std::vector<float> xv(30);
+  for (int i = 0; i < 30; ++i) xv[size_t(i)] = float(i * 7 % 13);
+  const Tensor x = tensor<float>({5, 6}, xv);
+  const Tensor scales = tensor<float>({2}, {0.5f, 0.5f});
+  auto y = run_op("Resize", 18, {x, Tensor(), scales}, {{"mode", attr_s("linear")}, {"antialias", attr_i(1)}});
+  ASSERT_EQ(y[0].shape(), (Shape{2, 3}));
+  expect_near_all(values<float>(y[0]), {4.015625f, 5.5625f, 7.109375f, 5.78125f, 5.5f, 6.03125f});
+  y = run_op("Resize", 18, {x, Tensor(), scales}, {{"mode", attr_s("cubic")}, {"antialias", attr_i(1)}});
+  expect_near_all(values<float>(y[0]), {3.889465f, 5.654739f, 7.273621f, 5.648819f, 5.655594f, 6.166611f});
+}
+
 TEST(RefNnResize, BadArgumentsAreErrors) {
   error_of(ErrorCode::invalid_argument, [] {
     run_op("Resize", 13, {resize_x(), Tensor(), tensor<float>({4}, {1, 1, 2, 2}), sizes_5x3()});

@@ -83,8 +83,7 @@ class Resize final : public OpKernel {
     extrapolation_ = node.attr_float("extrapolation_value", 0.f);
     if (opset >= 18) {
       axes_ = node.attr_ints("axes");
-      if (node.attr_int("antialias", 0) != 0)
-        throw Error(ErrorCode::unsupported, node.describe() + ": antialias is not supported");
+      antialias_ = node.attr_int("antialias", 0) != 0;
       const std::string kp = node.attr_string("keep_aspect_ratio_policy", "stretch");
       if (kp == "stretch") policy_ = AspectPolicy::stretch;
       else if (kp == "not_larger") policy_ = AspectPolicy::not_larger;
@@ -269,6 +268,26 @@ class Resize final : public OpKernel {
     return 0;
   }
 
+  // Downscaling with antialias stretches the interpolation filter by 1 / scale, so each
+  // output averages every input its footprint covers; weights are normalized to sum 1.
+  void antialias_taps(double xo, int64_t in_len, double scale, std::vector<Tap>& taps) const {
+    const double s = std::min(scale, 1.0);
+    const double support = (mode_ == Mode::linear ? 1.0 : 2.0) / s;
+    const int64_t lo = int64_t(std::floor(xo - support)), hi = int64_t(std::ceil(xo + support));
+    double sum = 0;
+    for (int64_t i = lo; i <= hi; ++i) {
+      const double t = std::fabs(double(i) - xo) * s;
+      double w = mode_ == Mode::linear ? std::max(0.0, 1.0 - t) : cubic(t);
+      if (exclude_outside_ && (i < 0 || i >= in_len)) w = 0;
+      if (w == 0) continue;
+      taps.push_back({std::clamp<int64_t>(i, 0, in_len - 1), w});
+      sum += w;
+    }
+    if (sum != 0)
+      for (auto& t : taps) t.weight /= sum;
+    if (taps.empty()) taps.push_back({std::clamp<int64_t>(int64_t(std::floor(xo)), 0, in_len - 1), 0.0});
+  }
+
   AxisTaps axis_taps(int64_t in_len, int64_t out_len, double scale, double roi0, double roi1) const {
     AxisTaps a;
     a.taps.resize(size_t(out_len));
@@ -285,6 +304,10 @@ class Resize final : public OpKernel {
       if (coord_ == Coord::tf_crop_and_resize && (xo < 0 || xo > double(in_len - 1))) {
         a.outside[size_t(o)] = true;
         taps.push_back({0, 0.0});
+        continue;
+      }
+      if (antialias_ && mode_ != Mode::nearest) {
+        antialias_taps(xo, in_len, scale, taps);
         continue;
       }
       const double fl = std::floor(xo);
@@ -334,6 +357,7 @@ class Resize final : public OpKernel {
   AspectPolicy policy_ = AspectPolicy::stretch;
   double cubic_a_ = -0.75;
   bool exclude_outside_ = false;
+  bool antialias_ = false;
   double extrapolation_ = 0;
   std::vector<int64_t> axes_;
   std::vector<double> attr_scales_;
