@@ -146,14 +146,24 @@ void CompiledForest::predict_row(const float* x, float* out, bool margin) const 
   const uint32_t* root = tree_root();
   const uint32_t* group = tree_group();
   const uint32_t T = h.num_trees;
+  const SimdLevel row_simd = (h.flags & (kHasCategorical | kHasZeroMissing)) ? SimdLevel::scalar : simd_;
   if (h.accumulate_double) {
     const double* leaves = static_cast<const double*>(leaf_values());
     for (uint32_t g = 0; g < G; ++g) m[g] = base_margin()[g];
-    for (uint32_t t = 0; t < T; ++t) m[group[t]] += leaves[detail::walk_one(*this, root[t], x)];
+    if (row_simd == SimdLevel::avx512) detail::row_avx512_f64(*this, x, m);
+    else if (row_simd == SimdLevel::avx2) detail::row_avx2_f64(*this, x, m);
+    else
+      for (uint32_t t = 0; t < T; ++t) m[group[t]] += leaves[detail::walk_one(*this, root[t], x)];
     for (uint32_t g = 0; g < G; ++g) m[g] /= h.average_divisor;
   } else {
     const float* leaves = static_cast<const float*>(leaf_values());
-    if (G == 1) {
+    if (row_simd != SimdLevel::scalar && G <= kStackGroups) {
+      float acc[kStackGroups];
+      for (uint32_t g = 0; g < G; ++g) acc[g] = float(base_margin()[g]);
+      if (row_simd == SimdLevel::avx512) detail::row_avx512_f32(*this, x, acc);
+      else detail::row_avx2_f32(*this, x, acc);
+      for (uint32_t g = 0; g < G; ++g) m[g] = acc[g];
+    } else if (G == 1) {
       float acc = float(base_margin()[0]);
       for (uint32_t t = 0; t < T; ++t) acc += leaves[detail::walk_one(*this, root[t], x)];
       m[0] = acc;

@@ -6,6 +6,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "forest/walk.h"
 
 namespace slim::forest::detail {
@@ -133,7 +135,110 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
   return r;
 }
 
+// One row, 16 trees at a time (lanes are trees): the 16 walks are independent, so their
+// loads overlap instead of forming one long chain of dependent loads. Leaf values come
+// back in tree order so the caller adds them in the same order as the scalar walk.
+template <typename T>
+__attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, const float* row, T* acc) {
+  const uint32_t* packed = cf.packed();
+  const float* thr = cf.threshold();
+  const int32_t* left = cf.left();
+  const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const uint32_t* roots = cf.tree_root();
+  const uint32_t* depths = cf.tree_depth();
+  const uint32_t* groups = cf.tree_group();
+  const bool one_group = cf.num_groups() == 1;
+  const __m512i feat_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
+  const __m512i dl_bit = _mm512_set1_epi32(int32_t(kNodeDefaultLeft));
+  const __m512i leaf_bit = _mm512_set1_epi32(int32_t(kNodeLeaf));
+  const __m512i one = _mm512_set1_epi32(1);
+  const uint32_t T_ = cf.num_trees();
+  alignas(64) T vals[16];
+  for (uint32_t t0 = 0; t0 < T_; t0 += 16) {
+    const uint32_t cnt = std::min<uint32_t>(16, T_ - t0);
+    const __mmask16 live = __mmask16((1u << cnt) - 1);
+    __m512i idx = _mm512_maskz_loadu_epi32(live, roots + t0);
+    uint32_t depth = 0;
+    for (uint32_t k = 0; k < cnt; ++k) depth = std::max(depth, depths[t0 + k]);
+    for (uint32_t d = 0; d < depth; ++d) {
+      const __m512i p = _mm512_i32gather_epi32(idx, packed, 4);
+      const __m512 th = _mm512_i32gather_ps(idx, thr, 4);
+      const __m512i l = _mm512_i32gather_epi32(idx, left, 4);
+      const __m512 xv = _mm512_i32gather_ps(_mm512_and_si512(p, feat_mask), row, 4);
+      const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
+      const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
+      const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
+      const __mmask16 leaf = _mm512_test_epi32_mask(p, leaf_bit);
+      idx = _mm512_mask_add_epi32(l, __mmask16(~(lt | (nan & dl) | leaf)), l, one);
+    }
+    // Lanes past the last tree walked tree 0 for a depth that is not its own, so they
+    // may not stand on a leaf: they read leaf 0 instead of an arbitrary index.
+    const __m512i li = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx,
+                                                   reinterpret_cast<const int32_t*>(thr), 4);
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_store_ps(vals, _mm512_i32gather_ps(li, leaves, 4));
+    } else {
+      _mm512_store_pd(vals, _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8));
+      _mm512_store_pd(vals + 8, _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8));
+    }
+    if (one_group) {
+      T a = acc[0];
+      for (uint32_t k = 0; k < cnt; ++k) a += vals[k];
+      acc[0] = a;
+    } else {
+      for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += vals[k];
+    }
+  }
+}
+
+template <typename T>
+__attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const float* row, T* acc) {
+  const int* packed = reinterpret_cast<const int*>(cf.packed());
+  const float* thr = cf.threshold();
+  const int* left = cf.left();
+  const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const uint32_t* roots = cf.tree_root();
+  const uint32_t* depths = cf.tree_depth();
+  const uint32_t* groups = cf.tree_group();
+  const __m256i feat_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
+  const __m256i dl_bit = _mm256_set1_epi32(int32_t(kNodeDefaultLeft));
+  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  const __m256i one = _mm256_set1_epi32(1);
+  const uint32_t T_ = cf.num_trees();
+  alignas(32) int32_t lidx[8];
+  for (uint32_t t0 = 0; t0 < T_; t0 += 8) {
+    const uint32_t cnt = std::min<uint32_t>(8, T_ - t0);
+    alignas(32) int32_t start[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t depth = 0;
+    for (uint32_t k = 0; k < cnt; ++k) {
+      start[k] = int32_t(roots[t0 + k]);
+      depth = std::max(depth, depths[t0 + k]);
+    }
+    __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(start));
+    for (uint32_t d = 0; d < depth; ++d) {
+      const __m256i p = _mm256_i32gather_epi32(packed, idx, 4);
+      const __m256 th = _mm256_i32gather_ps(thr, idx, 4);
+      const __m256i l = _mm256_i32gather_epi32(left, idx, 4);
+      const __m256 xv = _mm256_i32gather_ps(row, _mm256_and_si256(p, feat_mask), 4);
+      const __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(xv, th, _CMP_LT_OQ));
+      const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
+      const __m256i dl = _mm256_cmpeq_epi32(_mm256_and_si256(p, dl_bit), dl_bit);
+      const __m256i leaf = _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), leaf_bit);
+      const __m256i stay = _mm256_or_si256(_mm256_or_si256(lt, leaf), _mm256_and_si256(nan, dl));
+      idx = _mm256_add_epi32(l, _mm256_andnot_si256(stay, one));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lidx),
+                       _mm256_i32gather_epi32(reinterpret_cast<const int*>(thr), idx, 4));
+    for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += leaves[lidx[k]];
+  }
+}
+
 }  // namespace
+
+void row_avx512_f32(const CompiledForest& cf, const float* row, float* acc) { avx512_row<float>(cf, row, acc); }
+void row_avx512_f64(const CompiledForest& cf, const float* row, double* acc) { avx512_row<double>(cf, row, acc); }
+void row_avx2_f32(const CompiledForest& cf, const float* row, float* acc) { avx2_row<float>(cf, row, acc); }
+void row_avx2_f64(const CompiledForest& cf, const float* row, double* acc) { avx2_row<double>(cf, row, acc); }
 
 int64_t walk_avx512_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc) {
   return avx512_walk<float>(cf, x, n, acc);

@@ -68,5 +68,11 @@ int64_t walk_avx512_f32(const CompiledForest& cf, const float* x, int64_t n, flo
 int64_t walk_avx512_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
 int64_t walk_avx2_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc);
 int64_t walk_avx2_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
+// One row through every tree, several trees per vector; adds the leaves to acc[group]
+// in tree order.
+void row_avx512_f32(const CompiledForest& cf, const float* row, float* acc);
+void row_avx512_f64(const CompiledForest& cf, const float* row, double* acc);
+void row_avx2_f32(const CompiledForest& cf, const float* row, float* acc);
+void row_avx2_f64(const CompiledForest& cf, const float* row, double* acc);
 
 }  // namespace slim::forest::detail

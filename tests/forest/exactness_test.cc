@@ -78,12 +78,16 @@ int64_t check_forest(const CompiledForest& base, const Case& c, const std::strin
     }
   }
   std::vector<float> row_out(static_cast<size_t>(W));
-  for (int64_t r = 0; r < n; ++r) {
-    base.predict_row(x + r * base.num_features(), row_out.data());
-    for (int k = 0; k < W; ++k)
-      if (row_out[k] != c.pred.data<float>()[r * W + k] && bad++ < 5)
-        ADD_FAILURE() << label << " predict_row row " << r << ": " << row_out[k]
-                      << " != " << c.pred.data<float>()[r * W + k];
+  for (SimdLevel level : levels()) {
+    CompiledForest cf = base;
+    cf.set_simd_level(level);
+    for (int64_t r = 0; r < n; ++r) {
+      cf.predict_row(x + r * base.num_features(), row_out.data());
+      for (int k = 0; k < W; ++k)
+        if (row_out[k] != c.pred.data<float>()[r * W + k] && bad++ < 5)
+          ADD_FAILURE() << label << " " << simd_level_name(level) << " predict_row row " << r << ": "
+                        << row_out[k] << " != " << c.pred.data<float>()[r * W + k];
+    }
   }
   return bad;
 }

@@ -1,0 +1,303 @@
+// `slim forest compile|predict|inspect|bench`: tree ensembles from XGBoost and LightGBM,
+// compiled to .slimf, predicted from CSV, and timed.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "commands.h"
+#include "slim/core/error.h"
+#include "slim/core/progress.h"
+#include "slim/core/thread_pool.h"
+#include "slim/forest/compress.h"
+#include "slim/forest/forest_model.h"
+#include "slim/forest/slimf.h"
+
+namespace slim::cli {
+namespace {
+
+using namespace slim::forest;
+
+// The features of a CSV: every column but the label column (given by name or index).
+struct Rows {
+  int64_t n = 0, f = 0;
+  std::vector<float> x, labels;
+};
+
+Rows read_rows(const std::string& path, const std::string& label_column, uint32_t features) {
+  CsvTable t = read_csv(path);
+  int64_t label = -1;
+  if (!label_column.empty()) {
+    auto it = std::find(t.columns.begin(), t.columns.end(), label_column);
+    if (it != t.columns.end()) {
+      label = it - t.columns.begin();
+    } else {
+      char* e = nullptr;
+      label = std::strtoll(label_column.c_str(), &e, 10);
+      slim::check(*e == '\0' && label >= 0 && label < t.cols, ErrorCode::invalid_argument,
+                  path + ": no label column '" + label_column + "'");
+    }
+  }
+  Rows r;
+  r.n = t.rows;
+  r.f = t.cols - (label >= 0 ? 1 : 0);
+  slim::check(r.f == int64_t(features), ErrorCode::invalid_argument,
+              path + ": has " + std::to_string(r.f) + " feature columns, the model expects " +
+                  std::to_string(features));
+  r.x.reserve(size_t(r.n * r.f));
+  for (int64_t i = 0; i < t.rows; ++i)
+    for (int64_t c = 0; c < t.cols; ++c) {
+      const float v = t.values[size_t(i * t.cols + c)];
+      if (c == label) r.labels.push_back(v);
+      else r.x.push_back(v);
+    }
+  return r;
+}
+
+size_t file_size(const std::string& path) { return size_t(std::filesystem::file_size(path)); }
+
+std::string kib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  return buf;
+}
+
+// Binary-classification quality of a forest on labelled rows (empty when not binary).
+std::string quality(const CompiledForest& cf, const Rows& rows) {
+  if (rows.labels.empty() || cf.output_width() != 1) return "";
+  std::vector<float> p(size_t(rows.n));
+  cf.predict(rows.x.data(), rows.n, p.data(), false, &default_thread_pool());
+  char buf[128];
+  if (cf.transform() == Transform::sigmoid) {
+    std::snprintf(buf, sizeof buf, "AUC %.6f  logloss %.6f", roc_auc(p, rows.labels), log_loss(p, rows.labels));
+  } else {
+    std::snprintf(buf, sizeof buf, "AUC %.6f", roc_auc(p, rows.labels));
+  }
+  return buf;
+}
+
+struct CompileOptions {
+  std::string model, output, quantize = "none", calib, eval, label;
+  double prune_gain = 0, prune_tree_eps = 0;
+};
+
+void compile_cmd(const CompileOptions& o) {
+  const bool slimf_in = is_slimf_file(o.model);
+  Forest f = slimf_in ? decompile(load_slimf(o.model)) : load_forest_source(o.model);
+  const CompiledForest original = compile_forest(f);
+  SlimfEncoding enc = SlimfEncoding::plain;
+  if (o.prune_gain > 0 || o.prune_tree_eps > 0) {
+    slim::check(!slimf_in || o.prune_tree_eps > 0 && o.prune_gain == 0, ErrorCode::invalid_argument,
+                o.model + ": --prune-gain needs the source model (a .slimf keeps no split gains)");
+    PruneStats ps;
+    f = prune_forest(f, {o.prune_gain, o.prune_tree_eps}, &ps);
+    std::cout << "pruned: " << ps.splits_merged << " splits merged, " << ps.trees_dropped
+              << " trees dropped, nodes " << ps.nodes_before << " -> " << ps.nodes_after << "\n";
+  }
+  if (o.quantize == "lossless") {
+    enc = SlimfEncoding::compact;
+  } else if (o.quantize != "none") {
+    int bits = 0;
+    slim::check(std::sscanf(o.quantize.c_str(), "%dbit", &bits) == 1 && bits >= 4 && bits <= 8 &&
+                    o.quantize == std::to_string(bits) + "bit",
+                ErrorCode::invalid_argument,
+                "--quantize must be none, lossless or 4bit..8bit, got '" + o.quantize + "'");
+    Rows calib;
+    if (!o.calib.empty()) calib = read_rows(o.calib, o.label, f.num_features);
+    QuantizeStats qs;
+    f = quantize_thresholds(f, bits, calib.n ? calib.x.data() : nullptr, calib.n, &qs);
+    enc = SlimfEncoding::compact;
+    std::cout << "quantized to " << bits << " bits: " << qs.features_changed
+              << " features changed, distinct thresholds " << qs.thresholds_before << " -> "
+              << qs.thresholds_after << (calib.n ? " (calibrated on " + std::to_string(calib.n) + " rows)" : "")
+              << "\n";
+  }
+  const CompiledForest result = compile_forest(f);
+  save_slimf(result, o.output, enc);
+  std::cout << "wrote " << o.output << " (" << (enc == SlimfEncoding::plain ? "plain" : "compact")
+            << ", " << kib(double(file_size(o.output))) << "; source " << kib(double(file_size(o.model)))
+            << "; " << result.num_trees() << " trees, " << result.num_nodes() << " nodes)\n";
+  if (!o.eval.empty()) {
+    Rows rows = read_rows(o.eval, o.label, f.num_features);
+    std::cout << "eval " << o.eval << " (" << rows.n << " rows):\n  original  " << quality(original, rows)
+              << "\n  compiled  " << quality(load_slimf(o.output), rows) << "\n";
+  }
+}
+
+struct PredictOptions {
+  std::string model, csv, output, label;
+  bool margin = false;
+  int threads = 0;
+};
+
+void predict_cmd(const PredictOptions& o) {
+  set_num_threads(o.threads);
+  CompiledForest cf = load_compiled_forest(o.model);
+  Rows rows = read_rows(o.csv, o.label, cf.num_features());
+  const int W = o.margin ? int(cf.num_groups()) : cf.output_width();
+  std::vector<float> out(size_t(rows.n) * size_t(W));
+  cf.predict(rows.x.data(), rows.n, out.data(), o.margin, &default_thread_pool());
+  std::ofstream file;
+  if (!o.output.empty()) {
+    file.open(o.output);
+    slim::check(bool(file), ErrorCode::not_found, o.output + ": cannot open for writing");
+  }
+  std::ostream& os = o.output.empty() ? std::cout : file;
+  for (int k = 0; k < W; ++k) os << (k ? "," : "") << (W == 1 ? std::string("prediction") : "class_" + std::to_string(k));
+  os << "\n";
+  char buf[32];
+  for (int64_t r = 0; r < rows.n; ++r) {
+    for (int k = 0; k < W; ++k) {
+      std::snprintf(buf, sizeof buf, "%.9g", double(out[size_t(r * W + k)]));
+      os << (k ? "," : "") << buf;
+    }
+    os << "\n";
+  }
+  if (!o.margin && !rows.labels.empty()) std::cerr << quality(cf, rows) << "\n";
+}
+
+void inspect_cmd(const std::string& path) {
+  const bool slimf = is_slimf_file(path);
+  CompiledForest cf = load_compiled_forest(path);
+  const CompiledHeader& h = cf.header();
+  static const char* transforms[] = {"identity", "sigmoid", "exp", "softmax", "argmax"};
+  std::cout << "model:      " << path << " (" << kib(double(file_size(path))) << ")\n";
+  if (slimf)
+    std::cout << "format:     .slimf v" << kSlimfVersion << ", "
+              << (slimf_encoding(path) == SlimfEncoding::plain ? "plain (used in place)" : "compact (expanded on load)")
+              << ", checksum ok\n";
+  else
+    std::cout << "format:     " << (cf.source() == SourceKind::xgboost ? "XGBoost" : "LightGBM") << " source model\n";
+  std::cout << "source:     " << (cf.source() == SourceKind::xgboost ? "xgboost" : "lightgbm")
+            << "\ntransform:  " << transforms[h.transform];
+  if (cf.transform() == Transform::sigmoid && h.sigmoid_scale != 1.0) std::cout << " (scale " << h.sigmoid_scale << ")";
+  std::cout << "\nfeatures:   " << h.num_features << "\noutputs:    " << cf.output_width() << " (" << h.num_groups
+            << " margin groups)\ntrees:      " << h.num_trees << "\nnodes:      " << h.num_nodes << " ("
+            << h.num_leaves << " leaves)\nmax depth:  " << h.max_depth << "\ncategorical: "
+            << ((h.flags & kHasCategorical) ? "yes (" + std::to_string(h.num_category_sets) + " sets)" : std::string("no"))
+            << "\nsums in:    " << (h.accumulate_double ? "double" : "float32") << "\nbase margin:";
+  for (uint32_t g = 0; g < std::min<uint32_t>(h.num_groups, 8); ++g) std::cout << " " << cf.base_margin()[g];
+  std::cout << "\nsimd:       " << simd_level_name(cf.simd_level())
+            << ((h.flags & (kHasCategorical | kHasZeroMissing)) ? " (batch walks scalar: categorical or zero-as-missing splits)" : "")
+            << "\ncompiled:   " << kib(double(cf.payload_size())) << "\n";
+}
+
+struct BenchOptions {
+  std::string model, csv, label;
+  int threads = 1;
+  int64_t rows = 10000;
+  double seconds = 0.5;
+};
+
+void bench_cmd(const BenchOptions& o) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  CompiledForest cf = load_compiled_forest(o.model);
+  const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  const uint32_t F = cf.num_features();
+  std::vector<float> x;
+  int64_t n = o.rows;
+  if (!o.csv.empty()) {
+    Rows r = read_rows(o.csv, o.label, F);
+    x = std::move(r.x);
+    n = r.n;
+    slim::check(n > 0, ErrorCode::invalid_argument, o.csv + ": no rows");
+  } else {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d;
+    x.resize(size_t(n) * F);
+    for (auto& v : x) v = d(rng);
+  }
+  ThreadPool pool(std::max(1, o.threads));
+  std::vector<float> out(size_t(n) * cf.num_groups());
+  std::cout << "model " << o.model << ": " << cf.num_trees() << " trees, " << cf.num_nodes() << " nodes, load "
+            << load_ms << " ms, simd " << simd_level_name(cf.simd_level()) << ", " << pool.num_threads()
+            << " thread(s)\n";
+  Progress progress("forest bench", 4);
+  int step = 0;
+  for (int64_t batch : {int64_t(1), int64_t(64), int64_t(10000)}) {
+    progress.update(step++, "batch " + std::to_string(batch));
+    std::vector<float> xb(size_t(batch) * F);
+    for (int64_t r = 0; r < batch; ++r)
+      std::copy_n(x.begin() + (r % n) * F, F, xb.begin() + r * F);
+    std::vector<float> ob(size_t(batch) * cf.num_groups());
+    std::vector<double> rates;
+    const auto end = clock::now() + std::chrono::duration<double>(o.seconds);
+    while (clock::now() < end || rates.size() < 5) {
+      const auto a = clock::now();
+      int reps = 0;
+      do {
+        cf.predict(xb.data(), batch, ob.data(), false, &pool);
+        ++reps;
+      } while (std::chrono::duration<double>(clock::now() - a).count() < 0.01);
+      rates.push_back(double(batch) * reps / std::chrono::duration<double>(clock::now() - a).count());
+    }
+    std::sort(rates.begin(), rates.end());
+    std::printf("batch %6lld: %12.0f rows/s (median of %zu)\n", static_cast<long long>(batch),
+                rates[rates.size() / 2], rates.size());
+  }
+  progress.update(step++, "single row");
+  std::vector<double> lat;
+  std::vector<float> o1(cf.num_groups());
+  const auto end = clock::now() + std::chrono::duration<double>(o.seconds);
+  for (int64_t i = 0; clock::now() < end || lat.size() < 1000; ++i) {
+    const float* row = x.data() + (i % n) * F;
+    const auto a = clock::now();
+    cf.predict_row(row, o1.data());
+    lat.push_back(std::chrono::duration<double, std::micro>(clock::now() - a).count());
+  }
+  progress.finish();
+  std::sort(lat.begin(), lat.end());
+  std::printf("single row: p50 %.2f us  p99 %.2f us  (%zu calls)\n", lat[lat.size() / 2],
+              lat[lat.size() * 99 / 100], lat.size());
+}
+
+}  // namespace
+
+SLIM_COMMAND(40, [](CLI::App& app) {
+  auto* forest = app.add_subcommand("forest", "Tree ensembles (XGBoost JSON/UBJSON, LightGBM text, .slimf): "
+                                              "compile, predict, inspect, bench");
+  forest->require_subcommand(1);
+
+  auto* c = forest->add_subcommand("compile", "Compile a model to .slimf, optionally quantized and pruned");
+  auto co = std::make_shared<CompileOptions>();
+  c->add_option("MODEL", co->model, "XGBoost .json/.ubj, LightGBM .txt or .slimf")->required()->check(CLI::ExistingFile);
+  c->add_option("-o,--output", co->output, "Output .slimf file")->required();
+  c->add_option("--quantize", co->quantize, "none (plain, mmap-able), lossless (compact) or 4bit..8bit")->capture_default_str();
+  c->add_option("--prune-gain", co->prune_gain, "Merge splits whose gain is below this into leaves")->check(CLI::NonNegativeNumber);
+  c->add_option("--prune-tree-eps", co->prune_tree_eps, "Drop trees whose largest |leaf| is below this")->check(CLI::NonNegativeNumber);
+  c->add_option("--calib", co->calib, "CSV of calibration rows for k-bit quantization")->check(CLI::ExistingFile);
+  c->add_option("--eval", co->eval, "Labelled CSV: report AUC/logloss before and after")->check(CLI::ExistingFile);
+  c->add_option("--label-column", co->label, "Name or index of the label column in the CSVs");
+  c->callback([co] { compile_cmd(*co); });
+
+  auto* p = forest->add_subcommand("predict", "Predict the rows of a CSV (source model or .slimf)");
+  auto po = std::make_shared<PredictOptions>();
+  p->add_option("MODEL", po->model, "Model file")->required()->check(CLI::ExistingFile);
+  p->add_option("--csv", po->csv, "Input rows, one feature per column")->required()->check(CLI::ExistingFile);
+  p->add_option("--output", po->output, "Output CSV (default: stdout)");
+  p->add_option("--label-column", po->label, "Label column to skip (and score against)");
+  p->add_flag("--margin", po->margin, "Write raw margins instead of transformed outputs");
+  add_threads_option(p, &po->threads);
+  p->callback([po] { predict_cmd(*po); });
+
+  auto* i = forest->add_subcommand("inspect", "Describe a model: format, objective, trees, nodes, depth");
+  auto path = std::make_shared<std::string>();
+  i->add_option("MODEL", *path, "Model file")->required()->check(CLI::ExistingFile);
+  i->callback([path] { inspect_cmd(*path); });
+
+  auto* b = forest->add_subcommand("bench", "Time batch (1, 64, 10000 rows) and single-row prediction");
+  auto bo = std::make_shared<BenchOptions>();
+  b->add_option("MODEL", bo->model, "Model file")->required()->check(CLI::ExistingFile);
+  b->add_option("--csv", bo->csv, "Rows to use (default: random normal rows)")->check(CLI::ExistingFile);
+  b->add_option("--label-column", bo->label, "Label column to skip");
+  b->add_option("--threads", bo->threads, "Threads for batch prediction")->capture_default_str()->check(CLI::PositiveNumber);
+  b->add_option("--seconds", bo->seconds, "Time per measurement")->capture_default_str()->check(CLI::PositiveNumber);
+  b->callback([bo] { bench_cmd(*bo); });
+});
+
+}  // namespace slim::cli
