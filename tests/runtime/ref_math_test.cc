@@ -567,6 +567,46 @@ TEST(RefMathDet, BatchedLu) {
                {18, -2}, 1e-12, 1e-12);
 }
 
+// Bad attributes are invalid_model errors naming the node when the kernel is created,
+// before any input is seen.
+TEST(RefMathRegistry, AttributeErrorsSurfaceAtCompileTime) {
+  const auto compile_error = [](const std::string& op, int64_t opset, const Attrs& attrs) {
+    const Node node = make_node(op, {f32({1}, {1})}, attrs, 1);
+    return error_of([&] { compile(node, opset); });
+  };
+  const struct {
+    const char* op;
+    int64_t opset;
+    Attrs attrs;
+    const char* needle;
+  } cases[] = {
+      {"Gelu", 20, {{"approximate", attr_s("fast")}}, "approximate"},
+      {"Mod", 13, {{"fmod", attr_i(2)}}, "fmod"},
+      {"LayerNormalization", 17, {{"stash_type", attr_i(3)}}, "stash_type"},
+      {"GroupNormalization", 18, {}, "num_groups"},
+      {"LpNormalization", 1, {{"p", attr_i(3)}}, "p must be"},
+      {"SoftmaxCrossEntropyLoss", 13, {{"reduction", attr_s("avg")}}, "reduction"},
+      {"Einsum", 12, {{"equation", attr_s("ij,j->k")}}, "output label"},
+      {"Einsum", 12, {{"equation", attr_s("i.j")}}, "lone '.'"},
+      {"Celu", 12, {{"alpha", attr_f(0)}}, "alpha"},
+      {"TopK", 1, {}, "'k'"},
+      {"LeakyRelu", 16, {{"alpha", attr_i(1)}}, "alpha"},  // wrong attribute kind
+  };
+  for (const auto& c : cases) {
+    const Error e = compile_error(c.op, c.opset, c.attrs);
+    EXPECT_EQ(e.code(), ErrorCode::invalid_model) << c.op;
+    EXPECT_NE(std::string(e.what()).find(std::string(c.op) + " node 'n0'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(RefMathElementwise, CastOpset1TakesATypeName) {
+  expect_exact<int64_t>(run1("Cast", 1, {f32({2}, {2.9f, -2.9f})}, {{"to", attr_s("INT64")}}), DType::i64, {2},
+                        {2, -2});
+  EXPECT_EQ(error_of([] { run1("Cast", 1, {f32({1}, {1})}, {{"to", attr_s("STRING")}}); }).code(),
+            ErrorCode::unsupported);
+}
+
 TEST(RefMathRegistry, OpsetRangesAndShapeInputs) {
   const KernelRegistry& r = ref_kernel_registry();
   ASSERT_NE(r.find("ReduceSum", "", 13), nullptr);

@@ -107,9 +107,9 @@ T int_pow(const KernelContext& ctx, T base, E e) {
   return result;
 }
 
-void compute_pow(KernelContext& ctx) {
+void compute_pow(KernelContext& ctx, int64_t legacy_axis) {
   const Tensor& a = ctx.required_input(0);
-  const Tensor& b = ctx.required_input(1);
+  const Tensor b = legacy_aligned(ctx, a, ctx.required_input(1), legacy_axis);
   const BroadcastPlan plan(ctx, {&a, &b});
   visit_class<kNumeric>(ctx, a.dtype(), "base", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -241,7 +241,12 @@ void register_elementwise_binary_kernels(KernelRegistry& r) {
                     });
                   },
                   {}});
-  r.add(KernelDef{"Pow", "", 1, INT_MAX, simple_kernel(compute_pow), {}});
+  r.add(KernelDef{"Pow", "", 1, INT_MAX,
+                  [](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
+                    const int64_t axis = legacy_axis_of(node, opset);
+                    return make_kernel([axis](KernelContext& ctx) { compute_pow(ctx, axis); });
+                  },
+                  {}});
   r.add(mod_kernel());
   r.add(KernelDef{"PRelu", "", 1, INT_MAX,
                   [](const Node&, int64_t opset) -> std::unique_ptr<OpKernel> {

@@ -2,6 +2,7 @@
 // (attribute and input forms), Cast and CastLike.
 #include <cfloat>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "runtime/ref/math_common.h"
@@ -146,14 +147,29 @@ void cast_into(KernelContext& ctx, DType to) {
 
 KernelDef cast_kernel() {
   KernelFactory f = [](const Node& node, int64_t) -> std::unique_ptr<OpKernel> {
-    if (!node.has_attr("to"))
-      throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'to' is missing");
-    const int64_t to_enum = node.attr_int("to", 0);
+    const Attribute* attr = node.attr("to");
+    if (!attr) throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'to' is missing");
     DType to;
-    if (!onnx_dtype_to_slim(to_enum, &to))
-      throw Error(ErrorCode::unsupported,
-                  node.describe() + ": cast to ONNX type " + std::to_string(to_enum) +
-                      " (string, complex or float8) is not supported");
+    if (attr->kind == Attribute::Kind::s) {
+      // Cast-1 names the type with a string ("FLOAT"); later versions use the enum.
+      static const std::map<std::string, DType> kByName = {
+          {"FLOAT", DType::f32},   {"UINT8", DType::u8},   {"INT8", DType::i8},
+          {"UINT16", DType::u16},  {"INT16", DType::i16},  {"INT32", DType::i32},
+          {"INT64", DType::i64},   {"BOOL", DType::boolean}, {"FLOAT16", DType::f16},
+          {"DOUBLE", DType::f64},  {"UINT32", DType::u32}, {"UINT64", DType::u64},
+          {"BFLOAT16", DType::bf16}};
+      auto it = kByName.find(attr->s);
+      if (it == kByName.end())
+        throw Error(ErrorCode::unsupported,
+                    node.describe() + ": cast to type '" + attr->s + "' is not supported");
+      to = it->second;
+    } else {
+      const int64_t to_enum = node.attr_int("to", 0);
+      if (!onnx_dtype_to_slim(to_enum, &to))
+        throw Error(ErrorCode::unsupported,
+                    node.describe() + ": cast to ONNX type " + std::to_string(to_enum) +
+                        " (string, complex, float8 or unknown) is not supported");
+    }
     return make_kernel([to](KernelContext& ctx) { cast_into(ctx, to); });
   };
   return KernelDef{"Cast", "", 1, INT_MAX, f, {}};
