@@ -13,6 +13,7 @@
 #include <set>
 
 #include "slim/core/mapped_file.h"
+#include "function_inliner.h"
 #include "proto_tensor.h"
 
 namespace slim {
@@ -87,7 +88,6 @@ struct LoadContext {
   std::string file;
   TensorSource source;
   std::map<std::string, int64_t> opsets;
-  std::set<std::pair<std::string, std::string>> local_functions;  // (domain, name)
 };
 
 void convert_graph(onnx::GraphProto& p, Graph& g, LoadContext& ctx, const std::string& where);
@@ -189,13 +189,8 @@ void convert_node(onnx::NodeProto& p, Node& n, LoadContext& ctx, const std::stri
   const std::string what = where + ": " + n.describe();
   check(!p.op_type().empty(), ErrorCode::invalid_model, what + " has no op_type");
   n.domain = normalize_domain(p.domain());
-  if (!is_known_onnx_domain(n.domain)) {
-    if (ctx.local_functions.count({p.domain(), p.op_type()}))
-      throw Error(ErrorCode::unsupported,
-                  what + " calls the model-local function " + in_quotes(p.domain() + "." + p.op_type()) +
-                      ", which slim does not inline");
-    throw Error(ErrorCode::invalid_model, what + " has unknown domain " + in_quotes(p.domain()));
-  }
+  check(is_known_onnx_domain(n.domain), ErrorCode::invalid_model,
+        what + " has unknown domain " + in_quotes(p.domain()));
   check(ctx.opsets.count(n.domain) != 0, ErrorCode::invalid_model,
         what + " uses domain " + in_quotes(n.domain.empty() ? "ai.onnx" : n.domain) +
             ", which the model imports no opset for");
@@ -473,8 +468,8 @@ Model load_model_proto(onnx::ModelProto& p, const std::string& name, const std::
   }
   // IR versions 1 and 2 had no opset imports; their operators are those of opset 1.
   if (p.opset_import_size() == 0 && p.ir_version() < 3) m.opsets[""] = 1;
+  inline_local_functions(p, m.opsets, name);
   ctx.opsets = m.opsets;
-  for (const auto& f : p.functions()) ctx.local_functions.emplace(f.domain(), f.name());
   convert_graph(*p.mutable_graph(), m.graph, ctx, name);
   validate_graph(m.graph, name);
   return m;

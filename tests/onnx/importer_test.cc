@@ -602,12 +602,6 @@ TEST(OnnxImporter, UnknownDomainsAreInvalid) {
   for (const char* d : {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft"})
     EXPECT_TRUE(is_known_onnx_domain(d)) << d;
   EXPECT_FALSE(is_known_onnx_domain("com.example"));
-
-  // A call of a model-local function is valid ONNX that slim cannot run.
-  auto* f = m.add_functions();
-  f->set_domain("com.example");
-  f->set_name("Frob");
-  expect_load_error(m, ErrorCode::unsupported, {"Frob node 'f'", "model-local function"});
 }
 
 TEST(OnnxValidation, UndefinedInput) {
