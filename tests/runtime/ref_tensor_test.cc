@@ -393,5 +393,29 @@ TEST(RefTensorMisc, IdentityDropoutConstant) {
   error_of(ErrorCode::unsupported, [] { run_op("Constant", 13, {}, {{"value_string", attr_s("a")}}); });
 }
 
+TEST(RefTensorMisc, ExtremeValuesGiveErrorsOrExactResultsNotOverflow) {
+  const Tensor x = tensor<float>({4}, arange_f(4));
+  // Steps far beyond the axis take one element.
+  EXPECT_EQ(values<float>(run_op("Slice", 13, {x, i64s({-1}), i64s({INT64_MIN}), Tensor(), i64s({INT64_MIN})})[0]),
+            (std::vector<float>{3}));
+  EXPECT_EQ(values<float>(run_op("Slice", 13, {x, i64s({1}), i64s({INT64_MAX}), Tensor(), i64s({INT64_MAX})})[0]),
+            (std::vector<float>{1}));
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Tile", 13, {x, i64s({INT64_MAX / 2})}); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Pad", 13, {x, i64s({INT64_MAX, 1})}); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Reshape", 13, {x, i64s({INT64_MAX, 4, -1})}); });
+  error_of(ErrorCode::invalid_argument, [&] {
+    run_op("OneHot", 11, {i64s({0}), Tensor::scalar<float>(1e30f), tensor<float>({2}, {0, 1})});
+  });
+  error_of(ErrorCode::invalid_model, [] {
+    run_op("DepthToSpace", 13, {tensor<float>({1, 4, 1, 1}, arange_f(4))}, {{"blocksize", attr_i(INT64_MAX)}});
+  });
+  // The last value of an int32 Range sits next to INT32_MAX; the step past it is never taken.
+  EXPECT_EQ(values<int32_t>(run_op("Range", 11, {Tensor::scalar<int32_t>(INT32_MAX - 3), Tensor::scalar<int32_t>(INT32_MAX),
+                                                 Tensor::scalar<int32_t>(2)})[0]),
+            (std::vector<int32_t>{INT32_MAX - 3, INT32_MAX - 1}));
+  EXPECT_EQ(values<float>(run_op("EyeLike", 9, {tensor<float>({1, 2}, {0, 0})}, {{"k", attr_i(INT64_MAX)}})[0]),
+            (std::vector<float>{0, 0}));
+}
+
 }  // namespace
 }  // namespace slim

@@ -16,6 +16,8 @@ namespace {
   throw Error(ErrorCode::invalid_model, node.describe() + ": " + msg);
 }
 
+constexpr int64_t kMaxConvAttr = int64_t(1) << 31;
+
 // Attributes shared by all convolution ops, validated when the kernel is built.
 struct ConvAttrs {
   std::string auto_pad;
@@ -42,6 +44,10 @@ struct ConvAttrs {
     for (int64_t v : pads) if (v < 0) bad_attr(node, "pads " + shape_str(pads) + " has a negative pad");
     for (int64_t v : output_padding) if (v < 0) bad_attr(node, "output_padding " + shape_str(output_padding) + " is negative");
     if (pads.size() % 2) bad_attr(node, "pads " + shape_str(pads) + " has an odd length");
+    // Larger values cannot describe a real tensor and would overflow the size arithmetic.
+    for (const Shape* v : {&kernel_shape, &strides, &dilations, &pads, &output_padding, &output_shape})
+      for (int64_t x : *v)
+        if (x > kMaxConvAttr) bad_attr(node, "attribute value " + std::to_string(x) + " is out of range");
   }
 };
 

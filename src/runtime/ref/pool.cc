@@ -46,6 +46,10 @@ struct PoolAttrs {
     for (int64_t v : strides) if (v < 1) bad_attr(node, "strides " + shape_str(strides) + " has a non-positive stride");
     for (int64_t v : dilations) if (v < 1) bad_attr(node, "dilations " + shape_str(dilations) + " has a non-positive dilation");
     for (int64_t v : pads) if (v < 0) bad_attr(node, "pads " + shape_str(pads) + " has a negative pad");
+    // Larger values cannot describe a real tensor and would overflow the size arithmetic.
+    for (const Shape* v : {&kernel_shape, &strides, &dilations, &pads})
+      for (int64_t x : *v)
+        if (x > (int64_t(1) << 31)) bad_attr(node, "attribute value " + std::to_string(x) + " is out of range");
     if (strides.empty()) strides.assign(nd, 1);
     if (dilations.empty()) dilations.assign(nd, 1);
   }

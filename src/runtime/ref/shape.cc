@@ -98,6 +98,7 @@ void range_op(KernelContext& ctx) {
       T v = start;
       for (int64_t i = 0; i < n; ++i) {
         o[i] = v;
+        if (i + 1 == n) break;  // the step past the last value may not be representable
         if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) v = T(float(v) + float(delta));
         else v = T(v + delta);
       }

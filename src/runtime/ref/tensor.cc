@@ -25,6 +25,22 @@ KernelFactory factory() {
 
 std::string ints_str(const std::vector<int64_t>& v) { return shape_str(v); }
 
+// a * b for non-negative sizes, or an error naming the node when it overflows.
+int64_t checked_mul(const KernelContext& ctx, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) ctx.fail(ErrorCode::invalid_argument, "size " + std::to_string(a) + " x " + std::to_string(b) + " overflows");
+  return r;
+}
+
+int64_t checked_add(const KernelContext& ctx, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) ctx.fail(ErrorCode::invalid_argument, "size " + std::to_string(a) + " + " + std::to_string(b) + " overflows");
+  return r;
+}
+
+// Block sizes are squared and multiplied into shapes; anything this large is malformed.
+constexpr int64_t kMaxBlockSize = int64_t(1) << 20;
+
 // The input tensor viewed contiguously: the Session hands kernels contiguous inputs,
 // but a view keeps direct callers safe too.
 Tensor packed(const Tensor& t) { return t.contiguous(); }
@@ -64,7 +80,7 @@ class Reshape final : public OpKernel {
       }
       if (d < 0) ctx.fail(ErrorCode::invalid_argument, "shape " + ints_str(spec) + " has a negative dim");
       out[i] = d;
-      known *= d;
+      known = checked_mul(ctx, known, d);
     }
     if (infer >= 0) {
       if (known == 0 || data.numel() % known != 0)
@@ -260,8 +276,11 @@ class Slice final : public OpKernel {
       const int a = normalize_axis(ctx, axes[i], x.rank());
       if (seen[size_t(a)]) ctx.fail(ErrorCode::invalid_argument, "axis " + std::to_string(a) + " repeats in axes");
       seen[size_t(a)] = true;
-      const int64_t dim = x.shape()[size_t(a)], step = steps[i];
-      if (step == 0) ctx.fail(ErrorCode::invalid_argument, "step of axis " + std::to_string(a) + " is 0");
+      const int64_t dim = x.shape()[size_t(a)];
+      if (steps[i] == 0) ctx.fail(ErrorCode::invalid_argument, "step of axis " + std::to_string(a) + " is 0");
+      // A step longer than the axis takes at most one element; clamping keeps the
+      // arithmetic below from overflowing.
+      const int64_t step = std::clamp<int64_t>(steps[i], -std::max<int64_t>(dim, 1), std::max<int64_t>(dim, 1));
       int64_t st = starts[i], en = ends[i];
       if (st < 0) st += dim;
       if (en < 0) en += dim;
@@ -310,7 +329,7 @@ void tile(KernelContext& ctx) {
   Shape out_shape = x.shape();
   for (size_t i = 0; i < reps.size(); ++i) {
     if (reps[i] < 0) ctx.fail(ErrorCode::invalid_argument, "repeats " + ints_str(reps) + " has a negative count");
-    out_shape[i] *= reps[i];
+    out_shape[i] = checked_mul(ctx, out_shape[i], reps[i]);
   }
   Tensor& out = ctx.output(0, x.dtype(), out_shape);
   if (out.numel() == 0) return;
@@ -390,7 +409,7 @@ class Pad final : public OpKernel {
     std::vector<std::vector<int64_t>> src(static_cast<size_t>(r));
     for (int d = 0; d < r; ++d) {
       const int64_t n = x.shape()[size_t(d)];
-      const int64_t o = n + begin[size_t(d)] + end[size_t(d)];
+      const int64_t o = checked_add(ctx, checked_add(ctx, n, begin[size_t(d)]), end[size_t(d)]);
       if (o < 0) ctx.fail(ErrorCode::invalid_argument, "pads " + ints_str(pads) + " remove more than axis " + std::to_string(d) + " of " + x.describe() + " holds");
       out_shape[size_t(d)] = o;
       src[size_t(d)].resize(size_t(o));
@@ -653,7 +672,7 @@ class DepthToSpace final : public OpKernel {
  public:
   DepthToSpace(const Node& node, int64_t opset) {
     block_ = node.attr_int("blocksize", 0);
-    if (block_ < 1) bad_attr(node, "blocksize must be positive");
+    if (block_ < 1 || block_ > kMaxBlockSize) bad_attr(node, "blocksize " + std::to_string(block_) + " is out of range");
     const std::string mode = opset >= 11 ? node.attr_string("mode", "DCR") : "DCR";
     if (mode != "DCR" && mode != "CRD") bad_attr(node, "unknown mode '" + mode + "'");
     crd_ = mode == "CRD";
@@ -680,7 +699,7 @@ class SpaceToDepth final : public OpKernel {
  public:
   SpaceToDepth(const Node& node, int64_t) {
     block_ = node.attr_int("blocksize", 0);
-    if (block_ < 1) bad_attr(node, "blocksize must be positive");
+    if (block_ < 1 || block_ > kMaxBlockSize) bad_attr(node, "blocksize " + std::to_string(block_) + " is out of range");
   }
   void compute(KernelContext& ctx) const override {
     const Tensor x = packed(ctx.required_input(0));
@@ -754,7 +773,8 @@ std::optional<DType> dtype_from_onnx(int64_t code) {
 class EyeLike final : public OpKernel {
  public:
   EyeLike(const Node& node, int64_t) {
-    k_ = node.attr_int("k", 0);
+    // Beyond +-2^62 every diagonal is outside any tensor; clamping avoids overflow.
+    k_ = std::clamp<int64_t>(node.attr_int("k", 0), -(int64_t(1) << 62), int64_t(1) << 62);
     if (node.has_attr("dtype")) {
       dtype_ = dtype_from_onnx(node.attr_int("dtype", 0));
       if (!dtype_) bad_attr(node, "dtype " + std::to_string(node.attr_int("dtype", 0)) + " is not supported");

@@ -296,6 +296,8 @@ class OneHot final : public OpKernel {
     const Tensor values = ctx.required_input(2).contiguous();
     if (depth_v.size() != 1) ctx.fail(ErrorCode::invalid_argument, "depth must hold one value");
     if (values.numel() != 2) ctx.fail(ErrorCode::invalid_argument, "values " + values.describe() + " must hold [off, on]");
+    if (!(depth_v[0] >= 1 && depth_v[0] < 9.2e18))
+      ctx.fail(ErrorCode::invalid_argument, "depth " + std::to_string(depth_v[0]) + " is out of range");
     const int64_t depth = int64_t(depth_v[0]);
     if (depth < 1) ctx.fail(ErrorCode::invalid_argument, "depth " + std::to_string(depth_v[0]) + " is not positive");
     const int axis = normalize_axis(ctx, axis_, indices.rank() + 1);
