@@ -170,44 +170,55 @@ std::vector<Shape> kernel_positions(const Shape& k) {
 }
 
 // y[n, m, o...] = bias[m] + sum over c in m's group and kernel positions of x * w.
-// `x_offset`/`w_offset` (per input channel / per output channel) are subtracted first.
+// Output positions are handled in blocks: for each block a table gives, per (position,
+// kernel tap), the flat input index or -1 for padding; then one input channel plane at a
+// time is swept, which keeps that plane in cache.
 template <typename A>
 void conv_direct(const ConvGeom& g, const A* x, const A* w, const A* bias, A* y) {
   const size_t nd = g.in.size();
   const int64_t in_sz = g.in_size(), out_sz = g.out_size(), k_sz = g.k_size();
   const int64_t cg = g.c / g.group, mg = g.m / g.group;
   const std::vector<Shape> kpos = kernel_positions(g.k);
+  constexpr int64_t kBlock = 4096;
+  std::vector<int64_t> in_at(size_t(std::min(kBlock, out_sz) * k_sz));
   Shape opos(nd, 0);
-  std::vector<int64_t> in_at(static_cast<size_t>(k_sz));  // per kernel position: flat input index or -1
-  for (int64_t o = 0; o < out_sz; ++o) {
-    for (int64_t kk = 0; kk < k_sz; ++kk) {
-      int64_t flat = 0;
-      for (size_t d = 0; d < nd; ++d) {
-        const int64_t i = opos[d] * g.stride[d] - g.pad[d] + kpos[size_t(kk)][d] * g.dil[d];
-        if (i < 0 || i >= g.in[d]) {
-          flat = -1;
-          break;
+  for (int64_t o0 = 0; o0 < out_sz; o0 += kBlock) {
+    const int64_t ob = std::min(kBlock, out_sz - o0);
+    for (int64_t o = 0; o < ob; ++o) {
+      for (int64_t kk = 0; kk < k_sz; ++kk) {
+        int64_t flat = 0;
+        for (size_t d = 0; d < nd; ++d) {
+          const int64_t i = opos[d] * g.stride[d] - g.pad[d] + kpos[size_t(kk)][d] * g.dil[d];
+          if (i < 0 || i >= g.in[d]) {
+            flat = -1;
+            break;
+          }
+          flat = flat * g.in[d] + i;
         }
-        flat = flat * g.in[d] + i;
+        in_at[size_t(o * k_sz + kk)] = flat;
       }
-      in_at[size_t(kk)] = flat;
+      for (size_t d = nd; d-- > 0;) {
+        if (++opos[d] < g.out[d]) break;
+        opos[d] = 0;
+      }
     }
     for (int64_t n = 0; n < g.n; ++n)
       for (int64_t oc = 0; oc < g.m; ++oc) {
         const int64_t grp = oc / mg;
-        A acc = bias ? bias[oc] : A(0);
+        A* yb = y + (n * g.m + oc) * out_sz + o0;
+        for (int64_t o = 0; o < ob; ++o) yb[o] = bias ? bias[oc] : A(0);
         for (int64_t ic = 0; ic < cg; ++ic) {
           const A* xb = x + (n * g.c + grp * cg + ic) * in_sz;
           const A* wb = w + (oc * cg + ic) * k_sz;
-          for (int64_t kk = 0; kk < k_sz; ++kk)
-            if (in_at[size_t(kk)] >= 0) acc += xb[in_at[size_t(kk)]] * wb[kk];
+          for (int64_t o = 0; o < ob; ++o) {
+            const int64_t* at = in_at.data() + o * k_sz;
+            A acc = 0;
+            for (int64_t kk = 0; kk < k_sz; ++kk)
+              if (at[kk] >= 0) acc += xb[at[kk]] * wb[kk];
+            yb[o] += acc;
+          }
         }
-        y[(n * g.m + oc) * out_sz + o] = acc;
       }
-    for (size_t d = nd; d-- > 0;) {
-      if (++opos[d] < g.out[d]) break;
-      opos[d] = 0;
-    }
   }
 }
 
