@@ -324,3 +324,31 @@ TEST(SessionCompile, GraphOutputsAreNotPlanned) {
   EXPECT_EQ(s->stats().memory.planned_values, 1);  // only t
   EXPECT_EQ(s->stats().memory.intermediate_bytes, 64);
 }
+
+TEST(SessionCompile, ValuesReadBySubgraphsStayAlive) {
+  // r is read only inside WithBody's subgraph: dead-node elimination must keep its
+  // producer, and folding must leave the subgraph node alone.
+  ModelBuilder b;
+  b.input("x", DType::f32, {{4}}).output("y");
+  b.node("Relu", {"x"}, {"r"});
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  Node inner;
+  inner.op_type = "Relu";
+  inner.name = "inner";
+  inner.inputs = {"r"};
+  inner.outputs = {"body_out"};
+  body->nodes.push_back(inner);
+  ValueInfo out;
+  out.name = "body_out";
+  body->outputs.push_back(out);
+  Attribute a;
+  a.kind = Attribute::Kind::g;
+  a.g = body;
+  b.node("WithBody", {"x"}, {"y"}).attrs["body"] = a;
+  auto s = Session::compile(b.build(), test_options());
+  EXPECT_EQ(op_types(*s), (std::vector<std::string>{"Relu", "WithBody"}));
+  EXPECT_EQ(s->stats().dead_nodes, 0);
+  EXPECT_EQ(values_of(s->run({{"x", f32({4}, {1, -2, 3, -4})}}).at("y")),
+            (std::vector<double>{1, -2, 3, -4}));
+}

@@ -292,3 +292,20 @@ TEST(SessionRun, LoadReportsMissingFiles) {
       error_of([&] { Session::load("/nonexistent/dir/model.onnx", test_options()); }, &code);
   EXPECT_NE(msg.find("/nonexistent/dir/model.onnx"), std::string::npos) << msg;
 }
+
+TEST(SessionRun, GraphOutputsMayBeInputsOrInitializers) {
+  ModelBuilder b;
+  b.input("x", DType::f32, {{2}}).output("x").output("w").output("y");
+  b.initializer("w", f32({2}, {7, 8}));
+  b.node("Add", {"x", "w"}, {"y"});
+  auto s = Session::compile(b.build(), test_options());
+  const Tensor x = f32({2}, {1, 2});
+  auto out = s->run({{"x", x}});
+  EXPECT_EQ(values_of(out.at("x")), (std::vector<double>{1, 2}));
+  EXPECT_EQ(values_of(out.at("w")), (std::vector<double>{7, 8}));
+  EXPECT_EQ(values_of(out.at("y")), (std::vector<double>{8, 10}));
+  out.at("w").data<float>()[0] = -1;
+  out.at("x").data<float>()[0] = -1;
+  EXPECT_EQ(x.data<float>()[0], 1);
+  EXPECT_EQ(values_of(s->run({{"x", x}}).at("y")), (std::vector<double>{8, 10}));
+}

@@ -211,8 +211,9 @@ KernelFactory binary_kernel(Op op) {
 }  // namespace detail
 
 // The "test" provider: Add Mul Sub Div Relu Identity Shape Size Reshape NonZero, plus
-// Tick (a copy that counts its runs) and Flaky (fails on inputs of ones, like an index
-// check that a probe run with made-up data trips over). Registered on first use.
+// Tick (a copy that counts its runs), Flaky (fails on inputs of ones, like an index
+// check that a probe run with made-up data trips over) and WithBody (a copy that carries
+// a subgraph attribute). Registered on first use.
 inline const KernelRegistry& test_kernel_registry() {
   static const KernelRegistry* registry = [] {
     auto* r = new KernelRegistry("test");
@@ -275,6 +276,13 @@ inline const KernelRegistry& test_kernel_registry() {
               bool all_ones = x.numel() > 0;
               for (int64_t i = 0; i < x.numel(); ++i) all_ones &= x.data<float>()[i] == 1.f;
               if (all_ones) ctx.fail(ErrorCode::invalid_argument, "all inputs are one");
+              ctx.output(0, x.dtype(), x.shape()).copy_from(x);
+            }), {}});
+    // Stands in for If/Loop: it owns a subgraph attribute (which may read outer values)
+    // and copies its input.
+    r->add({"WithBody", "", 1, INT_MAX, simple_kernel([](KernelContext& ctx) {
+              ++test_kernel_calls();
+              const Tensor& x = ctx.required_input(0);
               ctx.output(0, x.dtype(), x.shape()).copy_from(x);
             }), {}});
     register_provider(r);
