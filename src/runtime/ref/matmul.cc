@@ -1,5 +1,7 @@
 // Ref kernels of the matrix products MatMul (numpy semantics), Gemm and MatMulInteger.
 // Straight triple loops with double accumulation for floats: the oracle for fast GEMMs.
+#include <algorithm>
+
 #include "runtime/ref/math_common.h"
 #include "runtime/ref/ref_kernels.h"
 
@@ -53,19 +55,25 @@ void compute_matmul(KernelContext& ctx) {
     const T* pb = elems<T>(b);
     Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
     T* out = elems_mut<T>(y);
+    std::vector<A> row(static_cast<size_t>(p.n));
     for (int64_t bt = 0; bt < p.batches; ++bt) {
       const T* ma = pa + p.a_batch[size_t(bt)] * p.m * p.k;
       const T* mb = pb + p.b_batch[size_t(bt)] * p.k * p.n;
       T* mo = out + bt * p.m * p.n;
-      for (int64_t i = 0; i < p.m; ++i)
-        for (int64_t j = 0; j < p.n; ++j) {
-          A acc = A(0);
-          for (int64_t t = 0; t < p.k; ++t) {
-            if constexpr (kIsFloat<T>) acc += to_double(ma[i * p.k + t]) * to_double(mb[t * p.n + j]);
-            else acc = wrap_add(acc, wrap_mul(ma[i * p.k + t], mb[t * p.n + j]));
+      // Row by row with B walked along its rows (i, t, j order): each output element
+      // still sums its k products in order, but memory is read contiguously.
+      for (int64_t i = 0; i < p.m; ++i) {
+        std::fill(row.begin(), row.end(), A(0));
+        for (int64_t t = 0; t < p.k; ++t) {
+          const T av = ma[i * p.k + t];
+          const T* brow = mb + t * p.n;
+          for (int64_t j = 0; j < p.n; ++j) {
+            if constexpr (kIsFloat<T>) row[size_t(j)] += to_double(av) * to_double(brow[j]);
+            else row[size_t(j)] = wrap_add(row[size_t(j)], wrap_mul(av, brow[j]));
           }
-          mo[i * p.n + j] = T(compute_t<T>(acc));
         }
+        for (int64_t j = 0; j < p.n; ++j) mo[i * p.n + j] = T(compute_t<T>(row[size_t(j)]));
+      }
     }
   });
 }
@@ -148,23 +156,27 @@ KernelDef gemm_kernel() {
                                                     shape_str(out_shape));
         cmap = broadcast_index_map(c->shape(), out_shape);
       }
+      // op(A) as (M, K) rows and op(B) as (N, K) rows, in double, so that every dot
+      // product below reads two contiguous rows.
+      const std::vector<double> av = tensor_to_doubles(a), bv = tensor_to_doubles(b);
+      std::vector<double> ar(static_cast<size_t>(m * k)), br(static_cast<size_t>(n * k));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t t = 0; t < k; ++t) ar[size_t(i * k + t)] = trans_a ? av[size_t(t * m + i)] : av[size_t(i * k + t)];
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t t = 0; t < k; ++t) br[size_t(j * k + t)] = trans_b ? bv[size_t(j * k + t)] : bv[size_t(t * n + j)];
+      const std::vector<double> cv = c ? tensor_to_doubles(*c) : std::vector<double>{};
       visit_class<kFloat | kInt>(ctx, a.dtype(), "input", [&](auto tag) {
         using T = typename decltype(tag)::type;
-        const T* pa = elems<T>(a);
-        const T* pb = elems<T>(b);
-        const T* pc = c ? elems<T>(*c) : nullptr;
         Tensor& y = ctx.output(0, a.dtype(), out_shape);
         T* out = elems_mut<T>(y);
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) {
             double acc = 0;
-            for (int64_t t = 0; t < k; ++t) {
-              const T av = trans_a ? pa[t * m + i] : pa[i * k + t];
-              const T bv = trans_b ? pb[j * k + t] : pb[t * n + j];
-              acc += to_double(av) * to_double(bv);
-            }
+            const double* arow = ar.data() + i * k;
+            const double* brow = br.data() + j * k;
+            for (int64_t t = 0; t < k; ++t) acc += arow[t] * brow[t];
             double v = alpha * acc;
-            if (pc) v += beta * to_double(pc[cmap[size_t(i * n + j)]]);
+            if (c) v += beta * cv[size_t(cmap[size_t(i * n + j)])];
             out[i * n + j] = T(compute_t<T>(v));
           }
       });
