@@ -377,6 +377,25 @@ TEST(RefNnResize, BadArgumentsAreErrors) {
   });
 }
 
+TEST(RefNnGridSample, ModesAndPaddingWithAlignedCorners) {
+  // X = [[1,2],[3,4]]; grid points (x, y): corner (-1,-1), centre (0,0), (1,-1), and
+  // (3,0) which lies outside: zeros gives 0, border clamps x to column 1 (y=0 is row 0.5:
+  // (2+4)/2), reflection folds x=2 back to column 0 ((1+3)/2).
+  const Tensor x = tensor<float>({1, 1, 2, 2}, {1, 2, 3, 4});
+  const Tensor grid = tensor<float>({1, 1, 4, 2}, {-1, -1, 0, 0, 1, -1, 3, 0});
+  auto run = [&](const char* mode, const char* padding) {
+    return values<float>(run_op("GridSample", 16, {x, grid},
+                                {{"align_corners", attr_i(1)}, {"mode", attr_s(mode)}, {"padding_mode", attr_s(padding)}})[0]);
+  };
+  EXPECT_EQ(run("bilinear", "zeros"), (std::vector<float>{1, 2.5f, 2, 0}));
+  EXPECT_EQ(run("bilinear", "border"), (std::vector<float>{1, 2.5f, 2, 3}));
+  EXPECT_EQ(run("bilinear", "reflection"), (std::vector<float>{1, 2.5f, 2, 2}));
+  // Nearest rounds half to even: the centre (0.5, 0.5) picks pixel (0, 0).
+  EXPECT_EQ(run("nearest", "zeros"), (std::vector<float>{1, 1, 2, 0}));
+  error_of(ErrorCode::invalid_model, [&] { run("linear", "zeros"); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("GridSample", 16, {x, tensor<float>({1, 1, 1, 3}, {0, 0, 0})}); });
+}
+
 TEST(RefNnQuant, QuantizeRoundsHalfToEvenAndSaturates) {
   const Tensor x = tensor<float>({6}, {0, 1.5f, 2.5f, -1, 300, 3.5f});
   auto y = run_op("QuantizeLinear", 13, {x, Tensor::scalar<float>(1), Tensor::scalar<uint8_t>(10)});

@@ -314,7 +314,7 @@ class Resize final : public OpKernel {
       const double frac = xo - fl;
       const int64_t base = int64_t(fl);
       if (mode_ == Mode::nearest) {
-        int64_t i;
+        int64_t i = base;
         if (frac == 0) {
           i = base;
         } else {
@@ -363,9 +363,150 @@ class Resize final : public OpKernel {
   std::vector<double> attr_scales_;
 };
 
+// ---------------------------------------------------------------- GridSample
+
+// GridSample samples X at the normalized coordinates of `grid` (the last grid dim lists
+// them innermost spatial axis first: x, then y, ...). The semantics follow PyTorch's
+// grid_sample, which the ONNX definition was written from: padding clips or reflects
+// the coordinate (linear, nearest) or each cubic tap, and taps outside stay 0.
+class GridSample final : public OpKernel {
+ public:
+  GridSample(const Node& node, int64_t opset) {
+    align_corners_ = node.attr_int("align_corners", 0) != 0;
+    const std::string mode = node.attr_string("mode", opset >= 20 ? "linear" : "bilinear");
+    if (mode == (opset >= 20 ? "linear" : "bilinear")) mode_ = Mode::linear;
+    else if (mode == "nearest") mode_ = Mode::nearest;
+    else if (mode == (opset >= 20 ? "cubic" : "bicubic")) mode_ = Mode::cubic;
+    else bad_attr(node, "unknown mode '" + mode + "'");
+    padding_ = node.attr_string("padding_mode", "zeros");
+    if (padding_ != "zeros" && padding_ != "border" && padding_ != "reflection")
+      bad_attr(node, "unknown padding_mode '" + padding_ + "'");
+    max_rank_ = opset >= 20 ? INT_MAX : 4;
+  }
+
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    const Tensor& grid = ctx.required_input(1);
+    const int r = x.rank() - 2;
+    if (r < 1 || x.rank() > max_rank_ || grid.rank() != x.rank() || grid.dim(0) != x.dim(0) || grid.dim(-1) != r)
+      ctx.fail(ErrorCode::invalid_argument, "input " + x.describe() + " and grid " + grid.describe() +
+                                                " must be [N,C,spatial...] and [N,out spatial...," + std::to_string(r) + "]");
+    if (!dtype_is_float(x.dtype()) || !dtype_is_float(grid.dtype()))
+      ctx.fail(ErrorCode::invalid_argument, "input and grid must be float tensors");
+    const int64_t n = x.dim(0), c = x.dim(1);
+    const Shape in_sp(x.shape().begin() + 2, x.shape().end());
+    const Shape out_sp(grid.shape().begin() + 1, grid.shape().end() - 1);
+    Shape out_shape{n, c};
+    out_shape.insert(out_shape.end(), out_sp.begin(), out_sp.end());
+    Tensor& out = ctx.output(0, x.dtype(), out_shape);
+    const std::vector<double> xv = tensor_to_doubles(x), gv = tensor_to_doubles(grid);
+    const int64_t in_size = shape_numel(in_sp), out_size = shape_numel(out_sp);
+    const Shape in_strides = contiguous_strides(in_sp);
+    std::vector<double> y(size_t(out.numel()));
+    std::vector<std::vector<Tap>> taps(static_cast<size_t>(r));
+    std::vector<size_t> pick(static_cast<size_t>(r));
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t o = 0; o < out_size; ++o) {
+        const double* g = gv.data() + (b * out_size + o) * r;
+        // Spatial axis d (outermost first) takes grid component r - 1 - d.
+        for (int d = 0; d < r; ++d) taps[size_t(d)] = axis_taps(g[r - 1 - d], in_sp[size_t(d)]);
+        for (int64_t ch = 0; ch < c; ++ch) {
+          const double* plane = xv.data() + (b * c + ch) * in_size;
+          double acc = 0;
+          std::fill(pick.begin(), pick.end(), 0);
+          while (true) {
+            double w = 1;
+            int64_t off = 0;
+            bool inside = true;
+            for (int d = 0; d < r; ++d) {
+              const Tap& t = taps[size_t(d)][pick[size_t(d)]];
+              w *= t.weight;
+              if (t.index < 0) inside = false;
+              else off += t.index * in_strides[size_t(d)];
+            }
+            if (inside) acc += w * plane[off];
+            int d = r - 1;
+            for (; d >= 0; --d) {
+              if (++pick[size_t(d)] < taps[size_t(d)].size()) break;
+              pick[size_t(d)] = 0;
+            }
+            if (d < 0) break;
+          }
+          y[size_t((b * c + ch) * out_size + o)] = acc;
+        }
+      }
+    visit_dtype(x.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* p = static_cast<T*>(out.raw_data());
+      for (size_t i = 0; i < y.size(); ++i) {
+        if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) p[i] = T(float(y[i]));
+        else p[i] = static_cast<T>(y[i]);
+      }
+    });
+  }
+
+ private:
+  // Reflects a coordinate into [lo, hi] (PyTorch's reflect_coordinates, bounds halved).
+  static double reflect(double v, double lo, double hi) {
+    if (lo == hi) return 0;
+    const double span = hi - lo;
+    v = std::fabs(v - lo);
+    const double extra = std::fmod(v, span);
+    const int64_t flips = int64_t(std::floor(v / span));
+    return flips % 2 == 0 ? lo + extra : hi - extra;
+  }
+
+  // A coordinate after padding: clipped (border) or reflected then clipped (reflection).
+  double padded(double v, int64_t size) const {
+    if (padding_ == "border") return std::clamp(v, 0.0, double(size - 1));
+    if (padding_ == "reflection") {
+      v = align_corners_ ? reflect(v, 0, double(size - 1)) : reflect(v, -0.5, double(size) - 0.5);
+      return std::clamp(v, 0.0, double(size - 1));
+    }
+    return v;
+  }
+
+  // Index of a tap, or -1 when it lies outside the input (it then contributes 0).
+  static int64_t inside(int64_t i, int64_t size) { return i >= 0 && i < size ? i : -1; }
+
+  std::vector<Tap> axis_taps(double gn, int64_t size) const {
+    if (!std::isfinite(gn)) return {{-1, 0.0}};
+    // Unnormalize [-1, 1] to pixel coordinates.
+    const double v = align_corners_ ? (gn + 1) / 2 * double(size - 1) : ((gn + 1) * double(size) - 1) / 2;
+    std::vector<Tap> taps;
+    if (mode_ == Mode::nearest) {
+      taps.push_back({inside(int64_t(std::nearbyint(padded(v, size))), size), 1.0});
+    } else if (mode_ == Mode::linear) {
+      const double p = padded(v, size);
+      const double f = std::floor(p);
+      taps.push_back({inside(int64_t(f), size), 1 - (p - f)});
+      taps.push_back({inside(int64_t(f) + 1, size), p - f});
+    } else {
+      // Cubic taps pad each index rather than the coordinate.
+      const double f = std::floor(v), t = v - f;
+      for (int64_t j = -1; j <= 2; ++j) {
+        const double at = std::fabs(double(j) - t);
+        const double w = at <= 1 ? ((kA + 2) * at - (kA + 3)) * at * at + 1
+                                 : ((kA * at - 5 * kA) * at + 8 * kA) * at - 4 * kA;
+        taps.push_back({inside(int64_t(padded(f + double(j), size)), size), w});
+      }
+    }
+    return taps;
+  }
+
+  static constexpr double kA = -0.75;  // PyTorch's bicubic coefficient
+  bool align_corners_ = false;
+  Mode mode_ = Mode::linear;
+  std::string padding_;
+  int max_rank_ = 4;
+};
+
 }  // namespace
 
 void register_resize_kernels(KernelRegistry& r) {
+  r.add({"GridSample", "", 16, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
+           return std::make_unique<GridSample>(n, o);
+         }, {}});
   r.add({"Resize", "", 10, 10, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
            return std::make_unique<Resize>(n, o, false);
          }, {1}});
