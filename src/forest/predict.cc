@@ -10,7 +10,7 @@
 namespace slim::forest {
 
 namespace {
-constexpr int64_t kBlockRows = 256;
+constexpr int64_t kBlockRows = 64;
 }
 
 SimdLevel detected_simd_level() {

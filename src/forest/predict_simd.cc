@@ -31,15 +31,40 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
   const __m512i one = _mm512_set1_epi32(1);
   const float* xb[V];
   for (int v = 0; v < V; ++v) xb[v] = x + (r0 + 16 * v) * F;
-  for (uint32_t t = 0; t < cf.num_trees(); ++t) {
+  const uint32_t T_ = cf.num_trees();
+  for (uint32_t t = 0; t < T_; ++t) {
+    // The first 32 nodes of the tree (its top levels in breadth-first order) sit in
+    // registers; while every lane is among them, a two-table permute replaces the three
+    // node gathers.
+    const uint32_t root = cf.tree_root()[t];
+    const uint32_t size = (t + 1 < T_ ? cf.tree_root()[t + 1] : cf.num_nodes()) - root;
+    const __mmask16 m0 = __mmask16(size >= 16 ? 0xffffu : (1u << size) - 1);
+    const __mmask16 m1 = __mmask16(size >= 32 ? 0xffffu : size <= 16 ? 0u : (1u << (size - 16)) - 1);
+    const __m512i p_lo = _mm512_maskz_loadu_epi32(m0, packed + root);
+    const __m512i p_hi = _mm512_maskz_loadu_epi32(m1, packed + root + 16);
+    const __m512 t_lo = _mm512_maskz_loadu_ps(m0, thr + root);
+    const __m512 t_hi = _mm512_maskz_loadu_ps(m1, thr + root + 16);
+    const __m512i l_lo = _mm512_maskz_loadu_epi32(m0, left + root);
+    const __m512i l_hi = _mm512_maskz_loadu_epi32(m1, left + root + 16);
+    const __m512i root_v = _mm512_set1_epi32(int32_t(root));
+    const __m512i in_regs = _mm512_set1_epi32(int32_t(std::min<uint32_t>(size, 32)));
     __m512i idx[V];
-    for (int v = 0; v < V; ++v) idx[v] = _mm512_set1_epi32(int32_t(cf.tree_root()[t]));
+    for (int v = 0; v < V; ++v) idx[v] = root_v;
     const uint32_t depth = cf.tree_depth()[t];
     for (uint32_t d = 0; d < depth; ++d) {
       for (int v = 0; v < V; ++v) {
-        const __m512i p = _mm512_i32gather_epi32(idx[v], packed, 4);
-        const __m512 th = _mm512_i32gather_ps(idx[v], thr, 4);
-        const __m512i l = _mm512_i32gather_epi32(idx[v], left, 4);
+        const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
+        __m512i p, l;
+        __m512 th;
+        if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
+          p = _mm512_permutex2var_epi32(p_lo, rel, p_hi);
+          th = _mm512_permutex2var_ps(t_lo, rel, t_hi);
+          l = _mm512_permutex2var_epi32(l_lo, rel, l_hi);
+        } else {
+          p = _mm512_i32gather_epi32(idx[v], packed, 4);
+          th = _mm512_i32gather_ps(idx[v], thr, 4);
+          l = _mm512_i32gather_epi32(idx[v], left, 4);
+        }
         const __m512i xi = _mm512_add_epi32(row_off, _mm512_and_si512(p, feat_mask));
         const __m512 xv = _mm512_i32gather_ps(xi, xb[v], 4);
         const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
