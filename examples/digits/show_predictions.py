@@ -27,7 +27,7 @@ def main():
             img = x[k].reshape(8, 8)
             for r in range(8):
                 rows[r] += "".join(shades[min(9, int(v * 9 / 16))] * 2 for v in img[r]) + "   "
-            rows[8] += f"slim: {pred[k]} ({probs[k, pred[k]]:.2f}) true {labels[k]}".ljust(19)
+            rows[8] += f"slim {pred[k]}  true {labels[k]}".ljust(19)
         print("\n".join(rows) + "\n")
     print(f"slim predicted {int((pred == labels).sum())}/{len(labels)} held-out digits correctly; "
           f"agrees with sklearn on {int((pred == ref).sum())}/{len(ref)}")
