@@ -101,6 +101,33 @@ TEST(TokenPack, ZstdIsUsedOnlyWhenItHelps) {
   EXPECT_EQ(unpack_token_ids(pack_token_ids(noise)), noise);
 }
 
+TEST(TokenPack, TextLikeStreamsUseTheRankedLayoutAndBeatZstdOfRaw) {
+  // Zipf-like IDs with recurring phrases, as tokenized prose has.
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> phrases(40);
+  for (auto& ph : phrases) {
+    ph.resize(3 + rng() % 6);
+    for (auto& id : ph) id = static_cast<int32_t>((rng() % 400) * (rng() % 400) % 30000);
+  }
+  std::vector<int32_t> ids;
+  while (ids.size() < 20000) {
+    if (rng() % 5 != 0) {
+      const auto& ph = phrases[rng() % phrases.size()];
+      ids.insert(ids.end(), ph.begin(), ph.end());
+    } else {
+      ids.push_back(static_cast<int32_t>((rng() % 60) * (rng() % 60)));
+    }
+  }
+  const PackStats s = measure_packing(ids);
+  EXPECT_EQ(s.layout, "ranked-varint");
+  EXPECT_TRUE(s.zstd);
+  EXPECT_LT(s.packed_bytes, s.zstd_raw_bytes);
+  EXPECT_EQ(unpack_token_ids(pack_token_ids(ids)), ids);
+  PackOptions raw;
+  raw.zstd = false;
+  EXPECT_EQ(measure_packing(ids, raw).layout, "bitpacked");
+}
+
 TEST(TokenPack, RejectsNegativeIds) {
   const std::vector<int32_t> ids = {1, -3};
   try {
@@ -169,6 +196,11 @@ TEST(TokenPack, ValidatesHeaderFieldsBehindTheChecksum) {
   EXPECT_EQ(unpack_error(with(20, 7, 1), &msg), ErrorCode::invalid_model);    // width
   EXPECT_NE(msg.find("index width"), std::string::npos);
   EXPECT_EQ(unpack_error(with(6, 1, 2), &msg), ErrorCode::invalid_model);  // claims zstd
+  EXPECT_EQ(unpack_error(with(21, 9, 1), &msg), ErrorCode::invalid_model);  // layout
+  EXPECT_NE(msg.find("layout 9"), std::string::npos);
+  EXPECT_EQ(unpack_error(with(22, 1, 1), &msg), ErrorCode::invalid_model);  // reserved
+  // The ranked layout read as bit-packed (or the reverse) fails the size checks.
+  EXPECT_EQ(unpack_error(with(21, 1, 1), &msg), ErrorCode::invalid_model);
 }
 
 TEST(TokenPack, RejectsIndicesBeyondTheTable) {
@@ -183,6 +215,40 @@ TEST(TokenPack, RejectsIndicesBeyondTheTable) {
   std::string msg;
   EXPECT_EQ(unpack_error(packed, &msg), ErrorCode::invalid_model);
   EXPECT_NE(msg.find("index 3"), std::string::npos);
+}
+
+TEST(TokenPack, RejectsDamagedRankedPayloads) {
+  const std::vector<int32_t> ids = {4, 4, 9, 4, 1};
+  // Stored uncompressed in the ranked layout: header, then the table (4, 9, 1 as zigzag
+  // deltas 8, 10, 15), then ranks 0 0 1 0 2.
+  std::vector<uint8_t> packed = pack_token_ids(ids, {.zstd = false});
+  packed[21] = 1;
+  packed.resize(40);
+  const std::vector<uint8_t> payload = {8, 10, 15, 0, 0, 1, 0, 2};
+  packed.insert(packed.end(), payload.begin(), payload.end());
+  auto set_sizes = [](std::vector<uint8_t>& p, uint64_t n) {
+    for (int i = 0; i < 8; ++i) p[24 + i] = p[32 + i] = static_cast<uint8_t>(n >> (8 * i));
+  };
+  set_sizes(packed, payload.size());
+  packed.insert(packed.end(), 4, 0);
+  reseal(packed);
+  EXPECT_EQ(unpack_token_ids(packed), ids);
+
+  auto damaged = [&](size_t payload_index, uint8_t value) {
+    auto p = packed;
+    p[40 + payload_index] = value;
+    reseal(p);
+    return p;
+  };
+  std::string msg;
+  EXPECT_EQ(unpack_error(damaged(7, 3), &msg), ErrorCode::invalid_model);  // rank 3 of 3
+  EXPECT_NE(msg.find("index 3"), std::string::npos);
+  EXPECT_EQ(unpack_error(damaged(2, 9), &msg), ErrorCode::invalid_model);  // 4, 9, 4
+  EXPECT_NE(msg.find("twice"), std::string::npos);
+  EXPECT_EQ(unpack_error(damaged(2, 19), &msg), ErrorCode::invalid_model);  // 9 - 10 < 0
+  EXPECT_NE(msg.find("int32 range"), std::string::npos);
+  EXPECT_EQ(unpack_error(damaged(7, 0x80), &msg), ErrorCode::invalid_model);  // cut varint
+  EXPECT_NE(msg.find("truncated"), std::string::npos);
 }
 
 }  // namespace

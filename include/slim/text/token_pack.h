@@ -1,6 +1,7 @@
 // Token-ID packing: a lossless codec for streams of token IDs (datasets, prompt caches).
-// IDs the stream uses are remapped to a dense range and bit-packed at the minimal width,
-// optionally followed by zstd; a versioned header and CRC-32 make damage detectable.
+// IDs the stream uses are remapped to a dense range and bit-packed at the minimal width;
+// with zstd on, a byte-aligned layout (IDs ranked by frequency, varint ranks) is tried too
+// and the smaller kept. A versioned header and CRC-32 make damage detectable.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +13,7 @@
 namespace slim::text {
 
 struct PackOptions {
-  bool zstd = true;     // zstd the bit-packed body (kept raw when zstd does not help)
+  bool zstd = true;     // try zstd on both layouts; the raw bits are kept if it does not help
   int zstd_level = 19;
 };
 
@@ -32,6 +33,8 @@ struct PackStats {
   size_t raw_bytes = 0;    // 4 bytes per token (uint32)
   size_t zstd_raw_bytes = 0;  // zstd of the raw uint32 stream, same level
   size_t packed_bytes = 0;    // pack_token_ids output, header included
+  std::string layout;         // "bitpacked" or "ranked-varint"
+  bool zstd = false;          // whether the payload ended up zstd-compressed
   double packed_bytes_per_token() const;
   double zstd_raw_bytes_per_token() const;
 };
