@@ -217,6 +217,8 @@ TEST(RefNnConvTranspose, OutputShapeDecidesThePadding) {
             (std::vector<float>{1, 1, 2, 2}));
 }
 
+Tensor i64s_for_roi() { return tensor<int64_t>({1}, {0}); }
+
 // xp = (arange(60) * 7 % 11) as [2,1,5,6].
 Tensor pool_x() {
   std::vector<float> v(60);
@@ -289,6 +291,26 @@ TEST(RefNnPool, MissingKernelShapeAndBadIndicesAreErrors) {
            {{"kernel_shape", attr_ints({2, 2})}});
   });
   EXPECT_NE(msg.find("index 4"), std::string::npos) << msg;
+}
+
+TEST(RefNnPool, RoiAlignAverageMaxAndLegacyCoordinates) {
+  // X(row, col) = 3 * row + col is linear, so every bilinear sample is exact.
+  const Tensor x = tensor<float>({1, 1, 3, 3}, arange_f(9));
+  const Tensor rois = tensor<float>({1, 4}, {0, 0, 2, 2});
+  const Tensor batch = i64s_for_roi();
+  // half_pixel: the region starts at -0.5; a 2x2 sample grid hits rows/cols {0, 1}: mean of 0,1,3,4.
+  EXPECT_EQ(values<float>(run_op("RoiAlign", 16, {x, rois, batch})[0]), (std::vector<float>{2}));
+  // Opset 10 (output_half_pixel): samples at {0.5, 1.5}, mean 3 * 1 + 1.
+  EXPECT_EQ(values<float>(run_op("RoiAlign", 10, {x, rois, batch})[0]), (std::vector<float>{4}));
+  // max with one sample at (0.5, 0.5): the largest weighted corner is 0.25 * 4.
+  EXPECT_EQ(values<float>(run_op("RoiAlign", 16, {x, rois, batch}, {{"mode", attr_s("max")}, {"sampling_ratio", attr_i(1)}})[0]),
+            (std::vector<float>{1}));
+  EXPECT_EQ(run_op("RoiAlign", 16, {x, rois, batch}, {{"output_height", attr_i(2)}, {"output_width", attr_i(3)}})[0].shape(),
+            (Shape{1, 1, 2, 3}));
+  const std::string msg = error_of(ErrorCode::invalid_argument, [&] {
+    run_op("RoiAlign", 16, {x, rois, tensor<int64_t>({1}, {1})});
+  });
+  EXPECT_NE(msg.find("batch index 1"), std::string::npos) << msg;
 }
 
 // xr = [[1..4],[5..8],[9..12]] resized to 5x3; expected values from onnx's

@@ -309,6 +309,102 @@ class MaxUnpool final : public OpKernel {
   PoolAttrs attrs_;
 };
 
+// ---------------------------------------------------------------- RoiAlign
+
+// RoiAlign averages (or maxes) bilinear samples on a regular grid inside each bin of each
+// region of interest. It follows the ONNX Runtime formulation that the ONNX reference
+// copies, including "max" taking the largest weighted corner of each sample.
+class RoiAlign final : public OpKernel {
+ public:
+  RoiAlign(const Node& node, int64_t opset) {
+    const std::string mode = node.attr_string("mode", "avg");
+    if (mode != "avg" && mode != "max") bad_attr(node, "unknown mode '" + mode + "'");
+    max_ = mode == "max";
+    out_h_ = node.attr_int("output_height", 1);
+    out_w_ = node.attr_int("output_width", 1);
+    sampling_ratio_ = node.attr_int("sampling_ratio", 0);
+    spatial_scale_ = node.attr_float("spatial_scale", 1.f);
+    const std::string ct = opset >= 16 ? node.attr_string("coordinate_transformation_mode", "half_pixel") : "output_half_pixel";
+    if (ct != "half_pixel" && ct != "output_half_pixel") bad_attr(node, "unknown coordinate_transformation_mode '" + ct + "'");
+    half_pixel_ = ct == "half_pixel";
+    if (out_h_ < 1 || out_w_ < 1 || out_h_ > (int64_t(1) << 20) || out_w_ > (int64_t(1) << 20))
+      bad_attr(node, "output_height and output_width must be in [1, 2^20]");
+    if (sampling_ratio_ < 0 || sampling_ratio_ > 1024) bad_attr(node, "sampling_ratio must be in [0, 1024]");
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    const Tensor& rois = ctx.required_input(1);
+    const Tensor& batch = ctx.required_input(2);
+    check_pool_dtype(ctx, x, false);
+    if (x.rank() != 4) ctx.fail(ErrorCode::invalid_argument, "input " + x.describe() + " is not NCHW");
+    const int64_t num = rois.rank() == 2 ? rois.dim(0) : -1;
+    if (num < 0 || rois.dim(1) != 4 || batch.rank() != 1 || batch.dim(0) != num)
+      ctx.fail(ErrorCode::invalid_argument, "rois " + rois.describe() + " and batch_indices " + batch.describe() +
+                                                " must be [R,4] and [R]");
+    const int64_t c = x.dim(1), h = x.dim(2), w = x.dim(3);
+    const std::vector<double> xv = tensor_to_doubles(x), rv = tensor_to_doubles(rois);
+    const std::vector<int64_t> bi = tensor_to_int64s(batch);
+    std::vector<double> y(size_t(num * c * out_h_ * out_w_));
+    const double offset = half_pixel_ ? 0.5 : 0.0;
+    for (int64_t r = 0; r < num; ++r) {
+      const int64_t b = bi[size_t(r)];
+      if (b < 0 || b >= x.dim(0))
+        ctx.fail(ErrorCode::invalid_argument, "batch index " + std::to_string(b) + " of roi " + std::to_string(r) + " is out of range");
+      const double* roi = rv.data() + r * 4;
+      const double x0 = roi[0] * spatial_scale_ - offset, y0 = roi[1] * spatial_scale_ - offset;
+      double rw = roi[2] * spatial_scale_ - offset - x0, rh = roi[3] * spatial_scale_ - offset - y0;
+      if (!half_pixel_) {  // the legacy mode forces regions at least one pixel wide
+        rw = std::max(rw, 1.0);
+        rh = std::max(rh, 1.0);
+      }
+      if (!std::isfinite(rw) || !std::isfinite(rh) || std::fabs(rw) > 1e9 || std::fabs(rh) > 1e9)
+        ctx.fail(ErrorCode::invalid_argument, "roi " + std::to_string(r) + " is not a finite region of a sane size");
+      const double bin_h = rh / double(out_h_), bin_w = rw / double(out_w_);
+      const int64_t gh = sampling_ratio_ > 0 ? sampling_ratio_ : int64_t(std::ceil(rh / double(out_h_)));
+      const int64_t gw = sampling_ratio_ > 0 ? sampling_ratio_ : int64_t(std::ceil(rw / double(out_w_)));
+      const double count = double(std::max<int64_t>(gh * gw, 1));
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const double* plane = xv.data() + (b * c + ch) * h * w;
+        for (int64_t ph = 0; ph < out_h_; ++ph)
+          for (int64_t pw = 0; pw < out_w_; ++pw) {
+            double acc = 0;
+            bool first = true;
+            for (int64_t iy = 0; iy < gh; ++iy)
+              for (int64_t ix = 0; ix < gw; ++ix) {
+                const double sy = y0 + double(ph) * bin_h + (double(iy) + 0.5) * bin_h / double(gh);
+                const double sx = x0 + double(pw) * bin_w + (double(ix) + 0.5) * bin_w / double(gw);
+                const double v = sample(plane, h, w, sy, sx);
+                if (max_) acc = first ? v : std::max(acc, v);
+                else acc += v;
+                first = false;
+              }
+            y[size_t(((r * c + ch) * out_h_ + ph) * out_w_ + pw)] = max_ ? acc : acc / count;
+          }
+      }
+    }
+    write_doubles(ctx.output(0, x.dtype(), {num, c, out_h_, out_w_}), y);
+  }
+
+ private:
+  // One bilinear sample; in max mode the largest of the four weighted corners.
+  double sample(const double* p, int64_t h, int64_t w, double y, double x) const {
+    if (y < -1.0 || y > double(h) || x < -1.0 || x > double(w)) return 0;
+    y = std::max(y, 0.0);
+    x = std::max(x, 0.0);
+    int64_t yl = int64_t(y), xl = int64_t(x), yh, xh;
+    if (yl >= h - 1) { yl = yh = h - 1; y = double(yl); } else { yh = yl + 1; }
+    if (xl >= w - 1) { xl = xh = w - 1; x = double(xl); } else { xh = xl + 1; }
+    const double ly = y - double(yl), lx = x - double(xl), hy = 1 - ly, hx = 1 - lx;
+    const double v1 = hy * hx * p[yl * w + xl], v2 = hy * lx * p[yl * w + xh];
+    const double v3 = ly * hx * p[yh * w + xl], v4 = ly * lx * p[yh * w + xh];
+    return max_ ? std::max(std::max(v1, v2), std::max(v3, v4)) : v1 + v2 + v3 + v4;
+  }
+
+  bool max_ = false, half_pixel_ = true;
+  int64_t out_h_ = 1, out_w_ = 1, sampling_ratio_ = 0;
+  double spatial_scale_ = 1;
+};
+
 template <PoolKind kind, bool global>
 KernelFactory pool_factory() {
   return [](const Node& n, int64_t opset) -> std::unique_ptr<OpKernel> {
@@ -326,6 +422,9 @@ void register_pool_kernels(KernelRegistry& r) {
   r.add({"GlobalMaxPool", "", 1, INT_MAX, pool_factory<PoolKind::max, true>(), {}});
   r.add({"GlobalAveragePool", "", 1, INT_MAX, pool_factory<PoolKind::average, true>(), {}});
   r.add({"GlobalLpPool", "", 1, INT_MAX, pool_factory<PoolKind::lp, true>(), {}});
+  r.add({"RoiAlign", "", 10, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
+           return std::make_unique<RoiAlign>(n, o);
+         }, {}});
   r.add({"MaxUnpool", "", 9, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
            return std::make_unique<MaxUnpool>(n, o);
          }, {2}});
