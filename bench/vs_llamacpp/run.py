@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""slim vs llama.cpp on the same GGUF files, in the same run.
+
+Rows: prefill of 512 tokens and decode of 128 tokens, 1 and 2 threads, for
+  - the shared model /work/shared/models/slimlm-f16.gguf (F16; 15.7 M parameters: too small
+    for a like-for-like comparison, node-llama-cpp's per-token JavaScript loop weighs on it),
+  - a generated ~1.1 B-parameter random-weight Llama at Q8_0 and at Q4_0.
+Prints medians of --repeats runs and the slim/llama.cpp ratios, then checks that greedy
+decoding of 64 tokens on the shared model gives identical tokens.
+
+Usage: bench/vs_llamacpp/run.py [--slim BUILD/tools/slim] [--repeats 3] [--layers 22] [--skip-1b]
+Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/node_modules.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+WORK = os.path.join(ROOT, "bench", ".work")
+SHARED = "/work/shared/models/slimlm-f16.gguf"
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def ensure_node_llama_cpp():
+    if not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
+        print("installing node-llama-cpp@3.21.1 ...", file=sys.stderr)
+        subprocess.run(["npm", "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
+                        "node-llama-cpp@3.21.1"], cwd=HERE, check=True)
+
+
+def slim_speed(slim, model, threads, tokens_file, decode_n, repeats):
+    pre, dec = [], []
+    for _ in range(repeats):
+        r = sh([slim, "generate", model, "--tokens-file", tokens_file, "-n", str(decode_n), "--temp", "0",
+                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"])
+        pre.append(float(re.search(r"prefill: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
+        dec.append(float(re.search(r"decode: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
+    return pre, dec
+
+
+def llama_speed(model, threads, tokens_json, decode_n, repeats):
+    r = sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "speed", model, str(threads), tokens_json,
+            str(decode_n), str(repeats)])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["prefill_tps"], out["decode_tps"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--slim", default=os.path.join(ROOT, "build", "tools", "slim"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--skip-1b", action="store_true")
+    ap.add_argument("--threads", default="1,2")
+    a = ap.parse_args()
+    ensure_node_llama_cpp()
+    os.makedirs(WORK, exist_ok=True)
+
+    rng = random.Random(7)
+    prompt = [rng.randrange(300, 8000) for _ in range(512)]
+    tokens_file = os.path.join(WORK, "prompt512.txt")
+    tokens_json = os.path.join(WORK, "prompt512.json")
+    with open(tokens_file, "w") as f:
+        f.write(" ".join(map(str, prompt)))
+    with open(tokens_json, "w") as f:
+        json.dump(prompt, f)
+
+    models = [("slimlm F16 (15.7M)", SHARED)]
+    if not a.skip_1b:
+        for q in ("q8_0", "q4_0"):
+            path = os.path.join(WORK, "random-1b-%s-L%d.gguf" % (q, a.layers))
+            if not os.path.exists(path):
+                print("generating %s ..." % path, file=sys.stderr)
+                sh(["/usr/bin/python3", os.path.join(HERE, "make_random_llama.py"), path + ".tmp", q, str(a.layers)])
+                os.rename(path + ".tmp", path)
+            models.append(("random-1.1B %s" % q.upper(), path))
+
+    rows = []
+    print("%-22s %3s | %10s %10s %6s | %10s %10s %6s" % ("model", "thr", "slim pp", "llama pp", "ratio",
+                                                         "slim tg", "llama tg", "ratio"))
+    for name, path in models:
+        for t in map(int, a.threads.split(",")):
+            sp, sd = slim_speed(a.slim, path, t, tokens_file, 128, a.repeats)
+            lp, ld = llama_speed(path, t, tokens_json, 128, a.repeats)
+            row = dict(model=name, threads=t, slim_prefill=statistics.median(sp), llama_prefill=statistics.median(lp),
+                       slim_decode=statistics.median(sd), llama_decode=statistics.median(ld))
+            rows.append(row)
+            print("%-22s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f" % (
+                name, t, row["slim_prefill"], row["llama_prefill"], row["slim_prefill"] / row["llama_prefill"],
+                row["slim_decode"], row["llama_decode"], row["slim_decode"] / row["llama_decode"]), flush=True)
+    print("(tokens/s, medians of %d runs; pp = prefill of 512 tokens, tg = decode of 128 tokens)" % a.repeats)
+
+    # Greedy agreement on the shared model.
+    g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", SHARED, "The PostgreSQL server",
+                       "64"]).stdout.strip().splitlines()[-1])
+    r = sh([a.slim, "generate", SHARED, "--tokens", ",".join(map(str, g["prompt"])), "-n", "64", "--temp", "0",
+            "--ids", "--threads", "1", "--ignore-eos"])
+    slim_tokens = [int(x) for x in r.stdout.split()]
+    same = slim_tokens == g["tokens"]
+    first_diff = next((i for i, (x, y) in enumerate(zip(slim_tokens, g["tokens"])) if x != y), None)
+    print("greedy 64 tokens on the shared model: %s%s" % ("identical" if same else "DIFFERENT",
+                                                          "" if same else " (first difference at %s)" % first_diff))
+    with open(os.path.join(WORK, "vs_llamacpp.json"), "w") as f:
+        json.dump(dict(rows=rows, greedy_identical=same), f, indent=1)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+// Dot-product kernels over GGML blocks and the activation formats they pair with. One
+// implementation per ISA (scalar, AVX2, AVX-512 VNNI), picked once at startup from what
+// the CPU reports, so one binary runs everywhere.
+#pragma once
+
+#include <cstdint>
+
+#include "slim/llm/ggml_types.h"
+
+namespace slim::llm {
+
+// The format activations are converted to before a dot product with a weight type:
+// the same pairing ggml uses, so results track llama.cpp's.
+enum class ActType { f32, f16, bf16, q8_0, q8_k };
+
+ActType act_type_for(GgmlType weight);
+int64_t act_row_bytes(ActType type, int64_t n);
+
+// Dot product of n weights (a row of the weight's type) with n activations.
+using DotFn = float (*)(int64_t n, const void* w, const void* x);
+
+struct KernelSet {
+  const char* isa;
+  DotFn dot_f32, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q4_k, dot_q6_k;
+  void (*quantize_q8_0)(const float* x, void* dst, int64_t n);
+  void (*quantize_q8_k)(const float* x, void* dst, int64_t n);
+  // y[i] += a * f16(x[i])
+  void (*axpy_f16)(int64_t n, float a, const uint16_t* x, float* y);
+  void (*f32_to_f16_row)(const float* x, uint16_t* y, int64_t n);
+};
+
+const KernelSet& kernels();              // best for this CPU
+const KernelSet& scalar_kernels();       // for tests: the reference the others must match
+DotFn dot_fn(const KernelSet& k, GgmlType weight);
+void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n);
+
+}  // namespace slim::llm

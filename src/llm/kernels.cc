@@ -1,0 +1,566 @@
+#include "slim/llm/kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "slim/llm/ggml_blocks.h"
+#include "slim/core/error.h"
+#include "slim/core/half.h"
+
+namespace slim::llm {
+
+ActType act_type_for(GgmlType weight) {
+  switch (weight) {
+    case GgmlType::f32: return ActType::f32;
+    case GgmlType::f16: return ActType::f16;
+    case GgmlType::bf16: return ActType::bf16;
+    case GgmlType::q8_0: case GgmlType::q4_0: return ActType::q8_0;
+    case GgmlType::q4_k: case GgmlType::q6_k: return ActType::q8_k;
+    default: break;
+  }
+  throw Error(ErrorCode::unsupported, "no kernel for weight type " + ggml_type_name(uint32_t(weight)));
+}
+
+int64_t act_row_bytes(ActType type, int64_t n) {
+  switch (type) {
+    case ActType::f32: return n * 4;
+    case ActType::f16: case ActType::bf16: return n * 2;
+    case ActType::q8_0: return n / 32 * int64_t(sizeof(BlockQ8_0));
+    case ActType::q8_k: return n / 256 * int64_t(sizeof(BlockQ8K));
+  }
+  return 0;
+}
+
+namespace {
+
+// ---------------- scalar reference kernels ----------------
+
+float dot_f32_scalar(int64_t n, const void* vw, const void* vx) {
+  const float* w = static_cast<const float*>(vw);
+  const float* x = static_cast<const float*>(vx);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(w[i]) * x[i];
+  return float(s);
+}
+
+float dot_f16_scalar(int64_t n, const void* vw, const void* vx) {
+  const uint16_t* w = static_cast<const uint16_t*>(vw);
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(f16_to_f32(w[i])) * f16_to_f32(x[i]);
+  return float(s);
+}
+
+float dot_bf16_scalar(int64_t n, const void* vw, const void* vx) {
+  const uint16_t* w = static_cast<const uint16_t*>(vw);
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(bf16_to_f32(w[i])) * bf16_to_f32(x[i]);
+  return float(s);
+}
+
+float dot_q8_0_scalar(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ8_0*>(vw);
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  float s = 0;
+  for (int64_t i = 0; i < n / 32; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < 32; ++j) sumi += int(w[i].qs[j]) * x[i].qs[j];
+    s += float(sumi) * (f16_to_f32(w[i].d) * f16_to_f32(x[i].d));
+  }
+  return s;
+}
+
+float dot_q4_0_scalar(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ4_0*>(vw);
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  float s = 0;
+  for (int64_t i = 0; i < n / 32; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < 16; ++j) {
+      sumi += (int(w[i].qs[j] & 0xF) - 8) * x[i].qs[j];
+      sumi += (int(w[i].qs[j] >> 4) - 8) * x[i].qs[j + 16];
+    }
+    s += float(sumi) * (f16_to_f32(w[i].d) * f16_to_f32(x[i].d));
+  }
+  return s;
+}
+
+float dot_q4_k_scalar(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ4K*>(vw);
+  const auto* x = static_cast<const BlockQ8K*>(vx);
+  float s = 0;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    int sumi = 0, summ = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      q4k_scale_min(j, w[i].scales, &sc, &m);
+      const uint8_t* q = w[i].qs + 32 * (j / 2);
+      const int8_t* y = x[i].qs + 32 * j;
+      int d = 0;
+      for (int l = 0; l < 32; ++l) d += int((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * y[l];
+      sumi += d * sc;
+      summ += m * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+    }
+    s += x[i].d * f16_to_f32(w[i].d) * float(sumi) - x[i].d * f16_to_f32(w[i].dmin) * float(summ);
+  }
+  return s;
+}
+
+float dot_q6_k_scalar(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ6K*>(vw);
+  const auto* x = static_cast<const BlockQ8K*>(vx);
+  float s = 0;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    int sumi = 0;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = w[i].ql + 64 * half;
+      const uint8_t* qh = w[i].qh + 32 * half;
+      const int8_t* sc = w[i].scales + 8 * half;
+      const int8_t* y = x[i].qs + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = int((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+        const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        sumi += sc[is] * q1 * y[l] + sc[is + 2] * q2 * y[l + 32] + sc[is + 4] * q3 * y[l + 64] +
+                sc[is + 6] * q4 * y[l + 96];
+      }
+    }
+    s += x[i].d * f16_to_f32(w[i].d) * float(sumi);
+  }
+  return s;
+}
+
+// Activations: ggml's x86 Q8_0 path (scale amax/127, round half to even).
+void quantize_q8_0_scalar(const float* x, void* dst, int64_t n) {
+  auto* y = static_cast<BlockQ8_0*>(dst);
+  for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    y[i].d = f32_to_f16(amax / 127.f);
+    const float id = amax != 0 ? 127.f / amax : 0.f;
+    for (int j = 0; j < 32; ++j) y[i].qs[j] = int8_t(std::nearbyint(x[j] * id));
+  }
+}
+
+void quantize_q8_k_scalar(const float* x, void* dst, int64_t n) {
+  auto* y = static_cast<BlockQ8K*>(dst);
+  for (int64_t i = 0; i < n / 256; ++i, x += 256) {
+    float max = 0, amax = 0;
+    for (int j = 0; j < 256; ++j) {
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    if (amax == 0) {
+      std::memset(&y[i], 0, sizeof(BlockQ8K));
+      continue;
+    }
+    const float iscale = -127.f / max;
+    for (int j = 0; j < 256; ++j) y[i].qs[j] = int8_t(std::min(127, nearest_int(iscale * x[j])));
+    for (int j = 0; j < 16; ++j) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += y[i].qs[16 * j + l];
+      y[i].bsums[j] = int16_t(sum);
+    }
+    y[i].d = 1 / iscale;
+  }
+}
+
+void axpy_f16_scalar(int64_t n, float a, const uint16_t* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * f16_to_f32(x[i]);
+}
+
+void f32_to_f16_row_scalar(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+}  // namespace
+
+// ---------------- AVX2 kernels ----------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace {
+
+inline float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+float dot_f32_avx2(int64_t n, const void* vw, const void* vx) {
+  const float* w = static_cast<const float*>(vw);
+  const float* x = static_cast<const float*>(vx);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += w[i] * x[i];
+  return s;
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+float dot_f16_avx2(int64_t n, const void* vw, const void* vx) {
+  const uint16_t* w = static_cast<const uint16_t*>(vw);
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(load_f16x8(w + i), load_f16x8(x + i), a0);
+    a1 = _mm256_fmadd_ps(load_f16x8(w + i + 8), load_f16x8(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(load_f16x8(w + i + 16), load_f16x8(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(load_f16x8(w + i + 24), load_f16x8(x + i + 24), a3);
+  }
+  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += h2f(w[i]) * h2f(x[i]);
+  return s;
+}
+
+float dot_bf16_avx2(int64_t n, const void* vw, const void* vx) {
+  const uint16_t* w = static_cast<const uint16_t*>(vw);
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(load_bf16x8(w + i), load_bf16x8(x + i), a0);
+    a1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), load_bf16x8(x + i + 8), a1);
+  }
+  float s = hsum_ps(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
+  return s;
+}
+
+// Signed int8 x int8 dot of 32 lanes as 8 int32 partial sums, via the sign trick that
+// maddubs (unsigned x signed) needs.
+inline __m256i dot_i8_avx2(__m256i a, __m256i b) {
+  const __m256i ax = _mm256_sign_epi8(a, a);
+  const __m256i sy = _mm256_sign_epi8(b, a);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+
+inline __m256i unpack_q4_0(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
+}
+
+float dot_q8_0_avx2(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ8_0*>(vw);
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 32; ++i) {
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256 d = _mm256_set1_ps(h2f(w[i].d) * h2f(x[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_avx2(qw, qx)), acc);
+  }
+  return hsum_ps(acc);
+}
+
+float dot_q4_0_avx2(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ4_0*>(vw);
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 32; ++i) {
+    const __m256i qw = unpack_q4_0(w[i].qs);
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256 d = _mm256_set1_ps(h2f(w[i].d) * h2f(x[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_avx2(qw, qx)), acc);
+  }
+  return hsum_ps(acc);
+}
+
+float dot_q4_k_avx2(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ4K*>(vw);
+  const auto* x = static_cast<const BlockQ8K*>(vx);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) q4k_scale_min(j, w[i].scales, &sc[j], &mn[j]);
+    int summ = 0;
+    for (int j = 0; j < 8; ++j) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * j));
+      const __m256i lo = _mm256_and_si256(q4, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+      const __m256i ylo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 64 * j));
+      const __m256i yhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 64 * j + 32));
+      const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_set1_epi16(sc[2 * j]));
+      const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), _mm256_set1_epi16(sc[2 * j + 1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+    }
+    const float d = x[i].d * h2f(w[i].d);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_m += x[i].d * h2f(w[i].dmin) * float(summ);
+  }
+  return hsum_ps(acc) - acc_m;
+}
+
+float dot_q6_k_avx2(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ6K*>(vw);
+  const auto* x = static_cast<const BlockQ8K*>(vx);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 256; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = w[i].ql + 64 * half;
+      const int8_t* sc = w[i].scales + 8 * half;
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qh + 32 * half));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 128 * half + 32 * k));
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(k32, y));
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * h2f(w[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_ps(acc);
+}
+
+void quantize_q8_0_avx2(const float* x, void* dst, int64_t n) {
+  auto* y = static_cast<BlockQ8_0*>(dst);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(x + 8 * k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float mx = _mm_cvtss_f32(m);
+    y[i].d = uint16_t(_cvtss_sh(mx / 127.f, 0));
+    const __m256 id = _mm256_set1_ps(mx != 0 ? 127.f / mx : 0.f);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k)
+      q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // packs interleave 128-bit lanes; the permute restores element order.
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs), p8);
+  }
+}
+
+void axpy_f16_avx2(int64_t n, float a, const uint16_t* x, float* y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * h2f(x[i]);
+}
+
+void f32_to_f16_row_avx2(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+}  // namespace
+#pragma GCC pop_options
+
+// ---------------- AVX-512 VNNI kernels (256-bit vectors, dpbusd) ----------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+
+namespace {
+
+inline float hsum_ps_v(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i dot_i8_vnni(__m256i a, __m256i b) {
+  const __m256i ax = _mm256_sign_epi8(a, a);
+  const __m256i sy = _mm256_sign_epi8(b, a);
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+}
+
+float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ8_0*>(vw);
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const int64_t nb = n / 32;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i + 1].qs));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d)),
+                           _mm256_cvtepi32_ps(dot_i8_vnni(a0, b0)), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i + 1].d) * _cvtsh_ss(x[i + 1].d)),
+                           _mm256_cvtepi32_ps(dot_i8_vnni(a1, b1)), acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d)),
+                           _mm256_cvtepi32_ps(dot_i8_vnni(a0, b0)), acc0);
+  }
+  return hsum_ps_v(_mm256_add_ps(acc0, acc1));
+}
+
+float dot_q4_0_vnni(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ4_0*>(vw);
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 32; ++i) {
+    // Unsigned nibbles against signed activations, minus 8 x the activation sum: no sign trick.
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].qs));
+    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, y);
+    const __m256i ysum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), y);
+    s = _mm256_sub_epi32(s, ysum);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d)), _mm256_cvtepi32_ps(s), acc);
+  }
+  return hsum_ps_v(acc);
+}
+
+float dot_q4_k_vnni(int64_t n, const void* vw, const void* vx) {
+  const auto* w = static_cast<const BlockQ4K*>(vw);
+  const auto* x = static_cast<const BlockQ8K*>(vx);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) q4k_scale_min(j, w[i].scales, &sc[j], &mn[j]);
+    int summ = 0;
+    for (int j = 0; j < 8; ++j) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * j));
+      const __m256i lo = _mm256_and_si256(q4, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+      const __m256i ylo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 64 * j));
+      const __m256i yhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 64 * j + 32));
+      const __m256i plo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, ylo);
+      const __m256i phi = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hi, yhi);
+      sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(plo, _mm256_set1_epi32(sc[2 * j])));
+      sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(phi, _mm256_set1_epi32(sc[2 * j + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * _cvtsh_ss(w[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    acc_m += x[i].d * _cvtsh_ss(w[i].dmin) * float(summ);
+  }
+  return hsum_ps_v(acc) - acc_m;
+}
+
+}  // namespace
+#pragma GCC pop_options
+
+namespace {
+
+KernelSet make_scalar() {
+  return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
+          dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
+          f32_to_f16_row_scalar};
+}
+
+KernelSet select_kernels() {
+  __builtin_cpu_init();
+  KernelSet k = make_scalar();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    k = {"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
+         dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2};
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw")) {
+      k.isa = "avx512vnni";
+      k.dot_q8_0 = dot_q8_0_vnni;
+      k.dot_q4_0 = dot_q4_0_vnni;
+      k.dot_q4_k = dot_q4_k_vnni;
+    }
+  }
+  return k;
+}
+
+}  // namespace
+
+const KernelSet& kernels() {
+  static const KernelSet k = select_kernels();
+  return k;
+}
+
+const KernelSet& scalar_kernels() {
+  static const KernelSet k = make_scalar();
+  return k;
+}
+
+DotFn dot_fn(const KernelSet& k, GgmlType weight) {
+  switch (weight) {
+    case GgmlType::f32: return k.dot_f32;
+    case GgmlType::f16: return k.dot_f16;
+    case GgmlType::bf16: return k.dot_bf16;
+    case GgmlType::q8_0: return k.dot_q8_0;
+    case GgmlType::q4_0: return k.dot_q4_0;
+    case GgmlType::q4_k: return k.dot_q4_k;
+    case GgmlType::q6_k: return k.dot_q6_k;
+    default: break;
+  }
+  throw Error(ErrorCode::unsupported, "no kernel for weight type " + ggml_type_name(uint32_t(weight)));
+}
+
+void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n) {
+  switch (type) {
+    case ActType::f32: std::memcpy(dst, x, size_t(n) * 4); return;
+    case ActType::f16: k.f32_to_f16_row(x, static_cast<uint16_t*>(dst), n); return;
+    case ActType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(x[i]);
+      return;
+    }
+    case ActType::q8_0: k.quantize_q8_0(x, dst, n); return;
+    case ActType::q8_k: k.quantize_q8_k(x, dst, n); return;
+  }
+}
+
+}  // namespace slim::llm

@@ -1,0 +1,501 @@
+#include "slim/llm/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "slim/llm/kernels.h"
+#include "slim/core/error.h"
+#include "slim/core/half.h"
+
+namespace slim::llm {
+
+// ---------------------------------------------------------------- load
+
+class ModelLoader {
+ public:
+  static std::shared_ptr<const LlamaModel> load(const std::string& path) {
+    std::shared_ptr<LlamaModel> m(new LlamaModel());
+    m->gguf_ = GgufFile::open(path);
+    const GgufFile& g = *m->gguf_;
+    LlamaConfig& c = m->config_;
+    c.arch = g.get_string("general.architecture");
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral")
+      throw Error(ErrorCode::unsupported, path + ": architecture '" + c.arch + "' (slim runs llama, mistral and qwen2)");
+    const std::string a = c.arch + ".";
+    auto positive = [&](const std::string& key, int64_t v, int64_t max) {
+      if (v <= 0 || v > max)
+        throw Error(ErrorCode::invalid_model, path + ": metadata '" + key + "' = " + std::to_string(v) +
+                                                  " is out of range (1.." + std::to_string(max) + ")");
+      return int(v);
+    };
+    c.n_layer = positive(a + "block_count", g.get_int(a + "block_count"), 1024);
+    c.n_embd = positive(a + "embedding_length", g.get_int(a + "embedding_length"), 1 << 16);
+    c.n_ff = positive(a + "feed_forward_length", g.get_int(a + "feed_forward_length"), 1 << 18);
+    c.n_head = positive(a + "attention.head_count", g.get_int(a + "attention.head_count"), 1024);
+    c.n_head_kv = positive(a + "attention.head_count_kv",
+                           g.get_int(a + "attention.head_count_kv", c.n_head), 1024);
+    c.n_ctx_train = positive(a + "context_length", g.get_int(a + "context_length", 2048), 1 << 24);
+    if (c.n_embd % c.n_head != 0)
+      throw Error(ErrorCode::invalid_model, path + ": embedding length " + std::to_string(c.n_embd) +
+                                                " is not a multiple of the head count " + std::to_string(c.n_head));
+    c.head_dim = positive(a + "attention.key_length", g.get_int(a + "attention.key_length", c.n_embd / c.n_head), 4096);
+    const int vdim = int(g.get_int(a + "attention.value_length", c.head_dim));
+    if (vdim != c.head_dim)
+      throw Error(ErrorCode::unsupported, path + ": value length " + std::to_string(vdim) + " differs from key length");
+    if (c.n_head % c.n_head_kv != 0)
+      throw Error(ErrorCode::invalid_model, path + ": head count " + std::to_string(c.n_head) +
+                                                " is not a multiple of the KV head count " + std::to_string(c.n_head_kv));
+    c.n_rot = positive(a + "rope.dimension_count", g.get_int(a + "rope.dimension_count", c.head_dim), c.head_dim);
+    if (c.n_rot % 2 != 0) throw Error(ErrorCode::invalid_model, path + ": odd rope.dimension_count");
+    c.rms_eps = float(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+    if (!(c.rms_eps > 0) || c.rms_eps > 1)
+      throw Error(ErrorCode::invalid_model, path + ": layer_norm_rms_epsilon out of range");
+    c.rope_base = float(g.get_float(a + "rope.freq_base", 10000.0));
+    if (!(c.rope_base > 1)) throw Error(ErrorCode::invalid_model, path + ": rope.freq_base must be > 1");
+    if (g.has(a + "rope.scaling.type") && g.get_string(a + "rope.scaling.type") != "none")
+      throw Error(ErrorCode::unsupported, path + ": RoPE scaling '" + g.get_string(a + "rope.scaling.type") + "'");
+    c.rope_neox = c.arch == "qwen2";
+    c.qkv_bias = c.arch == "qwen2";
+
+    const GgufTensorInfo& embd = g.tensor("token_embd.weight");
+    if (embd.dims.size() != 2 || embd.dims[0] != c.n_embd)
+      throw Error(ErrorCode::invalid_model, path + ": token_embd.weight must be [" + std::to_string(c.n_embd) + ", n_vocab]");
+    c.n_vocab = int(std::min<int64_t>(embd.dims[1], 1 << 24));
+    if (embd.dims[1] > (1 << 24)) throw Error(ErrorCode::invalid_model, path + ": vocabulary too large");
+    if (const GgufValue* toks = g.find("tokenizer.ggml.tokens")) {
+      if (toks->type != GgufValueType::array || toks->array_size != uint64_t(c.n_vocab))
+        throw Error(ErrorCode::invalid_model, path + ": tokenizer.ggml.tokens has " + std::to_string(toks->array_size) +
+                                                  " entries but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
+    }
+    m->token_embd_ = matrix(g, "token_embd.weight", c.n_vocab, c.n_embd);
+    if (g.find_tensor("output.weight")) {
+      m->output_ = matrix(g, "output.weight", c.n_vocab, c.n_embd);
+    } else {
+      c.tied_output = true;
+      m->output_ = m->token_embd_;
+    }
+    m->output_norm_ = vec(g, "output_norm.weight", c.n_embd);
+    const int q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+    m->layers_.resize(size_t(c.n_layer));
+    for (int i = 0; i < c.n_layer; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      LayerWeights& L = m->layers_[size_t(i)];
+      L.attn_norm = m->store(vec(g, p + "attn_norm.weight", c.n_embd));
+      L.ffn_norm = m->store(vec(g, p + "ffn_norm.weight", c.n_embd));
+      L.wq = matrix(g, p + "attn_q.weight", q_dim, c.n_embd);
+      L.wk = matrix(g, p + "attn_k.weight", kv_dim, c.n_embd);
+      L.wv = matrix(g, p + "attn_v.weight", kv_dim, c.n_embd);
+      L.wo = matrix(g, p + "attn_output.weight", c.n_embd, q_dim);
+      L.w_gate = matrix(g, p + "ffn_gate.weight", c.n_ff, c.n_embd);
+      L.w_up = matrix(g, p + "ffn_up.weight", c.n_ff, c.n_embd);
+      L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, c.n_ff);
+      if (c.qkv_bias) {
+        L.bq = m->store(vec(g, p + "attn_q.bias", q_dim));
+        L.bk = m->store(vec(g, p + "attn_k.bias", kv_dim));
+        L.bv = m->store(vec(g, p + "attn_v.bias", kv_dim));
+      }
+    }
+    auto token_id = [&](const std::string& key) {
+      if (!g.has(key)) return -1;
+      const int64_t id = g.get_int(key);
+      if (id < 0 || id >= c.n_vocab)
+        throw Error(ErrorCode::invalid_model, path + ": " + key + " = " + std::to_string(id) + " is outside the vocabulary");
+      return int(id);
+    };
+    m->bos_ = token_id("tokenizer.ggml.bos_token_id");
+    m->eos_ = token_id("tokenizer.ggml.eos_token_id");
+    return m;
+  }
+
+ private:
+  static WeightMatrix matrix(const GgufFile& g, const std::string& name, int64_t rows, int64_t cols) {
+    const GgufTensorInfo& t = g.tensor(name);
+    if (t.dims.size() != 2 || t.dims[0] != cols || t.dims[1] != rows)
+      throw Error(ErrorCode::invalid_model, g.path() + ": tensor '" + name + "' has shape " + dims_str(t.dims) +
+                                                ", expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    const GgmlTypeInfo* info = ggml_type_info(t.type_id);
+    if (!info->computable)
+      throw Error(ErrorCode::unsupported, g.path() + ": tensor '" + name + "' has type " + std::string(info->name) +
+                                              " (slim computes with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)");
+    return {t.type(), g.tensor_data(t), rows, cols, ggml_row_bytes(t.type(), cols), name};
+  }
+  static std::vector<float> vec(const GgufFile& g, const std::string& name, int64_t n) {
+    const GgufTensorInfo& t = g.tensor(name);
+    if (t.dims.size() != 1 || t.dims[0] != n)
+      throw Error(ErrorCode::invalid_model, g.path() + ": tensor '" + name + "' has shape " + dims_str(t.dims) +
+                                                ", expected [" + std::to_string(n) + "]");
+    const GgmlTypeInfo* info = ggml_type_info(t.type_id);
+    if (!info->computable)
+      throw Error(ErrorCode::unsupported, g.path() + ": tensor '" + name + "' has type " + std::string(info->name));
+    std::vector<float> v(static_cast<size_t>(n));
+    dequantize_row(t.type(), g.tensor_data(t), v.data(), n);
+    return v;
+  }
+  static std::string dims_str(const std::vector<int64_t>& d) {
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  }
+};
+
+std::shared_ptr<const LlamaModel> LlamaModel::load(const std::string& path) { return ModelLoader::load(path); }
+
+int64_t LlamaModel::n_params() const {
+  int64_t n = token_embd_.rows * token_embd_.cols + (config_.tied_output ? 0 : output_.rows * output_.cols);
+  for (const auto& L : layers_)
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += w->rows * w->cols;
+  return n;
+}
+
+// ---------------------------------------------------------------- compile
+
+namespace {
+
+template <typename T>
+struct AlignedBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  void allocate(size_t count) {
+    std::free(ptr);
+    n = count;
+    ptr = static_cast<T*>(std::aligned_alloc(64, std::max<size_t>(64, (count * sizeof(T) + 63) / 64 * 64)));
+    if (!ptr) throw Error(ErrorCode::resource_exhausted, "out of memory allocating " + std::to_string(count * sizeof(T)) + " bytes");
+    std::memset(static_cast<void*>(ptr), 0, count * sizeof(T));
+  }
+  ~AlignedBuffer() { std::free(ptr); }
+  T* data() { return ptr; }
+  const T* data() const { return ptr; }
+};
+
+// Contiguous share of [0, n) for slot s of t, in multiples of `align`.
+inline void split_range(int64_t n, int t, int s, int64_t align, int64_t* b, int64_t* e) {
+  const int64_t units = (n + align - 1) / align;
+  *b = std::min(n, units * s / t * align);
+  *e = std::min(n, units * (s + 1) / t * align);
+}
+
+}  // namespace
+
+struct LlamaContext::State {
+  const KernelSet* k = nullptr;
+  int n_batch = 0, n_threads = 1;
+  int64_t q_dim = 0, kv_dim = 0;
+  AlignedBuffer<float> x, xn, q, kbuf, vbuf, attn, gate, up, logits;
+  AlignedBuffer<uint8_t> act;   // activations converted for the current weight type
+  const float* act_src = nullptr;
+  ActType act_type = ActType::f32;
+  int64_t act_stride = 0;
+  std::vector<AlignedBuffer<uint8_t>> k_cache, v_cache;  // per layer [n_ctx][kv_dim]
+  size_t kv_elem = 2;
+  AlignedBuffer<float> rope_cos, rope_sin;  // [n_ctx][n_rot/2]
+  // Per-thread attention scratch: scores [n_ctx], q in f16 [head_dim], output [head_dim].
+  AlignedBuffer<float> scores;
+  AlignedBuffer<uint16_t> q16;
+  int64_t scores_stride = 0;
+};
+
+LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptions options)
+    : model_(std::move(model)), options_(options), s_(std::make_unique<State>()) {
+  const LlamaConfig& c = model_->config();
+  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : std::min(c.n_ctx_train, 4096);
+  if (n_ctx_ > (1 << 20)) throw Error(ErrorCode::invalid_argument, "context size " + std::to_string(n_ctx_) + " is too large");
+  if (options.n_batch <= 0) throw Error(ErrorCode::invalid_argument, "batch size must be positive");
+  int threads = options.n_threads > 0 ? options.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
+  State& s = *s_;
+  s.k = &kernels();
+  s.n_threads = pool_->num_threads();
+  s.n_batch = std::min(options.n_batch, n_ctx_);
+  s.q_dim = int64_t(c.n_head) * c.head_dim;
+  s.kv_dim = int64_t(c.n_head_kv) * c.head_dim;
+  const size_t nb = size_t(s.n_batch);
+  s.x.allocate(nb * c.n_embd);
+  s.xn.allocate(nb * std::max<int64_t>(c.n_embd, s.q_dim));
+  s.q.allocate(nb * s.q_dim);
+  s.kbuf.allocate(nb * s.kv_dim);
+  s.vbuf.allocate(nb * s.kv_dim);
+  s.attn.allocate(nb * s.q_dim);
+  s.gate.allocate(nb * c.n_ff);
+  s.up.allocate(nb * c.n_ff);
+  s.logits.allocate((options.all_logits ? nb : 1) * size_t(c.n_vocab));
+  const int64_t max_cols = std::max<int64_t>({c.n_embd, c.n_ff, s.q_dim});
+  s.act_stride = 4 * max_cols;  // f32 is the widest activation format
+  s.act.allocate(nb * size_t(s.act_stride));
+  s.kv_elem = options.f16_kv ? 2 : 4;
+  s.k_cache.resize(size_t(c.n_layer));
+  s.v_cache.resize(size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    s.k_cache[size_t(l)].allocate(size_t(n_ctx_) * s.kv_dim * s.kv_elem);
+    s.v_cache[size_t(l)].allocate(size_t(n_ctx_) * s.kv_dim * s.kv_elem);
+  }
+  // ggml's RoPE angles: theta advances by repeated float multiplication, which the
+  // table reproduces so positions rotate exactly as in llama.cpp.
+  const int half = c.n_rot / 2;
+  s.rope_cos.allocate(size_t(n_ctx_) * half);
+  s.rope_sin.allocate(size_t(n_ctx_) * half);
+  const float theta_scale = std::pow(c.rope_base, -2.0f / float(c.n_rot));
+  for (int p = 0; p < n_ctx_; ++p) {
+    float theta = float(p);
+    for (int i = 0; i < half; ++i) {
+      s.rope_cos.data()[size_t(p) * half + i] = std::cos(theta);
+      s.rope_sin.data()[size_t(p) * half + i] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+  s.scores_stride = (n_ctx_ + 15) / 16 * 16 + 2 * c.head_dim;
+  s.scores.allocate(size_t(s.n_threads) * s.scores_stride);
+  s.q16.allocate(size_t(s.n_threads) * c.head_dim);
+}
+
+LlamaContext::~LlamaContext() = default;
+
+const char* LlamaContext::kernel_isa() const { return s_->k->isa; }
+
+const float* LlamaContext::logits() const {
+  if (last_batch_ == 0) throw Error(ErrorCode::invalid_argument, "no logits: nothing evaluated yet");
+  return s_->logits.data() + (options_.all_logits ? size_t(last_batch_ - 1) * model_->config().n_vocab : 0);
+}
+
+const float* LlamaContext::logits(int i) const {
+  if (!options_.all_logits) {
+    if (i != last_batch_ - 1) throw Error(ErrorCode::invalid_argument, "logits of token " + std::to_string(i) + " not kept (all_logits is off)");
+    return logits();
+  }
+  if (i < 0 || i >= last_batch_) throw Error(ErrorCode::invalid_argument, "logits index " + std::to_string(i) + " out of range");
+  return s_->logits.data() + size_t(i) * model_->config().n_vocab;
+}
+
+void LlamaContext::truncate(int n) {
+  if (n < 0 || n > n_past_) throw Error(ErrorCode::invalid_argument, "truncate: position " + std::to_string(n) + " beyond the sequence");
+  n_past_ = n;
+}
+
+// ---------------------------------------------------------------- run
+
+namespace {
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(float(sum / double(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+struct MatmulJob {
+  const WeightMatrix* w;
+  const uint8_t* act;
+  int64_t act_stride;
+  int n;
+  float* y;
+  int64_t ldy;
+  DotFn dot;
+  int threads;
+};
+
+void run_matmul_slot(const MatmulJob& j, int slot) {
+  int64_t r0, r1;
+  split_range(j.w->rows, j.threads, slot, 4, &r0, &r1);
+  constexpr int64_t kRowTile = 8;
+  for (int64_t rb = r0; rb < r1; rb += kRowTile) {
+    const int64_t re = std::min(r1, rb + kRowTile);
+    for (int t = 0; t < j.n; ++t) {
+      const uint8_t* a = j.act + t * j.act_stride;
+      float* yt = j.y + t * j.ldy;
+      for (int64_t r = rb; r < re; ++r) yt[r] = j.dot(j.w->cols, j.w->data + r * j.w->row_bytes, a);
+    }
+  }
+}
+
+}  // namespace
+
+void LlamaContext::eval(std::span<const int32_t> tokens) {
+  const int n_vocab = model_->config().n_vocab;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= n_vocab)
+      throw Error(ErrorCode::invalid_argument, "token id " + std::to_string(tokens[i]) + " at position " +
+                                                   std::to_string(i) + " is outside the vocabulary of " + std::to_string(n_vocab));
+  if (tokens.empty()) return;
+  if (int64_t(n_past_) + int64_t(tokens.size()) > n_ctx_)
+    throw Error(ErrorCode::resource_exhausted, "context full: " + std::to_string(n_past_) + " + " +
+                                                   std::to_string(tokens.size()) + " tokens exceed the context of " + std::to_string(n_ctx_));
+  if (options_.all_logits && int(tokens.size()) > s_->n_batch)
+    throw Error(ErrorCode::invalid_argument, "all_logits: " + std::to_string(tokens.size()) +
+                                                 " tokens exceed the batch size " + std::to_string(s_->n_batch));
+  for (size_t off = 0; off < tokens.size(); off += size_t(s_->n_batch)) {
+    const int n = int(std::min<size_t>(size_t(s_->n_batch), tokens.size() - off));
+    eval_batch(tokens.data() + off, n);
+  }
+}
+
+void LlamaContext::eval_batch(const int32_t* tokens, int n) {
+  State& s = *s_;
+  const LlamaConfig& c = model_->config();
+  const LlamaModel& m = *model_;
+  const int64_t d = c.n_embd;
+  ThreadPool& pool = *pool_;
+  const int T = s.n_threads;
+  const int p0 = n_past_;
+
+  for (int t = 0; t < n; ++t) {
+    const WeightMatrix& e = m.token_embd();
+    dequantize_row(e.type, e.data + int64_t(tokens[t]) * e.row_bytes, s.x.data() + t * d, d);
+  }
+
+  // Converts n rows of src (stride ld) to the activation format w needs, unless the
+  // buffer already holds exactly that, then runs y = src @ w^T across the pool.
+  auto matmul = [&](const WeightMatrix& w, const float* src, int64_t ld, int rows, float* y, int64_t ldy) {
+    const ActType at = act_type_for(w.type);
+    if (s.act_src != src || s.act_type != at) {
+      for (int t = 0; t < rows; ++t)
+        quantize_act_row(*s.k, at, src + t * ld, s.act.data() + t * s.act_stride, w.cols);
+      s.act_src = src;
+      s.act_type = at;
+    }
+    MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, dot_fn(*s.k, w.type), T};
+    const MatmulJob* jp = &job;
+    pool.parallel_for(T, [jp](int64_t b, int64_t e) {
+      for (int64_t slot = b; slot < e; ++slot) run_matmul_slot(*jp, int(slot));
+    });
+  };
+
+  const int half = c.n_rot / 2;
+  auto rope = [&](float* v, int heads, int pos) {
+    const float* cs = s.rope_cos.data() + size_t(pos) * half;
+    const float* sn = s.rope_sin.data() + size_t(pos) * half;
+    for (int h = 0; h < heads; ++h) {
+      float* x = v + int64_t(h) * c.head_dim;
+      if (c.rope_neox) {
+        for (int i = 0; i < half; ++i) {
+          const float x0 = x[i], x1 = x[i + half];
+          x[i] = x0 * cs[i] - x1 * sn[i];
+          x[i + half] = x0 * sn[i] + x1 * cs[i];
+        }
+      } else {
+        for (int i = 0; i < half; ++i) {
+          const float x0 = x[2 * i], x1 = x[2 * i + 1];
+          x[2 * i] = x0 * cs[i] - x1 * sn[i];
+          x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        }
+      }
+    }
+  };
+
+  const float kq_scale = 1.0f / std::sqrt(float(c.head_dim));
+  const int group = c.n_head / c.n_head_kv;
+
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = m.layer(l);
+    for (int t = 0; t < n; ++t) rms_norm(s.x.data() + t * d, L.attn_norm, s.xn.data() + t * d, d, c.rms_eps);
+    s.act_src = nullptr;
+    matmul(L.wq, s.xn.data(), d, n, s.q.data(), s.q_dim);
+    matmul(L.wk, s.xn.data(), d, n, s.kbuf.data(), s.kv_dim);
+    matmul(L.wv, s.xn.data(), d, n, s.vbuf.data(), s.kv_dim);
+    for (int t = 0; t < n; ++t) {
+      float* q = s.q.data() + t * s.q_dim;
+      float* k = s.kbuf.data() + t * s.kv_dim;
+      float* v = s.vbuf.data() + t * s.kv_dim;
+      if (c.qkv_bias) {
+        for (int64_t i = 0; i < s.q_dim; ++i) q[i] += L.bq[i];
+        for (int64_t i = 0; i < s.kv_dim; ++i) k[i] += L.bk[i];
+        for (int64_t i = 0; i < s.kv_dim; ++i) v[i] += L.bv[i];
+      }
+      rope(q, c.n_head, p0 + t);
+      rope(k, c.n_head_kv, p0 + t);
+      uint8_t* kc = s.k_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
+      uint8_t* vc = s.v_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
+      if (s.kv_elem == 2) {
+        s.k->f32_to_f16_row(k, reinterpret_cast<uint16_t*>(kc), s.kv_dim);
+        s.k->f32_to_f16_row(v, reinterpret_cast<uint16_t*>(vc), s.kv_dim);
+      } else {
+        std::memcpy(kc, k, size_t(s.kv_dim) * 4);
+        std::memcpy(vc, v, size_t(s.kv_dim) * 4);
+      }
+    }
+
+    // Causal attention, one (token, head) pair per item, items dealt round-robin so the
+    // longer rows of late tokens spread over the threads.
+    struct AttnJob {
+      LlamaContext::State* s;
+      const LlamaConfig* c;
+      int layer, n, p0, group, T;
+      float scale;
+    } aj{&s, &c, l, n, p0, group, T, kq_scale};
+    const AttnJob* ap = &aj;
+    pool.parallel_for(T, [ap](int64_t b, int64_t e) {
+      const AttnJob& j = *ap;
+      State& st = *j.s;
+      const int hd = j.c->head_dim;
+      for (int64_t slot = b; slot < e; ++slot) {
+        float* scores = st.scores.data() + slot * st.scores_stride;
+        uint16_t* q16 = st.q16.data() + slot * hd;
+        const int items = j.n * j.c->n_head;
+        for (int it = int(slot); it < items; it += j.T) {
+          const int t = it / j.c->n_head, h = it % j.c->n_head;
+          const int kvh = h / j.group;
+          const int len = j.p0 + t + 1;
+          const float* q = st.q.data() + t * st.q_dim + int64_t(h) * hd;
+          float* out = st.attn.data() + t * st.q_dim + int64_t(h) * hd;
+          const uint8_t* kc = st.k_cache[size_t(j.layer)].data();
+          const uint8_t* vc = st.v_cache[size_t(j.layer)].data();
+          const size_t row = size_t(st.kv_dim) * st.kv_elem;
+          const size_t off = size_t(kvh) * hd * st.kv_elem;
+          float mx = -INFINITY;
+          if (st.kv_elem == 2) {
+            st.k->f32_to_f16_row(q, q16, hd);
+            for (int p = 0; p < len; ++p) {
+              scores[p] = st.k->dot_f16(hd, kc + p * row + off, q16) * j.scale;
+              mx = std::max(mx, scores[p]);
+            }
+          } else {
+            for (int p = 0; p < len; ++p) {
+              scores[p] = st.k->dot_f32(hd, kc + p * row + off, q) * j.scale;
+              mx = std::max(mx, scores[p]);
+            }
+          }
+          double sum = 0;
+          for (int p = 0; p < len; ++p) {
+            scores[p] = std::exp(scores[p] - mx);
+            sum += scores[p];
+          }
+          const float inv = float(1.0 / sum);
+          std::fill(out, out + hd, 0.f);
+          if (st.kv_elem == 2) {
+            for (int p = 0; p < len; ++p)
+              st.k->axpy_f16(hd, scores[p] * inv, reinterpret_cast<const uint16_t*>(vc + p * row + off), out);
+          } else {
+            for (int p = 0; p < len; ++p) {
+              const float* v = reinterpret_cast<const float*>(vc + p * row + off);
+              const float a = scores[p] * inv;
+              for (int i = 0; i < hd; ++i) out[i] += a * v[i];
+            }
+          }
+        }
+      }
+    });
+
+    matmul(L.wo, s.attn.data(), s.q_dim, n, s.xn.data(), d);
+    for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
+    for (int t = 0; t < n; ++t) rms_norm(s.x.data() + t * d, L.ffn_norm, s.xn.data() + t * d, d, c.rms_eps);
+    s.act_src = nullptr;
+    matmul(L.w_gate, s.xn.data(), d, n, s.gate.data(), c.n_ff);
+    matmul(L.w_up, s.xn.data(), d, n, s.up.data(), c.n_ff);
+    for (int64_t i = 0; i < int64_t(n) * c.n_ff; ++i) {
+      const float g = s.gate.data()[i];
+      s.gate.data()[i] = g / (1.0f + std::exp(-g)) * s.up.data()[i];
+    }
+    matmul(L.w_down, s.gate.data(), c.n_ff, n, s.xn.data(), d);
+    for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
+  }
+
+  const int first = options_.all_logits ? 0 : n - 1;
+  for (int t = first; t < n; ++t)
+    rms_norm(s.x.data() + t * d, m.output_norm(), s.xn.data() + (t - first) * d, d, c.rms_eps);
+  s.act_src = nullptr;
+  matmul(m.output(), s.xn.data(), d, n - first, s.logits.data(), c.n_vocab);
+  s.act_src = nullptr;  // the next batch overwrites the sources
+  n_past_ += n;
+  last_batch_ = n;
+}
+
+}  // namespace slim::llm

@@ -1,0 +1,95 @@
+#include "slim/llm/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "slim/core/error.h"
+
+namespace slim::llm {
+
+Sampler::Sampler(const SamplerOptions& options, int n_vocab)
+    : options_(options), n_vocab_(n_vocab), rng_(options.seed) {
+  check(n_vocab > 0, ErrorCode::invalid_argument, "sampler: empty vocabulary");
+  check(std::isfinite(options.temperature), ErrorCode::invalid_argument, "sampler: temperature must be finite");
+  check(options.top_p > 0, ErrorCode::invalid_argument, "sampler: top_p must be > 0");
+  check(options.min_p < 1, ErrorCode::invalid_argument, "sampler: min_p must be < 1");
+  check(options.repeat_penalty > 0, ErrorCode::invalid_argument, "sampler: repeat_penalty must be > 0");
+  check(options.repeat_last_n >= 0, ErrorCode::invalid_argument, "sampler: repeat_last_n must be >= 0");
+  cand_.resize(size_t(n_vocab));
+  penalized_.resize(size_t(n_vocab));
+}
+
+int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
+  const float* l = logits;
+  if (options_.repeat_penalty != 1.0f && options_.repeat_last_n > 0 && !history.empty()) {
+    std::copy(logits, logits + n_vocab_, penalized_.begin());
+    const size_t start = history.size() > size_t(options_.repeat_last_n) ? history.size() - size_t(options_.repeat_last_n) : 0;
+    // Each distinct token is penalized once, however often it repeats (as llama.cpp).
+    for (size_t i = start; i < history.size(); ++i) {
+      const int32_t t = history[i];
+      if (t < 0 || t >= n_vocab_) continue;
+      bool seen = false;
+      for (size_t j = start; j < i && !seen; ++j) seen = history[j] == t;
+      if (seen) continue;
+      float& v = penalized_[size_t(t)];
+      v = v <= 0 ? v * options_.repeat_penalty : v / options_.repeat_penalty;
+    }
+    l = penalized_.data();
+  }
+  if (options_.temperature <= 0) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab_; ++i)
+      if (l[i] > l[best]) best = i;
+    return best;
+  }
+  size_t n = size_t(n_vocab_);
+  for (size_t i = 0; i < n; ++i) cand_[i] = {int32_t(i), l[i], 0.f};
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  if (options_.top_k > 0 && size_t(options_.top_k) < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + options_.top_k, cand_.begin() + long(n), by_logit);
+    n = size_t(options_.top_k);
+  } else {
+    std::sort(cand_.begin(), cand_.begin() + long(n), by_logit);
+  }
+  auto softmax = [&](float temp) {
+    const float mx = cand_[0].logit;
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      cand_[i].p = std::exp((cand_[i].logit - mx) / temp);
+      sum += cand_[i].p;
+    }
+    for (size_t i = 0; i < n; ++i) cand_[i].p = float(cand_[i].p / sum);
+  };
+  softmax(1.0f);
+  if (options_.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += cand_[i].p;
+      if (cum >= options_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+  }
+  if (options_.min_p > 0) {
+    const float floor = cand_[0].p * options_.min_p;
+    size_t keep = 1;
+    while (keep < n && cand_[keep].p >= floor) ++keep;
+    n = keep;
+  }
+  softmax(options_.temperature);
+  const double r = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cum += cand_[i].p;
+    if (r < cum) return cand_[i].id;
+  }
+  return cand_[n - 1].id;
+}
+
+}  // namespace slim::llm

@@ -1,0 +1,283 @@
+// slim generate / perplexity / quantize: the language-model engine's front door. Also
+// registers GGUF as a tokenizer source so `slim tokenize MODEL.gguf` works.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "slim/core/error.h"
+#include "slim/core/progress.h"
+#include "slim/llm/gguf_tokenizer.h"
+#include "slim/llm/model.h"
+#include "slim/llm/quantize.h"
+#include "slim/llm/text_generator.h"
+#include "slim/text/tokenizer_loader.h"
+
+namespace slim::cli {
+namespace {
+
+struct GgufTokenizerRegistrar {
+  GgufTokenizerRegistrar() {
+    text::register_tokenizer_loader({"GGUF", [](const std::string& p) { return llm::is_gguf_file(p); },
+                                     [](const std::string& p) { return llm::load_gguf_tokenizer(*llm::GgufFile::open(p)); }});
+  }
+} gguf_tokenizer_registrar;
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::not_found, path + ": cannot open");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
+  std::vector<int32_t> ids;
+  std::string cur;
+  auto flush = [&] {
+    if (cur.empty()) return;
+    char* end = nullptr;
+    const long v = std::strtol(cur.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > INT32_MAX) throw Error(ErrorCode::invalid_argument, what + ": bad token id '" + cur + "'");
+    ids.push_back(int32_t(v));
+    cur.clear();
+  };
+  for (char c : s) {
+    if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r') flush();
+    else cur += c;
+  }
+  flush();
+  return ids;
+}
+
+struct GenerateArgs {
+  std::string model, prompt, tokens, tokens_file;
+  int n = 128, threads = 0, ctx = 0, batch = 512;
+  llm::SamplerOptions sampling;
+  std::vector<std::string> stop;
+  bool ignore_eos = false, ids = false, f32_kv = false;
+};
+
+void run_generate(const GenerateArgs& a) {
+  auto model = llm::LlamaModel::load(a.model);
+  std::unique_ptr<text::Tokenizer> tok;
+  std::vector<int32_t> prompt;
+  if (!a.tokens.empty() || !a.tokens_file.empty()) {
+    prompt = a.tokens.empty() ? parse_ids(read_text_file(a.tokens_file), a.tokens_file) : parse_ids(a.tokens, "--tokens");
+    if (model->gguf().has("tokenizer.ggml.model")) tok = llm::load_gguf_tokenizer(model->gguf());
+  } else {
+    tok = llm::load_gguf_tokenizer(model->gguf());
+    prompt = tok->encode(a.prompt);
+  }
+  if (prompt.empty()) throw Error(ErrorCode::invalid_argument, "generate: empty prompt (give -p TEXT or --tokens IDS)");
+  llm::ContextOptions co;
+  co.n_ctx = a.ctx;
+  co.n_batch = a.batch;
+  co.n_threads = a.threads;
+  co.f16_kv = !a.f32_kv;
+  llm::LlamaGenerator gen(model, co);
+  llm::GenerationRequest req;
+  req.prompt = prompt;
+  req.max_tokens = a.n;
+  req.sampling = a.sampling;
+  req.stop_at_eos = !a.ignore_eos;
+  req.stop_strings = a.stop;
+  if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
+  if (!a.stop.empty() && !tok) throw Error(ErrorCode::invalid_argument, "generate: --stop needs a tokenizer in the model");
+  if (!a.ids && tok) std::fputs(tok->decode(prompt).c_str(), stdout);
+  auto res = gen.generate(req, [&](int32_t t) {
+    if (a.ids || !tok) std::printf("%d ", t);
+    else std::fputs(tok->token_to_piece(t).c_str(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::printf("\n");
+  std::fflush(stdout);
+  const int decoded = std::max<int>(0, int(res.tokens.size()) - 1);  // the first token comes from prefill
+  std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", res.prompt_tokens, res.prefill_seconds,
+               res.prompt_tokens / std::max(res.prefill_seconds, 1e-9));
+  std::fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", decoded, res.decode_seconds,
+               decoded / std::max(res.decode_seconds, 1e-9));
+  std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
+               gen.context().kernel_isa(), a.threads);
+}
+
+void add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF language model (llama, qwen2)");
+  cmd->add_option("model", a->model, "GGUF model file")->required();
+  cmd->add_option("-p,--prompt", a->prompt, "Prompt text");
+  cmd->add_option("--tokens", a->tokens, "Prompt as token IDs (comma or space separated) instead of text");
+  cmd->add_option("--tokens-file", a->tokens_file, "File of prompt token IDs");
+  cmd->add_option("-n,--n-predict", a->n, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temp", a->sampling.temperature, "Temperature (0 = greedy)");
+  cmd->add_option("--top-k", a->sampling.top_k, "Top-k (0 = off)");
+  cmd->add_option("--top-p", a->sampling.top_p, "Top-p (1 = off)");
+  cmd->add_option("--min-p", a->sampling.min_p, "Min-p (0 = off)");
+  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Repetition penalty (1 = off)");
+  cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n, "Tokens the penalty looks back over");
+  cmd->add_option("--seed", a->sampling.seed, "Random seed");
+  cmd->add_option("--stop", a->stop, "Stop when this text appears (repeatable)");
+  cmd->add_option("--ctx", a->ctx, "Context size (0 = model's, at most 4096)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", a->batch, "Prefill batch size")->check(CLI::PositiveNumber);
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->add_flag("--ids", a->ids, "Print token IDs instead of text");
+  cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
+  add_threads_option(cmd, &a->threads);
+  cmd->callback([a] { run_generate(*a); });
+}
+
+struct PerplexityArgs {
+  std::string model, file, kl_base;
+  int ctx = 512, threads = 0, chunks = 0;
+};
+
+// log-softmax of one logits row into out; returns nothing, out holds log-probabilities.
+void log_softmax(const float* l, int n, std::vector<double>& out) {
+  double mx = l[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, double(l[i]));
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp(double(l[i]) - mx);
+  const double lse = mx + std::log(sum);
+  out.resize(size_t(n));
+  for (int i = 0; i < n; ++i) out[size_t(i)] = double(l[i]) - lse;
+}
+
+void run_perplexity(const PerplexityArgs& a) {
+  auto model = llm::LlamaModel::load(a.model);
+  auto tok = llm::load_gguf_tokenizer(model->gguf());
+  const std::string textdata = read_text_file(a.file);
+  text::EncodeOptions eo;
+  eo.add_special = false;
+  const std::vector<int32_t> tokens = tok->encode(textdata, eo);
+  const int n_ctx = a.ctx;
+  if (n_ctx < 8) throw Error(ErrorCode::invalid_argument, "perplexity: --ctx must be at least 8");
+  int n_chunks = int(tokens.size() / size_t(n_ctx));
+  if (a.chunks > 0) n_chunks = std::min(n_chunks, a.chunks);
+  if (n_chunks == 0)
+    throw Error(ErrorCode::invalid_argument, a.file + ": " + std::to_string(tokens.size()) +
+                                                 " tokens, fewer than one chunk of --ctx " + std::to_string(n_ctx));
+  llm::ContextOptions co;
+  co.n_ctx = n_ctx;
+  co.n_batch = n_ctx;
+  co.n_threads = a.threads;
+  co.all_logits = true;
+  llm::LlamaContext ctx(model, co);
+  std::unique_ptr<llm::LlamaContext> base_ctx;
+  std::shared_ptr<const llm::LlamaModel> base;
+  if (!a.kl_base.empty()) {
+    base = llm::LlamaModel::load(a.kl_base);
+    if (base->config().n_vocab != model->config().n_vocab)
+      throw Error(ErrorCode::invalid_argument, "perplexity: --kl-base has a different vocabulary");
+    base_ctx = std::make_unique<llm::LlamaContext>(base, co);
+  }
+  const bool add_bos = tok->spec().add_bos && tok->bos_id() >= 0;
+  const int first = n_ctx / 2;
+  double nll = 0, nll_base = 0, kl = 0;
+  int64_t count = 0, top1_same = 0;
+  std::vector<double> lp, lq;
+  std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
+  Progress progress("perplexity", n_chunks);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int c = 0; c < n_chunks; ++c) {
+    std::copy(tokens.begin() + int64_t(c) * n_ctx, tokens.begin() + int64_t(c + 1) * n_ctx, chunk.begin());
+    if (add_bos) chunk[0] = tok->bos_id();  // as llama-perplexity does
+    ctx.reset();
+    ctx.eval(chunk);
+    if (base_ctx) {
+      base_ctx->reset();
+      base_ctx->eval(chunk);
+    }
+    const int nv = model->config().n_vocab;
+    for (int j = first; j < n_ctx - 1; ++j) {
+      const int32_t next = tokens[size_t(int64_t(c) * n_ctx + j + 1)];
+      log_softmax(ctx.logits(j), nv, lq);
+      nll -= lq[size_t(next)];
+      if (base_ctx) {
+        log_softmax(base_ctx->logits(j), nv, lp);
+        nll_base -= lp[size_t(next)];
+        double k = 0;
+        size_t am_p = 0, am_q = 0;
+        for (size_t i = 0; i < size_t(nv); ++i) {
+          k += std::exp(lp[i]) * (lp[i] - lq[i]);
+          if (lp[i] > lp[am_p]) am_p = i;
+          if (lq[i] > lq[am_q]) am_q = i;
+        }
+        kl += k;
+        top1_same += am_p == am_q;
+      }
+      ++count;
+    }
+    progress.update(c + 1, "ppl " + std::to_string(std::exp(nll / double(count))));
+  }
+  progress.finish();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("model: %s\n", a.model.c_str());
+  std::printf("tokens: %zu, chunks: %d of %d, scored: %lld\n", tokens.size(), n_chunks, n_ctx, (long long)count);
+  std::printf("perplexity: %.4f\n", std::exp(nll / double(count)));
+  if (base_ctx) {
+    std::printf("base perplexity: %.4f (%s)\n", std::exp(nll_base / double(count)), a.kl_base.c_str());
+    std::printf("mean KL(base || model): %.6f\n", kl / double(count));
+    std::printf("top-1 agreement: %.2f%%\n", 100.0 * double(top1_same) / double(count));
+  }
+  std::printf("time: %.1f s (%.1f tok/s)\n", secs, double(n_chunks) * n_ctx * (base_ctx ? 2 : 1) / secs);
+}
+
+void add_perplexity(CLI::App& app) {
+  auto a = std::make_shared<PerplexityArgs>();
+  auto* cmd = app.add_subcommand("perplexity",
+                                 "Perplexity of a GGUF model on a text file: non-overlapping chunks of --ctx "
+                                 "tokens, scoring the second half of each (as llama-perplexity)");
+  cmd->add_option("model", a->model, "GGUF model file")->required();
+  cmd->add_option("-f,--file", a->file, "Text file")->required();
+  cmd->add_option("--ctx", a->ctx, "Chunk length in tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--chunks", a->chunks, "Score at most this many chunks (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kl-base", a->kl_base, "Reference model (e.g. the F16 original): also report KL divergence");
+  add_threads_option(cmd, &a->threads);
+  cmd->callback([a] { run_perplexity(*a); });
+}
+
+struct QuantizeArgs {
+  std::string in, out, type;
+  int threads = 0;
+};
+
+void add_quantize(CLI::App& app) {
+  auto a = std::make_shared<QuantizeArgs>();
+  auto* cmd = app.add_subcommand("quantize", "Quantize a GGUF model's weights (llama.cpp-compatible output)");
+  cmd->add_option("input", a->in, "Source GGUF (F32/F16/BF16 weights)")->required();
+  cmd->add_option("output", a->out, "Output GGUF")->required();
+  cmd->add_option("--type", a->type, "q8_0, q4_0, q4_k, q6_k or q4_k_m")->required();
+  add_threads_option(cmd, &a->threads);
+  cmd->callback([a] {
+    const llm::QuantScheme scheme = llm::parse_quant_scheme(a->type);
+    const int threads = a->threads > 0 ? a->threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    Progress progress("quantize", 1);
+    std::unique_ptr<Progress> p;
+    auto rep = llm::quantize_model(a->in, a->out, scheme, threads, [&](int64_t done, int64_t total) {
+      if (!p) p = std::make_unique<Progress>("quantize " + a->type, total);
+      p->update(done);
+    });
+    if (p) p->finish();
+    std::printf("%s -> %s (%s)\n", a->in.c_str(), a->out.c_str(), llm::quant_scheme_name(scheme));
+    std::printf("size: %.2f MiB -> %.2f MiB (%.2f bits per weight over all tensors)\n", rep.bytes_in / 1048576.0,
+                rep.bytes_out / 1048576.0, rep.weights_quantized ? 8.0 * rep.bytes_out / double(rep.weights_quantized) : 0.0);
+    std::printf("tensors:");
+    for (const auto& [t, n] : rep.tensors_per_type) std::printf(" %s=%d", t.c_str(), n);
+    std::printf("\n");
+    if (rep.fallbacks)
+      std::printf("note: %d tensors have rows not a multiple of 256 and use Q4_0/Q8_0 instead of a K-quant\n",
+                  rep.fallbacks);
+  });
+}
+
+}  // namespace
+
+SLIM_COMMAND(40, add_generate);
+SLIM_COMMAND(41, add_perplexity);
+SLIM_COMMAND(42, add_quantize);
+
+}  // namespace slim::cli
