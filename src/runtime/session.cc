@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
 #include <mutex>
 #include <new>
 #include <set>
@@ -290,6 +291,19 @@ struct Session::Impl {
   std::unordered_set<const Storage*> constant_storages;
   std::mutex run_mu;
 
+  // Plans compiled for concrete input shapes of a model with symbolic input dims.
+  struct Specialization {
+    std::vector<std::optional<Shape>> key;  // graph inputs, then overridable inputs
+    int64_t seen = 0;
+    bool failed = false;
+    std::unique_ptr<Impl> impl;
+  };
+  bool has_symbolic_inputs = false;
+  std::list<Specialization> specializations;  // most recently used first
+  int64_t num_specialized = 0;
+  const Impl* last_used = nullptr;
+  Impl* specialization_for(const TensorMap& inputs);
+
   int value_id(const std::string& name) {
     auto it = value_ids.find(name);
     if (it != value_ids.end()) return it->second;
@@ -305,6 +319,7 @@ struct Session::Impl {
   }
 
   void compile();
+  void validate_inputs(const TensorMap& inputs) const;
   TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names);
 
  private:
@@ -312,7 +327,6 @@ struct Session::Impl {
   void fold_and_infer(const std::vector<const KernelRegistry*>& regs);
   void build_steps();
   void plan_arena();
-  void validate_inputs(const TensorMap& inputs) const;
   bool in_arena(const Tensor& t) const;
   bool inside(const Tensor& t, const Tensor& region) const;
   bool overlaps(const Tensor& a, const Tensor& b) const;
@@ -421,6 +435,62 @@ void Session::Impl::compile() {
     if (v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && !v.shape)
       ++dynamic;
   stats.memory.dynamic_values = dynamic;
+  for (const auto& vi : graph.inputs) has_symbolic_inputs |= !vi.static_shape().has_value();
+  for (const auto& vi : graph.overridable_inputs)
+    has_symbolic_inputs |= !vi.static_shape().has_value();
+}
+
+Session::Impl* Session::Impl::specialization_for(const TensorMap& inputs) {
+  std::vector<std::optional<Shape>> key;
+  for (const auto& vi : graph.inputs) key.push_back(inputs.at(vi.name).shape());
+  for (const auto& vi : graph.overridable_inputs) {
+    auto it = inputs.find(vi.name);
+    key.push_back(it == inputs.end() ? std::nullopt : std::optional<Shape>(it->second.shape()));
+  }
+  auto it = std::find_if(specializations.begin(), specializations.end(),
+                         [&](const Specialization& sp) { return sp.key == key; });
+  if (it == specializations.end()) {
+    specializations.push_front(Specialization{std::move(key), 0, false, nullptr});
+  } else {
+    specializations.splice(specializations.begin(), specializations, it);
+  }
+  Specialization& sp = specializations.front();
+  ++sp.seen;
+  // Specialize on the second sighting: a one-off run would pay for the compile (which
+  // probes every node once) without gaining anything from the plan.
+  if (!sp.impl && !sp.failed && sp.seen >= 2) {
+    Model m = model;
+    auto fix = [](ValueInfo& vi, const Shape& shape) {
+      std::vector<Dim> dims(shape.size());
+      for (size_t d = 0; d < shape.size(); ++d) dims[d].value = shape[d];
+      vi.shape = std::move(dims);
+    };
+    for (auto& vi : m.graph.inputs) fix(vi, inputs.at(vi.name).shape());
+    for (auto& vi : m.graph.overridable_inputs) {
+      auto given = inputs.find(vi.name);
+      auto init = m.graph.initializers.find(vi.name);
+      if (given != inputs.end())
+        fix(vi, given->second.shape());
+      else if (!vi.static_shape() && init != m.graph.initializers.end())
+        fix(vi, init->second.shape());
+    }
+    auto spec = std::make_unique<Impl>();
+    spec->options = options;
+    spec->options.shape_specializations = 0;
+    spec->model = std::move(m);
+    try {
+      spec->compile();
+      sp.impl = std::move(spec);
+      ++num_specialized;
+    } catch (const Error&) {
+      // Shapes the model cannot take: the general plan reports the problem when it runs.
+      sp.failed = true;
+    }
+  }
+  Impl* target = sp.impl ? sp.impl.get() : this;
+  while (specializations.size() > size_t(std::max(options.shape_specializations, 1)))
+    specializations.pop_back();
+  return target;
 }
 
 void Session::Impl::eliminate_dead_nodes() {
@@ -857,7 +927,23 @@ std::unique_ptr<Session> Session::compile(Model model, SessionOptions options) {
 
 TensorMap Session::run(const TensorMap& inputs, const std::vector<std::string>& output_names) {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
-  return impl_->run(inputs, output_names);
+  Impl* target = impl_.get();
+  if (impl_->has_symbolic_inputs && impl_->options.shape_specializations > 0) {
+    impl_->validate_inputs(inputs);  // errors name the model's symbolic dims
+    target = impl_->specialization_for(inputs);
+  }
+  impl_->last_used = target;
+  return target->run(inputs, output_names);
+}
+
+int64_t Session::num_specializations() const {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  return impl_->num_specialized;
+}
+
+CompileStats Session::last_run_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  return impl_->last_used ? impl_->last_used->stats : impl_->stats;
 }
 
 const Model& Session::model() const { return impl_->model; }

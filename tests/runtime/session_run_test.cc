@@ -309,3 +309,70 @@ TEST(SessionRun, GraphOutputsMayBeInputsOrInitializers) {
   EXPECT_EQ(x.data<float>()[0], 1);
   EXPECT_EQ(values_of(s->run({{"x", x}}).at("y")), (std::vector<double>{8, 10}));
 }
+
+TEST(SessionRun, RepeatedShapesOfSymbolicInputsGetTheirOwnPlan) {
+  ModelBuilder b;
+  b.input("x", DType::f32, {{"n", 4}}).output("y");
+  b.node("Relu", {"x"}, {"r"});
+  b.node("Shape", {"r"}, {"s"});
+  b.node("Relu", {"r"}, {"r2"});
+  b.node("Relu", {"r2"}, {"r3"});
+  b.node("Reshape", {"r3", "s"}, {"y"});
+  auto check_runs = [&](Session& s, int64_t n) {
+    std::vector<float> xs(static_cast<size_t>(n * 4));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(i % 3) - 1;
+    const int64_t before = test_kernel_calls();
+    const Tensor y = s.run({{"x", f32({n, 4}, xs)}}).at("y");
+    const int64_t calls = test_kernel_calls() - before;
+    EXPECT_EQ(y.shape(), (Shape{n, 4}));
+    const auto ys = values_of(y);
+    for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(ys[i], std::max(0.f, xs[i]));
+    return calls;
+  };
+
+  auto s = Session::compile(b.build(), test_options());
+  EXPECT_EQ(s->stats().memory.planned_values, 0);
+  EXPECT_EQ(check_runs(*s, 2), 5);  // the general plan runs every node
+  EXPECT_EQ(s->num_specializations(), 0);
+  check_runs(*s, 2);  // second sighting of n=2: compiled for it
+  EXPECT_EQ(s->num_specializations(), 1);
+  EXPECT_EQ(check_runs(*s, 2), 4);  // Shape is folded there
+  EXPECT_EQ(s->last_run_stats().folded_nodes, 1);
+  EXPECT_EQ(s->last_run_stats().memory.planned_values, 3);
+  EXPECT_EQ(check_runs(*s, 3), 5);  // another shape: the general plan again
+  EXPECT_EQ(s->last_run_stats().memory.planned_values, 0);
+  EXPECT_EQ(check_runs(*s, 2), 4);
+  // Errors still speak of the model's own dims.
+  EXPECT_EQ(error_of([&] { s->run({{"x", Tensor(DType::f32, {2, 5})}}); }),
+            "input 'x': expected f32[n,4], got f32[2,5]");
+
+  SessionOptions off = test_options();
+  off.shape_specializations = 0;
+  auto general = Session::compile(b.build(), off);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(check_runs(*general, 2), 5);
+  EXPECT_EQ(general->num_specializations(), 0);
+}
+
+TEST(SessionRun, SpecializationsAreBoundedAndRecentlyUsedStay) {
+  ModelBuilder b;
+  b.input("x", DType::f32, {{"n"}}).output("y");
+  b.node("Relu", {"x"}, {"r"});
+  b.node("Relu", {"r"}, {"y"});
+  SessionOptions o = test_options();
+  o.shape_specializations = 2;
+  auto s = Session::compile(b.build(), o);
+  auto run = [&](int64_t n) {
+    const Tensor y = s->run({{"x", Tensor(DType::f32, {n})}}).at("y");
+    EXPECT_EQ(y.shape(), Shape{n});
+  };
+  for (int64_t n : {1, 1, 2, 2}) run(n);
+  EXPECT_EQ(s->num_specializations(), 2);
+  run(1);  // still kept
+  EXPECT_EQ(s->num_specializations(), 2);
+  for (int64_t n : {3, 3}) run(n);  // evicts n=2, the least recently used
+  EXPECT_EQ(s->num_specializations(), 3);
+  run(1);
+  EXPECT_EQ(s->num_specializations(), 3);  // n=1 survived
+  for (int64_t n : {2, 2}) run(n);  // n=2 was evicted: compiled again
+  EXPECT_EQ(s->num_specializations(), 4);
+}

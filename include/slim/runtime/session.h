@@ -19,6 +19,11 @@ struct SessionOptions {
   std::vector<std::string> providers = {"ref"};  // in priority order
   bool fold_constants = true;
   bool plan_memory = true;
+  // A model with symbolic input dims is compiled once more for a concrete set of input
+  // shapes when run() sees those shapes a second time, so folding and the memory plan
+  // also cover it. This many specializations are kept (least recently used goes first);
+  // 0 turns specialization off.
+  int shape_specializations = 4;
 };
 
 struct MemoryPlanStats {
@@ -66,6 +71,10 @@ class Session {
   const Graph& compiled_graph() const;
   // Provider that runs each node of compiled_graph(), index for index.
   const std::vector<std::string>& node_providers() const;
+  // Shape specializations compiled so far (see SessionOptions::shape_specializations),
+  // and the stats of the one the last run used (stats() when it used none).
+  int64_t num_specializations() const;
+  CompileStats last_run_stats() const;
 
   struct Impl;
 
