@@ -1,5 +1,6 @@
 #include "function_inliner.h"
 
+#include <algorithm>
 #include <set>
 
 #include "slim/core/error.h"
@@ -13,6 +14,9 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
 // Bounds nesting of calls; a function that calls itself would otherwise expand forever.
 constexpr int kMaxCallDepth = 64;
+// Bounds the expanded size: calls that fan out at every level grow exponentially, so
+// the size is computed before anything is expanded.
+constexpr int64_t kMaxInlinedNodes = int64_t(1) << 20;
 
 using Key = std::pair<std::string, std::string>;  // (normalized domain, name)
 using Rename = std::map<std::string, std::string>;
@@ -45,6 +49,13 @@ class Inliner {
   }
 
   bool empty() const { return functions_.empty(); }
+
+  // Node count of a graph once every call is expanded, saturating just above the limit.
+  int64_t expanded_size(const onnx::GraphProto& g) {
+    int64_t total = 0;
+    for (const auto& n : g.node()) total = std::min(total + expanded_size(n), kMaxInlinedNodes + 1);
+    return total;
+  }
   const std::map<Key, const onnx::FunctionProto*>& functions() const { return functions_; }
 
   // Replaces each call in `g` (and in its subgraphs) by the function's body.
@@ -66,6 +77,36 @@ class Inliner {
   }
 
  private:
+  int64_t expanded_size(const onnx::NodeProto& n) {
+    auto it = functions_.find({normalized(n.domain()), n.op_type()});
+    if (it != functions_.end()) return expanded_size(*it->second);
+    int64_t total = 1;
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) total += expanded_size(a.g());
+      for (const auto& sub : a.graphs()) total += expanded_size(sub);
+      total = std::min(total, kMaxInlinedNodes + 1);
+    }
+    return total;
+  }
+
+  int64_t expanded_size(const onnx::FunctionProto& fn) {
+    auto [it, inserted] = size_.emplace(&fn, -1);
+    if (!inserted) {
+      check(it->second >= 0, ErrorCode::invalid_model,
+            file_ + ": function " + in_quotes(fn.domain() + "." + fn.name()) +
+                " calls itself (recursive functions cannot be inlined)");
+      return it->second;
+    }
+    check(++depth_ <= kMaxCallDepth, ErrorCode::invalid_model,
+          file_ + ": function " + in_quotes(fn.domain() + "." + fn.name()) + " nests calls more than " +
+              std::to_string(kMaxCallDepth) + " deep");
+    int64_t total = 0;
+    for (const auto& n : fn.node()) total = std::min(total + expanded_size(n), kMaxInlinedNodes + 1);
+    --depth_;
+    size_[&fn] = total;
+    return total;
+  }
+
   std::string fresh(const std::string& base) {
     std::string name = base;
     for (int k = 1; used_.count(name); ++k) name = base + "_" + std::to_string(k);
@@ -182,6 +223,8 @@ class Inliner {
   std::string file_;
   std::map<Key, const onnx::FunctionProto*> functions_;
   std::set<std::string> used_;
+  std::map<const onnx::FunctionProto*, int64_t> size_;  // -1 while being computed
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -190,6 +233,10 @@ void inline_local_functions(onnx::ModelProto& model, std::map<std::string, int64
                             const std::string& file) {
   Inliner inliner(model, file);
   if (inliner.empty()) return;
+  const int64_t nodes = inliner.expanded_size(model.graph());
+  check(nodes <= kMaxInlinedNodes, ErrorCode::resource_exhausted,
+        file + ": inlining the model-local functions would create more than " +
+            std::to_string(kMaxInlinedNodes) + " nodes");
   // Inlined nodes are dispatched with the model's opsets, so a function must agree with
   // the model on every domain both import.
   for (const auto& [key, fn] : inliner.functions())

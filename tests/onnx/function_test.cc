@@ -148,7 +148,7 @@ TEST(OnnxFunctions, BadFunctionsAreInvalid) {
     add_input(g, "x");
     add_node(g, "Loop", {"x"}, {"y"}, "l")->set_domain("com.example");
     add_output(g, "y");
-    expect_load_error(m, ErrorCode::invalid_model, {"test.onnx", "function 'com.example.Loop'", "recursive"});
+    expect_load_error(m, ErrorCode::invalid_model, {"test.onnx", "function 'com.example.Loop' calls itself"});
   }
   {
     auto m = make_model();
@@ -186,4 +186,32 @@ TEST(OnnxFunctions, BadFunctionsAreInvalid) {
     m.mutable_opset_import()->RemoveLast();
     expect_load_error(m, ErrorCode::invalid_model, {"'com.example.ScaledRelu' is defined twice"});
   }
+}
+
+TEST(OnnxFunctions, ExponentialExpansionIsRefused) {
+  // F0 calls F1 twice, F1 calls F2 twice, ...: 2^40 nodes if expanded.
+  auto m = make_model();
+  auto* dom = m.add_opset_import();
+  dom->set_domain("com.example");
+  dom->set_version(1);
+  constexpr int kLevels = 40;
+  for (int level = 0; level < kLevels; ++level) {
+    auto* f = m.add_functions();
+    f->set_domain("com.example");
+    f->set_name("F" + std::to_string(level));
+    f->add_input("A");
+    f->add_output("C");
+    for (auto [in, out] : {std::pair{"A", "B"}, {"B", "C"}}) {
+      auto* n = f->add_node();
+      n->set_op_type(level + 1 < kLevels ? "F" + std::to_string(level + 1) : "Relu");
+      n->set_domain(level + 1 < kLevels ? "com.example" : "");
+      n->add_input(in);
+      n->add_output(out);
+    }
+  }
+  auto* g = m.mutable_graph();
+  add_input(g, "x");
+  add_node(g, "F0", {"x"}, {"y"}, "root")->set_domain("com.example");
+  add_output(g, "y");
+  expect_load_error(m, ErrorCode::resource_exhausted, {"test.onnx", "would create more than"});
 }
