@@ -251,5 +251,28 @@ TEST(TokenPack, RejectsDamagedRankedPayloads) {
   EXPECT_NE(msg.find("truncated"), std::string::npos);
 }
 
+TEST(TokenPack, MutatedStreamsNeverCrash) {
+  // Random damage behind a valid checksum reaches every structural check; each outcome
+  // must be a slim::Error or a stream of IDs, never a crash or a huge allocation.
+  std::mt19937 rng(5);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 500; ++i) ids.push_back(static_cast<int32_t>((rng() % 40) * (rng() % 40)));
+  for (bool zstd : {false, true}) {
+    const auto packed = pack_token_ids(ids, {.zstd = zstd, .zstd_level = 3});
+    for (int round = 0; round < 2000; ++round) {
+      auto p = packed;
+      const int edits = 1 + rng() % 4;
+      for (int e = 0; e < edits; ++e) p[rng() % (p.size() - 4)] = static_cast<uint8_t>(rng());
+      reseal(p);
+      try {
+        const auto got = unpack_token_ids(p);
+        EXPECT_LE(got.size(), 1u << 20);
+      } catch (const Error& e) {
+        EXPECT_NE(e.code(), ErrorCode::internal) << e.what();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace slim::text

@@ -323,6 +323,19 @@ TEST(HfJson, RejectsWhatItCannotReproduce) {
   EXPECT_NE(msg.find("reuses ID 1"), std::string::npos);
 }
 
+TEST(HfJson, TruncatedFilesAreErrorsNotCrashes) {
+  const std::string full = testing::read_text(fixture_dir() + "/bpe_qwen2.json");
+  for (size_t keep = 0; keep < full.size(); keep += 97) {
+    try {
+      Tokenizer::from_hf_json_text(full.substr(0, keep), "cut.json");
+      ADD_FAILURE() << "accepted a file cut at " << keep;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_model);
+      EXPECT_NE(std::string(e.what()).find("cut.json"), std::string::npos);
+    }
+  }
+}
+
 TEST(HfJson, TemplatePostProcessorSetsBos) {
   const std::string json = R"({
     "added_tokens": [{"id": 3, "content": "<s>", "special": true}],
