@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "slim/core/convert.h"
 #include "slim/runtime/kernel.h"
@@ -391,6 +392,30 @@ TEST(RefTensorMisc, IdentityDropoutConstant) {
   EXPECT_EQ(values<float>(run_op("Constant", 13, {}, {{"value", attr_t(x)}})[0]), values<float>(x));
   error_of(ErrorCode::invalid_model, [] { run_op("Constant", 13, {}); });
   error_of(ErrorCode::unsupported, [] { run_op("Constant", 13, {}, {{"value_string", attr_s("a")}}); });
+}
+
+TEST(RefTensorMisc, NonMaxSuppressionGreedyByScore) {
+  // Box 1 overlaps box 0 with IoU 0.9 / 1.1 and scores higher; box 2 is disjoint.
+  const Tensor boxes = tensor<float>({1, 3, 4}, {0, 0, 1, 1, 0, 0.1f, 1, 1.1f, 0, 2, 1, 3});
+  const Tensor scores = tensor<float>({1, 1, 3}, {0.9f, 0.95f, 0.5f});
+  auto run = [&](int64_t max_out, float iou, std::optional<float> score) {
+    std::vector<Tensor> in = {boxes, scores, i64s({max_out}), tensor<float>({1}, {iou})};
+    if (score) in.push_back(tensor<float>({1}, {*score}));
+    return run_op("NonMaxSuppression", 11, in)[0];
+  };
+  Tensor y = run(3, 0.5f, std::nullopt);
+  EXPECT_EQ(y.shape(), (Shape{2, 3}));
+  EXPECT_EQ(values<int64_t>(y), (std::vector<int64_t>{0, 0, 1, 0, 0, 2}));
+  EXPECT_EQ(values<int64_t>(run(3, 0.9f, std::nullopt)), (std::vector<int64_t>{0, 0, 1, 0, 0, 0, 0, 0, 2}));
+  EXPECT_EQ(values<int64_t>(run(3, 0.5f, 0.6f)), (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(values<int64_t>(run(1, 0.5f, std::nullopt)), (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(run(0, 0.5f, std::nullopt).shape(), (Shape{0, 3}));
+  // The same boxes as (x_center, y_center, width, height).
+  const Tensor centred = tensor<float>({1, 3, 4}, {0.5f, 0.5f, 1, 1, 0.6f, 0.5f, 1, 1, 2.5f, 0.5f, 1, 1});
+  EXPECT_EQ(values<int64_t>(run_op("NonMaxSuppression", 11, {centred, scores, i64s({3}), tensor<float>({1}, {0.5f})},
+                                   {{"center_point_box", attr_i(1)}})[0]),
+            (std::vector<int64_t>{0, 0, 1, 0, 0, 2}));
+  error_of(ErrorCode::invalid_argument, [&] { run_op("NonMaxSuppression", 11, {boxes, tensor<float>({1, 1, 2}, {1, 2})}); });
 }
 
 TEST(RefTensorMisc, ExtremeValuesGiveErrorsOrExactResultsNotOverflow) {

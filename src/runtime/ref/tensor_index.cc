@@ -2,6 +2,7 @@
 // NonZero and Unique. Every index read from a tensor is range-checked (negative ones
 // count from the end) before it touches memory.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -429,9 +430,86 @@ class Unique final : public OpKernel {
   int64_t axis_;
 };
 
+// ---------------------------------------------------------------- NonMaxSuppression
+
+// Greedy per-(batch, class) selection in descending score order (ties: lower box index
+// first); a box is dropped when its IoU with an already selected box exceeds the
+// threshold. Output rows are (batch, class, box) in selection order.
+class NonMaxSuppression final : public OpKernel {
+ public:
+  NonMaxSuppression(const Node& node, int64_t) {
+    const int64_t cpb = node.attr_int("center_point_box", 0);
+    if (cpb != 0 && cpb != 1) throw Error(ErrorCode::invalid_model, node.describe() + ": center_point_box must be 0 or 1");
+    center_ = cpb == 1;
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& boxes_t = ctx.required_input(0);
+    const Tensor& scores_t = ctx.required_input(1);
+    if (boxes_t.rank() != 3 || boxes_t.dim(2) != 4 || scores_t.rank() != 3 || scores_t.dim(0) != boxes_t.dim(0) ||
+        scores_t.dim(2) != boxes_t.dim(1))
+      ctx.fail(ErrorCode::invalid_argument, "boxes " + boxes_t.describe() + " and scores " + scores_t.describe() +
+                                                " must be [B,N,4] and [B,C,N]");
+    auto scalar = [&](int i, double def) {
+      const Tensor* t = ctx.input(i);
+      if (!t || t->numel() == 0) return def;
+      if (t->numel() != 1) ctx.fail(ErrorCode::invalid_argument, "input " + std::to_string(i) + " must be a scalar, got " + t->describe());
+      return tensor_to_doubles(*t)[0];
+    };
+    const double max_out_d = scalar(2, 0);
+    const int64_t max_out = max_out_d <= 0 ? 0 : int64_t(std::min(max_out_d, 9.0e18));
+    const double iou_threshold = scalar(3, 0);
+    const bool has_score_threshold = ctx.input(4) && ctx.input(4)->numel() > 0;
+    const double score_threshold = scalar(4, 0);
+    const std::vector<double> boxes = tensor_to_doubles(boxes_t), scores = tensor_to_doubles(scores_t);
+    const int64_t nb = boxes_t.dim(0), nc = scores_t.dim(1), n = boxes_t.dim(1);
+    std::vector<int64_t> rows;
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t c = 0; c < nc; ++c) {
+        const double* sc = scores.data() + (b * nc + c) * n;
+        std::vector<int64_t> order;
+        for (int64_t i = 0; i < n; ++i)
+          if (!has_score_threshold || sc[i] > score_threshold) order.push_back(i);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t bb) { return sc[a] > sc[bb]; });
+        std::vector<int64_t> kept;
+        for (int64_t i : order) {
+          if (int64_t(kept.size()) >= max_out) break;
+          bool keep = true;
+          for (int64_t k : kept)
+            if (iou(boxes.data() + (b * n + i) * 4, boxes.data() + (b * n + k) * 4) > iou_threshold) {
+              keep = false;
+              break;
+            }
+          if (!keep) continue;
+          kept.push_back(i);
+          rows.insert(rows.end(), {b, c, i});
+        }
+      }
+    const int64_t count = int64_t(rows.size() / 3);
+    std::copy(rows.begin(), rows.end(), ctx.output(0, DType::i64, {count, 3}).data<int64_t>());
+  }
+
+ private:
+  // Corners (y1, x1, y2, x2) of a box in either encoding, ordered so y1 <= y2, x1 <= x2.
+  std::array<double, 4> corners(const double* p) const {
+    if (center_) return {p[1] - p[3] / 2, p[0] - p[2] / 2, p[1] + p[3] / 2, p[0] + p[2] / 2};
+    return {std::min(p[0], p[2]), std::min(p[1], p[3]), std::max(p[0], p[2]), std::max(p[1], p[3])};
+  }
+  double iou(const double* a, const double* b) const {
+    const auto ca = corners(a), cb = corners(b);
+    const double ih = std::min(ca[2], cb[2]) - std::max(ca[0], cb[0]);
+    const double iw = std::min(ca[3], cb[3]) - std::max(ca[1], cb[1]);
+    if (ih <= 0 || iw <= 0) return 0;
+    const double inter = ih * iw;
+    const double uni = (ca[2] - ca[0]) * (ca[3] - ca[1]) + (cb[2] - cb[0]) * (cb[3] - cb[1]) - inter;
+    return uni > 0 ? inter / uni : 0;
+  }
+  bool center_ = false;
+};
+
 }  // namespace
 
 void register_tensor_index_kernels(KernelRegistry& r) {
+  r.add({"NonMaxSuppression", "", 10, INT_MAX, factory<NonMaxSuppression>(), {0, 1, 2, 3, 4}});
   r.add({"Gather", "", 1, INT_MAX, factory<Gather>(), {}});
   r.add({"GatherElements", "", 11, INT_MAX, factory<GatherElements>(), {}});
   r.add({"GatherND", "", 11, INT_MAX, factory<GatherND>(), {}});
