@@ -83,3 +83,23 @@ TEST(OnnxPythonFixtures, ExternalDataSavedByOnnx) {
   expect_error([&] { OnnxImporter::load_bytes(bytes.data(), bytes.size(), "mem.onnx", ""); },
                ErrorCode::invalid_model, {"mem.onnx", "external data"});
 }
+
+TEST(OnnxPythonFixtures, ModelLocalFunctionFromOnnxHelper) {
+  Model model = OnnxImporter::load_file((fixtures() / "functions.onnx").string());
+  EXPECT_EQ(model.ir_version, 8);
+  EXPECT_EQ(model.opset("local"), 1);
+  // Two calls of a four-node body (Constant, Mul, Sigmoid, Mul).
+  ASSERT_EQ(model.graph.nodes.size(), 8u);
+  std::vector<std::string> ops;
+  for (const auto& n : model.graph.nodes) ops.push_back(n.op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Constant", "Mul", "Sigmoid", "Mul", "Constant", "Mul",
+                                           "Sigmoid", "Mul"}));
+  EXPECT_EQ(model.graph.nodes[0].name, "g1/Constant_0");
+  EXPECT_FLOAT_EQ(model.graph.nodes[0].attr_float("value_float", 0), 1.702f);
+  EXPECT_FLOAT_EQ(model.graph.nodes[4].attr_float("value_float", 0), 1.5f);
+  EXPECT_EQ(model.graph.nodes[1].inputs, (std::vector<std::string>{"x", "g1/k"}));
+  EXPECT_EQ(model.graph.nodes[3].outputs, std::vector<std::string>{"h"});
+  EXPECT_EQ(model.graph.nodes[5].inputs, (std::vector<std::string>{"h", "g2/k"}));
+  EXPECT_EQ(model.graph.nodes[7].outputs, std::vector<std::string>{"y"});
+  EXPECT_EQ(validate_graph(model.graph, "functions.onnx").size(), 8u);
+}
