@@ -117,6 +117,44 @@ size_t match_llama3(const Cursor& c, size_t pos, size_t max_digits) {
   return m > pos ? m : pos + 1;
 }
 
+bool is_punctuation_or_listed_symbol(uint32_t cp) {
+  switch (cp) {
+    case '$': case '+': case '<': case '=': case '>': case '^': case '~': case '|':
+      return true;
+    default:
+      break;
+  }
+  using unicode::Category;
+  switch (unicode::category(cp)) {
+    case Category::Pc: case Category::Pd: case Category::Pe: case Category::Pf:
+    case Category::Pi: case Category::Po: case Category::Ps:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool ascii_digit(const Cursor& c, size_t i) { return i < c.end && c.at(i) >= '0' && c.at(i) <= '9'; }
+
+// Length of the match of an isolating stage at pos, 0 for none.
+size_t isolated_match(SplitPattern pattern, const Cursor& c, size_t pos) {
+  size_t j = pos;
+  switch (pattern) {
+    case SplitPattern::single_digits:
+      return c.number(pos) ? 1 : 0;
+    case SplitPattern::punctuation_runs:
+      while (j < c.end && is_punctuation_or_listed_symbol(c.at(j))) ++j;
+      return j - pos;
+    case SplitPattern::number_runs:
+      while (c.number(j)) ++j;
+      return j - pos;
+    case SplitPattern::ascii_digit_triples:
+      return ascii_digit(c, pos) && ascii_digit(c, pos + 1) && ascii_digit(c, pos + 2) ? 3 : 0;
+    default:
+      return 0;
+  }
+}
+
 void split_stage(SplitPattern pattern, const std::vector<CodePoint>& cps, size_t begin,
                  size_t end, std::vector<std::pair<size_t, size_t>>& out) {
   Cursor c{cps, end};
@@ -127,13 +165,14 @@ void split_stage(SplitPattern pattern, const std::vector<CodePoint>& cps, size_t
       case SplitPattern::gpt2: next = match_gpt2(c, pos); break;
       case SplitPattern::llama3: next = match_llama3(c, pos, 3); break;
       case SplitPattern::qwen2: next = match_llama3(c, pos, 1); break;
-      case SplitPattern::single_digits: {
-        // Digits stand alone; the text between them stays one piece.
-        if (c.number(pos)) {
-          next = pos + 1;
+      default: {
+        // Matches stand alone; the text between them stays one piece.
+        const size_t m = isolated_match(pattern, c, pos);
+        if (m > 0) {
+          next = pos + m;
         } else {
-          next = pos;
-          while (next < end && !c.number(next)) ++next;
+          next = pos + 1;
+          while (next < end && isolated_match(pattern, c, next) == 0) ++next;
         }
         break;
       }
@@ -148,17 +187,22 @@ void split_stage(SplitPattern pattern, const std::vector<CodePoint>& cps, size_t
 PreTokenizer PreTokenizer::from_name(const std::string& pre, const std::string& source) {
   // Names as llama.cpp's convert script writes tokenizer.ggml.pre; several models share
   // one regex.
-  if (pre.empty() || pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "phi-2" ||
+  if (pre.empty() || pre == "default") {
+    // What llama.cpp does for a BPE vocabulary without (or with the "default") pre name.
+    return PreTokenizer({SplitPattern::punctuation_runs, SplitPattern::gpt2,
+                         SplitPattern::number_runs, SplitPattern::ascii_digit_triples});
+  }
+  if (pre == "gpt-2" || pre == "gpt2" || pre == "phi-2" ||
       pre == "jina-es" || pre == "jina-de" || pre == "jina-v2-es" || pre == "jina-v2-de" ||
       pre == "jina-v2-code" || pre == "olmo" || pre == "mpt" || pre == "roberta-bpe")
     return PreTokenizer({SplitPattern::gpt2});
-  if (pre == "llama-bpe" || pre == "llama3" || pre == "smaug-bpe" || pre == "dbrx" ||
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "smaug-bpe" || pre == "dbrx" ||
       pre == "falcon3")
     return PreTokenizer({SplitPattern::llama3});
   if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "stablelm2" || pre == "hunyuan")
     return PreTokenizer({SplitPattern::qwen2});
   if (pre == "starcoder" || pre == "refact" || pre == "command-r" || pre == "smollm" ||
-      pre == "codeshell")
+      pre == "codeshell" || pre == "exaone" || pre == "minerva-7b")
     return PreTokenizer({SplitPattern::single_digits, SplitPattern::gpt2});
   throw Error(ErrorCode::unsupported,
               source + ": tokenizer pre-tokenizer '" + pre +

@@ -115,6 +115,17 @@ TEST(PreTokenizer, StarcoderIsolatesDigitsFirst) {
   EXPECT_EQ(got, (W{"ab", "1", "2", " cd"}));
 }
 
+TEST(PreTokenizer, LlamaCppDefaultStages) {
+  auto pre = PreTokenizer::from_name("", "test");
+  std::vector<std::string> got;
+  for (auto w : pre.split("Hello, world!! 12345 x+y")) got.emplace_back(w);
+  EXPECT_EQ(got, (W{"Hello", ",", " world", "!!", " ", "123", "45", " x", "+", "y"}));
+  got.clear();
+  for (auto w : PreTokenizer::from_name("gpt-2", "test").split("Hello, world!! 12345 x+y"))
+    got.emplace_back(w);
+  EXPECT_EQ(got, (W{"Hello", ",", " world", "!!", " 12345", " x", "+", "y"}));
+}
+
 TEST(PreTokenizer, UnknownNameIsUnsupported) {
   try {
     PreTokenizer::from_name("made-up", "model.gguf");

@@ -20,6 +20,11 @@ enum class SplitPattern {
   qwen2,
   // \p{N}, each digit its own word (StarCoder-style models run it before gpt2)
   single_digits,
+  // [\p{P}$+<=>^~|]+ ; \p{N}+ ; [0-9]{3} : the stages llama.cpp's "default" pre-tokenizer
+  // runs around the GPT-2 regex. Each isolates its matches; the text between them stays.
+  punctuation_runs,
+  number_runs,
+  ascii_digit_triples,
 };
 
 class PreTokenizer {

@@ -28,8 +28,9 @@ enum class TokenType : int32_t {
 
 struct TokenizerSpec {
   std::string model;  // "llama" (SentencePiece BPE) or "gpt2" (byte-level BPE)
-  // gpt2 pre-tokenizer (tokenizer.ggml.pre): "default", "gpt-2", "llama-bpe"/"llama3",
-  // "qwen2". Empty means "default" (the GPT-2 regex).
+  // gpt2 pre-tokenizer (tokenizer.ggml.pre): "gpt-2", "llama-bpe"/"llama3", "qwen2",
+  // "starcoder"/"smollm" and other llama.cpp names sharing those regexes. Empty or
+  // "default" is llama.cpp's default: punctuation runs, the GPT-2 regex, digit groups.
   std::string pre;
   std::vector<std::string> tokens;    // token text, indexed by ID
   std::vector<float> scores;          // llama: merge priority per token; may be empty for gpt2
