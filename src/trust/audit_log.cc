@@ -231,7 +231,6 @@ AuditVerifyResult verify_audit_log_text(std::string_view text, const std::string
       }
       if (!alg_known) {
         // Peek at the first record's hash algorithm to know the genesis value.
-        AuditRecord probe;
         try {
           Json j = detail::parse_json(line, ctx);
           std::string hex;
