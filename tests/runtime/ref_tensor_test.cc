@@ -440,6 +440,14 @@ TEST(RefTensorMisc, ExtremeValuesGiveErrorsOrExactResultsNotOverflow) {
             (std::vector<int32_t>{INT32_MAX - 3, INT32_MAX - 1}));
   EXPECT_EQ(values<float>(run_op("EyeLike", 9, {tensor<float>({1, 2}, {0, 0})}, {{"k", attr_i(INT64_MAX)}})[0]),
             (std::vector<float>{0, 0}));
+  // Scalars have no axis to concatenate, split, slice, squeeze or gather along.
+  const Tensor s = Tensor::scalar<float>(1);
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Concat", 13, {s, s}, {{"axis", attr_i(0)}}); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Split", 13, {s}, {}, 1); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Slice", 13, {s, i64s({0}), i64s({1})}); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Squeeze", 13, {s, i64s({0})}); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Gather", 13, {s, i64s({0})}); });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("Compress", 11, {s, tensor<bool>({1}, {true})}, {{"axis", attr_i(0)}}); });
 }
 
 }  // namespace

@@ -64,6 +64,7 @@ ParamIndex param_index(const KernelContext& ctx, const Tensor& x, const Tensor& 
   if (opset < 13 || scale.rank() != 1)
     ctx.fail(ErrorCode::invalid_argument, "scale " + scale.describe() + " must be a scalar" +
                                               std::string(opset >= 13 ? " or 1-D" : ""));
+  if (x.rank() == 0) ctx.fail(ErrorCode::invalid_argument, "per-axis scale " + scale.describe() + " for a scalar input");
   const int axis = normalize_axis(ctx, axis_attr, x.rank());
   if (x.shape()[size_t(axis)] != scale.numel())
     ctx.fail(ErrorCode::invalid_argument, "scale " + scale.describe() + " does not match axis " + std::to_string(axis) + " of " + x.describe());

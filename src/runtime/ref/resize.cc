@@ -102,6 +102,7 @@ class Resize final : public OpKernel {
     } else {
       std::vector<bool> seen(size_t(r), false);
       for (int64_t a : axes_) {
+        if (r == 0) ctx.fail(ErrorCode::invalid_argument, "axes given for a scalar");
         const int d = normalize_axis(ctx, a, r);
         if (seen[size_t(d)]) ctx.fail(ErrorCode::invalid_argument, "axes repeat axis " + std::to_string(d));
         seen[size_t(d)] = true;

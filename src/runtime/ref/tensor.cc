@@ -38,6 +38,12 @@ int64_t checked_add(const KernelContext& ctx, int64_t a, int64_t b) {
   return r;
 }
 
+// normalize_axis for an axis that must exist: scalars have none.
+int existing_axis(const KernelContext& ctx, int64_t axis, int rank) {
+  if (rank == 0) ctx.fail(ErrorCode::invalid_argument, "axis " + std::to_string(axis) + " given for a scalar");
+  return normalize_axis(ctx, axis, rank);
+}
+
 // Block sizes are squared and multiplied into shapes; anything this large is malformed.
 constexpr int64_t kMaxBlockSize = int64_t(1) << 20;
 
@@ -143,7 +149,7 @@ class Concat final : public OpKernel {
       if (const Tensor* t = ctx.input(i)) ins.push_back(t);
     if (ins.empty()) ctx.fail(ErrorCode::invalid_model, "needs at least one input");
     const Tensor& first = *ins[0];
-    const int axis = normalize_axis(ctx, axis_, first.rank());
+    const int axis = existing_axis(ctx, axis_, first.rank());
     Shape out_shape = first.shape();
     out_shape[size_t(axis)] = 0;
     for (const Tensor* t : ins) {
@@ -187,7 +193,7 @@ class Split final : public OpKernel {
   }
   void compute(KernelContext& ctx) const override {
     const Tensor& x = ctx.required_input(0);
-    const int axis = normalize_axis(ctx, axis_, x.rank());
+    const int axis = existing_axis(ctx, axis_, x.rank());
     const int64_t dim = x.shape()[size_t(axis)];
     const int n = ctx.num_outputs();
     std::vector<int64_t> sizes = split_attr_;
@@ -273,7 +279,7 @@ class Slice final : public OpKernel {
     int64_t offset = 0;
     std::vector<bool> seen(size_t(x.rank()), false);
     for (size_t i = 0; i < starts.size(); ++i) {
-      const int a = normalize_axis(ctx, axes[i], x.rank());
+      const int a = existing_axis(ctx, axes[i], x.rank());
       if (seen[size_t(a)]) ctx.fail(ErrorCode::invalid_argument, "axis " + std::to_string(a) + " repeats in axes");
       seen[size_t(a)] = true;
       const int64_t dim = x.shape()[size_t(a)];
@@ -400,7 +406,7 @@ class Pad final : public OpKernel {
                                                 std::to_string(2 * axes.size()) + " values for input " + x.describe());
     std::vector<int64_t> begin(size_t(r), 0), end(size_t(r), 0);
     for (size_t i = 0; i < axes.size(); ++i) {
-      const int a = normalize_axis(ctx, axes[i], r);
+      const int a = existing_axis(ctx, axes[i], r);
       begin[size_t(a)] = pads[i];
       end[size_t(a)] = pads[i + axes.size()];
     }
@@ -485,7 +491,7 @@ class Squeeze final : public OpKernel {
       for (int d = 0; d < x.rank(); ++d) drop[size_t(d)] = x.shape()[size_t(d)] == 1;
     } else {
       for (int64_t a : axes) {
-        const int d = normalize_axis(ctx, a, x.rank());
+        const int d = existing_axis(ctx, a, x.rank());
         if (x.shape()[size_t(d)] != 1)
           ctx.fail(ErrorCode::invalid_argument, "cannot squeeze axis " + std::to_string(a) + " of " +
                                                     x.describe() + ": its size is not 1");
@@ -814,7 +820,7 @@ class Compress final : public OpKernel {
     if (cond_t.rank() != 1) ctx.fail(ErrorCode::invalid_argument, "condition " + cond_t.describe() + " is not 1-D");
     const std::vector<int64_t> cond = tensor_to_int64s(cond_t);
     if (!has_axis_) x = x.reshape({x.numel()});
-    const int axis = normalize_axis(ctx, axis_, x.rank());
+    const int axis = existing_axis(ctx, axis_, x.rank());
     const int64_t dim = x.shape()[size_t(axis)];
     if (int64_t(cond.size()) > dim)
       ctx.fail(ErrorCode::invalid_argument, "condition " + cond_t.describe() + " is longer than axis " +
