@@ -614,8 +614,19 @@ TEST(RefMathRegistry, OpsetRangesAndShapeInputs) {
   EXPECT_TRUE(r.find("ReduceSum", "", 11)->shape_inputs.empty());
   EXPECT_EQ(r.find("ReduceMax", "", 18)->shape_inputs, std::vector<int>{1});
   EXPECT_EQ(r.find("TopK", "", 11)->shape_inputs, std::vector<int>{1});
-  EXPECT_EQ(r.find("Gelu", "", 17), nullptr);
-  EXPECT_NE(r.find("Gelu", "", 20), nullptr);
+  // First opset of each op whose introduction is later than 1 (from the ONNX operator docs).
+  const std::pair<const char*, int64_t> since[] = {
+      {"Gelu", 20}, {"Mish", 18}, {"BitwiseAnd", 18}, {"GroupNormalization", 18}, {"LayerNormalization", 17},
+      {"CastLike", 15}, {"HardSwish", 14}, {"NegativeLogLikelihoodLoss", 12}, {"SoftmaxCrossEntropyLoss", 12},
+      {"Einsum", 12}, {"Celu", 12}, {"LessOrEqual", 12}, {"CumSum", 11}, {"Det", 11}, {"Round", 11},
+      {"BitShift", 11}, {"Mod", 10}, {"MatMulInteger", 10}, {"IsInf", 10}, {"ThresholdedRelu", 10},
+      {"Erf", 9}, {"Sign", 9}, {"Where", 9}, {"IsNaN", 9}, {"Shrink", 9}, {"Asinh", 9},
+      {"MeanVarianceNormalization", 9}, {"Sin", 7}};
+  for (const auto& [op, first] : since) {
+    EXPECT_EQ(r.find(op, "", first - 1), nullptr) << op;
+    EXPECT_NE(r.find(op, "", first), nullptr) << op;
+    EXPECT_NE(r.find(op, "", 21), nullptr) << op;
+  }
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ KernelDef nll_kernel() {
       nll_into(ctx, at, tensor_to_doubles(x), x.shape(), ctx.required_input(1), ctx.input(2), x.dtype());
     });
   };
-  return KernelDef{"NegativeLogLikelihoodLoss", "", 13, INT_MAX, f, {}};
+  return KernelDef{"NegativeLogLikelihoodLoss", "", 12, INT_MAX, f, {}};
 }
 
 // SoftmaxCrossEntropyLoss = NLL of LogSoftmax over the class axis (1); the optional
