@@ -394,6 +394,18 @@ TEST(RefTensorMisc, IdentityDropoutConstant) {
   error_of(ErrorCode::unsupported, [] { run_op("Constant", 13, {}, {{"value_string", attr_s("a")}}); });
 }
 
+TEST(RefTensorShapeOps, CosineWindows) {
+  // Periodic Hann of 4: 0.5 - 0.5 cos(pi n / 2); symmetric of 3 divides by 2 instead.
+  expect_near_all(values<float>(run_op("HannWindow", 17, {Tensor::scalar<int32_t>(4)})[0]), {0, 0.5f, 1, 0.5f});
+  expect_near_all(values<float>(run_op("HannWindow", 17, {Tensor::scalar<int64_t>(3)}, {{"periodic", attr_i(0)}})[0]), {0, 1, 0});
+  // Blackman of 4: 0.42 - 0.5 cos(pi n / 2) + 0.08 cos(pi n).
+  expect_near_all(values<float>(run_op("BlackmanWindow", 17, {Tensor::scalar<int32_t>(4)})[0]), {0, 0.34f, 1, 0.34f});
+  const auto h = run_op("HammingWindow", 17, {Tensor::scalar<int32_t>(2)}, {{"output_datatype", attr_i(11)}});
+  EXPECT_EQ(h[0].dtype(), DType::f64);
+  EXPECT_NEAR(values<double>(h[0])[1], 25.0 / 46 + 21.0 / 46, 1e-12);
+  error_of(ErrorCode::invalid_argument, [] { run_op("HannWindow", 17, {Tensor::scalar<int32_t>(-1)}); });
+}
+
 TEST(RefTensorMisc, NonMaxSuppressionGreedyByScore) {
   // Box 1 overlaps box 0 with IoU 0.9 / 1.1 and scores higher; box 2 is disjoint.
   const Tensor boxes = tensor<float>({1, 3, 4}, {0, 0, 1, 1, 0, 0.1f, 1, 1.1f, 0, 2, 1, 3});
