@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "forest/walk.h"
 
@@ -15,58 +16,92 @@ namespace {
 
 constexpr int kInterleave = 4;
 
+// Rows come column-major in blocks of kColRows (xt[f * kColRows + r]), so the first two
+// levels, where every lane tests one of at most two features, read a feature with plain
+// vector loads instead of a gather.
+constexpr int kColRows = 64;
+
 template <typename T, int V>
-__attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest& cf, const float* x,
-                                                           int64_t n, int64_t r0, T* acc) {
-  const int32_t F = int32_t(cf.num_features());
+__attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest& cf, const float* xt,
+                                                           int64_t local0, int64_t n, int64_t r0, T* acc) {
   const uint32_t* packed = cf.packed();
   const float* thr = cf.threshold();
   const int32_t* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i row_off = _mm512_mullo_epi32(lane, _mm512_set1_epi32(F));
   const __m512i feat_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
   const __m512i dl_bit = _mm512_set1_epi32(int32_t(kNodeDefaultLeft));
   const __m512i leaf_bit = _mm512_set1_epi32(int32_t(kNodeLeaf));
   const __m512i one = _mm512_set1_epi32(1);
-  const float* xb[V];
-  for (int v = 0; v < V; ++v) xb[v] = x + (r0 + 16 * v) * F;
+  __m512i lane_v[V];
+  for (int v = 0; v < V; ++v) lane_v[v] = _mm512_add_epi32(lane, _mm512_set1_epi32(int32_t(local0 + 16 * v)));
   const uint32_t T_ = cf.num_trees();
   for (uint32_t t = 0; t < T_; ++t) {
-    // The first 32 nodes of the tree (its top levels in breadth-first order) sit in
-    // registers; while every lane is among them, a two-table permute replaces the three
-    // node gathers.
     const uint32_t root = cf.tree_root()[t];
-    const uint32_t size = (t + 1 < T_ ? cf.tree_root()[t + 1] : cf.num_nodes()) - root;
-    const __mmask16 m0 = __mmask16(size >= 16 ? 0xffffu : (1u << size) - 1);
-    const __mmask16 m1 = __mmask16(size >= 32 ? 0xffffu : size <= 16 ? 0u : (1u << (size - 16)) - 1);
-    const __m512i p_lo = _mm512_maskz_loadu_epi32(m0, packed + root);
-    const __m512i p_hi = _mm512_maskz_loadu_epi32(m1, packed + root + 16);
-    const __m512 t_lo = _mm512_maskz_loadu_ps(m0, thr + root);
-    const __m512 t_hi = _mm512_maskz_loadu_ps(m1, thr + root + 16);
-    const __m512i l_lo = _mm512_maskz_loadu_epi32(m0, left + root);
-    const __m512i l_hi = _mm512_maskz_loadu_epi32(m1, left + root + 16);
-    const __m512i root_v = _mm512_set1_epi32(int32_t(root));
-    const __m512i in_regs = _mm512_set1_epi32(int32_t(std::min<uint32_t>(size, 32)));
-    __m512i idx[V];
-    for (int v = 0; v < V; ++v) idx[v] = root_v;
     const uint32_t depth = cf.tree_depth()[t];
-    for (uint32_t d = 0; d < depth; ++d) {
+    __m512i idx[V];
+    __mmask16 went_right[V];
+    const uint32_t p0 = packed[root];
+    if (depth == 0) {
+      for (int v = 0; v < V; ++v) idx[v] = _mm512_set1_epi32(int32_t(root));
+    } else {
+      // Level 0: every lane is at the root.
+      const float* col = xt + size_t(p0 & kNodeFeatureMask) * kColRows + local0;
+      const __m512 th0 = _mm512_set1_ps(thr[root]);
+      const __m512i l0 = _mm512_set1_epi32(left[root]);
+      const bool dl0 = p0 & kNodeDefaultLeft;
+      for (int v = 0; v < V; ++v) {
+        const __m512 xv = _mm512_loadu_ps(col + 16 * v);
+        const __mmask16 lt = _mm512_cmp_ps_mask(xv, th0, _CMP_LT_OQ);
+        const __mmask16 nan = dl0 ? _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q) : __mmask16(0);
+        went_right[v] = __mmask16(~(lt | nan));
+        idx[v] = _mm512_mask_add_epi32(l0, went_right[v], l0, one);
+      }
+    }
+    // The first 64 nodes of the tree (its top levels in breadth-first order) sit in
+    // registers; while every lane is among them, permutes replace the three node gathers.
+    const uint32_t size = (t + 1 < T_ ? cf.tree_root()[t + 1] : cf.num_nodes()) - root;
+    __m512i p_tab[4], l_tab[4];
+    __m512 t_tab[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t lo = 16u * uint32_t(k);
+      const __mmask16 m = __mmask16(size >= lo + 16 ? 0xffffu : size <= lo ? 0u : (1u << (size - lo)) - 1);
+      p_tab[k] = _mm512_maskz_loadu_epi32(m, packed + root + lo);
+      t_tab[k] = _mm512_maskz_loadu_ps(m, thr + root + lo);
+      l_tab[k] = _mm512_maskz_loadu_epi32(m, left + root + lo);
+    }
+    const __m512i root_v = _mm512_set1_epi32(int32_t(root));
+    const __m512i in_regs = _mm512_set1_epi32(int32_t(std::min<uint32_t>(size, 64)));
+    const __m512i bit5 = _mm512_set1_epi32(32);
+    // Level 1 lanes stand on the root's two children: two columns, blended.
+    const uint32_t l_root = uint32_t(left[root]);
+    const float* col_a = xt + size_t(packed[depth ? l_root : root] & kNodeFeatureMask) * kColRows + local0;
+    const float* col_b = xt + size_t(packed[depth ? l_root + 1 : root] & kNodeFeatureMask) * kColRows + local0;
+    for (uint32_t d = 1; d < depth; ++d) {
       for (int v = 0; v < V; ++v) {
         const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
         __m512i p, l;
         __m512 th;
         if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
-          p = _mm512_permutex2var_epi32(p_lo, rel, p_hi);
-          th = _mm512_permutex2var_ps(t_lo, rel, t_hi);
-          l = _mm512_permutex2var_epi32(l_lo, rel, l_hi);
+          const __mmask16 upper = _mm512_test_epi32_mask(rel, bit5);
+          p = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(p_tab[0], rel, p_tab[1]),
+                                      _mm512_permutex2var_epi32(p_tab[2], rel, p_tab[3]));
+          th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
+                                    _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
+          l = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(l_tab[0], rel, l_tab[1]),
+                                      _mm512_permutex2var_epi32(l_tab[2], rel, l_tab[3]));
         } else {
           p = _mm512_i32gather_epi32(idx[v], packed, 4);
           th = _mm512_i32gather_ps(idx[v], thr, 4);
           l = _mm512_i32gather_epi32(idx[v], left, 4);
         }
-        const __m512i xi = _mm512_add_epi32(row_off, _mm512_and_si512(p, feat_mask));
-        const __m512 xv = _mm512_i32gather_ps(xi, xb[v], 4);
+        __m512 xv;
+        if (d == 1) {
+          xv = _mm512_mask_blend_ps(went_right[v], _mm512_loadu_ps(col_a + 16 * v), _mm512_loadu_ps(col_b + 16 * v));
+        } else {
+          const __m512i xi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(p, feat_mask), 6), lane_v[v]);
+          xv = _mm512_i32gather_ps(xi, xt, 4);
+        }
         const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
         const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
         const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
@@ -94,9 +129,22 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
 template <typename T>
 __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf, const float* x,
                                                        int64_t n, T* acc) {
+  const int64_t F = cf.num_features();
+  // Column index feat * kColRows + row must fit the gather's int32 index.
+  if (F * kColRows >= (int64_t(1) << 31)) return 0;
+  thread_local std::vector<float> xt;
+  xt.resize(size_t(F) * kColRows);
   int64_t r = 0;
-  for (; r + 16 * kInterleave <= n; r += 16 * kInterleave) avx512_rows<T, kInterleave>(cf, x, n, r, acc);
-  for (; r + 16 <= n; r += 16) avx512_rows<T, 1>(cf, x, n, r, acc);
+  for (int64_t c0 = 0; c0 + 16 <= n; c0 += kColRows) {
+    const int64_t rows = std::min<int64_t>(kColRows, n - c0) & ~int64_t(15);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows + i)] = x[(c0 + i) * F + f];
+    int64_t k = 0;
+    for (; k + 16 * kInterleave <= rows; k += 16 * kInterleave)
+      avx512_rows<T, kInterleave>(cf, xt.data(), k, n, c0 + k, acc);
+    for (; k + 16 <= rows; k += 16) avx512_rows<T, 1>(cf, xt.data(), k, n, c0 + k, acc);
+    r = c0 + rows;
+  }
   return r;
 }
 

@@ -140,7 +140,8 @@ TEST(ForestExactness, XGBoostMatchesItsOwnPredictions) {
 TEST(ForestExactness, LightGBMMatchesTheReferenceEvaluator) {
   const std::string dir = fixture_dir("forest_lgbm_fixtures.py");
   const auto names = fixture_names(dir);
-  ASSERT_GE(names.size(), 5u);
+  ASSERT_GE(names.size(), 7u);
+  int simd_models = 0;
   for (const auto& name : names) {
     SCOPED_TRACE(name);
     Case c = load_case(dir, name, ".txt");
@@ -150,7 +151,9 @@ TEST(ForestExactness, LightGBMMatchesTheReferenceEvaluator) {
     CompiledForest cf = compile_forest(f);
     EXPECT_EQ(check_forest(cf, c, name), 0);
     check_slimf_round_trips(cf, c);
+    simd_models += !(cf.header().flags & (kHasCategorical | kHasZeroMissing));
   }
+  EXPECT_GE(simd_models, 2);  // the double-sum SIMD walks are exercised too
 }
 
 TEST(ForestExactness, XGBoostCategoricalSendsListedCategoriesRight) {
