@@ -423,47 +423,117 @@ inline __m256i dot_i8_vnni(__m256i a, __m256i b) {
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
 }
 
-float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
-  const auto* w = static_cast<const BlockQ8_0*>(vw);
-  const auto* x = static_cast<const BlockQ8_0*>(vx);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+// Tiles of NR weight rows x NT activation rows. Each (row, token) pair has its own
+// accumulator and sees the same instructions in the same order whatever the tile shape,
+// so batched prefill and one-token decode give bit-identical results. dpbusd multiplies
+// unsigned by signed bytes: activations are offset by 128 and 128 x the weight sum is
+// taken back (Q8_0), or the 4-bit codes stay unsigned and 8 x the activation sum is
+// taken back (Q4_0).
+template <int NR, int NT>
+void tile_q8_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
+                      int64_t ldy) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m256i k80 = _mm256_set1_epi8(char(0x80));
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i wv[NR], wsum[NR];
+    float wd[NR];
+    for (int r = 0; r < NR; ++r) {
+      const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + i;
+      wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+      wsum[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k80, wv[r]);
+      wd[r] = _cvtsh_ss(b->d);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* c = reinterpret_cast<const BlockQ8_0*>(x + t * xs) + i;
+      const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c->qs)), k80);
+      const float xd = _cvtsh_ss(c->d);
+      for (int r = 0; r < NR; ++r) {
+        const __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), xu, wv[r]), wsum[r]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd[r] * xd), _mm256_cvtepi32_ps(p), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum_ps_v(acc[r][t]);
+}
+
+template <int NR, int NT>
+void tile_q4_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
+                      int64_t ldy) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), k8 = _mm256_set1_epi8(8);
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i q[NR];
+    float wd[NR];
+    for (int r = 0; r < NR; ++r) {
+      const BlockQ4_0* b = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + i;
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+      q[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
+      wd[r] = _cvtsh_ss(b->d);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* c = reinterpret_cast<const BlockQ8_0*>(x + t * xs) + i;
+      const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c->qs));
+      const __m256i ysum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k8, yv);
+      const float xd = _cvtsh_ss(c->d);
+      for (int r = 0; r < NR; ++r) {
+        const __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q[r], yv), ysum);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd[r] * xd), _mm256_cvtepi32_ps(p), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum_ps_v(acc[r][t]);
+}
+
+#define SLIM_TILE_SWITCH(fn)                                                         \
+  switch (nr * 8 + nt) {                                                             \
+    case 8 + 1: return fn<1, 1>(nb, w, ws, x, xs, y, ldy);                           \
+    case 8 + 2: return fn<1, 2>(nb, w, ws, x, xs, y, ldy);                           \
+    case 8 + 3: return fn<1, 3>(nb, w, ws, x, xs, y, ldy);                           \
+    case 8 + 4: return fn<1, 4>(nb, w, ws, x, xs, y, ldy);                           \
+    case 16 + 1: return fn<2, 1>(nb, w, ws, x, xs, y, ldy);                          \
+    case 16 + 2: return fn<2, 2>(nb, w, ws, x, xs, y, ldy);                          \
+    case 16 + 3: return fn<2, 3>(nb, w, ws, x, xs, y, ldy);                          \
+    case 16 + 4: return fn<2, 4>(nb, w, ws, x, xs, y, ldy);                          \
+    case 24 + 1: return fn<3, 1>(nb, w, ws, x, xs, y, ldy);                          \
+    case 24 + 2: return fn<3, 2>(nb, w, ws, x, xs, y, ldy);                          \
+    case 24 + 3: return fn<3, 3>(nb, w, ws, x, xs, y, ldy);                          \
+    case 24 + 4: return fn<3, 4>(nb, w, ws, x, xs, y, ldy);                          \
+    case 32 + 1: return fn<4, 1>(nb, w, ws, x, xs, y, ldy);                          \
+    case 32 + 2: return fn<4, 2>(nb, w, ws, x, xs, y, ldy);                          \
+    case 32 + 3: return fn<4, 3>(nb, w, ws, x, xs, y, ldy);                          \
+    case 32 + 4: return fn<4, 4>(nb, w, ws, x, xs, y, ldy);                          \
+    default: return;                                                                 \
+  }
+
+void tile_q8_0_vnni(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,
+                    float* y, int64_t ldy) {
   const int64_t nb = n / 32;
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i + 1].qs));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d)),
-                           _mm256_cvtepi32_ps(dot_i8_vnni(a0, b0)), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i + 1].d) * _cvtsh_ss(x[i + 1].d)),
-                           _mm256_cvtepi32_ps(dot_i8_vnni(a1, b1)), acc1);
-  }
-  for (; i < nb; ++i) {
-    const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d)),
-                           _mm256_cvtepi32_ps(dot_i8_vnni(a0, b0)), acc0);
-  }
-  return hsum_ps_v(_mm256_add_ps(acc0, acc1));
+  SLIM_TILE_SWITCH(tile_q8_0_vnni_t)
+}
+
+void tile_q4_0_vnni(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,
+                    float* y, int64_t ldy) {
+  const int64_t nb = n / 32;
+  SLIM_TILE_SWITCH(tile_q4_0_vnni_t)
+}
+#undef SLIM_TILE_SWITCH
+
+float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
+  float y;
+  tile_q8_0_vnni_t<1, 1>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0, &y, 0);
+  return y;
 }
 
 float dot_q4_0_vnni(int64_t n, const void* vw, const void* vx) {
-  const auto* w = static_cast<const BlockQ4_0*>(vw);
-  const auto* x = static_cast<const BlockQ8_0*>(vx);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / 32; ++i) {
-    // Unsigned nibbles against signed activations, minus 8 x the activation sum: no sign trick.
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].qs));
-    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
-    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, y);
-    const __m256i ysum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), y);
-    s = _mm256_sub_epi32(s, ysum);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d)), _mm256_cvtepi32_ps(s), acc);
-  }
-  return hsum_ps_v(acc);
+  float y;
+  tile_q4_0_vnni_t<1, 1>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0, &y, 0);
+  return y;
 }
 
 float dot_q4_k_vnni(int64_t n, const void* vw, const void* vx) {
@@ -518,6 +588,8 @@ KernelSet select_kernels() {
       k.dot_q8_0 = dot_q8_0_vnni;
       k.dot_q4_0 = dot_q4_0_vnni;
       k.dot_q4_k = dot_q4_k_vnni;
+      k.tile_q8_0 = tile_q8_0_vnni;
+      k.tile_q4_0 = tile_q4_0_vnni;
     }
   }
   return k;

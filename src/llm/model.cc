@@ -290,12 +290,24 @@ struct MatmulJob {
   float* y;
   int64_t ldy;
   DotFn dot;
+  TileFn tile;
   int threads;
 };
 
 void run_matmul_slot(const MatmulJob& j, int slot) {
   int64_t r0, r1;
   split_range(j.w->rows, j.threads, slot, 4, &r0, &r1);
+  if (j.tile) {
+    // 16 rows stay in L1 while every token passes them in tiles of 4 x 4.
+    for (int64_t rb = r0; rb < r1; rb += 16) {
+      const int64_t re = std::min(r1, rb + 16);
+      for (int t = 0; t < j.n; t += 4)
+        for (int64_t r = rb; r < re; r += 4)
+          j.tile(j.w->cols, j.w->data + r * j.w->row_bytes, j.w->row_bytes, int(std::min<int64_t>(4, re - r)),
+                 j.act + t * j.act_stride, j.act_stride, std::min(4, j.n - t), j.y + t * j.ldy + r, j.ldy);
+    }
+    return;
+  }
   constexpr int64_t kRowTile = 8;
   for (int64_t rb = r0; rb < r1; rb += kRowTile) {
     const int64_t re = std::min(r1, rb + kRowTile);
@@ -352,7 +364,8 @@ void LlamaContext::eval_batch(const int32_t* tokens, int n) {
       s.act_src = src;
       s.act_type = at;
     }
-    MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, dot_fn(*s.k, w.type), T};
+    TileFn tile = w.type == GgmlType::q8_0 ? s.k->tile_q8_0 : w.type == GgmlType::q4_0 ? s.k->tile_q4_0 : nullptr;
+    MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, dot_fn(*s.k, w.type), tile, T};
     const MatmulJob* jp = &job;
     pool.parallel_for(T, [jp](int64_t b, int64_t e) {
       for (int64_t slot = b; slot < e; ++slot) run_matmul_slot(*jp, int(slot));

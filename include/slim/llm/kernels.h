@@ -19,6 +19,12 @@ int64_t act_row_bytes(ActType type, int64_t n);
 // Dot product of n weights (a row of the weight's type) with n activations.
 using DotFn = float (*)(int64_t n, const void* w, const void* x);
 
+// y[t * ldy + r] = dot(weight row r, activation row t) for a tile of nr <= 4 weight rows
+// (stride ws bytes) and nt <= 4 activation rows (stride xs bytes); results are identical
+// to the single dot of the same kernel set.
+using TileFn = void (*)(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,
+                        float* y, int64_t ldy);
+
 struct KernelSet {
   const char* isa;
   DotFn dot_f32, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q4_k, dot_q6_k;
@@ -27,6 +33,7 @@ struct KernelSet {
   // y[i] += a * f16(x[i])
   void (*axpy_f16)(int64_t n, float a, const uint16_t* x, float* y);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int64_t n);
+  TileFn tile_q8_0 = nullptr, tile_q4_0 = nullptr;  // where the ISA has a tiled kernel
 };
 
 const KernelSet& kernels();              // best for this CPU
