@@ -747,10 +747,13 @@ void Session::Impl::validate_inputs(const TensorMap& inputs) const {
   for (const auto& [name, t] : inputs) {
     auto it = declared.find(name);
     if (it == declared.end()) {
-      std::vector<std::string> names;
+      std::vector<std::string> names, optional;
       for (const auto& vi : graph.inputs) names.push_back(vi.name);
+      for (const auto& vi : graph.overridable_inputs) optional.push_back(vi.name);
       throw Error(ErrorCode::invalid_argument,
-                  "unknown input '" + name + "' (model inputs: " + join(names) + ")");
+                  "unknown input '" + name + "' (model inputs: " + join(names) +
+                      (optional.empty() ? "" : "; overridable initializers: " + join(optional)) +
+                      ")");
     }
     const ValueInfo& vi = *it->second;
     if (!t.defined())
@@ -928,7 +931,9 @@ std::unique_ptr<Session> Session::compile(Model model, SessionOptions options) {
 TensorMap Session::run(const TensorMap& inputs, const std::vector<std::string>& output_names) {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
   Impl* target = impl_.get();
-  if (impl_->has_symbolic_inputs && impl_->options.shape_specializations > 0) {
+  const SessionOptions& o = impl_->options;
+  if (impl_->has_symbolic_inputs && o.shape_specializations > 0 &&
+      (o.fold_constants || o.plan_memory)) {
     impl_->validate_inputs(inputs);  // errors name the model's symbolic dims
     target = impl_->specialization_for(inputs);
   }

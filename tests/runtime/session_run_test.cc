@@ -94,6 +94,8 @@ TEST(SessionRun, OverridableInitializersMayBeGivenOrNot) {
             (std::vector<double>{10, 10, 0}));
   EXPECT_EQ(error_of([&] { s->run({{"x", x}, {"w", f32({2}, {0, 0})}}); }),
             "input 'w': expected f32[3], got f32[2]");
+  EXPECT_EQ(error_of([&] { s->run({{"x", x}, {"v", f32({3}, {0, 0, 0})}}); }),
+            "unknown input 'v' (model inputs: x; overridable initializers: w)");
 }
 
 TEST(SessionRun, ReturnsRequestedOutputsOnly) {
