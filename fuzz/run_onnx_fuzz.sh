@@ -17,6 +17,7 @@ if [ -z "$(ls -A "$work/seeds")" ] && [ -d /usr/share/libonnx-testdata/data/node
   /usr/bin/python3 tests/fixtures/make_onnx_importer_fixtures.py "$work/fixtures" >/dev/null
   cp "$work/fixtures/external/model.onnx" "$work/seeds/external.onnx"
   cp "$work/fixtures/encodings.onnx" "$work/seeds/encodings.onnx"
+  cp "$work/fixtures/functions.onnx" "$work/seeds/functions.onnx"
 fi
 "$build/fuzz/onnx_import_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=32768 \
   -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work/corpus" "$work/seeds"

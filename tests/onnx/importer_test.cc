@@ -792,6 +792,14 @@ TEST(OnnxImporter, GarbageAndTruncatedBytes) {
   expect_load_error(no_graph, ErrorCode::invalid_model, {"has no graph"});
 }
 
+TEST(OnnxImporter, OverTwoGiBInOneMessageIsRefusedBeforeReading) {
+  // Only the size is looked at: protobuf cannot parse a message this large, and the
+  // error says how such models are stored instead.
+  const char byte = 0;
+  expect_error([&] { OnnxImporter::load_bytes(&byte, size_t(1) << 31, "huge.onnx", ""); },
+               ErrorCode::invalid_model, {"huge.onnx", "2 GiB", "external data"});
+}
+
 TEST(OnnxImporter, MissingFileIsNotFound) {
   expect_error([] { OnnxImporter::load_file("/nonexistent/slim/model.onnx"); }, ErrorCode::not_found,
                {"/nonexistent/slim/model.onnx"});

@@ -128,8 +128,9 @@ TEST(OnnxTestData, EveryBackendModelLoadsOrIsUnsupported) {
           Tensor t = read_tensor_pb(pb.path().string());
           // ONNX 1.12 wrote bfloat16 test data as uint16 tensors (numpy has no bfloat16).
           const bool bf16_as_u16 = values[index].dtype == DType::bf16 && t.dtype() == DType::u16;
-          if (values[index].dtype && !bf16_as_u16)
+          if (values[index].dtype && !bf16_as_u16) {
             EXPECT_EQ(t.dtype(), *values[index].dtype) << pb.path();
+          }
           ++tensors;
         } catch (const Error& e) {
           if (e.code() != ErrorCode::unsupported) failures.push_back(e.what());
