@@ -226,33 +226,46 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
   const __m512i leaf_bit = _mm512_set1_epi32(int32_t(kNodeLeaf));
   const __m512i one = _mm512_set1_epi32(1);
   const uint32_t T_ = cf.num_trees();
-  alignas(64) T vals[16];
-  for (uint32_t t0 = 0; t0 < T_; t0 += 16) {
-    const uint32_t cnt = std::min<uint32_t>(16, T_ - t0);
-    const __mmask16 live = __mmask16((1u << cnt) - 1);
-    __m512i idx = _mm512_maskz_loadu_epi32(live, roots + t0);
+  // Two vectors (32 trees) per pass: the walks are chains of dependent loads, and more
+  // independent chains in flight hide more of the cache-miss latency of large forests.
+  constexpr int kVecs = 2;
+  alignas(64) T vals[16 * kVecs];
+  for (uint32_t t0 = 0; t0 < T_; t0 += 16 * kVecs) {
+    const uint32_t cnt = std::min<uint32_t>(16 * kVecs, T_ - t0);
+    __mmask16 live[kVecs];
+    __m512i idx[kVecs];
+    for (int v = 0; v < kVecs; ++v) {
+      const uint32_t lo = 16u * uint32_t(v);
+      live[v] = __mmask16(cnt >= lo + 16 ? 0xffffu : cnt <= lo ? 0u : (1u << (cnt - lo)) - 1);
+      idx[v] = _mm512_maskz_loadu_epi32(live[v], roots + t0 + lo);
+    }
     uint32_t depth = 0;
     for (uint32_t k = 0; k < cnt; ++k) depth = std::max(depth, depths[t0 + k]);
     for (uint32_t d = 0; d < depth; ++d) {
-      const __m512i p = _mm512_i32gather_epi32(idx, packed, 4);
-      const __m512 th = _mm512_i32gather_ps(idx, thr, 4);
-      const __m512i l = _mm512_i32gather_epi32(idx, left, 4);
-      const __m512 xv = _mm512_i32gather_ps(_mm512_and_si512(p, feat_mask), row, 4);
-      const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
-      const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
-      const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
-      const __mmask16 leaf = _mm512_test_epi32_mask(p, leaf_bit);
-      idx = _mm512_mask_add_epi32(l, __mmask16(~(lt | (nan & dl) | leaf)), l, one);
+      for (int v = 0; v < kVecs; ++v) {
+        const __m512i p = _mm512_i32gather_epi32(idx[v], packed, 4);
+        const __m512 th = _mm512_i32gather_ps(idx[v], thr, 4);
+        const __m512i l = _mm512_i32gather_epi32(idx[v], left, 4);
+        const __m512 xv = _mm512_i32gather_ps(_mm512_and_si512(p, feat_mask), row, 4);
+        const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
+        const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
+        const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
+        const __mmask16 leaf = _mm512_test_epi32_mask(p, leaf_bit);
+        idx[v] = _mm512_mask_add_epi32(l, __mmask16(~(lt | (nan & dl) | leaf)), l, one);
+      }
     }
-    // Lanes past the last tree walked tree 0 for a depth that is not its own, so they
-    // may not stand on a leaf: they read leaf 0 instead of an arbitrary index.
-    const __m512i li = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx,
-                                                   reinterpret_cast<const int32_t*>(thr), 4);
-    if constexpr (std::is_same_v<T, float>) {
-      _mm512_store_ps(vals, _mm512_i32gather_ps(li, leaves, 4));
-    } else {
-      _mm512_store_pd(vals, _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8));
-      _mm512_store_pd(vals + 8, _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8));
+    for (int v = 0; v < kVecs; ++v) {
+      // Lanes past the last tree walked tree 0 for a depth that is not its own, so they
+      // may not stand on a leaf: they read leaf 0 instead of an arbitrary index.
+      const __m512i li = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[v], idx[v],
+                                                     reinterpret_cast<const int32_t*>(thr), 4);
+      T* out = vals + 16 * v;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_store_ps(out, _mm512_i32gather_ps(li, leaves, 4));
+      } else {
+        _mm512_store_pd(out, _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8));
+        _mm512_store_pd(out + 8, _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8));
+      }
     }
     if (one_group) {
       T a = acc[0];
