@@ -4,11 +4,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <onnx/onnx_pb.h>
 
-#include <charconv>
 #include <climits>
-#include <cstring>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <set>
 
@@ -39,7 +36,9 @@ std::string type_proto_name(const onnx::TypeProto& type, int depth = 0) {
   if (depth > 32) return "?";
   switch (type.value_case()) {
     case onnx::TypeProto::kTensorType:
-      return onnx_elem_type_name(type.tensor_type().elem_type());
+      // A plain tensor value is named by its element type; nested, ONNX's own spelling.
+      return depth == 0 ? onnx_elem_type_name(type.tensor_type().elem_type())
+                        : "tensor(" + onnx_elem_type_name(type.tensor_type().elem_type()) + ")";
     case onnx::TypeProto::kSequenceType:
       return "seq(" + type_proto_name(type.sequence_type().elem_type(), depth + 1) + ")";
     case onnx::TypeProto::kMapType:

@@ -545,7 +545,7 @@ TEST(OnnxImporter, NonTensorValueTypesKeepTheirOnnxType) {
   add_output(g, "n", {}, TP::INT64);
   add_output(g, "y", {2}, TP::STRING);
   Model model = load(m);
-  EXPECT_EQ(model.graph.inputs[0].onnx_type, "seq(int64)");
+  EXPECT_EQ(model.graph.inputs[0].onnx_type, "seq(tensor(int64))");
   EXPECT_FALSE(model.graph.inputs[0].dtype);
   EXPECT_EQ(model.graph.inputs[1].onnx_type, "string");
   EXPECT_FALSE(model.graph.inputs[1].dtype);
