@@ -91,7 +91,7 @@ void compile_cmd(const CompileOptions& o) {
   const CompiledForest original = compile_forest(f);
   SlimfEncoding enc = SlimfEncoding::plain;
   if (o.prune_gain > 0 || o.prune_tree_eps > 0) {
-    slim::check(!slimf_in || o.prune_tree_eps > 0 && o.prune_gain == 0, ErrorCode::invalid_argument,
+    slim::check(!slimf_in || (o.prune_tree_eps > 0 && o.prune_gain == 0), ErrorCode::invalid_argument,
                 o.model + ": --prune-gain needs the source model (a .slimf keeps no split gains)");
     PruneStats ps;
     f = prune_forest(f, {o.prune_gain, o.prune_tree_eps}, &ps);
