@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "slim/core/npy.h"
@@ -24,11 +25,25 @@ inline std::string tmp_dir() {
   return d;
 }
 
+// The source tree: $SLIM_SOURCE_DIR, else the CMAKE_HOME_DIRECTORY of the CMakeCache.txt
+// above the test binary (ctest does not always pass every variable of a test's ENVIRONMENT).
+inline std::string source_dir() {
+  if (const char* v = std::getenv("SLIM_SOURCE_DIR"); v && *v) return v;
+  namespace fs = std::filesystem;
+  for (fs::path d = fs::canonical("/proc/self/exe").parent_path(); !d.empty() && d != d.root_path();
+       d = d.parent_path()) {
+    std::ifstream cache(d / "CMakeCache.txt");
+    for (std::string line; std::getline(cache, line);)
+      if (line.rfind("CMAKE_HOME_DIRECTORY:INTERNAL=", 0) == 0) return line.substr(line.find('=') + 1);
+  }
+  return ".";
+}
+
 // Directory with the generated GGUF fixtures and their NumPy references.
 inline const std::string& fixture_dir() {
   static const std::string dir = [] {
     namespace fs = std::filesystem;
-    const std::string src = env_or("SLIM_SOURCE_DIR", ".");
+    const std::string src = source_dir();
     const std::string script = src + "/tests/fixtures/make_gguf.py";
     const std::string stamp = std::to_string(fs::last_write_time(script).time_since_epoch().count());
     const std::string out = tmp_dir() + "/llm_fixtures_" + stamp;
