@@ -4,11 +4,13 @@
 
 #include <cstring>
 #include <fstream>
+#include <random>
 
 #include "llm_test_util.h"
 #include "slim/core/error.h"
 #include "slim/llm/gguf.h"
 #include "slim/llm/gguf_tokenizer.h"
+#include "slim/llm/model.h"
 
 namespace slim::llm {
 namespace {
@@ -188,6 +190,36 @@ TEST(Gguf, TruncationAtEveryLengthIsAnError) {
     write_all(p, std::vector<uint8_t>(good.begin(), good.begin() + long(n)));
     EXPECT_THROW(GgufFile::open(p), Error) << "length " << n;
   }
+}
+
+// Random corruption of the header, metadata and tensor infos must end in a slim::Error or
+// a model that loads; never a crash (run under the sanitizers in CI builds with SLIM_SANITIZE).
+TEST(Gguf, RandomCorruptionNeverCrashes) {
+  const std::vector<uint8_t> good = read_all(fixture("qwen2_q4_k.gguf"));
+  auto g = GgufFile::open(fixture("qwen2_q4_k.gguf"));
+  // The header ends where the data section starts: the first tensor's data.
+  const size_t header_end = size_t(g->tensor_data(g->tensors()[0]) - g->file().data());
+  std::mt19937 rng(123);
+  const std::string p = tmp_dir() + "/llm_fuzz.gguf";
+  int loaded = 0, rejected = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<uint8_t> b = good;
+    const int flips = 1 + int(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = rng() % header_end;
+      b[at] = (rng() % 2) ? uint8_t(rng()) : uint8_t(b[at] ^ (1u << (rng() % 8)));
+    }
+    if (rng() % 8 == 0) b.resize(rng() % b.size());
+    write_all(p, b);
+    try {
+      LlamaModel::load(p);
+      ++loaded;
+    } catch (const Error&) {
+      ++rejected;
+    }
+  }
+  EXPECT_EQ(loaded + rejected, 300);
+  EXPECT_GT(rejected, 0);
 }
 
 TEST(Gguf, TokenizerSpecFromMetadata) {
