@@ -130,8 +130,9 @@ template <typename T>
 __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf, const float* x,
                                                        int64_t n, T* acc) {
   const int64_t F = cf.num_features();
-  // Column index feat * kColRows + row must fit the gather's int32 index.
-  if (F * kColRows >= (int64_t(1) << 31)) return 0;
+  // The column block must stay small (it lives in L1/L2 next to the tree); very wide
+  // inputs take the scalar walk.
+  if (F > 4096) return 0;
   thread_local std::vector<float> xt;
   xt.resize(size_t(F) * kColRows);
   int64_t r = 0;
