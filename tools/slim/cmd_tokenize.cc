@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "commands.h"
@@ -28,6 +29,8 @@ struct TokenizeArgs {
   std::string unpack;
   bool no_zstd = false;
   int level = 19;
+  bool decode = false;
+  bool skip_special = false;
 };
 
 std::string read_file(const std::string& path) {
@@ -142,11 +145,40 @@ void run_tokenize(TokenizeArgs& a) {
     const auto ids = text::unpack_token_ids(
         {reinterpret_cast<const uint8_t*>(data.data()), data.size()}, a.unpack);
     if (tok && !a.ids_only) {
-      std::cout << tok->decode(ids);
+      std::cout << tok->decode(ids, a.skip_special);
       std::cout.flush();
     } else {
       print_ids(ids);
     }
+    return;
+  }
+
+  if (a.decode) {
+    std::string text;
+    if (!a.file.empty()) {
+      if (!rest.empty()) throw Error(ErrorCode::invalid_argument, "give IDs or --file, not both");
+      text = read_file(a.file);
+    } else {
+      for (const auto& r : rest) text += r + " ";
+    }
+    std::vector<int32_t> ids;
+    std::istringstream in(text);
+    std::string word;
+    while (in >> word) {
+      size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(word, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != word.size() || v < std::numeric_limits<int32_t>::min() ||
+          v > std::numeric_limits<int32_t>::max())
+        throw Error(ErrorCode::invalid_argument, "--decode: '" + word + "' is not a token ID");
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    std::cout << tok->decode(ids, a.skip_special);
+    std::cout.flush();
     return;
   }
 
@@ -212,6 +244,10 @@ void add_tokenize(CLI::App& app) {
   cmd->add_option("--unpack", args->unpack,
                   "Read a packed file; print its IDs, or its text when a tokenizer is given");
   cmd->add_flag("--no-zstd", args->no_zstd, "Pack without zstd");
+  cmd->add_flag("--decode", args->decode,
+                "Decode: the TEXT arguments (or --file) are token IDs; print their text");
+  cmd->add_flag("--skip-special", args->skip_special,
+                "When decoding, leave out control tokens (BOS, EOS, ...)");
   cmd->add_option("--level", args->level, "zstd level for --pack")->check(CLI::Range(1, 22));
   cmd->callback([args] { run_tokenize(*args); });
 }
