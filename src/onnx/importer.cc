@@ -55,7 +55,7 @@ std::string type_proto_name(const onnx::TypeProto& type, int depth = 0) {
   }
 }
 
-ValueInfo convert_value_info(const onnx::ValueInfoProto& p, const std::string& where) {
+ValueInfo convert_value_info(const onnx::ValueInfoProto& p) {
   ValueInfo v;
   v.name = p.name();
   if (!p.has_type()) return v;
@@ -69,10 +69,9 @@ ValueInfo convert_value_info(const onnx::ValueInfoProto& p, const std::string& w
   for (const auto& d : tt.shape().dim()) {
     Dim dim;
     if (d.value_case() == onnx::TensorShapeProto::Dimension::kDimValue) {
-      check(d.dim_value() >= 0, ErrorCode::invalid_model,
-            where + ": value " + in_quotes(v.name) + " has negative dimension " +
-                std::to_string(d.dim_value()));
-      dim.value = d.dim_value();
+      // Some converters write -1 for "any size"; a type annotation is only a hint, so a
+      // negative dim is read as unknown rather than refusing the model.
+      if (d.dim_value() >= 0) dim.value = d.dim_value();
     } else if (d.value_case() == onnx::TensorShapeProto::Dimension::kDimParam) {
       dim.param = d.dim_param();
     }
@@ -249,15 +248,15 @@ void convert_graph(onnx::GraphProto& p, Graph& g, LoadContext& ctx, const std::s
     // Before IR version 4 every initializer had to be listed as an input too; such an
     // input is a default the caller may replace.
     if (g.initializers.count(vi.name()))
-      g.overridable_inputs.push_back(convert_value_info(vi, where));
+      g.overridable_inputs.push_back(convert_value_info(vi));
     else
-      g.inputs.push_back(convert_value_info(vi, where));
+      g.inputs.push_back(convert_value_info(vi));
   }
   for (const auto& vi : p.output()) {
     check(!vi.name().empty(), ErrorCode::invalid_model, where + ": a graph output has no name");
-    g.outputs.push_back(convert_value_info(vi, where));
+    g.outputs.push_back(convert_value_info(vi));
   }
-  for (const auto& vi : p.value_info()) g.value_info.push_back(convert_value_info(vi, where));
+  for (const auto& vi : p.value_info()) g.value_info.push_back(convert_value_info(vi));
 
   std::set<std::string> names;
   for (const auto& np : p.node())

@@ -488,6 +488,7 @@ TEST(OnnxImporter, InputsOutputsSymbolicDimsAndOverridableInputs) {
   shape->add_dim()->set_dim_param("batch");
   shape->add_dim()->set_dim_value(3);
   shape->add_dim();  // neither value nor name: unknown
+  shape->add_dim()->set_dim_value(-1);  // "any size" from some converters: unknown
   add_input(g, "bias", {3});
   add_initializer(g, "bias", {3}, {1, 2, 3});
   add_initializer(g, "scale", {3}, {4, 5, 6});
@@ -501,13 +502,14 @@ TEST(OnnxImporter, InputsOutputsSymbolicDimsAndOverridableInputs) {
   EXPECT_EQ(xi.dtype, DType::f32);
   EXPECT_EQ(xi.onnx_type, "float");
   ASSERT_TRUE(xi.shape);
-  ASSERT_EQ(xi.shape->size(), 3u);
+  ASSERT_EQ(xi.shape->size(), 4u);
   EXPECT_EQ((*xi.shape)[0].param, "batch");
   EXPECT_FALSE((*xi.shape)[0].is_fixed());
   EXPECT_EQ((*xi.shape)[1].value, 3);
   EXPECT_FALSE((*xi.shape)[2].is_fixed());
   EXPECT_EQ((*xi.shape)[2].param, "");
-  EXPECT_EQ(xi.describe(), "f32[batch,3,?]");
+  EXPECT_FALSE((*xi.shape)[3].is_fixed());
+  EXPECT_EQ(xi.describe(), "f32[batch,3,?,?]");
   EXPECT_FALSE(xi.static_shape());
   ASSERT_EQ(model.graph.overridable_inputs.size(), 1u);
   EXPECT_EQ(model.graph.overridable_inputs[0].name, "bias");
