@@ -185,7 +185,9 @@ TEST(AuditLog, EveryTruncationIsRejectedOrAConsistentPrefix) {
     AuditVerifyResult r = verify_audit_log_text(std::string_view(text).substr(0, n), "cut");
     const bool at_boundary = text[n - 1] == '\n';
     EXPECT_EQ(r.ok, at_boundary) << n << ": " << r.error;
-    if (!at_boundary) EXPECT_TRUE(r.torn_tail) << n;
+    if (!at_boundary) {
+      EXPECT_TRUE(r.torn_tail) << n;
+    }
   }
 }
 

@@ -20,8 +20,7 @@ struct CliResult {
 class TrustCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* bin = std::getenv("SLIM_BINARY_DIR");
-    slim_ = fs::path(bin ? bin : "build") / "tools" / "slim";
+    slim_ = binary_dir() / "tools" / "slim";
     if (!fs::exists(slim_)) GTEST_SKIP() << "slim binary not built: " << slim_;
     dir_ = scratch_dir("cli");
   }

@@ -311,8 +311,7 @@ TEST(ModelSigning, MalformedBundlesAreClearErrors) {
 TEST(ModelSigning, InteropWithPythonReference) {
   if (run_shell("/usr/bin/python3 -c 'import cryptography' 2>/dev/null") != 0)
     GTEST_SKIP() << "python3-cryptography not installed";
-  const char* src = std::getenv("SLIM_SOURCE_DIR");
-  const std::string script = std::string(src ? src : ".") + "/tests/fixtures/trust_oms_reference.py";
+  const std::string script = (source_dir() / "tests/fixtures/trust_oms_reference.py").string();
   ASSERT_TRUE(fs::exists(script)) << script;
   for (KeyAlg alg : {KeyAlg::ecdsa_p256, KeyAlg::ed25519}) {
     fs::path model = make_model(std::string(key_alg_name(alg)));

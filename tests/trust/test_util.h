@@ -25,6 +25,22 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
   return dir;
 }
 
+// The source tree: SLIM_SOURCE_DIR when set, else found from this header's own path
+// (ctest's ENVIRONMENT may carry only the first of several variables).
+inline std::filesystem::path source_dir() {
+  if (const char* s = std::getenv("SLIM_SOURCE_DIR")) return s;
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+}
+
+// The build tree: SLIM_BINARY_DIR when set, else two levels above the test binary
+// (BUILD/src/slim_trust_tests).
+inline std::filesystem::path binary_dir() {
+  if (const char* b = std::getenv("SLIM_BINARY_DIR")) return b;
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path("build") : exe.parent_path().parent_path();
+}
+
 inline void write_file(const std::filesystem::path& p, const std::string& data) {
   std::filesystem::create_directories(p.parent_path());
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
