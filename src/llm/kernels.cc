@@ -576,26 +576,50 @@ KernelSet make_scalar() {
           f32_to_f16_row_scalar};
 }
 
-KernelSet select_kernels() {
+bool cpu_has_avx2() {
   __builtin_cpu_init();
-  KernelSet k = make_scalar();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    k = {"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
-         dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2};
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw")) {
-      k.isa = "avx512vnni";
-      k.dot_q8_0 = dot_q8_0_vnni;
-      k.dot_q4_0 = dot_q4_0_vnni;
-      k.dot_q4_k = dot_q4_k_vnni;
-      k.tile_q8_0 = tile_q8_0_vnni;
-      k.tile_q4_0 = tile_q4_0_vnni;
-    }
-  }
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_vnni() {
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw");
+}
+
+KernelSet make_avx2() {
+  return {"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
+          dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2};
+}
+
+KernelSet make_vnni() {
+  KernelSet k = make_avx2();
+  k.isa = "avx512vnni";
+  k.dot_q8_0 = dot_q8_0_vnni;
+  k.dot_q4_0 = dot_q4_0_vnni;
+  k.dot_q4_k = dot_q4_k_vnni;
+  k.tile_q8_0 = tile_q8_0_vnni;
+  k.tile_q4_0 = tile_q4_0_vnni;
   return k;
 }
 
+KernelSet select_kernels() {
+  if (cpu_has_vnni()) return make_vnni();
+  if (cpu_has_avx2()) return make_avx2();
+  return make_scalar();
+}
+
 }  // namespace
+
+const std::vector<const KernelSet*>& available_kernel_sets() {
+  static const std::vector<const KernelSet*> sets = [] {
+    static const KernelSet avx2 = make_avx2(), vnni = make_vnni();
+    std::vector<const KernelSet*> v{&scalar_kernels()};
+    if (cpu_has_avx2()) v.push_back(&avx2);
+    if (cpu_has_vnni()) v.push_back(&vnni);
+    return v;
+  }();
+  return sets;
+}
 
 const KernelSet& kernels() {
   static const KernelSet k = select_kernels();

@@ -143,6 +143,44 @@ TEST(Kernels, SimdMatchesScalar) {
   }
 }
 
+TEST(Kernels, EveryAvailableIsaMatchesScalar) {
+  const KernelSet& ref = scalar_kernels();
+  const int64_t n = 256 * 4;
+  for (const KernelSet* k : available_kernel_sets()) {
+    for (GgmlType t : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_k,
+                       GgmlType::q6_k}) {
+      const ActType at = act_type_for(t);
+      // 5 weight rows and 6 activation rows, to cover partial tiles.
+      std::vector<uint8_t> w(size_t(ggml_row_bytes(t, n) * 5)), x(size_t(act_row_bytes(at, n) * 6));
+      for (int r = 0; r < 5; ++r)
+        quantize_row(t, random_floats(size_t(n), 50 + r, 0.2f).data(), w.data() + r * ggml_row_bytes(t, n), n);
+      for (int r = 0; r < 6; ++r)
+        quantize_act_row(*k, at, random_floats(size_t(n), 80 + r).data(), x.data() + r * act_row_bytes(at, n), n);
+      for (int r = 0; r < 5; ++r)
+        for (int c = 0; c < 6; ++c) {
+          const uint8_t* wr = w.data() + r * ggml_row_bytes(t, n);
+          const uint8_t* xc = x.data() + c * act_row_bytes(at, n);
+          const float a = dot_fn(*k, t)(n, wr, xc), b = dot_fn(ref, t)(n, wr, xc);
+          EXPECT_NEAR(a, b, 1e-5 * (std::fabs(b) + 1.0)) << k->isa << " " << ggml_type_name(uint32_t(t));
+        }
+      TileFn tile = t == GgmlType::q8_0 ? k->tile_q8_0 : t == GgmlType::q4_0 ? k->tile_q4_0 : nullptr;
+      if (!tile) continue;
+      // Tiles give exactly the single dot's result, whatever their shape.
+      for (int nr = 1; nr <= 4; ++nr)
+        for (int nt = 1; nt <= 4; ++nt) {
+          float y[4 * 4];
+          tile(n, w.data() + ggml_row_bytes(t, n), ggml_row_bytes(t, n), nr, x.data() + act_row_bytes(at, n),
+               act_row_bytes(at, n), nt, y, 4);
+          for (int r = 0; r < nr; ++r)
+            for (int c = 0; c < nt; ++c)
+              EXPECT_EQ(y[c * 4 + r], dot_fn(*k, t)(n, w.data() + (r + 1) * ggml_row_bytes(t, n),
+                                                   x.data() + (c + 1) * act_row_bytes(at, n)))
+                  << k->isa << " tile " << nr << "x" << nt;
+        }
+    }
+  }
+}
+
 TEST(Kernels, Q8KActivationsMatchGgmlDefinition) {
   std::vector<float> x = random_floats(256, 5);
   x[17] = -9.0f;  // the value of largest magnitude maps to -127 (iscale = -127 / max)

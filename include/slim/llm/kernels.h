@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "slim/llm/ggml_types.h"
 
@@ -38,6 +39,8 @@ struct KernelSet {
 
 const KernelSet& kernels();              // best for this CPU
 const KernelSet& scalar_kernels();       // for tests: the reference the others must match
+// Every kernel set this CPU can run, scalar first (for tests and benchmarks).
+const std::vector<const KernelSet*>& available_kernel_sets();
 DotFn dot_fn(const KernelSet& k, GgmlType weight);
 void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n);
 
