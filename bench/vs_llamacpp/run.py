@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--skip-1b", action="store_true")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--decode", type=int, default=128, help="decode tokens per run")
+    ap.add_argument("--only", default="", help="run only models whose label contains this text")
     a = ap.parse_args()
     ensure_node_llama_cpp()
     os.makedirs(WORK, exist_ok=True)
@@ -88,16 +90,18 @@ def main():
     print("%-22s %3s | %10s %10s %6s | %10s %10s %6s" % ("model", "thr", "slim pp", "llama pp", "ratio",
                                                          "slim tg", "llama tg", "ratio"))
     for name, path in models:
+        if a.only and a.only not in name:
+            continue
         for t in map(int, a.threads.split(",")):
-            sp, sd = slim_speed(a.slim, path, t, tokens_file, 128, a.repeats)
-            lp, ld = llama_speed(path, t, tokens_json, 128, a.repeats)
+            sp, sd = slim_speed(a.slim, path, t, tokens_file, a.decode, a.repeats)
+            lp, ld = llama_speed(path, t, tokens_json, a.decode, a.repeats)
             row = dict(model=name, threads=t, slim_prefill=statistics.median(sp), llama_prefill=statistics.median(lp),
                        slim_decode=statistics.median(sd), llama_decode=statistics.median(ld))
             rows.append(row)
             print("%-22s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f" % (
                 name, t, row["slim_prefill"], row["llama_prefill"], row["slim_prefill"] / row["llama_prefill"],
                 row["slim_decode"], row["llama_decode"], row["slim_decode"] / row["llama_decode"]), flush=True)
-    print("(tokens/s, medians of %d runs; pp = prefill of 512 tokens, tg = decode of 128 tokens)" % a.repeats)
+    print("(tokens/s, medians of %d runs; pp = prefill of 512 tokens, tg = decode of %d tokens)" % (a.repeats, a.decode))
 
     # Greedy agreement on the shared model.
     g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", SHARED, "The PostgreSQL server",
