@@ -215,7 +215,8 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
   for (uint32_t t = 0; t < h.num_trees; ++t) {
     const uint32_t begin = root[t];
     const uint32_t end = t + 1 < h.num_trees ? root[t + 1] : h.num_nodes;
-    if (begin >= end || (t == 0 && begin != 0)) throw bad("tree " + std::to_string(t) + " has a bad node range");
+    if (begin >= end || end > h.num_nodes || (t == 0 && begin != 0))
+      throw bad("tree " + std::to_string(t) + " has a bad node range");
     if (group[t] >= h.num_groups) throw bad("tree " + std::to_string(t) + " group out of range");
     uint32_t deepest = 0;
     for (uint32_t i = begin; i < end; ++i) {

@@ -181,8 +181,9 @@ Forest decode_compact(const uint8_t* data, size_t size, const std::string& where
   if (coff[0] != 0 || coff.back() != h.num_category_words) throw bad("category offsets do not span the words");
   std::vector<uint32_t> cwords(h.num_category_words);
   for (auto& v : cwords) v = r.get<uint32_t>();
-  for (uint32_t c = 0; c < h.num_category_sets; ++c) {
+  for (uint32_t c = 0; c < h.num_category_sets; ++c)
     if (coff[c] > coff[c + 1]) throw bad("category offsets are not increasing");
+  for (uint32_t c = 0; c < h.num_category_sets; ++c) {
     f.category_sets.push_back({std::vector<uint32_t>(cwords.begin() + coff[c], cwords.begin() + coff[c + 1])});
   }
   const uint32_t N = h.num_nodes;
