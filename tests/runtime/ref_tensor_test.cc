@@ -452,6 +452,12 @@ TEST(RefTensorMisc, ExtremeValuesGiveErrorsOrExactResultsNotOverflow) {
             (std::vector<int32_t>{INT32_MAX - 3, INT32_MAX - 1}));
   EXPECT_EQ(values<float>(run_op("EyeLike", 9, {tensor<float>({1, 2}, {0, 0})}, {{"k", attr_i(INT64_MAX)}})[0]),
             (std::vector<float>{0, 0}));
+  // An empty tensor may not have dims whose product overflows (its strides would).
+  const Tensor empty(DType::f32, {0});
+  error_of(ErrorCode::invalid_argument, [&] {
+    run_op("Reshape", 14, {empty, i64s({0, int64_t(1) << 40, int64_t(1) << 40})}, {{"allowzero", attr_i(1)}});
+  });
+  error_of(ErrorCode::invalid_argument, [&] { run_op("ConstantOfShape", 9, {i64s({0, int64_t(1) << 40, int64_t(1) << 40})}); });
   // Scalars have no axis to concatenate, split, slice, squeeze or gather along.
   const Tensor s = Tensor::scalar<float>(1);
   error_of(ErrorCode::invalid_argument, [&] { run_op("Concat", 13, {s, s}, {{"axis", attr_i(0)}}); });

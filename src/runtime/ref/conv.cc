@@ -303,6 +303,7 @@ class Conv final : public OpKernel {
     const std::vector<double> bv = bias_values(ctx, 2, g.m);
     Shape out_shape{g.n, g.m};
     out_shape.insert(out_shape.end(), g.out.begin(), g.out.end());
+    check_output_shape(ctx, out_shape);
     std::vector<double> y(size_t(shape_numel(out_shape)));
     const double* b = bv.empty() ? nullptr : bv.data();
     if (transposed_) conv_transposed(g, xv.data(), wv.data(), b, y.data());

@@ -280,6 +280,7 @@ class MaxUnpool final : public OpKernel {
       for (size_t d = 2; ok && d < out_shape.size(); ++d) ok = out_shape[d] >= pooled[d];
       if (!ok) ctx.fail(ErrorCode::invalid_argument, "output_shape " + shape_str(out_shape) + " does not fit input " + x.describe());
     }
+    check_output_shape(ctx, out_shape);
     Tensor& out = ctx.output(0, x.dtype(), out_shape);
     std::memset(out.raw_data(), 0, out.nbytes());
     const std::vector<int64_t> idx = tensor_to_int64s(ind);

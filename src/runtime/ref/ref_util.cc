@@ -66,4 +66,12 @@ std::vector<int64_t> broadcast_index_map(const Shape& in, const Shape& out) {
   return map;
 }
 
+void check_output_shape(const KernelContext& ctx, const Shape& shape) {
+  int64_t acc = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(acc, std::max<int64_t>(d, 1), &acc))
+      ctx.fail(ErrorCode::invalid_argument, "output shape " + shape_str(shape) + " is not a valid tensor shape");
+  }
+}
+
 }  // namespace slim::ref

@@ -25,4 +25,9 @@ std::vector<int64_t> broadcast_index_map(const Shape& in, const Shape& out);
 // Strides (in elements) of `in` broadcast to `out`: 0 on broadcast dims.
 Shape broadcast_strides(const Shape& in, const Shape& out);
 
+// Fails (invalid_argument naming the node) unless `shape` is a shape a tensor can have:
+// no negative dim and no overflow in its element count or its strides. Empty tensors
+// count too, since their strides multiply the other dims.
+void check_output_shape(const KernelContext& ctx, const Shape& shape);
+
 }  // namespace slim::ref

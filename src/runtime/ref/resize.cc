@@ -176,6 +176,7 @@ class Resize final : public OpKernel {
       }
     }
 
+    check_output_shape(ctx, out_shape);
     std::vector<AxisTaps> plan(static_cast<size_t>(r));
     for (int d = 0; d < r; ++d)
       plan[size_t(d)] = axis_taps(x.shape()[size_t(d)], out_shape[size_t(d)], scale[size_t(d)],

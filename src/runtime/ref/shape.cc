@@ -61,6 +61,7 @@ class ConstantOfShape final : public OpKernel {
     const std::vector<int64_t> dims = tensor_to_int64s(shape_t);
     for (int64_t d : dims)
       if (d < 0) ctx.fail(ErrorCode::invalid_argument, "shape " + shape_str(dims) + " has a negative dim");
+    check_output_shape(ctx, dims);
     Tensor& out = ctx.output(0, value_.dtype(), dims);
     const size_t es = out.element_size();
     char* o = static_cast<char*>(out.raw_data());

@@ -94,6 +94,7 @@ class Reshape final : public OpKernel {
                                                   " for input " + data.describe());
       out[size_t(infer)] = data.numel() / known;
     }
+    check_output_shape(ctx, out);
     if (shape_numel(out) != data.numel())
       ctx.fail(ErrorCode::invalid_argument, "cannot reshape " + data.describe() + " to " +
                                                 shape_str(out) + " (from shape " + ints_str(spec) + ")");
@@ -322,6 +323,7 @@ void expand(KernelContext& ctx) {
   for (int64_t d : spec)
     if (d < 0) ctx.fail(ErrorCode::invalid_argument, "shape " + ints_str(spec) + " has a negative dim");
   const Shape out_shape = broadcast_shapes(ctx, {x.shape(), Shape(spec)});
+  check_output_shape(ctx, out_shape);
   Tensor& out = ctx.output(0, x.dtype(), out_shape);
   if (out.numel() == 0) return;
   out.copy_from(x.view(out_shape, broadcast_strides(x.shape(), out_shape), 0));
@@ -337,6 +339,7 @@ void tile(KernelContext& ctx) {
     if (reps[i] < 0) ctx.fail(ErrorCode::invalid_argument, "repeats " + ints_str(reps) + " has a negative count");
     out_shape[i] = checked_mul(ctx, out_shape[i], reps[i]);
   }
+  check_output_shape(ctx, out_shape);
   Tensor& out = ctx.output(0, x.dtype(), out_shape);
   if (out.numel() == 0) return;
   // Each combination of repetition indices is one copy of x at a shifted offset.
@@ -442,6 +445,7 @@ class Pad final : public OpKernel {
         src[size_t(d)][size_t(k)] = i;
       }
     }
+    check_output_shape(ctx, out_shape);
     Tensor& out = ctx.output(0, x.dtype(), out_shape);
     const int64_t total = out.numel();
     if (total == 0) return;

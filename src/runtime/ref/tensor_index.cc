@@ -100,6 +100,7 @@ class Gather final : public OpKernel {
     Shape out_shape(data.shape().begin(), data.shape().begin() + axis);
     out_shape.insert(out_shape.end(), ishape.begin(), ishape.end());
     out_shape.insert(out_shape.end(), data.shape().begin() + axis + 1, data.shape().end());
+    check_output_shape(ctx, out_shape);
     Tensor& out = ctx.output(0, data.dtype(), out_shape);
     const int64_t outer = prod(data.shape(), 0, size_t(axis));
     const size_t inner = size_t(prod(data.shape(), size_t(axis) + 1, data.shape().size())) * data.element_size();
@@ -304,6 +305,7 @@ class OneHot final : public OpKernel {
     const int axis = normalize_axis(ctx, axis_, indices.rank() + 1);
     Shape out_shape = indices.shape();
     out_shape.insert(out_shape.begin() + axis, depth);
+    check_output_shape(ctx, out_shape);
     Tensor& out = ctx.output(0, values.dtype(), out_shape);
     const std::vector<int64_t> idx = tensor_to_int64s(indices);
     const int64_t outer = prod(indices.shape(), 0, size_t(axis));
