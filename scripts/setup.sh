@@ -8,7 +8,7 @@ packages=(
   clang libclang-rt-14-dev
   libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-  libssl-dev libxxhash-dev libzstd-dev
+  libssl-dev libxxhash-dev libzstd-dev openssl python3-cryptography
   python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex
   python3-sentencepiece sentencepiece
 )
