@@ -11,7 +11,7 @@
 set -euo pipefail
 
 BUILD=${1:-build}
-SLIM=$(realpath "$BUILD/tools/slim")
+SLIM=$(realpath "${SLIM:-$BUILD/tools/slim}")
 SIZE_MB=${SIZE_MB:-1024}
 FILES=${FILES:-8}
 REPEATS=${REPEATS:-3}
