@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "slim/core/convert.h"
@@ -70,8 +69,9 @@ TEST(RefMathGenerated, EveryCaseMatchesNumpy) {
   const char* tmp = std::getenv("SLIM_TEST_TMP");
   const fs::path dir = fs::path(tmp ? tmp : fs::temp_directory_path().string()) / "ref_math_cases";
   fs::remove_all(dir);
-  const std::string cmd = "/usr/bin/python3 " + (fs::path(src) / "tests/fixtures/ref_math_cases.py").string() +
-                          " " + dir.string() + " > /dev/null";
+  const std::string cmd = "/usr/bin/python3 " +
+                          (fs::path(src) / "tests/fixtures/ref_math_cases.py").string() + " " +
+                          dir.string() + " > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
   std::ifstream in(dir / "cases.json");
@@ -101,7 +101,8 @@ TEST(RefMathGenerated, EveryCaseMatchesNumpy) {
     std::string problem;
     try {
       const KernelDef* def = ref_kernel_registry().find(node.op_type, "", opset);
-      if (!def) throw Error(ErrorCode::unsupported, "no ref kernel at opset " + std::to_string(opset));
+      if (!def)
+        throw Error(ErrorCode::unsupported, "no ref kernel at opset " + std::to_string(opset));
       const auto kernel = def->factory(node, opset);
       std::vector<const Tensor*> ptrs;
       for (const auto& t : inputs) ptrs.push_back(&t);

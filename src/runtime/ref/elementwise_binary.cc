@@ -13,14 +13,15 @@ constexpr int64_t kNoLegacyAxis = INT64_MIN;
 
 // The legacy axis of a node before opset 7 (kNoLegacyAxis when numpy rules apply).
 int64_t legacy_axis_of(const Node& node, int64_t opset) {
-  if (opset >= 7 || node.attr_int("broadcast", 0) == 0 || !node.has_attr("axis")) return kNoLegacyAxis;
+  if (opset >= 7 || node.attr_int("broadcast", 0) == 0 || !node.has_attr("axis"))
+    return kNoLegacyAxis;
   return node.attr_int("axis", 0);
 }
 
 void check_same_dtype(const KernelContext& ctx, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
-    ctx.fail(ErrorCode::invalid_model, "inputs have different dtypes: " + a.describe() + " and " +
-                                           b.describe());
+    ctx.fail(ErrorCode::invalid_model,
+             "inputs have different dtypes: " + a.describe() + " and " + b.describe());
 }
 
 // z = fn(a, b) with numpy broadcasting; a and b share a dtype, z has it too unless
@@ -64,7 +65,8 @@ template <int Mask, bool OutBool = false, typename Fn>
 KernelDef binary(const char* op, int64_t since, Fn fn) {
   KernelFactory f = [fn](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
     const int64_t axis = legacy_axis_of(node, opset);
-    return make_kernel([fn, axis](KernelContext& ctx) { map_binary<Mask, OutBool>(ctx, fn, axis); });
+    return make_kernel(
+        [fn, axis](KernelContext& ctx) { map_binary<Mask, OutBool>(ctx, fn, axis); });
   };
   return KernelDef{op, "", since, INT_MAX, f, {}};
 }
@@ -139,8 +141,9 @@ KernelDef mod_kernel() {
   KernelFactory f = [](const Node& node, int64_t) -> std::unique_ptr<OpKernel> {
     const int64_t fmod = node.attr_int("fmod", 0);
     if (fmod != 0 && fmod != 1)
-      throw Error(ErrorCode::invalid_model,
-                  node.describe() + ": attribute 'fmod' must be 0 or 1, got " + std::to_string(fmod));
+      throw Error(
+          ErrorCode::invalid_model,
+          node.describe() + ": attribute 'fmod' must be 0 or 1, got " + std::to_string(fmod));
     return make_kernel([fmod](KernelContext& ctx) {
       const Tensor& a = ctx.required_input(0);
       if (dtype_is_float(a.dtype()) && fmod == 0)
@@ -171,9 +174,9 @@ KernelDef bitshift_kernel() {
   KernelFactory f = [](const Node& node, int64_t) -> std::unique_ptr<OpKernel> {
     const std::string dir = node.attr_string("direction", "");
     if (dir != "LEFT" && dir != "RIGHT")
-      throw Error(ErrorCode::invalid_model, node.describe() +
-                                                ": attribute 'direction' must be LEFT or RIGHT, got '" +
-                                                dir + "'");
+      throw Error(
+          ErrorCode::invalid_model,
+          node.describe() + ": attribute 'direction' must be LEFT or RIGHT, got '" + dir + "'");
     const bool left = dir == "LEFT";
     return make_kernel([left](KernelContext& ctx) {
       map_binary<kUnsigned>(ctx, [left](auto x, auto s) {
@@ -201,57 +204,79 @@ void compute_prelu(KernelContext& ctx, bool legacy_channel_slope) {
   check_same_dtype(ctx, x, slope);
   const BroadcastPlan plan(ctx, {&x, &slope});
   if (plan.out_shape != x.shape())
-    ctx.fail(ErrorCode::invalid_argument, "slope " + slope.describe() +
-                                              " does not broadcast to X " + x.describe());
+    ctx.fail(ErrorCode::invalid_argument,
+             "slope " + slope.describe() + " does not broadcast to X " + x.describe());
   const int64_t axis = legacy_channel_slope && slope.rank() == x.rank() - 1 ? 1 : kNoLegacyAxis;
-  map_binary<kFloat | kSigned>(ctx, [](auto v, auto s) {
-    using C = decltype(v);
-    return v < C(0) ? C(s * v) : v;
-  }, axis);
+  map_binary<kFloat | kSigned>(
+      ctx,
+      [](auto v, auto s) {
+        using C = decltype(v);
+        return v < C(0) ? C(s * v) : v;
+      },
+      axis);
 }
 
 }  // namespace
 
 void register_elementwise_binary_kernels(KernelRegistry& r) {
   r.add(binary<kNumeric>("Add", 1, [](auto a, auto b) {
-    if constexpr (std::is_integral_v<decltype(a)>) return wrap_add(a, b);
-    else return a + b;
+    if constexpr (std::is_integral_v<decltype(a)>)
+      return wrap_add(a, b);
+    else
+      return a + b;
   }));
   r.add(binary<kNumeric>("Sub", 1, [](auto a, auto b) {
-    if constexpr (std::is_integral_v<decltype(a)>) return wrap_sub(a, b);
-    else return a - b;
+    if constexpr (std::is_integral_v<decltype(a)>)
+      return wrap_sub(a, b);
+    else
+      return a - b;
   }));
   r.add(binary<kNumeric>("Mul", 1, [](auto a, auto b) {
-    if constexpr (std::is_integral_v<decltype(a)>) return wrap_mul(a, b);
-    else return a * b;
+    if constexpr (std::is_integral_v<decltype(a)>)
+      return wrap_mul(a, b);
+    else
+      return a * b;
   }));
-  r.add(KernelDef{"Div", "", 1, INT_MAX,
+  r.add(KernelDef{"Div",
+                  "",
+                  1,
+                  INT_MAX,
                   [](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
                     const int64_t axis = legacy_axis_of(node, opset);
                     return make_kernel([axis](KernelContext& ctx) {
-                      map_binary<kNumeric>(ctx, [&](auto a, auto b) {
-                        using C = decltype(a);
-                        if constexpr (std::is_integral_v<C>) {
-                          check_nonzero_divisor(ctx, b);
-                          return int_div(a, b);
-                        } else {
-                          return a / b;
-                        }
-                      }, axis);
+                      map_binary<kNumeric>(
+                          ctx,
+                          [&](auto a, auto b) {
+                            using C = decltype(a);
+                            if constexpr (std::is_integral_v<C>) {
+                              check_nonzero_divisor(ctx, b);
+                              return int_div(a, b);
+                            } else {
+                              return a / b;
+                            }
+                          },
+                          axis);
                     });
                   },
                   {}});
-  r.add(KernelDef{"Pow", "", 1, INT_MAX,
+  r.add(KernelDef{"Pow",
+                  "",
+                  1,
+                  INT_MAX,
                   [](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
                     const int64_t axis = legacy_axis_of(node, opset);
                     return make_kernel([axis](KernelContext& ctx) { compute_pow(ctx, axis); });
                   },
                   {}});
   r.add(mod_kernel());
-  r.add(KernelDef{"PRelu", "", 1, INT_MAX,
+  r.add(KernelDef{"PRelu",
+                  "",
+                  1,
+                  INT_MAX,
                   [](const Node&, int64_t opset) -> std::unique_ptr<OpKernel> {
                     const bool legacy = opset < 7;
-                    return make_kernel([legacy](KernelContext& ctx) { compute_prelu(ctx, legacy); });
+                    return make_kernel(
+                        [legacy](KernelContext& ctx) { compute_prelu(ctx, legacy); });
                   },
                   {}});
 

@@ -62,8 +62,8 @@ void compute_where(KernelContext& ctx) {
   if (cond.dtype() != DType::boolean)
     ctx.fail(ErrorCode::invalid_model, "condition must be bool, got " + cond.describe());
   if (x.dtype() != y.dtype())
-    ctx.fail(ErrorCode::invalid_model, "X " + x.describe() + " and Y " + y.describe() +
-                                           " have different dtypes");
+    ctx.fail(ErrorCode::invalid_model,
+             "X " + x.describe() + " and Y " + y.describe() + " have different dtypes");
   const BroadcastPlan plan(ctx, {&cond, &x, &y});
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -148,15 +148,16 @@ void cast_into(KernelContext& ctx, DType to) {
 KernelDef cast_kernel() {
   KernelFactory f = [](const Node& node, int64_t) -> std::unique_ptr<OpKernel> {
     const Attribute* attr = node.attr("to");
-    if (!attr) throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'to' is missing");
+    if (!attr)
+      throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'to' is missing");
     DType to;
     if (attr->kind == Attribute::Kind::s) {
       // Cast-1 names the type with a string ("FLOAT"); later versions use the enum.
       static const std::map<std::string, DType> kByName = {
-          {"FLOAT", DType::f32},   {"UINT8", DType::u8},   {"INT8", DType::i8},
-          {"UINT16", DType::u16},  {"INT16", DType::i16},  {"INT32", DType::i32},
-          {"INT64", DType::i64},   {"BOOL", DType::boolean}, {"FLOAT16", DType::f16},
-          {"DOUBLE", DType::f64},  {"UINT32", DType::u32}, {"UINT64", DType::u64},
+          {"FLOAT", DType::f32},    {"UINT8", DType::u8},     {"INT8", DType::i8},
+          {"UINT16", DType::u16},   {"INT16", DType::i16},    {"INT32", DType::i32},
+          {"INT64", DType::i64},    {"BOOL", DType::boolean}, {"FLOAT16", DType::f16},
+          {"DOUBLE", DType::f64},   {"UINT32", DType::u32},   {"UINT64", DType::u64},
           {"BFLOAT16", DType::bf16}};
       auto it = kByName.find(attr->s);
       if (it == kByName.end())
@@ -178,29 +179,61 @@ KernelDef cast_kernel() {
 }  // namespace
 
 void register_elementwise_misc_kernels(KernelRegistry& r) {
-  r.add(KernelDef{"Max", "", 1, INT_MAX, simple_kernel([](KernelContext& ctx) {
-                    map_variadic<kNumeric>(ctx, [](auto a, auto b) { return nan_max(a, b); }, kKeep);
-                  }), {}});
-  r.add(KernelDef{"Min", "", 1, INT_MAX, simple_kernel([](KernelContext& ctx) {
-                    map_variadic<kNumeric>(ctx, [](auto a, auto b) { return nan_min(a, b); }, kKeep);
-                  }), {}});
-  r.add(KernelDef{"Sum", "", 1, INT_MAX, simple_kernel([](KernelContext& ctx) {
-                    map_variadic<kNumeric>(ctx, [](auto a, auto b) {
-                      if constexpr (std::is_integral_v<decltype(a)>) return wrap_add(a, b);
-                      else return a + b;
-                    }, kKeep);
-                  }), {}});
-  r.add(KernelDef{"Mean", "", 1, INT_MAX, simple_kernel([](KernelContext& ctx) {
-                    map_variadic<kFloat>(ctx, [](auto a, auto b) { return a + b; },
-                                         [](auto acc, size_t n) { return acc / decltype(acc)(n); });
-                  }), {}});
+  r.add(KernelDef{"Max",
+                  "",
+                  1,
+                  INT_MAX,
+                  simple_kernel([](KernelContext& ctx) {
+                    map_variadic<kNumeric>(
+                        ctx, [](auto a, auto b) { return nan_max(a, b); }, kKeep);
+                  }),
+                  {}});
+  r.add(KernelDef{"Min",
+                  "",
+                  1,
+                  INT_MAX,
+                  simple_kernel([](KernelContext& ctx) {
+                    map_variadic<kNumeric>(
+                        ctx, [](auto a, auto b) { return nan_min(a, b); }, kKeep);
+                  }),
+                  {}});
+  r.add(KernelDef{"Sum",
+                  "",
+                  1,
+                  INT_MAX,
+                  simple_kernel([](KernelContext& ctx) {
+                    map_variadic<kNumeric>(
+                        ctx,
+                        [](auto a, auto b) {
+                          if constexpr (std::is_integral_v<decltype(a)>)
+                            return wrap_add(a, b);
+                          else
+                            return a + b;
+                        },
+                        kKeep);
+                  }),
+                  {}});
+  r.add(KernelDef{"Mean",
+                  "",
+                  1,
+                  INT_MAX,
+                  simple_kernel([](KernelContext& ctx) {
+                    map_variadic<kFloat>(
+                        ctx, [](auto a, auto b) { return a + b; },
+                        [](auto acc, size_t n) { return acc / decltype(acc)(n); });
+                  }),
+                  {}});
   r.add(KernelDef{"Where", "", 9, INT_MAX, simple_kernel(compute_where), {}});
   r.add(clip_attr_kernel(1, 10));
   r.add(KernelDef{"Clip", "", 11, INT_MAX, simple_kernel(compute_clip_inputs), {}});
   r.add(cast_kernel());
-  r.add(KernelDef{"CastLike", "", 15, INT_MAX, simple_kernel([](KernelContext& ctx) {
-                    cast_into(ctx, ctx.required_input(1).dtype());
-                  }), {}});
+  r.add(KernelDef{
+      "CastLike",
+      "",
+      15,
+      INT_MAX,
+      simple_kernel([](KernelContext& ctx) { cast_into(ctx, ctx.required_input(1).dtype()); }),
+      {}});
 }
 
 }  // namespace slim::ref

@@ -42,8 +42,9 @@ void map_predicate(KernelContext& ctx, const Fn& pred) {
 
 template <int Mask, typename Fn>
 KernelDef unary(const char* op, int64_t since, Fn fn) {
-  return KernelDef{op, "", since, INT_MAX,
-                   simple_kernel([fn](KernelContext& ctx) { map_unary<Mask>(ctx, fn); }), {}};
+  return KernelDef{
+      op, "", since, INT_MAX, simple_kernel([fn](KernelContext& ctx) { map_unary<Mask>(ctx, fn); }),
+      {}};
 }
 
 // An op whose function depends on float attributes read at compile time: make(node)
@@ -76,14 +77,19 @@ void register_elementwise_unary_kernels(KernelRegistry& r) {
   // Integer negation and absolute value wrap at the minimum like two's complement.
   r.add(unary<kFloat | kSigned>("Neg", 1, [](auto x) {
     using C = decltype(x);
-    if constexpr (std::is_integral_v<C>) return wrap_sub(C(0), x);
-    else return C(-x);
+    if constexpr (std::is_integral_v<C>)
+      return wrap_sub(C(0), x);
+    else
+      return C(-x);
   }));
   r.add(unary<kNumeric>("Abs", 1, [](auto x) {
     using C = decltype(x);
-    if constexpr (std::is_unsigned_v<C>) return x;
-    else if constexpr (std::is_integral_v<C>) return x < 0 ? wrap_sub(C(0), x) : x;
-    else return C(std::fabs(x));
+    if constexpr (std::is_unsigned_v<C>)
+      return x;
+    else if constexpr (std::is_integral_v<C>)
+      return x < 0 ? wrap_sub(C(0), x) : x;
+    else
+      return C(std::fabs(x));
   }));
   // NaN and signed zeros pass through, as numpy.sign does.
   r.add(unary<kNumeric>("Sign", 9, [](auto x) {
@@ -113,7 +119,8 @@ void register_elementwise_unary_kernels(KernelRegistry& r) {
   r.add(unary<kFloat>("Atanh", 9, [](auto x) { return std::atanh(x); }));
 
   // Activations.
-  r.add(unary<kFloat | kSigned>("Relu", 1, [](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); }));
+  r.add(unary<kFloat | kSigned>("Relu", 1,
+                                [](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); }));
   r.add(unary<kFloat>("Sigmoid", 1, [](auto x) { return stable_sigmoid(x); }));
   r.add(unary<kFloat>("Softsign", 1, [](auto x) { return x / (decltype(x)(1) + std::fabs(x)); }));
   r.add(unary<kFloat>("Softplus", 1, [](auto x) { return softplus(x); }));
@@ -124,7 +131,10 @@ void register_elementwise_unary_kernels(KernelRegistry& r) {
   }));
   r.add(unary_attr<kFloat>("LeakyRelu", 1, [](const Node& n) {
     const double alpha = n.attr_float("alpha", 0.01f);
-    return [alpha](auto x) { using C = decltype(x); return x < C(0) ? C(alpha) * x : x; };
+    return [alpha](auto x) {
+      using C = decltype(x);
+      return x < C(0) ? C(alpha) * x : x;
+    };
   }));
   r.add(unary_attr<kFloat>("Elu", 1, [](const Node& n) {
     const double alpha = n.attr_float("alpha", 1.0f);
@@ -160,13 +170,18 @@ void register_elementwise_unary_kernels(KernelRegistry& r) {
   }));
   r.add(unary_attr<kFloat>("ThresholdedRelu", 10, [](const Node& n) {
     const double alpha = n.attr_float("alpha", 1.0f);
-    return [alpha](auto x) { using C = decltype(x); return x > C(alpha) ? x : C(0); };
+    return [alpha](auto x) {
+      using C = decltype(x);
+      return x > C(alpha) ? x : C(0);
+    };
   }));
   r.add(unary_attr<kFloat>("Gelu", 20, [](const Node& n) {
     const std::string approx = n.attr_string("approximate", "none");
     if (approx != "none" && approx != "tanh")
-      throw Error(ErrorCode::invalid_model, n.describe() + ": attribute 'approximate' must be "
-                                                           "'none' or 'tanh', got '" + approx + "'");
+      throw Error(ErrorCode::invalid_model, n.describe() +
+                                                ": attribute 'approximate' must be "
+                                                "'none' or 'tanh', got '" +
+                                                approx + "'");
     const bool use_tanh = approx == "tanh";
     return [use_tanh](auto x) {
       using C = decltype(x);
@@ -193,10 +208,18 @@ void register_elementwise_unary_kernels(KernelRegistry& r) {
   r.add(unary<kBool>("Not", 1, [](bool x) { return !x; }));
   r.add(unary<kInt>("BitwiseNot", 18, [](auto x) { return decltype(x)(~x); }));
 
-  r.add(KernelDef{"IsNaN", "", 9, INT_MAX, simple_kernel([](KernelContext& ctx) {
+  r.add(KernelDef{"IsNaN",
+                  "",
+                  9,
+                  INT_MAX,
+                  simple_kernel([](KernelContext& ctx) {
                     map_predicate<kFloat>(ctx, [](auto x) { return std::isnan(x); });
-                  }), {}});
-  r.add(KernelDef{"IsInf", "", 10, INT_MAX,
+                  }),
+                  {}});
+  r.add(KernelDef{"IsInf",
+                  "",
+                  10,
+                  INT_MAX,
                   [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
                     const bool neg = n.attr_int("detect_negative", 1) != 0;
                     const bool pos = n.attr_int("detect_positive", 1) != 0;

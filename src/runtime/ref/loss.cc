@@ -20,12 +20,15 @@ struct LossAttrs {
 LossAttrs parse_loss_attrs(const Node& node) {
   LossAttrs at;
   const std::string red = node.attr_string("reduction", "mean");
-  if (red == "none") at.reduction = Reduction::none;
-  else if (red == "sum") at.reduction = Reduction::sum;
-  else if (red == "mean") at.reduction = Reduction::mean;
+  if (red == "none")
+    at.reduction = Reduction::none;
+  else if (red == "sum")
+    at.reduction = Reduction::sum;
+  else if (red == "mean")
+    at.reduction = Reduction::mean;
   else
-    throw Error(ErrorCode::invalid_model, node.describe() + ": reduction must be none, sum or mean, got '" +
-                                              red + "'");
+    throw Error(ErrorCode::invalid_model,
+                node.describe() + ": reduction must be none, sum or mean, got '" + red + "'");
   if (node.has_attr("ignore_index")) at.ignore_index = node.attr_int("ignore_index", 0);
   return at;
 }
@@ -35,20 +38,24 @@ LossAttrs parse_loss_attrs(const Node& node) {
 void nll_into(KernelContext& ctx, const LossAttrs& at, const std::vector<double>& logp,
               const Shape& input_shape, const Tensor& target, const Tensor* weight, DType dtype) {
   if (input_shape.size() < 2)
-    ctx.fail(ErrorCode::invalid_argument, "input must be (N, C, ...), got " + shape_str(input_shape));
+    ctx.fail(ErrorCode::invalid_argument,
+             "input must be (N, C, ...), got " + shape_str(input_shape));
   const int64_t n = input_shape[0], c = input_shape[1];
   int64_t d = 1;
   for (size_t i = 2; i < input_shape.size(); ++i) d *= input_shape[i];
   Shape expect_target{n};
   expect_target.insert(expect_target.end(), input_shape.begin() + 2, input_shape.end());
-  if (target.shape() != expect_target || (target.dtype() != DType::i64 && target.dtype() != DType::i32))
-    ctx.fail(ErrorCode::invalid_argument, "target " + target.describe() + " must be int32/int64 of shape " +
+  if (target.shape() != expect_target ||
+      (target.dtype() != DType::i64 && target.dtype() != DType::i32))
+    ctx.fail(ErrorCode::invalid_argument, "target " + target.describe() +
+                                              " must be int32/int64 of shape " +
                                               shape_str(expect_target));
   std::vector<double> w;
   if (weight) {
     if (!dtype_is_float(weight->dtype()) || weight->shape() != Shape{c})
-      ctx.fail(ErrorCode::invalid_argument, "weight " + weight->describe() + " must be a float vector of " +
-                                                std::to_string(c) + " classes");
+      ctx.fail(ErrorCode::invalid_argument, "weight " + weight->describe() +
+                                                " must be a float vector of " + std::to_string(c) +
+                                                " classes");
     w = tensor_to_doubles(*weight);
   }
   const std::vector<int64_t> t = tensor_to_int64s(target);
@@ -94,7 +101,8 @@ KernelDef nll_kernel() {
     return make_kernel([at](KernelContext& ctx) {
       const Tensor& x = ctx.required_input(0);
       if (!dtype_is_float(x.dtype())) fail_dtype(ctx, x.dtype(), "input");
-      nll_into(ctx, at, tensor_to_doubles(x), x.shape(), ctx.required_input(1), ctx.input(2), x.dtype());
+      nll_into(ctx, at, tensor_to_doubles(x), x.shape(), ctx.required_input(1), ctx.input(2),
+               x.dtype());
     });
   };
   return KernelDef{"NegativeLogLikelihoodLoss", "", 12, INT_MAX, f, {}};
@@ -108,15 +116,18 @@ KernelDef sce_kernel() {
     return make_kernel([at](KernelContext& ctx) {
       const Tensor& x = ctx.required_input(0);
       if (!dtype_is_float(x.dtype())) fail_dtype(ctx, x.dtype(), "scores");
-      if (x.rank() < 2) ctx.fail(ErrorCode::invalid_argument, "scores must be (N, C, ...), got " + x.describe());
+      if (x.rank() < 2)
+        ctx.fail(ErrorCode::invalid_argument, "scores must be (N, C, ...), got " + x.describe());
       const AxisSplit s(x.shape(), 1);
       std::vector<double> v = tensor_to_doubles(x);
       for (int64_t o = 0; o < s.outer; ++o)
         for (int64_t i = 0; i < s.inner; ++i) {
           double mx = -std::numeric_limits<double>::infinity();
-          for (int64_t j = 0; j < s.n; ++j) mx = std::max(mx, v[size_t((o * s.n + j) * s.inner + i)]);
+          for (int64_t j = 0; j < s.n; ++j)
+            mx = std::max(mx, v[size_t((o * s.n + j) * s.inner + i)]);
           double sum = 0;
-          for (int64_t j = 0; j < s.n; ++j) sum += std::exp(v[size_t((o * s.n + j) * s.inner + i)] - mx);
+          for (int64_t j = 0; j < s.n; ++j)
+            sum += std::exp(v[size_t((o * s.n + j) * s.inner + i)] - mx);
           const double lse = mx + std::log(sum);
           for (int64_t j = 0; j < s.n; ++j) v[size_t((o * s.n + j) * s.inner + i)] -= lse;
         }

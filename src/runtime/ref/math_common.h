@@ -18,14 +18,20 @@
 namespace slim::ref {
 
 // f16/bf16 are computed in float and rounded back; every other type computes as itself.
-template <typename T> struct ComputeTypeOf { using type = T; };
-template <> struct ComputeTypeOf<Half> { using type = float; };
-template <> struct ComputeTypeOf<BFloat16> { using type = float; };
-template <typename T> using compute_t = typename ComputeTypeOf<T>::type;
-
-// Accumulation type of reductions: double for f64, float for the other floats, the
-// type itself for integers.
-template <typename T> using accum_t = compute_t<T>;
+template <typename T>
+struct ComputeTypeOf {
+  using type = T;
+};
+template <>
+struct ComputeTypeOf<Half> {
+  using type = float;
+};
+template <>
+struct ComputeTypeOf<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using compute_t = typename ComputeTypeOf<T>::type;
 
 template <typename T>
 inline constexpr bool kIsFloat = std::is_same_v<T, float> || std::is_same_v<T, double> ||
@@ -33,10 +39,9 @@ inline constexpr bool kIsFloat = std::is_same_v<T, float> || std::is_same_v<T, d
 template <typename T>
 inline constexpr bool kIsBool = std::is_same_v<T, bool>;
 template <typename T>
-inline constexpr bool kIsSignedInt = std::is_integral_v<T> && std::is_signed_v<T> && !kIsBool<T>;
+inline constexpr bool kIsSignedInt = std::is_integral_v<T>&& std::is_signed_v<T> && !kIsBool<T>;
 template <typename T>
-inline constexpr bool kIsUnsignedInt =
-    std::is_integral_v<T> && std::is_unsigned_v<T> && !kIsBool<T>;
+inline constexpr bool kIsUnsignedInt = std::is_integral_v<T>&& std::is_unsigned_v<T> && !kIsBool<T>;
 
 // Dtype classes an op accepts, as a bit mask (checked at compile time to instantiate
 // only the valid combinations, and at run time to reject the others by name).
@@ -139,36 +144,57 @@ T wrap_mul(T a, T b) {
 // The ONNX TensorProto data type enum value of `to` attributes (Cast, EyeLike, ...).
 inline bool onnx_dtype_to_slim(int64_t onnx_type, DType* out) {
   switch (onnx_type) {
-    case 1: *out = DType::f32; return true;
-    case 2: *out = DType::u8; return true;
-    case 3: *out = DType::i8; return true;
-    case 4: *out = DType::u16; return true;
-    case 5: *out = DType::i16; return true;
-    case 6: *out = DType::i32; return true;
-    case 7: *out = DType::i64; return true;
-    case 9: *out = DType::boolean; return true;
-    case 10: *out = DType::f16; return true;
-    case 11: *out = DType::f64; return true;
-    case 12: *out = DType::u32; return true;
-    case 13: *out = DType::u64; return true;
-    case 16: *out = DType::bf16; return true;
-    default: return false;
+    case 1:
+      *out = DType::f32;
+      return true;
+    case 2:
+      *out = DType::u8;
+      return true;
+    case 3:
+      *out = DType::i8;
+      return true;
+    case 4:
+      *out = DType::u16;
+      return true;
+    case 5:
+      *out = DType::i16;
+      return true;
+    case 6:
+      *out = DType::i32;
+      return true;
+    case 7:
+      *out = DType::i64;
+      return true;
+    case 9:
+      *out = DType::boolean;
+      return true;
+    case 10:
+      *out = DType::f16;
+      return true;
+    case 11:
+      *out = DType::f64;
+      return true;
+    case 12:
+      *out = DType::u32;
+      return true;
+    case 13:
+      *out = DType::u64;
+      return true;
+    case 16:
+      *out = DType::bf16;
+      return true;
+    default:
+      return false;
   }
 }
 
 // Any element type as double (Half/BFloat16 go through float).
 template <typename T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return double(float(v));
-  else return double(v);
-}
-
-// Reads a scalar-or-1-element input as double (Clip bounds, TopK's k, ...).
-inline double scalar_input(const KernelContext& ctx, const Tensor& t, const char* what) {
-  if (t.numel() != 1)
-    ctx.fail(ErrorCode::invalid_argument, std::string(what) + " must have one element, got " +
-                                              t.describe());
-  return tensor_to_doubles(t)[0];
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return double(float(v));
+  else
+    return double(v);
 }
 
 // Splits a shape around an axis into (outer, axis length, inner) for loops over one axis.

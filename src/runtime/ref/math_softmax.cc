@@ -17,9 +17,8 @@ void compute_softmax(KernelContext& ctx, SoftmaxKind kind, int64_t axis, bool co
   const int rank = x.rank();
   if (rank == 0 && !coerce_2d) ctx.fail(ErrorCode::invalid_argument, "input must have rank >= 1");
   // The coerced form also accepts axis == rank (every dim goes to the outer part).
-  const int a = (coerce_2d && (axis == rank || axis == 0))
-                    ? int(axis)
-                    : normalize_axis(ctx, axis, rank);
+  const int a =
+      (coerce_2d && (axis == rank || axis == 0)) ? int(axis) : normalize_axis(ctx, axis, rank);
   int64_t outer = 1, n = 1, inner = 1;
   if (coerce_2d) {
     for (int d = 0; d < rank; ++d) (d < a ? outer : n) *= x.shape()[size_t(d)];

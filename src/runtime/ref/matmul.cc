@@ -28,8 +28,8 @@ struct MatMulPlan {
     k = a[a.size() - 1];
     n = b[b.size() - 1];
     if (b[b.size() - 2] != k)
-      ctx.fail(ErrorCode::invalid_argument, "inner dimensions differ: " + shape_str(a_in) +
-                                                " x " + shape_str(b_in));
+      ctx.fail(ErrorCode::invalid_argument,
+               "inner dimensions differ: " + shape_str(a_in) + " x " + shape_str(b_in));
     const Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
     const Shape batch = broadcast_shapes(ctx, {ab, bb});
     batches = shape_numel(batch);
@@ -45,8 +45,8 @@ void compute_matmul(KernelContext& ctx) {
   const Tensor& a = ctx.required_input(0);
   const Tensor& b = ctx.required_input(1);
   if (a.dtype() != b.dtype())
-    ctx.fail(ErrorCode::invalid_model, "inputs have different dtypes: " + a.describe() + " and " +
-                                           b.describe());
+    ctx.fail(ErrorCode::invalid_model,
+             "inputs have different dtypes: " + a.describe() + " and " + b.describe());
   const MatMulPlan p(ctx, a.shape(), b.shape());
   visit_class<kFloat | kInt>(ctx, a.dtype(), "input", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -68,8 +68,10 @@ void compute_matmul(KernelContext& ctx) {
           const T av = ma[i * p.k + t];
           const T* brow = mb + t * p.n;
           for (int64_t j = 0; j < p.n; ++j) {
-            if constexpr (kIsFloat<T>) row[size_t(j)] += to_double(av) * to_double(brow[j]);
-            else row[size_t(j)] = wrap_add(row[size_t(j)], wrap_mul(av, brow[j]));
+            if constexpr (kIsFloat<T>)
+              row[size_t(j)] += to_double(av) * to_double(brow[j]);
+            else
+              row[size_t(j)] = wrap_add(row[size_t(j)], wrap_mul(av, brow[j]));
           }
         }
         for (int64_t j = 0; j < p.n; ++j) mo[i * p.n + j] = T(compute_t<T>(row[size_t(j)]));
@@ -84,8 +86,8 @@ std::vector<int32_t> zero_points(const KernelContext& ctx, int index, DType expe
   const Tensor* z = ctx.input(index);
   if (!z) return std::vector<int32_t>(size_t(len), 0);
   if (z->dtype() != expect)
-    ctx.fail(ErrorCode::invalid_argument, std::string(name) + " " + z->describe() +
-                                              " must have the dtype of its matrix");
+    ctx.fail(ErrorCode::invalid_argument,
+             std::string(name) + " " + z->describe() + " must have the dtype of its matrix");
   const std::vector<int64_t> v = tensor_to_int64s(*z);
   if (v.size() == 1) return std::vector<int32_t>(size_t(len), int32_t(v[0]));
   if (z->rank() == 1 && int64_t(v.size()) == len) return std::vector<int32_t>(v.begin(), v.end());
@@ -134,8 +136,8 @@ KernelDef gemm_kernel() {
       const Tensor& b = ctx.required_input(1);
       const Tensor* c = ctx.input(2);
       if (a.rank() != 2 || b.rank() != 2)
-        ctx.fail(ErrorCode::invalid_argument, "A and B must be 2-D, got " + a.describe() + " and " +
-                                                  b.describe());
+        ctx.fail(ErrorCode::invalid_argument,
+                 "A and B must be 2-D, got " + a.describe() + " and " + b.describe());
       if (a.dtype() != b.dtype() || (c && c->dtype() != a.dtype()))
         ctx.fail(ErrorCode::invalid_model, "A, B and C must share a dtype");
       const int64_t m = trans_a ? a.dim(1) : a.dim(0);
@@ -143,8 +145,8 @@ KernelDef gemm_kernel() {
       const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
       const int64_t n = trans_b ? b.dim(0) : b.dim(1);
       if (k != kb)
-        ctx.fail(ErrorCode::invalid_argument, "inner dimensions differ: A " + a.describe() +
-                                                  " B " + b.describe());
+        ctx.fail(ErrorCode::invalid_argument,
+                 "inner dimensions differ: A " + a.describe() + " B " + b.describe());
       const Shape out_shape{m, n};
       std::vector<int64_t> cmap;
       if (c) {
@@ -152,8 +154,8 @@ KernelDef gemm_kernel() {
           ctx.fail(ErrorCode::invalid_argument, "C " + c->describe() + " must be " +
                                                     shape_str(out_shape) + " without broadcast=1");
         if (c->rank() > 2 || broadcast_shapes(ctx, {c->shape(), out_shape}) != out_shape)
-          ctx.fail(ErrorCode::invalid_argument, "C " + c->describe() + " does not broadcast to " +
-                                                    shape_str(out_shape));
+          ctx.fail(ErrorCode::invalid_argument,
+                   "C " + c->describe() + " does not broadcast to " + shape_str(out_shape));
         cmap = broadcast_index_map(c->shape(), out_shape);
       }
       // op(A) as (M, K) rows and op(B) as (N, K) rows, in double, so that every dot
@@ -161,9 +163,11 @@ KernelDef gemm_kernel() {
       const std::vector<double> av = tensor_to_doubles(a), bv = tensor_to_doubles(b);
       std::vector<double> ar(static_cast<size_t>(m * k)), br(static_cast<size_t>(n * k));
       for (int64_t i = 0; i < m; ++i)
-        for (int64_t t = 0; t < k; ++t) ar[size_t(i * k + t)] = trans_a ? av[size_t(t * m + i)] : av[size_t(i * k + t)];
+        for (int64_t t = 0; t < k; ++t)
+          ar[size_t(i * k + t)] = trans_a ? av[size_t(t * m + i)] : av[size_t(i * k + t)];
       for (int64_t j = 0; j < n; ++j)
-        for (int64_t t = 0; t < k; ++t) br[size_t(j * k + t)] = trans_b ? bv[size_t(j * k + t)] : bv[size_t(t * n + j)];
+        for (int64_t t = 0; t < k; ++t)
+          br[size_t(j * k + t)] = trans_b ? bv[size_t(j * k + t)] : bv[size_t(t * n + j)];
       const std::vector<double> cv = c ? tensor_to_doubles(*c) : std::vector<double>{};
       visit_class<kFloat | kInt>(ctx, a.dtype(), "input", [&](auto tag) {
         using T = typename decltype(tag)::type;

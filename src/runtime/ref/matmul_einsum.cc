@@ -12,8 +12,8 @@ namespace slim::ref {
 
 namespace {
 
-constexpr int kLetterLabels = 52;     // a-z, A-Z
-constexpr int kEllipsisLabel = -1;    // marks "..." in a parsed term
+constexpr int kLetterLabels = 52;   // a-z, A-Z
+constexpr int kEllipsisLabel = -1;  // marks "..." in a parsed term
 
 struct EinsumEquation {
   std::vector<std::vector<int>> inputs;  // per operand: letter labels, kEllipsisLabel for "..."
@@ -71,8 +71,10 @@ EinsumEquation parse_equation(const Node& node, const std::string& raw) {
     bool any_ellipsis = false;
     for (const auto& in : e.inputs)
       for (int l : in) {
-        if (l >= 0) seen[size_t(l)] = 1;
-        else any_ellipsis = true;
+        if (l >= 0)
+          seen[size_t(l)] = 1;
+        else
+          any_ellipsis = true;
       }
     std::array<int, kLetterLabels> out_seen{};
     for (int l : e.output) {
@@ -110,10 +112,9 @@ void compute_einsum(KernelContext& ctx, const EinsumEquation& eq_in) {
     const bool has_ell = letters != int(term.size());
     const int r = ins[size_t(i)]->rank();
     if ((!has_ell && r != letters) || (has_ell && r < letters))
-      ctx.fail(ErrorCode::invalid_argument, "operand " + std::to_string(i) + " " +
-                                                ins[size_t(i)]->describe() +
-                                                " does not match its term's " +
-                                                std::to_string(letters) + " labels");
+      ctx.fail(ErrorCode::invalid_argument,
+               "operand " + std::to_string(i) + " " + ins[size_t(i)]->describe() +
+                   " does not match its term's " + std::to_string(letters) + " labels");
     ell_of[size_t(i)] = r - letters;
     ell_rank = std::max(ell_rank, r - letters);
   }
@@ -143,10 +144,10 @@ void compute_einsum(KernelContext& ctx, const EinsumEquation& eq_in) {
         if (l >= kLetterLabels && (s == 1 || known == 1)) {
           known = std::max(known, s);
         } else {
-          ctx.fail(ErrorCode::invalid_argument,
-                   "label sizes disagree: operand " + std::to_string(i) + " dim " +
-                       std::to_string(d) + " is " + std::to_string(s) + ", elsewhere " +
-                       std::to_string(known));
+          ctx.fail(ErrorCode::invalid_argument, "label sizes disagree: operand " +
+                                                    std::to_string(i) + " dim " +
+                                                    std::to_string(d) + " is " + std::to_string(s) +
+                                                    ", elsewhere " + std::to_string(known));
         }
       }
     }
@@ -158,7 +159,8 @@ void compute_einsum(KernelContext& ctx, const EinsumEquation& eq_in) {
     for (int l : eq_in.output) {
       if (l == kEllipsisLabel)
         for (int e = 0; e < ell_rank; ++e) out_labels.push_back(kLetterLabels + e);
-      else out_labels.push_back(l);
+      else
+        out_labels.push_back(l);
     }
   } else {
     for (int e = 0; e < ell_rank; ++e) out_labels.push_back(kLetterLabels + e);
@@ -167,7 +169,8 @@ void compute_einsum(KernelContext& ctx, const EinsumEquation& eq_in) {
   }
   std::vector<int> loop_labels = out_labels;
   for (int l = 0; l < n_labels; ++l)
-    if (size[size_t(l)] >= 0 && std::find(out_labels.begin(), out_labels.end(), l) == out_labels.end())
+    if (size[size_t(l)] >= 0 &&
+        std::find(out_labels.begin(), out_labels.end(), l) == out_labels.end())
       loop_labels.push_back(l);
   Shape out_shape;
   for (int l : out_labels) out_shape.push_back(size[size_t(l)]);
@@ -181,7 +184,8 @@ void compute_einsum(KernelContext& ctx, const EinsumEquation& eq_in) {
     for (size_t d = 0; d < dim_label[size_t(i)].size(); ++d) {
       const int l = dim_label[size_t(i)][d];
       if (ins[size_t(i)]->shape()[d] == 1 && size[size_t(l)] != 1) continue;
-      const size_t pos = size_t(std::find(loop_labels.begin(), loop_labels.end(), l) - loop_labels.begin());
+      const size_t pos =
+          size_t(std::find(loop_labels.begin(), loop_labels.end(), l) - loop_labels.begin());
       stride[size_t(i)][pos] += st[d];
     }
   }
@@ -206,11 +210,15 @@ void compute_einsum(KernelContext& ctx, const EinsumEquation& eq_in) {
         A prod = A(1);
         for (int i = 0; i < n_in; ++i) {
           const T v = elems<T>(*ins[size_t(i)])[off[size_t(i)]];
-          if constexpr (kIsFloat<T>) prod *= to_double(v);
-          else prod = wrap_mul(prod, v);
+          if constexpr (kIsFloat<T>)
+            prod *= to_double(v);
+          else
+            prod = wrap_mul(prod, v);
         }
-        if constexpr (kIsFloat<T>) acc += prod;
-        else acc = wrap_add(acc, prod);
+        if constexpr (kIsFloat<T>)
+          acc += prod;
+        else
+          acc = wrap_add(acc, prod);
         for (size_t d = nl; d-- > 0;) {
           ++idx[d];
           for (int i = 0; i < n_in; ++i) off[size_t(i)] += stride[size_t(i)][d];

@@ -38,7 +38,8 @@ void require_float(const KernelContext& ctx, const Tensor& x) {
 struct NcsSplit {
   int64_t n = 1, c = 1, spatial = 1;
   NcsSplit(const KernelContext& ctx, const Tensor& x) {
-    if (x.rank() < 2) ctx.fail(ErrorCode::invalid_argument, "input must be (N, C, ...), got " + x.describe());
+    if (x.rank() < 2)
+      ctx.fail(ErrorCode::invalid_argument, "input must be (N, C, ...), got " + x.describe());
     n = x.dim(0);
     c = x.dim(1);
     for (int d = 2; d < x.rank(); ++d) spatial *= x.dim(d);
@@ -79,7 +80,8 @@ KernelDef batchnorm_kernel() {
         const double cnt = double(s.n * s.spatial);
         for (int64_t n = 0; n < s.n; ++n)
           for (int64_t c = 0; c < s.c; ++c)
-            for (int64_t i = 0; i < s.spatial; ++i) bm[size_t(c)] += xv[size_t((n * s.c + c) * s.spatial + i)];
+            for (int64_t i = 0; i < s.spatial; ++i)
+              bm[size_t(c)] += xv[size_t((n * s.c + c) * s.spatial + i)];
         for (auto& m : bm) m /= cnt;
         for (int64_t n = 0; n < s.n; ++n)
           for (int64_t c = 0; c < s.c; ++c)
@@ -93,8 +95,10 @@ KernelDef batchnorm_kernel() {
           run_mean[c] = mean[c] * momentum + bm[c] * (1 - momentum);
           run_var[c] = var[c] * momentum + bv[c] * (1 - momentum);
         }
-        if (ctx.output_wanted(1)) write_output(ctx, 1, ctx.required_input(3).dtype(), {s.c}, run_mean);
-        if (ctx.output_wanted(2)) write_output(ctx, 2, ctx.required_input(4).dtype(), {s.c}, run_var);
+        if (ctx.output_wanted(1))
+          write_output(ctx, 1, ctx.required_input(3).dtype(), {s.c}, run_mean);
+        if (ctx.output_wanted(2))
+          write_output(ctx, 2, ctx.required_input(4).dtype(), {s.c}, run_var);
         mean = bm;
         var = bv;
       }
@@ -119,8 +123,10 @@ KernelDef layernorm_kernel() {
     const double eps = node.attr_float("epsilon", 1e-5f);
     const int64_t stash = node.attr_int("stash_type", 1);
     if (stash != 1 && stash != 11)
-      throw Error(ErrorCode::invalid_model, node.describe() + ": stash_type must be 1 (float) or "
-                                                              "11 (double), got " + std::to_string(stash));
+      throw Error(ErrorCode::invalid_model, node.describe() +
+                                                ": stash_type must be 1 (float) or "
+                                                "11 (double), got " +
+                                                std::to_string(stash));
     const DType stat_dtype = stash == 1 ? DType::f32 : DType::f64;
     return make_kernel([=](KernelContext& ctx) {
       const Tensor& x = ctx.required_input(0);
@@ -147,7 +153,8 @@ KernelDef layernorm_kernel() {
         bias = tensor_to_doubles(*bias_t);
       }
       const std::vector<double> xv = tensor_to_doubles(x);
-      std::vector<double> y(xv.size()), mean(static_cast<size_t>(outer)), inv_std(static_cast<size_t>(outer));
+      std::vector<double> y(xv.size()), mean(static_cast<size_t>(outer)),
+          inv_std(static_cast<size_t>(outer));
       for (int64_t o = 0; o < outer; ++o) {
         double m = 0, v = 0;
         for (int64_t i = 0; i < inner; ++i) m += xv[size_t(o * inner + i)];
@@ -162,7 +169,8 @@ KernelDef layernorm_kernel() {
         inv_std[size_t(o)] = is;
         for (int64_t i = 0; i < inner; ++i) {
           const size_t at = size_t(o * inner + i);
-          y[at] = (xv[at] - m) * is * scale[size_t(smap[at])] + (bias_t ? bias[size_t(bmap[at])] : 0.0);
+          y[at] =
+              (xv[at] - m) * is * scale[size_t(smap[at])] + (bias_t ? bias[size_t(bmap[at])] : 0.0);
         }
       }
       write_output(ctx, 0, x.dtype(), x.shape(), y);
@@ -223,7 +231,8 @@ KernelDef groupnorm_kernel() {
   KernelFactory f = [](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
     const double eps = node.attr_float("epsilon", 1e-5f);
     if (!node.has_attr("num_groups"))
-      throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'num_groups' is missing");
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": attribute 'num_groups' is missing");
     const int64_t groups = node.attr_int("num_groups", 0);
     if (groups <= 0)
       throw Error(ErrorCode::invalid_model, node.describe() + ": num_groups must be positive");
@@ -233,7 +242,8 @@ KernelDef groupnorm_kernel() {
       require_float(ctx, x);
       const NcsSplit s(ctx, x);
       if (s.c % groups != 0)
-        ctx.fail(ErrorCode::invalid_argument, std::to_string(s.c) + " channels are not divisible into " +
+        ctx.fail(ErrorCode::invalid_argument, std::to_string(s.c) +
+                                                  " channels are not divisible into " +
                                                   std::to_string(groups) + " groups");
       const int64_t len = per_channel ? s.c : groups;
       std::vector<double> scale = as_doubles(ctx, ctx.required_input(1), len, "scale");
@@ -258,7 +268,8 @@ KernelDef lpnorm_kernel() {
     const int64_t axis = node.attr_int("axis", -1);
     const int64_t p = node.attr_int("p", 2);
     if (p != 1 && p != 2)
-      throw Error(ErrorCode::invalid_model, node.describe() + ": p must be 1 or 2, got " + std::to_string(p));
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": p must be 1 or 2, got " + std::to_string(p));
     return make_kernel([=](KernelContext& ctx) {
       const Tensor& x = ctx.required_input(0);
       require_float(ctx, x);
@@ -289,7 +300,8 @@ KernelDef lrn_kernel() {
   KernelFactory f = [](const Node& node, int64_t) -> std::unique_ptr<OpKernel> {
     const int64_t size = node.attr_int("size", 0);
     if (size <= 0)
-      throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'size' must be positive");
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": attribute 'size' must be positive");
     const double alpha = node.attr_float("alpha", 1e-4f);
     const double beta = node.attr_float("beta", 0.75f);
     const double bias = node.attr_float("bias", 1.0f);

@@ -62,14 +62,17 @@ void reduce_typed(KernelContext& ctx, const ReduceAttrs& at, const Tensor& x,
   }
 
   const auto value = [&](int64_t k) -> A {
-    if constexpr (kIsFloat<T>) return to_double(in[k]);
-    else return in[k];
+    if constexpr (kIsFloat<T>)
+      return to_double(in[k]);
+    else
+      return in[k];
   };
   std::vector<A> acc(static_cast<size_t>(out_n));
   A init = A(0);
   if (at.op == ReduceOp::prod) init = A(1);
   if (at.op == ReduceOp::max)
-    init = kIsFloat<T> ? A(-std::numeric_limits<double>::infinity()) : std::numeric_limits<A>::lowest();
+    init = kIsFloat<T> ? A(-std::numeric_limits<double>::infinity())
+                       : std::numeric_limits<A>::lowest();
   if (at.op == ReduceOp::min)
     init = kIsFloat<T> ? A(std::numeric_limits<double>::infinity()) : std::numeric_limits<A>::max();
   std::fill(acc.begin(), acc.end(), init);
@@ -93,30 +96,43 @@ void reduce_typed(KernelContext& ctx, const ReduceAttrs& at, const Tensor& x,
       case ReduceOp::sum:
       case ReduceOp::mean:
       case ReduceOp::log_sum:
-        if constexpr (kIsFloat<T>) a += v;
-        else a = wrap_add(a, v);
+        if constexpr (kIsFloat<T>)
+          a += v;
+        else
+          a = wrap_add(a, v);
         break;
       case ReduceOp::prod:
-        if constexpr (kIsFloat<T>) a *= v;
-        else a = wrap_mul(a, v);
+        if constexpr (kIsFloat<T>)
+          a *= v;
+        else
+          a = wrap_mul(a, v);
         break;
       case ReduceOp::max:
-        if constexpr (kIsFloat<T>) a = (std::isnan(v) || v > a) ? v : a;
-        else a = std::max(a, v);
+        if constexpr (kIsFloat<T>)
+          a = (std::isnan(v) || v > a) ? v : a;
+        else
+          a = std::max(a, v);
         break;
       case ReduceOp::min:
-        if constexpr (kIsFloat<T>) a = (std::isnan(v) || v < a) ? v : a;
-        else a = std::min(a, v);
+        if constexpr (kIsFloat<T>)
+          a = (std::isnan(v) || v < a) ? v : a;
+        else
+          a = std::min(a, v);
         break;
       case ReduceOp::l1:
-        if constexpr (kIsFloat<T>) a += std::fabs(v);
-        else if constexpr (std::is_signed_v<A>) a = wrap_add(a, v < 0 ? wrap_sub(A(0), v) : v);
-        else a = wrap_add(a, v);
+        if constexpr (kIsFloat<T>)
+          a += std::fabs(v);
+        else if constexpr (std::is_signed_v<A>)
+          a = wrap_add(a, v < 0 ? wrap_sub(A(0), v) : v);
+        else
+          a = wrap_add(a, v);
         break;
       case ReduceOp::l2:
       case ReduceOp::sum_square:
-        if constexpr (kIsFloat<T>) a += v * v;
-        else a = wrap_add(a, wrap_mul(v, v));
+        if constexpr (kIsFloat<T>)
+          a += v * v;
+        else
+          a = wrap_add(a, wrap_mul(v, v));
         break;
       case ReduceOp::log_sum_exp:
         if constexpr (kIsFloat<T>) a += std::exp(v - shift[size_t(dst[size_t(k)])]);
@@ -139,9 +155,15 @@ void reduce_typed(KernelContext& ctx, const ReduceAttrs& at, const Tensor& x,
           continue;
         }
         break;
-      case ReduceOp::l2: r = std::sqrt(double(a)); break;
-      case ReduceOp::log_sum: r = std::log(double(a)); break;
-      case ReduceOp::log_sum_exp: r = std::log(double(a)) + shift[size_t(o)]; break;
+      case ReduceOp::l2:
+        r = std::sqrt(double(a));
+        break;
+      case ReduceOp::log_sum:
+        r = std::log(double(a));
+        break;
+      case ReduceOp::log_sum_exp:
+        r = std::log(double(a)) + shift[size_t(o)];
+        break;
       default:
         out[o] = T(compute_t<T>(a));
         continue;
@@ -158,7 +180,8 @@ void compute_reduce(KernelContext& ctx, const ReduceAttrs& at) {
     axes.clear();
     if (const Tensor* a = ctx.input(1)) {
       if (a->dtype() != DType::i64 || a->rank() > 1)
-        ctx.fail(ErrorCode::invalid_argument, "axes must be a 1-D int64 tensor, got " + a->describe());
+        ctx.fail(ErrorCode::invalid_argument,
+                 "axes must be a 1-D int64 tensor, got " + a->describe());
       axes = tensor_to_int64s(*a);
     }
   }
@@ -179,7 +202,8 @@ void compute_reduce(KernelContext& ctx, const ReduceAttrs& at) {
 }
 
 void add_reduce(KernelRegistry& r, const char* op, ReduceOp rop, int64_t axes_input_since) {
-  KernelFactory f = [rop, axes_input_since](const Node& node, int64_t opset) -> std::unique_ptr<OpKernel> {
+  KernelFactory f = [rop, axes_input_since](const Node& node,
+                                            int64_t opset) -> std::unique_ptr<OpKernel> {
     ReduceAttrs at;
     at.op = rop;
     at.axes_from_input = opset >= axes_input_since;

@@ -22,8 +22,10 @@ KernelDef arg_kernel(const char* op, bool is_max) {
       const AxisSplit s(x.shape(), a);
       if (s.n == 0) ctx.fail(ErrorCode::invalid_argument, "cannot select along an empty axis");
       Shape out_shape = x.shape();
-      if (keepdims) out_shape[size_t(a)] = 1;
-      else out_shape.erase(out_shape.begin() + a);
+      if (keepdims)
+        out_shape[size_t(a)] = 1;
+      else
+        out_shape.erase(out_shape.begin() + a);
       Tensor& y = ctx.output(0, DType::i64, out_shape);
       int64_t* out = y.data<int64_t>();
       visit_class<kNumeric>(ctx, x.dtype(), "input", [&](auto tag) {
@@ -59,7 +61,8 @@ KernelDef topk_kernel(int64_t since, int64_t until) {
     const bool k_from_input = opset >= 10;
     const int64_t k_attr = node.attr_int("k", -1);
     if (!k_from_input && k_attr < 0)
-      throw Error(ErrorCode::invalid_model, node.describe() + ": attribute 'k' is missing or negative");
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": attribute 'k' is missing or negative");
     const bool largest = opset < 11 || node.attr_int("largest", 1) != 0;
     return make_kernel([=](KernelContext& ctx) {
       const Tensor& x = ctx.required_input(0);
@@ -69,7 +72,8 @@ KernelDef topk_kernel(int64_t since, int64_t until) {
       if (k_from_input) {
         const Tensor& kt = ctx.required_input(1);
         if (kt.dtype() != DType::i64 || kt.numel() != 1)
-          ctx.fail(ErrorCode::invalid_argument, "K must be a one-element int64 tensor, got " + kt.describe());
+          ctx.fail(ErrorCode::invalid_argument,
+                   "K must be a one-element int64 tensor, got " + kt.describe());
         k = kt.data<int64_t>()[0];
       }
       const AxisSplit s(x.shape(), a);
@@ -111,7 +115,8 @@ KernelDef topk_kernel(int64_t since, int64_t until) {
       });
     });
   };
-  return KernelDef{"TopK", "", since, until, f, since >= 10 ? std::vector<int>{1} : std::vector<int>{}};
+  return KernelDef{"TopK", "", since,
+                   until,  f,  since >= 10 ? std::vector<int>{1} : std::vector<int>{}};
 }
 
 KernelDef cumsum_kernel() {
@@ -140,11 +145,15 @@ KernelDef cumsum_kernel() {
               const int64_t j = reverse ? s.n - 1 - step : step;
               const int64_t idx = (o * s.n + j) * s.inner + i;
               A v;
-              if constexpr (kIsFloat<T>) v = to_double(in[idx]);
-              else v = in[idx];
+              if constexpr (kIsFloat<T>)
+                v = to_double(in[idx]);
+              else
+                v = in[idx];
               const auto add = [&] {
-                if constexpr (kIsFloat<T>) acc += v;
-                else acc = wrap_add(acc, v);
+                if constexpr (kIsFloat<T>)
+                  acc += v;
+                else
+                  acc = wrap_add(acc, v);
               };
               if (!exclusive) add();
               out[idx] = T(compute_t<T>(acc));
