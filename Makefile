@@ -19,7 +19,7 @@ demo: build
 	bash examples/demo.sh $(BUILD)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	cd $(BUILD) && SLIM_TEST_TMP=$(abspath $(BUILD))/test_tmp ctest --output-on-failure -j $(JOBS) --timeout 900
 
 fuzz: setup
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
