@@ -39,13 +39,13 @@ Attribute attr_ints(std::vector<int64_t> v) {
   a.ints = std::move(v);
   return a;
 }
-Attribute attr_floats(std::vector<float> v) {
+[[maybe_unused]] Attribute attr_floats(std::vector<float> v) {
   Attribute a;
   a.kind = Attribute::Kind::floats;
   a.floats = std::move(v);
   return a;
 }
-Attribute attr_t(Tensor t) {
+[[maybe_unused]] Attribute attr_t(Tensor t) {
   Attribute a;
   a.kind = Attribute::Kind::t;
   a.t = std::move(t);
