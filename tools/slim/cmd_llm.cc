@@ -255,7 +255,6 @@ void add_quantize(CLI::App& app) {
   cmd->callback([a] {
     const llm::QuantScheme scheme = llm::parse_quant_scheme(a->type);
     const int threads = a->threads > 0 ? a->threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    Progress progress("quantize", 1);
     std::unique_ptr<Progress> p;
     auto rep = llm::quantize_model(a->in, a->out, scheme, threads, [&](int64_t done, int64_t total) {
       if (!p) p = std::make_unique<Progress>("quantize " + a->type, total);
