@@ -9,68 +9,19 @@
 
 #include "slim/core/convert.h"
 #include "slim/core/dispatch.h"
+#include "runtime/ref_kernel_test_util.h"
 #include "slim/runtime/kernel.h"
 
 using namespace slim;
 
 namespace {
 
-Attribute attr_i(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::i;
-  a.i = v;
-  return a;
-}
-Attribute attr_f(float v) {
-  Attribute a;
-  a.kind = Attribute::Kind::f;
-  a.f = v;
-  return a;
-}
-Attribute attr_s(const std::string& v) {
-  Attribute a;
-  a.kind = Attribute::Kind::s;
-  a.s = v;
-  return a;
-}
-Attribute attr_ints(const std::vector<int64_t>& v) {
-  Attribute a;
-  a.kind = Attribute::Kind::ints;
-  a.ints = v;
-  return a;
-}
-
-using Attrs = std::map<std::string, Attribute>;
-
-Node make_node(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
-               int n_out) {
-  Node n;
-  n.name = "n0";
-  n.op_type = op;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    n.inputs.push_back(inputs[i].defined() ? "in" + std::to_string(i) : "");
-  for (int i = 0; i < n_out; ++i) n.outputs.push_back("out" + std::to_string(i));
-  n.attrs = attrs;
-  return n;
-}
-
-std::unique_ptr<OpKernel> compile(const Node& node, int64_t opset) {
-  const KernelDef* def = ref_kernel_registry().find(node.op_type, "", opset);
-  if (!def) throw Error(ErrorCode::unsupported, "no ref kernel for " + node.op_type);
-  return def->factory(node, opset);
-}
+using namespace ref_test;
 
 // Runs one node of `op` at `opset` on `inputs` (an undefined Tensor is an omitted input).
 std::vector<Tensor> run(const std::string& op, int64_t opset, const std::vector<Tensor>& inputs,
                         const Attrs& attrs = {}, int n_out = 1) {
-  const Node node = make_node(op, inputs, attrs, n_out);
-  auto kernel = compile(node, opset);
-  std::vector<const Tensor*> ptrs;
-  for (const auto& t : inputs) ptrs.push_back(&t);
-  std::vector<Tensor> outs(static_cast<size_t>(n_out));
-  KernelContext ctx(node, ptrs, &outs, nullptr, nullptr);
-  kernel->compute(ctx);
-  return outs;
+  return run_op(op, opset, inputs, attrs, n_out);
 }
 
 Tensor run1(const std::string& op, int64_t opset, const std::vector<Tensor>& inputs,
@@ -653,8 +604,8 @@ TEST(RefMathDet, BatchedLu) {
 // before any input is seen.
 TEST(RefMathRegistry, AttributeErrorsSurfaceAtCompileTime) {
   const auto compile_error = [](const std::string& op, int64_t opset, const Attrs& attrs) {
-    const Node node = make_node(op, {f32({1}, {1})}, attrs, 1);
-    return error_of([&] { compile(node, opset); });
+    const Node node = make_node(op, {f32({1}, {1})}, 1, attrs);
+    return error_of([&] { make_kernel(node, opset); });
   };
   const struct {
     const char* op;

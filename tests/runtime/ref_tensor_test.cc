@@ -8,111 +8,13 @@
 #include <optional>
 
 #include "slim/core/convert.h"
+#include "runtime/ref_kernel_test_util.h"
 #include "slim/runtime/kernel.h"
 
 namespace slim {
 namespace {
 
-// Builds a one-node graph by hand and runs the ref kernel registered for it, so each
-// test exercises exactly one kernel at one opset.
-Attribute attr_i(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::i;
-  a.i = v;
-  return a;
-}
-Attribute attr_f(float v) {
-  Attribute a;
-  a.kind = Attribute::Kind::f;
-  a.f = v;
-  return a;
-}
-Attribute attr_s(const std::string& v) {
-  Attribute a;
-  a.kind = Attribute::Kind::s;
-  a.s = v;
-  return a;
-}
-Attribute attr_ints(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::ints;
-  a.ints = std::move(v);
-  return a;
-}
-[[maybe_unused]] Attribute attr_floats(std::vector<float> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::floats;
-  a.floats = std::move(v);
-  return a;
-}
-[[maybe_unused]] Attribute attr_t(Tensor t) {
-  Attribute a;
-  a.kind = Attribute::Kind::t;
-  a.t = std::move(t);
-  return a;
-}
-
-Node make_node(const std::string& op, const std::vector<Tensor>& inputs, int num_outputs,
-               std::map<std::string, Attribute> attrs) {
-  Node n;
-  n.name = "n0";
-  n.op_type = op;
-  for (size_t i = 0; i < inputs.size(); ++i) n.inputs.push_back(inputs[i].defined() ? "in" + std::to_string(i) : "");
-  for (int i = 0; i < num_outputs; ++i) n.outputs.push_back("out" + std::to_string(i));
-  n.attrs = std::move(attrs);
-  return n;
-}
-
-// Runs op at `opset`; an undefined Tensor() marks an omitted optional input.
-std::vector<Tensor> run_op(const std::string& op, int64_t opset, const std::vector<Tensor>& inputs,
-                           std::map<std::string, Attribute> attrs = {}, int num_outputs = 1) {
-  const Node node = make_node(op, inputs, num_outputs, std::move(attrs));
-  const KernelDef* def = ref_kernel_registry().find(op, "", opset);
-  if (!def) throw Error(ErrorCode::unsupported, "no ref kernel for " + op + " at opset " + std::to_string(opset));
-  const std::unique_ptr<OpKernel> kernel = def->factory(node, opset);
-  std::vector<const Tensor*> in;
-  for (const Tensor& t : inputs) in.push_back(&t);
-  std::vector<Tensor> outs(static_cast<size_t>(num_outputs));
-  KernelContext ctx(node, in, &outs, nullptr, nullptr);
-  kernel->compute(ctx);
-  return outs;
-}
-
-template <typename T>
-std::vector<T> values(const Tensor& t) {
-  const Tensor c = t.contiguous();
-  const T* p = c.data<T>();
-  return std::vector<T>(p, p + c.numel());
-}
-
-std::vector<float> arange_f(int64_t n, float start = 0, float step = 1) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = start + step * float(i);
-  return v;
-}
-
-template <typename T>
-Tensor tensor(Shape shape, std::vector<T> v) {
-  return Tensor::from_vector<T>(std::move(shape), v);
-}
-
-// The message of the slim::Error that fn throws, with its code checked.
-template <typename Fn>
-std::string error_of(ErrorCode code, Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
-
-void expect_near_all(const std::vector<float>& got, const std::vector<float>& want, float tol = 1e-5f) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol * std::max(1.f, std::fabs(want[i]))) << "at " << i;
-}
+using namespace ref_test;
 
 Tensor i64s(std::vector<int64_t> v) { return tensor<int64_t>({int64_t(v.size())}, v); }
 Tensor x234() { return tensor<float>({2, 3, 4}, arange_f(24)); }
