@@ -475,6 +475,12 @@ Model load_model_proto(onnx::ModelProto& p, const std::string& name, const std::
 
 }  // namespace
 
+std::set<std::string> outer_scope_refs(const Graph& graph) {
+  std::set<std::string> refs;
+  collect_free_values(graph, refs);
+  return refs;
+}
+
 Model OnnxImporter::load_bytes(const void* data, size_t size, const std::string& name,
                                const std::string& base_dir) {
   check(size <= size_t(INT_MAX), ErrorCode::invalid_model,

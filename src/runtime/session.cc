@@ -75,32 +75,6 @@ bool has_subgraph(const Node& node) {
   return false;
 }
 
-// Names a subgraph reads from enclosing scopes: its kernel needs them alive, so they
-// count as uses of the node that owns the subgraph.
-void collect_outer_refs(const Graph& g, std::set<std::string>& out) {
-  std::unordered_set<std::string> defined;
-  for (const auto& v : g.inputs) defined.insert(v.name);
-  for (const auto& v : g.overridable_inputs) defined.insert(v.name);
-  for (const auto& [name, t] : g.initializers) defined.insert(name);
-  for (const auto& n : g.nodes)
-    for (const auto& o : n.outputs) defined.insert(o);
-  auto use = [&](const std::string& name) {
-    if (!name.empty() && !defined.count(name)) out.insert(name);
-  };
-  for (const auto& n : g.nodes) {
-    for (const auto& i : n.inputs) use(i);
-    for (const auto& [key, a] : n.attrs) {
-      std::set<std::string> inner;
-      if (a.kind == Attribute::Kind::g && a.g) collect_outer_refs(*a.g, inner);
-      if (a.kind == Attribute::Kind::graphs)
-        for (const auto& sg : a.graphs)
-          if (sg) collect_outer_refs(*sg, inner);
-      for (const auto& name : inner) use(name);
-    }
-  }
-  for (const auto& v : g.outputs) use(v.name);
-}
-
 // Every value a node reads: its inputs, then what its subgraphs read from outside.
 std::vector<std::string> node_uses(const Node& node) {
   std::vector<std::string> uses;
@@ -108,11 +82,17 @@ std::vector<std::string> node_uses(const Node& node) {
     if (!i.empty()) uses.push_back(i);
   if (has_subgraph(node)) {
     std::set<std::string> outer;
+    // Values a subgraph reads from enclosing scopes: its kernel needs them alive, so
+    // they count as uses of the node that owns the subgraph.
+    auto add = [&](const Graph& sub) {
+      const auto refs = outer_scope_refs(sub);
+      outer.insert(refs.begin(), refs.end());
+    };
     for (const auto& [key, a] : node.attrs) {
-      if (a.kind == Attribute::Kind::g && a.g) collect_outer_refs(*a.g, outer);
+      if (a.kind == Attribute::Kind::g && a.g) add(*a.g);
       if (a.kind == Attribute::Kind::graphs)
         for (const auto& sg : a.graphs)
-          if (sg) collect_outer_refs(*sg, outer);
+          if (sg) add(*sg);
     }
     uses.insert(uses.end(), outer.begin(), outer.end());
   }

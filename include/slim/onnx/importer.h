@@ -4,6 +4,7 @@
 // external data that escapes the model's folder or reads past its file.
 #pragma once
 
+#include <set>
 #include <string>
 
 #include "slim/onnx/graph.h"
@@ -31,5 +32,10 @@ Tensor read_tensor_pb(const std::string& path, std::string* name = nullptr);
 // producers, no cycles, every graph output is produced. Throws invalid_model naming
 // the node and value. Returns the node indices in topological order.
 std::vector<size_t> validate_graph(const Graph& graph, const std::string& context);
+
+// Names a graph reads but does not define itself (by its inputs, initializers or node
+// outputs), including those its own subgraphs read: what an If/Loop/Scan body takes
+// from the scopes around it.
+std::set<std::string> outer_scope_refs(const Graph& graph);
 
 }  // namespace slim

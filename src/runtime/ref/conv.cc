@@ -267,17 +267,6 @@ void conv_transposed(const ConvGeom& g, const A* x, const A* w, const A* bias, A
   }
 }
 
-void write_doubles(Tensor& out, const std::vector<double>& v) {
-  visit_dtype(out.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = static_cast<T*>(out.raw_data());
-    for (size_t i = 0; i < v.size(); ++i) {
-      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) o[i] = T(float(v[i]));
-      else o[i] = static_cast<T>(v[i]);
-    }
-  });
-}
-
 std::vector<double> bias_values(const KernelContext& ctx, int input, int64_t m) {
   const Tensor* b = ctx.input(input);
   if (!b) return {};

@@ -135,17 +135,6 @@ void pool_loop(const PoolGeom& g, const std::vector<double>& x, Reduce reduce) {
   }
 }
 
-void write_doubles(Tensor& out, const std::vector<double>& v) {
-  visit_dtype(out.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = static_cast<T*>(out.raw_data());
-    for (size_t i = 0; i < v.size(); ++i) {
-      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) o[i] = T(float(v[i]));
-      else o[i] = static_cast<T>(v[i]);
-    }
-  });
-}
-
 Shape pooled_shape(const PoolGeom& g) {
   Shape s{g.n, g.c};
   s.insert(s.end(), g.out.begin(), g.out.end());

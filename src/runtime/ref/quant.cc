@@ -26,17 +26,6 @@ QRange qrange(const KernelContext& ctx, DType t) {
   }
 }
 
-void write_ints(Tensor& out, const std::vector<int64_t>& v) {
-  visit_dtype(out.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = static_cast<T*>(out.raw_data());
-    for (size_t i = 0; i < v.size(); ++i) {
-      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) o[i] = T(float(v[i]));
-      else o[i] = static_cast<T>(v[i]);
-    }
-  });
-}
-
 void write_floats(Tensor& out, const std::vector<float>& v) {
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -1,5 +1,7 @@
 #include "runtime/ref/ref_util.h"
 
+#include <type_traits>
+
 namespace slim::ref {
 
 int normalize_axis(const Node& node, int64_t axis, int rank) {
@@ -73,5 +75,22 @@ void check_output_shape(const KernelContext& ctx, const Shape& shape) {
       ctx.fail(ErrorCode::invalid_argument, "output shape " + shape_str(shape) + " is not a valid tensor shape");
   }
 }
+
+namespace {
+template <typename V>
+void write_converted(Tensor& out, const std::vector<V>& v) {
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(out.raw_data());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) o[i] = T(float(v[i]));
+      else o[i] = static_cast<T>(v[i]);
+    }
+  });
+}
+}  // namespace
+
+void write_doubles(Tensor& out, const std::vector<double>& v) { write_converted(out, v); }
+void write_ints(Tensor& out, const std::vector<int64_t>& v) { write_converted(out, v); }
 
 }  // namespace slim::ref

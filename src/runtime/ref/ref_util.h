@@ -30,4 +30,9 @@ Shape broadcast_strides(const Shape& in, const Shape& out);
 // count too, since their strides multiply the other dims.
 void check_output_shape(const KernelContext& ctx, const Shape& shape);
 
+// Writes values computed in double (or int64) into an output of any dtype, converting
+// each element (f16/bf16 through float; integers by C++ conversion).
+void write_doubles(Tensor& out, const std::vector<double>& v);
+void write_ints(Tensor& out, const std::vector<int64_t>& v);
+
 }  // namespace slim::ref
