@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/test_graphs.h"
 #include "slim/core/convert.h"
 #include "slim/runtime/kernel.h"
 
@@ -18,42 +19,13 @@ namespace slim::ref_test {
 
 using Attrs = std::map<std::string, Attribute>;
 
-inline Attribute attr_i(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::i;
-  a.i = v;
-  return a;
-}
-inline Attribute attr_f(float v) {
-  Attribute a;
-  a.kind = Attribute::Kind::f;
-  a.f = v;
-  return a;
-}
-inline Attribute attr_s(const std::string& v) {
-  Attribute a;
-  a.kind = Attribute::Kind::s;
-  a.s = v;
-  return a;
-}
-inline Attribute attr_ints(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::ints;
-  a.ints = std::move(v);
-  return a;
-}
-inline Attribute attr_floats(std::vector<float> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::floats;
-  a.floats = std::move(v);
-  return a;
-}
-inline Attribute attr_t(Tensor t) {
-  Attribute a;
-  a.kind = Attribute::Kind::t;
-  a.t = std::move(t);
-  return a;
-}
+// The attribute builders of test_graphs.h under the short names these tests use.
+inline constexpr auto attr_i = &testing::attr_int;
+inline constexpr auto attr_f = &testing::attr_float;
+inline constexpr auto attr_s = &testing::attr_string;
+inline constexpr auto attr_ints = &testing::attr_ints;
+inline constexpr auto attr_floats = &testing::attr_floats;
+inline constexpr auto attr_t = &testing::attr_tensor;
 
 // An undefined Tensor() among `inputs` marks an omitted optional input.
 inline Node make_node(const std::string& op, const std::vector<Tensor>& inputs, int num_outputs,

@@ -14,9 +14,6 @@ using namespace slim::testing;
 
 namespace {
 
-Tensor f32(Shape shape, std::vector<float> v) { return Tensor::from_vector<float>(shape, v); }
-Tensor i64(Shape shape, std::vector<int64_t> v) { return Tensor::from_vector<int64_t>(shape, v); }
-
 std::vector<float> random_floats(std::mt19937& rng, size_t n) {
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   std::vector<float> v(n);

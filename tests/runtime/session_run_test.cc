@@ -16,19 +16,6 @@ using namespace slim::testing;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn, ErrorCode* code = nullptr) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (code) *code = e.code();
-    return e.what();
-  }
-  return "(no error)";
-}
-
-Tensor f32(Shape shape, std::vector<float> v) { return Tensor::from_vector<float>(shape, v); }
-Tensor i64(Shape shape, std::vector<int64_t> v) { return Tensor::from_vector<int64_t>(shape, v); }
-
 std::unique_ptr<Session> relu_session(std::vector<DimSpec> shape) {
   ModelBuilder b;
   b.input("x", DType::f32, shape).output("y");

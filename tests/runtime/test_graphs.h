@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,6 +67,23 @@ inline Attribute attr_tensor(Tensor t) {
   a.kind = Attribute::Kind::t;
   a.t = std::move(t);
   return a;
+}
+
+// The message of the slim::Error fn throws ("(no error)" when it throws none); its code
+// goes to *code when given.
+inline std::string error_of(const std::function<void()>& fn, ErrorCode* code = nullptr) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (code) *code = e.code();
+    return e.what();
+  }
+  return "(no error)";
+}
+
+inline Tensor f32(Shape shape, std::vector<float> v) { return Tensor::from_vector<float>(shape, v); }
+inline Tensor i64(Shape shape, std::vector<int64_t> v) {
+  return Tensor::from_vector<int64_t>(shape, v);
 }
 
 class ModelBuilder {
