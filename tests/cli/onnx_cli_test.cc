@@ -1,6 +1,7 @@
 // End-to-end tests of `slim inspect` and `slim run` on a real trained model (the digits
 // classifier of the demo, generated here) and on bad input.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "cli/cli_helpers.h"
 #include "slim/core/npy.h"
@@ -13,7 +14,8 @@ namespace {
 class OnnxCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = scratch_dir("onnx_cli").string();
+    // ctest runs each test in its own process, in parallel: one folder per process.
+    dir_ = scratch_dir("onnx_cli_" + std::to_string(::getpid())).string();
     const auto r = run_command("/usr/bin/python3 " + source_dir() +
                                "/examples/digits/make_digits_model.py " + dir_);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
