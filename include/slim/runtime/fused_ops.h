@@ -1,0 +1,79 @@
+// The internal ops that graph optimization passes produce (domain "slim", version 1):
+// a Conv, Gemm or MatMul with a bias, a residual input and an activation folded in. They
+// never come from a file (validate_graph refuses the domain); every provider that claims
+// one must compute exactly what the unfused chain computes, and ref is the oracle.
+//
+//   slim:FusedConv   inputs X, W, [B], [Z]   Conv's attributes + activation
+//   slim:FusedGemm   inputs A, B, [C], [Z]   Gemm's attributes + activation
+//   slim:FusedMatMul inputs A, B, [bias], [Z]  bias broadcasts over the last axis
+//
+//   Y = act(op(...) + Z)  (Z, the residual, has Y's shape; the bias is part of op)
+//
+// Attributes: `activation` (string, absent or "" for none) and `activation_params`
+// (floats): Relu; Clip [min, max]; Sigmoid; HardSwish; SiLU (x * sigmoid(x));
+// Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace slim {
+
+inline constexpr const char* kFusedDomain = "slim";
+inline constexpr int kFusedOpset = 1;
+
+enum class Activation { none, relu, clip, sigmoid, hard_swish, silu, gelu, gelu_tanh, leaky_relu, tanh };
+
+struct ActivationSpec {
+  Activation kind = Activation::none;
+  float p0 = 0.f, p1 = 0.f;  // Clip: min, max; LeakyRelu: alpha
+};
+
+// Parses the `activation` / `activation_params` attribute pair; nullopt-like failure is
+// reported by returning false so the caller can name the node in its error.
+inline bool parse_activation(const std::string& name, const std::vector<float>& params,
+                             ActivationSpec* out) {
+  static const struct { const char* name; Activation kind; size_t n_params; } kTable[] = {
+      {"", Activation::none, 0},         {"Relu", Activation::relu, 0},
+      {"Clip", Activation::clip, 2},     {"Sigmoid", Activation::sigmoid, 0},
+      {"HardSwish", Activation::hard_swish, 0}, {"SiLU", Activation::silu, 0},
+      {"Gelu", Activation::gelu, 0},     {"GeluTanh", Activation::gelu_tanh, 0},
+      {"LeakyRelu", Activation::leaky_relu, 1}, {"Tanh", Activation::tanh, 0},
+  };
+  for (const auto& e : kTable) {
+    if (name != e.name) continue;
+    if (params.size() != e.n_params) return false;
+    out->kind = e.kind;
+    out->p0 = e.n_params > 0 ? params[0] : 0.f;
+    out->p1 = e.n_params > 1 ? params[1] : 0.f;
+    return true;
+  }
+  return false;
+}
+
+// The scalar definition every vectorized version is tested against. It matches the ref
+// kernels of the unfused ops (Relu, Clip, Sigmoid, HardSwish, Mul(x, Sigmoid(x)),
+// Gelu, LeakyRelu, Tanh) element for element.
+inline float apply_activation(const ActivationSpec& a, float x) {
+  switch (a.kind) {
+    case Activation::none: return x;
+    case Activation::relu: return x > 0.f ? x : 0.f;
+    case Activation::clip: return x < a.p0 ? a.p0 : (x > a.p1 ? a.p1 : x);
+    case Activation::sigmoid: return 1.f / (1.f + std::exp(-x));
+    case Activation::hard_swish: {
+      float h = x / 6.f + 0.5f;
+      h = h < 0.f ? 0.f : (h > 1.f ? 1.f : h);
+      return x * h;
+    }
+    case Activation::silu: return x * (1.f / (1.f + std::exp(-x)));
+    case Activation::gelu: return 0.5f * x * (1.f + std::erf(x * 0.70710678118654752f));
+    case Activation::gelu_tanh:
+      return 0.5f * x * (1.f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case Activation::leaky_relu: return x >= 0.f ? x : a.p0 * x;
+    case Activation::tanh: return std::tanh(x);
+  }
+  return x;
+}
+
+}  // namespace slim
