@@ -193,6 +193,14 @@ struct LlamaContext::State {
   AlignedBuffer<float> scores;
   AlignedBuffer<uint16_t> q16;
   int64_t scores_stride = 0;
+  // Paged cache: the cache, and per row of a pass its position and whether the eviction
+  // policy observes its attention; per thread the visible length of each row.
+  std::unique_ptr<KvCache> cache;
+  std::vector<int32_t> row_pos;
+  std::vector<uint8_t> row_observe;
+  AlignedBuffer<float> kv_scratch;
+  int64_t kv_scratch_stride = 0;
+  std::vector<int32_t> visible;  // [n_threads][n_batch]
 };
 
 LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptions options)
@@ -206,7 +214,10 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   State& s = *s_;
   s.k = &kernels();
   s.n_threads = pool_->num_threads();
-  s.n_batch = std::min(options.n_batch, n_ctx_);
+  const bool paged = options.kv.paged;
+  if (paged && (options.kv.max_seqs < 1 || options.kv.max_seqs > 4096))
+    throw Error(ErrorCode::invalid_argument, "KV cache: max_seqs must be 1..4096");
+  s.n_batch = int(std::min<int64_t>(options.n_batch, int64_t(n_ctx_) * (paged ? options.kv.max_seqs : 1)));
   s.q_dim = int64_t(c.n_head) * c.head_dim;
   s.kv_dim = int64_t(c.n_head_kv) * c.head_dim;
   const size_t nb = size_t(s.n_batch);
@@ -218,14 +229,38 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   s.attn.allocate(nb * s.q_dim);
   s.gate.allocate(nb * c.n_ff);
   s.up.allocate(nb * c.n_ff);
-  s.logits.allocate((options.all_logits ? nb : 1) * size_t(c.n_vocab));
+  s.logits.allocate(std::max<size_t>(options.all_logits ? nb : 1, paged ? size_t(options.kv.max_seqs) : 1) *
+                    size_t(c.n_vocab));
   const int64_t max_cols = std::max<int64_t>({c.n_embd, c.n_ff, s.q_dim});
   s.act_stride = 4 * max_cols;  // f32 is the widest activation format
   s.act.allocate(nb * size_t(s.act_stride));
   s.kv_elem = options.f16_kv ? 2 : 4;
-  s.k_cache.resize(size_t(c.n_layer));
-  s.v_cache.resize(size_t(c.n_layer));
-  for (int l = 0; l < c.n_layer; ++l) {
+  if (paged) {
+    KvLayout lay;
+    lay.n_layer = c.n_layer;
+    lay.n_head_kv = c.n_head_kv;
+    lay.head_dim = c.head_dim;
+    lay.q4_recent_blocks = options.kv.q4_recent_blocks;
+    auto per_layer = [&](const std::vector<KvType>& v, KvType all, const char* what) {
+      if (!v.empty() && int(v.size()) != c.n_layer)
+        throw Error(ErrorCode::invalid_argument, std::string("KV cache: ") + what + " types given for " +
+                                                     std::to_string(v.size()) + " layers, the model has " +
+                                                     std::to_string(c.n_layer));
+      return v.empty() ? std::vector<KvType>(size_t(c.n_layer), all) : v;
+    };
+    lay.k_type = per_layer(options.kv.layer_k, options.kv.k_type, "key");
+    lay.v_type = per_layer(options.kv.layer_v, options.kv.v_type, "value");
+    s.cache = std::make_unique<KvCache>(lay, options.kv.max_seqs, n_ctx_, options.kv.pool_bytes);
+    s.cache->add_sequence();
+    s.row_pos.resize(nb);
+    s.row_observe.resize(nb);
+    s.kv_scratch_stride = (s.cache->scratch_floats() + 15) / 16 * 16;
+    s.kv_scratch.allocate(size_t(s.n_threads) * size_t(s.kv_scratch_stride));
+    s.visible.resize(size_t(s.n_threads) * nb);
+  }
+  s.k_cache.resize(paged ? 0 : size_t(c.n_layer));
+  s.v_cache.resize(paged ? 0 : size_t(c.n_layer));
+  for (int l = 0; l < (paged ? 0 : c.n_layer); ++l) {
     s.k_cache[size_t(l)].allocate(size_t(n_ctx_) * s.kv_dim * s.kv_elem);
     s.v_cache[size_t(l)].allocate(size_t(n_ctx_) * s.kv_dim * s.kv_elem);
   }
@@ -268,7 +303,72 @@ const float* LlamaContext::logits(int i) const {
 
 void LlamaContext::truncate(int n) {
   if (n < 0 || n > n_past_) throw Error(ErrorCode::invalid_argument, "truncate: position " + std::to_string(n) + " beyond the sequence");
+  if (s_->cache) {
+    if (!s_->cache->active(0)) s_->cache->add_sequence();
+    s_->cache->truncate(0, n);
+  }
   n_past_ = n;
+}
+
+KvCache& LlamaContext::kv_cache() {
+  if (!s_->cache) throw Error(ErrorCode::invalid_argument, "the context has no paged KV cache (ContextOptions::kv.paged)");
+  return *s_->cache;
+}
+const KvCache& LlamaContext::kv_cache() const { return const_cast<LlamaContext*>(this)->kv_cache(); }
+
+int LlamaContext::add_sequence() { return kv_cache().add_sequence(); }
+int LlamaContext::fork_sequence(int src, int n_tokens) { return kv_cache().fork_sequence(src, n_tokens); }
+void LlamaContext::remove_sequence(int seq) {
+  kv_cache().remove_sequence(seq);
+  if (seq == 0) n_past_ = 0;
+}
+
+const float* LlamaContext::sequence_logits(int i) const {
+  if (i < 0 || i >= int(last_entries_.size()))
+    throw Error(ErrorCode::invalid_argument, "sequence_logits: entry " + std::to_string(i) + " of " +
+                                                 std::to_string(last_entries_.size()));
+  const Entry& e = last_entries_[size_t(i)];
+  const int row = options_.all_logits ? e.row0 + e.n - 1 : i;
+  return s_->logits.data() + size_t(row) * model_->config().n_vocab;
+}
+
+void LlamaContext::eval_sequences(std::span<const SeqTokens> batch) {
+  KvCache& cache = kv_cache();
+  const int n_vocab = model_->config().n_vocab;
+  int64_t total = 0, blocks = 0;
+  std::vector<Entry> entries;
+  entries.reserve(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SeqTokens& st = batch[b];
+    if (!cache.active(st.seq)) throw Error(ErrorCode::invalid_argument, "eval_sequences: no sequence " + std::to_string(st.seq));
+    if (st.tokens.empty()) throw Error(ErrorCode::invalid_argument, "eval_sequences: no tokens for sequence " + std::to_string(st.seq));
+    for (size_t j = 0; j < b; ++j)
+      if (batch[j].seq == st.seq) throw Error(ErrorCode::invalid_argument, "eval_sequences: sequence " + std::to_string(st.seq) + " appears twice");
+    for (size_t i = 0; i < st.tokens.size(); ++i)
+      if (st.tokens[i] < 0 || st.tokens[i] >= n_vocab)
+        throw Error(ErrorCode::invalid_argument, "token id " + std::to_string(st.tokens[i]) + " of sequence " +
+                                                     std::to_string(st.seq) + " is outside the vocabulary of " + std::to_string(n_vocab));
+    const int np = cache.n_past(st.seq);
+    if (int64_t(np) + int64_t(st.tokens.size()) > n_ctx_)
+      throw Error(ErrorCode::resource_exhausted, "context full: sequence " + std::to_string(st.seq) + " at " +
+                                                     std::to_string(np) + " + " + std::to_string(st.tokens.size()) +
+                                                     " tokens exceeds the context of " + std::to_string(n_ctx_));
+    blocks += cache.blocks_needed(st.seq, int(st.tokens.size()));
+    entries.push_back({st.seq, int(total), int(st.tokens.size()), np});
+    total += int64_t(st.tokens.size());
+  }
+  if (total == 0) return;
+  if (total > s_->n_batch)
+    throw Error(ErrorCode::invalid_argument, "eval_sequences: " + std::to_string(total) + " tokens exceed the batch size " +
+                                                 std::to_string(s_->n_batch));
+  if (blocks > cache.pool().free_blocks())
+    throw Error(ErrorCode::resource_exhausted, "KV pool exhausted: the batch needs " + std::to_string(blocks) + " blocks, " +
+                                                   std::to_string(cache.pool().free_blocks()) + " of " +
+                                                   std::to_string(cache.pool().capacity()) + " are free");
+  std::vector<int32_t> tokens;
+  tokens.reserve(size_t(total));
+  for (const SeqTokens& st : batch) tokens.insert(tokens.end(), st.tokens.begin(), st.tokens.end());
+  forward(tokens.data(), int(total), entries);
 }
 
 // ---------------------------------------------------------------- run
@@ -334,6 +434,11 @@ void LlamaContext::eval(std::span<const int32_t> tokens) {
   if (options_.all_logits && int(tokens.size()) > s_->n_batch)
     throw Error(ErrorCode::invalid_argument, "all_logits: " + std::to_string(tokens.size()) +
                                                  " tokens exceed the batch size " + std::to_string(s_->n_batch));
+  if (s_->cache) {
+    if (!s_->cache->active(0)) s_->cache->add_sequence();
+    // Checked for the whole input up front so a long prompt fails before any chunk runs.
+    s_->cache->check_append(0, int(tokens.size()));
+  }
   for (size_t off = 0; off < tokens.size(); off += size_t(s_->n_batch)) {
     const int n = int(std::min<size_t>(size_t(s_->n_batch), tokens.size() - off));
     eval_batch(tokens.data() + off, n);
@@ -341,13 +446,28 @@ void LlamaContext::eval(std::span<const int32_t> tokens) {
 }
 
 void LlamaContext::eval_batch(const int32_t* tokens, int n) {
+  const Entry e{s_->cache ? 0 : -1, 0, n, n_past_};
+  forward(tokens, n, std::span<const Entry>(&e, 1));
+}
+
+void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> entries) {
   State& s = *s_;
+  KvCache* cache = s.cache.get();
+  const KvPolicy* policy = options_.kv.policy.get();
   const LlamaConfig& c = model_->config();
   const LlamaModel& m = *model_;
   const int64_t d = c.n_embd;
   ThreadPool& pool = *pool_;
   const int T = s.n_threads;
   const int p0 = n_past_;
+  if (cache) {
+    const int w = policy ? policy->observe_window() : 0;
+    for (const Entry& e : entries)
+      for (int t = 0; t < e.n; ++t) {
+        s.row_pos[size_t(e.row0 + t)] = e.p0 + t;
+        s.row_observe[size_t(e.row0 + t)] = w < 0 || (w > 0 && (e.n == 1 || t >= e.n - w));
+      }
+  }
 
   for (int t = 0; t < n; ++t) {
     const WeightMatrix& e = m.token_embd();
@@ -397,6 +517,40 @@ void LlamaContext::eval_batch(const int32_t* tokens, int n) {
   const float kq_scale = 1.0f / std::sqrt(float(c.head_dim));
   const int group = c.n_head / c.n_head_kv;
 
+  // Paged attention: one item per (entry, KV head), so a stream's policy bookkeeping has
+  // one writer and the group's query heads read its blocks while they are in cache. Without
+  // an observing policy an item may also take every k-th row, which spreads a single
+  // sequence's prefill over more threads than it has KV heads.
+  const bool observing = policy && policy->observe_window() != 0;
+  const KvObserver observer = policy ? policy->observer() : KvObserver{};
+  auto attend_paged = [&](int l) {
+    const int base_items = int(entries.size()) * c.n_head_kv;
+    const int chunks = observing ? 1 : std::max(1, (2 * T + base_items - 1) / base_items);
+    const int items = base_items * chunks;
+    const int hd = c.head_dim;
+    pool.parallel_for(T, [&](int64_t b, int64_t e) {
+      for (int64_t slot = b; slot < e; ++slot) {
+        float* scratch = s.kv_scratch.data() + slot * s.kv_scratch_stride;
+        int32_t* vis = s.visible.data() + slot * s.n_batch;
+        for (int it = int(slot); it < items; it += T) {
+          const Entry& en = entries[size_t(it / (c.n_head_kv * chunks))];
+          const int kvh = it % (c.n_head_kv * chunks) / chunks, ch = it % chunks;
+          if (ch >= en.n) continue;
+          const int base = cache->stream(en.seq, l, kvh).n - en.n;
+          int nq = 0;
+          for (int t = ch; t < en.n; t += chunks) vis[nq++] = base + t + 1;
+          for (int g = 0; g < group; ++g) {
+            const int h = kvh * group + g;
+            const int64_t off = int64_t(en.row0 + ch) * s.q_dim + int64_t(h) * hd;
+            cache->attend(en.seq, l, kvh, s.q.data() + off, s.q_dim * chunks, nq, vis,
+                          observing ? s.row_observe.data() + en.row0 : nullptr, observer, kq_scale,
+                          s.attn.data() + off, s.q_dim * chunks, scratch);
+          }
+        }
+      }
+    });
+  };
+
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = m.layer(l);
     for (int t = 0; t < n; ++t) rms_norm(s.x.data() + t * d, L.attn_norm, s.xn.data() + t * d, d, c.rms_eps);
@@ -413,8 +567,10 @@ void LlamaContext::eval_batch(const int32_t* tokens, int n) {
         for (int64_t i = 0; i < s.kv_dim; ++i) k[i] += L.bk[i];
         for (int64_t i = 0; i < s.kv_dim; ++i) v[i] += L.bv[i];
       }
-      rope(q, c.n_head, p0 + t);
-      rope(k, c.n_head_kv, p0 + t);
+      const int pos = cache ? s.row_pos[size_t(t)] : p0 + t;
+      rope(q, c.n_head, pos);
+      rope(k, c.n_head_kv, pos);
+      if (cache) continue;
       uint8_t* kc = s.k_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
       uint8_t* vc = s.v_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
       if (s.kv_elem == 2) {
@@ -426,6 +582,12 @@ void LlamaContext::eval_batch(const int32_t* tokens, int n) {
       }
     }
 
+    if (cache) {
+      for (const Entry& e : entries)
+        for (int t = e.row0; t < e.row0 + e.n; ++t)
+          cache->append(e.seq, l, s.row_pos[size_t(t)], s.kbuf.data() + t * s.kv_dim, s.vbuf.data() + t * s.kv_dim);
+      attend_paged(l);
+    } else {
     // Causal attention, one (token, head) pair per item, items dealt round-robin so the
     // longer rows of late tokens spread over the threads.
     struct AttnJob {
@@ -486,6 +648,7 @@ void LlamaContext::eval_batch(const int32_t* tokens, int n) {
         }
       }
     });
+    }
 
     matmul(L.wo, s.attn.data(), s.q_dim, n, s.xn.data(), d);
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
@@ -501,13 +664,28 @@ void LlamaContext::eval_batch(const int32_t* tokens, int n) {
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
   }
 
-  const int first = options_.all_logits ? 0 : n - 1;
-  for (int t = first; t < n; ++t)
-    rms_norm(s.x.data() + t * d, m.output_norm(), s.xn.data() + (t - first) * d, d, c.rms_eps);
+  // Logits of every row (all_logits) or of each entry's last row, in entry order.
+  int rows = 0;
+  if (options_.all_logits) {
+    for (int t = 0; t < n; ++t) rms_norm(s.x.data() + t * d, m.output_norm(), s.xn.data() + t * d, d, c.rms_eps);
+    rows = n;
+  } else {
+    for (const Entry& e : entries)
+      rms_norm(s.x.data() + int64_t(e.row0 + e.n - 1) * d, m.output_norm(), s.xn.data() + int64_t(rows++) * d, d, c.rms_eps);
+  }
   s.act_src = nullptr;
-  matmul(m.output(), s.xn.data(), d, n - first, s.logits.data(), c.n_vocab);
+  matmul(m.output(), s.xn.data(), d, rows, s.logits.data(), c.n_vocab);
   s.act_src = nullptr;  // the next batch overwrites the sources
-  n_past_ += n;
+  last_entries_.assign(entries.begin(), entries.end());
+  if (cache) {
+    for (const Entry& e : entries) {
+      cache->set_n_past(e.seq, e.p0 + e.n);
+      if (e.seq == 0) n_past_ = e.p0 + e.n;
+      if (policy) evicted_ += policy->apply(*cache, e.seq, options_.kv.evict_slack);
+    }
+  } else {
+    n_past_ += n;
+  }
   last_batch_ = n;
 }
 

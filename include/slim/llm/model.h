@@ -11,6 +11,8 @@
 
 #include "slim/core/thread_pool.h"
 #include "slim/llm/gguf.h"
+#include "slim/llm/kv_cache.h"
+#include "slim/llm/kv_policy.h"
 
 namespace slim::llm {
 
@@ -73,12 +75,26 @@ class LlamaModel {
   friend class ModelLoader;
 };
 
+// The paged KV cache (kv_cache.h): keys and values in pool blocks per layer and KV head,
+// quantized per layer, pruned by an eviction policy, shared by several sequences.
+struct KvOptions {
+  bool paged = false;  // false: one contiguous f16/f32 cache (ContextOptions::f16_kv)
+  KvType k_type = KvType::f16, v_type = KvType::f16;
+  std::vector<KvType> layer_k, layer_v;  // per-layer overrides (empty: every layer as above)
+  int max_seqs = 1;                      // sequences sharing the pool
+  int64_t pool_bytes = 0;                // 0: room for max_seqs full-context sequences
+  int q4_recent_blocks = 2;              // q4 layers: newest blocks kept in f16
+  std::shared_ptr<const KvPolicy> policy;  // null: keep every token
+  int evict_slack = 0;  // a stream may grow this far past its budget before eviction (amortizes it)
+};
+
 struct ContextOptions {
   int n_ctx = 0;        // 0: the training context, capped at 4096
   int n_batch = 512;    // most tokens per forward pass; longer inputs are split
   bool f16_kv = true;   // f16 KV cache (as llama.cpp); false keeps f32 for exact checks
   int n_threads = 0;    // 0: all hardware threads
   bool all_logits = false;  // keep logits of every token of a batch (perplexity)
+  KvOptions kv;
 };
 
 class LlamaContext {
@@ -104,12 +120,37 @@ class LlamaContext {
   const LlamaModel& model() const { return *model_; }
   const char* kernel_isa() const;
 
+  // Paged cache only (options.kv.paged). The single-sequence calls above act on
+  // sequence 0, which exists from the start; more come from add_sequence/fork_sequence.
+  KvCache& kv_cache();
+  const KvCache& kv_cache() const;
+  int add_sequence();
+  int fork_sequence(int src, int n_tokens);  // shares the prefix's blocks
+  void remove_sequence(int seq);
+  struct SeqTokens {
+    int seq;
+    std::span<const int32_t> tokens;
+  };
+  // One forward pass over the tokens of several distinct sequences (at most n_batch in
+  // all): every weight matrix is read once for the whole batch. Checks that everything
+  // fits (context, pool blocks) before changing anything; resource_exhausted otherwise.
+  void eval_sequences(std::span<const SeqTokens> batch);
+  // Logits of the last token of entry i of the last eval_sequences.
+  const float* sequence_logits(int i) const;
+  int64_t evicted_tokens() const { return evicted_; }
+
  private:
   struct State;
+  struct Entry {
+    int seq, row0, n, p0;
+  };
   void eval_batch(const int32_t* tokens, int n);
+  void forward(const int32_t* tokens, int n, std::span<const Entry> entries);
   std::shared_ptr<const LlamaModel> model_;
   ContextOptions options_;
   int n_ctx_ = 0, n_past_ = 0, last_batch_ = 0;
+  int64_t evicted_ = 0;
+  std::vector<Entry> last_entries_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<State> s_;
 };
