@@ -407,6 +407,11 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int64_t n) {
 // ---------------- AVX-512 VNNI kernels (256-bit vectors, dpbusd) ----------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* operands that -Wuninitialized
+// reports as false positives.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace {
 
@@ -423,73 +428,140 @@ inline __m256i dot_i8_vnni(__m256i a, __m256i b) {
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
 }
 
-// Tiles of NR weight rows x NT activation rows. Each (row, token) pair has its own
-// accumulator and sees the same instructions in the same order whatever the tile shape,
-// so batched prefill and one-token decode give bit-identical results. dpbusd multiplies
-// unsigned by signed bytes: activations are offset by 128 and 128 x the weight sum is
-// taken back (Q8_0), or the 4-bit codes stay unsigned and 8 x the activation sum is
-// taken back (Q4_0).
-template <int NR, int NT>
-void tile_q8_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
-                      int64_t ldy) {
-  __m256 acc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-  const __m256i k80 = _mm256_set1_epi8(char(0x80));
-  for (int64_t i = 0; i < nb; ++i) {
-    __m256i wv[NR], wsum[NR];
-    float wd[NR];
-    for (int r = 0; r < NR; ++r) {
-      const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + i;
-      wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
-      wsum[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k80, wv[r]);
-      wd[r] = _cvtsh_ss(b->d);
+// Tiles of NR weight rows x NT activation rows over Q8_0 activations, four blocks (128
+// elements) per step in 512-bit registers. Blocks stay in their GGUF layout: word
+// permutes gather the first and the second 16 codes of four blocks into two registers, so
+// dpbusd's int32 lanes 4b..4b+3 of register "lo" hold codes 0..15 of block b, and the f16
+// scales are spread over the four lanes of their block. dpbusd multiplies unsigned by
+// signed bytes: activations are offset by 128 (x ^ 0x80) and the weight rows start their
+// accumulator at -128 x their code sums, so Q8_0 and Q4_0 (codes - 8) share one loop.
+// Each (row, token) pair has its own accumulator and sees the same instructions in the
+// same order whatever the tile shape, so batched prefill and one-token decode give
+// bit-identical results.
+struct GroupIndex {
+  alignas(64) uint16_t q8_lo[32], q8_hi[32], q8_d[32], q4_qs[32], q4_d[32];
+  GroupIndex() {
+    for (int j = 0; j < 32; ++j) {
+      const int b = j / 8, k = j % 8;
+      q8_lo[j] = uint16_t(17 * b + 1 + k);  // words of a 34-byte block: d, then 16 of codes
+      q8_hi[j] = uint16_t(17 * b + 5 + k);  // second half, from a window starting 4 words later
+      q4_qs[j] = uint16_t(9 * b + 1 + k);   // words of an 18-byte block: d, then 8 of codes
+      q8_d[j] = uint16_t(j < 16 ? 17 * (j / 4) : 0);
+      q4_d[j] = uint16_t(j < 16 ? 9 * (j / 4) : 0);
     }
-    for (int t = 0; t < NT; ++t) {
-      const BlockQ8_0* c = reinterpret_cast<const BlockQ8_0*>(x + t * xs) + i;
-      const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c->qs)), k80);
-      const float xd = _cvtsh_ss(c->d);
+  }
+};
+const GroupIndex kGroupIndex;
+
+constexpr int64_t kQ8Group = 4 * int64_t(sizeof(BlockQ8_0));  // 136 bytes
+constexpr int64_t kQ4Group = 4 * int64_t(sizeof(BlockQ4_0));  // 72 bytes
+
+struct Group {
+  __m512i lo, hi;  // codes 0..15 and 16..31 of four blocks, 16 bytes per block
+  __m512 d;        // block scale, one per int32 lane
+};
+
+// Reads exactly the 136 bytes of four Q8_0 blocks (the last load ends at the group's end).
+inline Group load_q8_0_group(const uint8_t* p) {
+  const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+  const __m512i a4 = _mm512_loadu_si512(p + 8), b4 = _mm512_loadu_si512(p + 72);
+  Group g;
+  g.lo = _mm512_permutex2var_epi16(a, _mm512_load_si512(kGroupIndex.q8_lo), b);
+  g.hi = _mm512_permutex2var_epi16(a4, _mm512_load_si512(kGroupIndex.q8_hi), b4);
+  g.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, _mm512_load_si512(kGroupIndex.q8_d), b)));
+  return g;
+}
+
+// Four Q4_0 blocks as signed codes (nibble - 8); the masked load stops at the group's end.
+inline Group load_q4_0_group(const uint8_t* p) {
+  const __m512i a = _mm512_loadu_si512(p), b = _mm512_maskz_loadu_epi16(0xF, p + 64);
+  const __m512i q = _mm512_permutex2var_epi16(a, _mm512_load_si512(kGroupIndex.q4_qs), b);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), k8 = _mm512_set1_epi8(8);
+  Group g;
+  g.lo = _mm512_sub_epi8(_mm512_and_si512(q, m4), k8);
+  g.hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), k8);
+  g.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(kGroupIndex.q4_d), a)));
+  return g;
+}
+
+template <int NR, int NT, bool Q4>
+void tile_q_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+  constexpr int64_t kGroupBytes = Q4 ? kQ4Group : kQ8Group;
+  __m512 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m512i k80 = _mm512_set1_epi8(char(0x80)), zero = _mm512_setzero_si512();
+  const int64_t ng = nb / 4;
+  // The activations of a stretch of groups are unpacked once per call into a stack buffer
+  // the inner loop reads as memory operands, which leaves the registers to the NR x NT
+  // accumulators and one weight row.
+  constexpr int64_t kStretch = 32;
+  alignas(64) Group xg[kStretch][NT];
+  for (int64_t g0 = 0; g0 < ng; g0 += kStretch) {
+    const int64_t gn = std::min(kStretch, ng - g0);
+    for (int64_t g = 0; g < gn; ++g)
+      for (int t = 0; t < NT; ++t) {
+        Group v = load_q8_0_group(x + t * xs + (g0 + g) * kQ8Group);
+        v.lo = _mm512_xor_si512(v.lo, k80);
+        v.hi = _mm512_xor_si512(v.hi, k80);
+        xg[g][t] = v;
+      }
+    for (int64_t g = 0; g < gn; ++g) {
       for (int r = 0; r < NR; ++r) {
-        const __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), xu, wv[r]), wsum[r]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd[r] * xd), _mm256_cvtepi32_ps(p), acc[r][t]);
+        const uint8_t* wp = w + r * ws + (g0 + g) * kGroupBytes;
+        const Group wg = Q4 ? load_q4_0_group(wp) : load_q8_0_group(wp);
+        const __m512i bias =
+            _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, k80, wg.lo), k80, wg.hi));
+        for (int t = 0; t < NT; ++t) {
+          const Group& xt = xg[g][t];
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, xt.lo, wg.lo), xt.hi, wg.hi);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wg.d, xt.d), acc[r][t]);
+        }
+      }
+    }
+  }
+  // The blocks after the last whole group, one at a time in 256-bit registers.
+  const __m256i k80y = _mm256_set1_epi8(char(0x80)), zeroy = _mm256_setzero_si256();
+  for (int64_t i = ng * 4; i < nb; ++i) {
+    for (int r = 0; r < NR; ++r) {
+      __m256i wq;
+      float wd;
+      if constexpr (Q4) {
+        const BlockQ4_0* b = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + i;
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+        wq = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F)),
+                             _mm256_set1_epi8(8));
+        wd = _cvtsh_ss(b->d);
+      } else {
+        const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + i;
+        wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+        wd = _cvtsh_ss(b->d);
+      }
+      const __m256i bias = _mm256_sub_epi32(zeroy, _mm256_dpbusd_epi32(zeroy, k80y, wq));
+      for (int t = 0; t < NT; ++t) {
+        const BlockQ8_0* c = reinterpret_cast<const BlockQ8_0*>(x + t * xs) + i;
+        const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c->qs)), k80y);
+        const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(bias, xu, wq)),
+                                       _mm256_set1_ps(wd * _cvtsh_ss(c->d)));
+        acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_zextps256_ps512(v));
       }
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum_ps_v(acc[r][t]);
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int NR, int NT>
+void tile_q8_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
+                      int64_t ldy) {
+  tile_q_vnni_t<NR, NT, false>(nb, w, ws, x, xs, y, ldy);
 }
 
 template <int NR, int NT>
 void tile_q4_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
                       int64_t ldy) {
-  __m256 acc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), k8 = _mm256_set1_epi8(8);
-  for (int64_t i = 0; i < nb; ++i) {
-    __m256i q[NR];
-    float wd[NR];
-    for (int r = 0; r < NR; ++r) {
-      const BlockQ4_0* b = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + i;
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
-      q[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
-      wd[r] = _cvtsh_ss(b->d);
-    }
-    for (int t = 0; t < NT; ++t) {
-      const BlockQ8_0* c = reinterpret_cast<const BlockQ8_0*>(x + t * xs) + i;
-      const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c->qs));
-      const __m256i ysum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k8, yv);
-      const float xd = _cvtsh_ss(c->d);
-      for (int r = 0; r < NR; ++r) {
-        const __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q[r], yv), ysum);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd[r] * xd), _mm256_cvtepi32_ps(p), acc[r][t]);
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum_ps_v(acc[r][t]);
+  tile_q_vnni_t<NR, NT, true>(nb, w, ws, x, xs, y, ldy);
 }
-
 #define SLIM_TILE_SWITCH(fn)                                                         \
   switch (nr * 8 + nt) {                                                             \
     case 8 + 1: return fn<1, 1>(nb, w, ws, x, xs, y, ldy);                           \
@@ -523,6 +595,29 @@ void tile_q4_0_vnni(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8
   SLIM_TILE_SWITCH(tile_q4_0_vnni_t)
 }
 #undef SLIM_TILE_SWITCH
+
+inline __m512 load_f16x16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// 64 products per step in four independent 16-lane accumulators (ggml's F16 step on
+// AVX-512), so the FMA latency is hidden.
+float dot_f16_avx512(int64_t n, const void* vw, const void* vx) {
+  const uint16_t* w = static_cast<const uint16_t*>(vw);
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), a0);
+    a1 = _mm512_fmadd_ps(load_f16x16(w + i + 16), load_f16x16(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(load_f16x16(w + i + 32), load_f16x16(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(load_f16x16(w + i + 48), load_f16x16(x + i + 48), a3);
+  }
+  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), a0);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < n; ++i) s += _cvtsh_ss(w[i]) * _cvtsh_ss(x[i]);
+  return s;
+}
 
 float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
   float y;
@@ -566,6 +661,7 @@ float dot_q4_k_vnni(int64_t n, const void* vw, const void* vx) {
 }
 
 }  // namespace
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 namespace {
@@ -597,6 +693,7 @@ KernelSet make_vnni() {
   k.dot_q8_0 = dot_q8_0_vnni;
   k.dot_q4_0 = dot_q4_0_vnni;
   k.dot_q4_k = dot_q4_k_vnni;
+  k.dot_f16 = dot_f16_avx512;
   k.tile_q8_0 = tile_q8_0_vnni;
   k.tile_q4_0 = tile_q4_0_vnni;
   return k;

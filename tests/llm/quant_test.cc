@@ -145,10 +145,12 @@ TEST(Kernels, SimdMatchesScalar) {
 
 TEST(Kernels, EveryAvailableIsaMatchesScalar) {
   const KernelSet& ref = scalar_kernels();
-  const int64_t n = 256 * 4;
+  // Lengths with and without a tail after the SIMD kernels' 4-block (128-element) groups.
+  for (const int64_t n : {int64_t(256 * 4), int64_t(32 * 7), int64_t(32)})
   for (const KernelSet* k : available_kernel_sets()) {
     for (GgmlType t : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_k,
                        GgmlType::q6_k}) {
+      if (n % 256 != 0 && (t == GgmlType::q4_k || t == GgmlType::q6_k)) continue;
       const ActType at = act_type_for(t);
       // 5 weight rows and 6 activation rows, to cover partial tiles.
       std::vector<uint8_t> w(size_t(ggml_row_bytes(t, n) * 5)), x(size_t(act_row_bytes(at, n) * 6));
@@ -161,7 +163,7 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
           const uint8_t* wr = w.data() + r * ggml_row_bytes(t, n);
           const uint8_t* xc = x.data() + c * act_row_bytes(at, n);
           const float a = dot_fn(*k, t)(n, wr, xc), b = dot_fn(ref, t)(n, wr, xc);
-          EXPECT_NEAR(a, b, 1e-5 * (std::fabs(b) + 1.0)) << k->isa << " " << ggml_type_name(uint32_t(t));
+          EXPECT_NEAR(a, b, 1e-5 * (std::fabs(b) + 1.0)) << k->isa << " " << ggml_type_name(uint32_t(t)) << " n " << n;
         }
       TileFn tile = t == GgmlType::q8_0 ? k->tile_q8_0 : t == GgmlType::q4_0 ? k->tile_q4_0 : nullptr;
       if (!tile) continue;
@@ -175,7 +177,7 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
             for (int c = 0; c < nt; ++c)
               EXPECT_EQ(y[c * 4 + r], dot_fn(*k, t)(n, w.data() + (r + 1) * ggml_row_bytes(t, n),
                                                    x.data() + (c + 1) * act_row_bytes(at, n)))
-                  << k->isa << " tile " << nr << "x" << nt;
+                  << k->isa << " tile " << nr << "x" << nt << " n " << n;
         }
     }
   }
