@@ -11,6 +11,7 @@ packages=(
   libssl-dev libxxhash-dev libzstd-dev openssl python3-cryptography
   python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex
   python3-sentencepiece sentencepiece
+  libdnnl-dev
 )
 
 missing=()

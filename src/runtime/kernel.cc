@@ -1,5 +1,7 @@
 #include "slim/runtime/kernel.h"
 
+#include "slim/runtime/provider.h"
+
 namespace slim {
 
 KernelContext::KernelContext(const Node& node, std::vector<const Tensor*> inputs,
@@ -67,6 +69,42 @@ bool KernelRegistry::has_op(const std::string& op_type, const std::string& domai
   for (const auto& d : defs_)
     if (d.op_type == op_type && d.domain == domain) return true;
   return false;
+}
+
+const NodeInputInfo& KernelBuildInfo::input(int i) const {
+  static const NodeInputInfo kAbsent;
+  return i >= 0 && i < int(inputs.size()) ? inputs[size_t(i)] : kAbsent;
+}
+
+ProviderChoice choose_provider(const std::vector<const KernelRegistry*>& providers,
+                               const KernelBuildInfo& info) {
+  ProviderChoice choice;
+  const Node& node = info.node;
+  for (const auto* r : providers) {
+    const KernelDef* def = r->find(node.op_type, node.domain, info.opset);
+    if (!def) {
+      choice.declined.push_back(r->provider() + ": " +
+                                (r->has_op(node.op_type, node.domain)
+                                     ? "no kernel for opset " + std::to_string(info.opset)
+                                     : std::string("op not implemented")));
+      continue;
+    }
+    if (def->claim) {
+      const Claim c = def->claim(info);
+      if (!c.taken) {
+        choice.declined.push_back(r->provider() + ": " + c.reason);
+        continue;
+      }
+    }
+    choice.def = def;
+    choice.provider = r->provider();
+    return choice;
+  }
+  return choice;
+}
+
+std::unique_ptr<OpKernel> build_kernel(const KernelDef& def, const KernelBuildInfo& info) {
+  return def.build ? def.build(info) : def.factory(info.node, info.opset);
 }
 
 }  // namespace slim

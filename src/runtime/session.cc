@@ -14,6 +14,7 @@
 #include "slim/onnx/importer.h"
 #include "slim/runtime/kernel.h"
 #include "slim/runtime/memory_planner.h"
+#include "slim/runtime/provider.h"
 
 namespace slim {
 
@@ -45,7 +46,7 @@ std::vector<const KernelRegistry*> resolve_providers(const std::vector<std::stri
   for (const auto& name : names) {
     const KernelRegistry* r = find_provider(name);
     if (!r) {
-      std::vector<std::string> known = {"ref"};
+      std::vector<std::string> known = {"cpu", "ref"};
       {
         std::lock_guard<std::mutex> lock(g_providers_mu);
         for (const auto* p : extra_providers()) known.push_back(p->provider());
@@ -164,8 +165,9 @@ bool same_storage(const Tensor& a, const Tensor& b) {
 
 void register_provider(const KernelRegistry* registry) {
   check(registry != nullptr, ErrorCode::invalid_argument, "register_provider: null registry");
-  check(registry->provider() != "ref", ErrorCode::invalid_argument,
-        "register_provider: 'ref' is built in and cannot be replaced");
+  check(registry->provider() != "ref" && registry->provider() != "cpu",
+        ErrorCode::invalid_argument,
+        "register_provider: '" + registry->provider() + "' is built in and cannot be replaced");
   std::lock_guard<std::mutex> lock(g_providers_mu);
   for (auto& p : extra_providers())
     if (p->provider() == registry->provider()) {
@@ -177,6 +179,7 @@ void register_provider(const KernelRegistry* registry) {
 
 const KernelRegistry* find_provider(const std::string& name) {
   if (name == "ref") return &ref_kernel_registry();
+  if (name == "cpu") return &cpu_kernel_registry();
   std::lock_guard<std::mutex> lock(g_providers_mu);
   for (const auto* p : extra_providers())
     if (p->provider() == name) return p;
@@ -257,6 +260,7 @@ struct Session::Impl {
   Model model;
   Graph graph;  // compiled
   std::vector<std::string> node_providers;
+  std::vector<NodeAssignment> assignments;  // index for index with graph.nodes
   CompileStats stats;
   std::string context;
 
@@ -501,28 +505,40 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
   std::vector<Missing> missing;
   std::vector<std::unique_ptr<Node>> kept;
   std::vector<Step> built;
+  std::vector<NodeAssignment> assigned;
   kept.reserve(node_store.size());
   for (auto& node_ptr : node_store) {
     const Node& node = *node_ptr;
     const int64_t opset = model.opset(node.domain);
-    const KernelDef* def = nullptr;
-    std::string provider;
-    for (const auto* r : registries) {
-      def = r->find(node.op_type, node.domain, opset);
-      if (def) {
-        provider = r->provider();
-        break;
-      }
+    // Partitioning: providers see what is known about the inputs by now (earlier nodes
+    // were folded or probed in order) and claim or decline the node.
+    KernelBuildInfo info{node, opset, {}};
+    info.inputs.resize(node.inputs.size());
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      if (node.inputs[k].empty()) continue;
+      const ValueSlot& v = values[size_t(value_id(node.inputs[k]))];
+      NodeInputInfo& in = info.inputs[k];
+      in.present = true;
+      in.dtype = v.dtype;
+      in.shape = v.shape;
+      if (v.kind == ValueKind::constant) in.constant = &v.constant;
     }
+    ProviderChoice choice = choose_provider(registries, info);
+    const KernelDef* def = choice.def;
+    const std::string provider = choice.provider;
+    NodeAssignment assignment{node.name,
+                              node.domain.empty() ? node.op_type : node.domain + ":" + node.op_type,
+                              provider, std::move(choice.declined)};
     if (!def) {
       missing.push_back({domain_label(node.domain) + ":" + node.op_type + " (opset " +
                              std::to_string(opset) + ")",
                          node.describe()});
       kept.push_back(std::move(node_ptr));
       built.emplace_back();
+      assigned.push_back(std::move(assignment));
       continue;
     }
-    std::unique_ptr<OpKernel> kernel = def->factory(node, opset);
+    std::unique_ptr<OpKernel> kernel = build_kernel(*def, info);
     check(kernel != nullptr, ErrorCode::internal,
           node.describe() + ": provider '" + provider + "' returned no kernel");
 
@@ -611,6 +627,7 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     step.kernel = std::move(kernel);
     built.push_back(std::move(step));
     kept.push_back(std::move(node_ptr));
+    assigned.push_back(std::move(assignment));
   }
   if (!missing.empty()) {
     std::string msg = context + ": no kernel in providers [" + join(options.providers) +
@@ -624,6 +641,7 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
   }
   node_store = std::move(kept);
   steps = std::move(built);
+  assignments = std::move(assigned);
 }
 
 void Session::Impl::build_steps() {
@@ -937,6 +955,7 @@ const std::vector<ValueInfo>& Session::outputs() const { return impl_->graph.out
 const CompileStats& Session::stats() const { return impl_->stats; }
 const Graph& Session::compiled_graph() const { return impl_->graph; }
 const std::vector<std::string>& Session::node_providers() const { return impl_->node_providers; }
+const std::vector<NodeAssignment>& Session::partition() const { return impl_->assignments; }
 
 std::optional<Shape> Session::static_shape(const std::string& value) const {
   const ValueSlot* v = impl_->find_value(value);

@@ -6,6 +6,7 @@
 #include <climits>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,36 @@ class OpKernel {
 // Throws invalid_model (bad attribute) or unsupported (valid but not implemented).
 using KernelFactory = std::function<std::unique_ptr<OpKernel>(const Node& node, int64_t opset)>;
 
+// What compile knows about one input of a node when it picks and builds its kernel.
+struct NodeInputInfo {
+  bool present = false;            // false for an omitted optional input
+  std::optional<DType> dtype;      // known element type
+  std::optional<Shape> shape;      // static shape
+  const Tensor* constant = nullptr;  // the value, when it is an initializer or folded
+};
+
+// A node with everything compile knows about its inputs: what a claim function decides
+// on and what a KernelDef::build factory packs (e.g. constant weights) at compile time.
+struct KernelBuildInfo {
+  const Node& node;
+  int64_t opset = 0;
+  std::vector<NodeInputInfo> inputs;
+  // The input, or a shared absent one past the node's inputs.
+  const NodeInputInfo& input(int i) const;
+  bool has_input(int i) const { return input(i).present; }
+};
+
+// A provider's answer to "will you run this node?". A declined claim says why, so
+// `slim inspect --partition` can show why a node fell back to the next provider.
+struct Claim {
+  bool taken = true;
+  std::string reason;
+  static Claim yes() { return {}; }
+  static Claim no(std::string why) { return {false, std::move(why)}; }
+};
+using ClaimFn = std::function<Claim(const KernelBuildInfo& info)>;
+using BuildFn = std::function<std::unique_ptr<OpKernel>(const KernelBuildInfo& info)>;
+
 struct KernelDef {
   std::string op_type;
   std::string domain;  // "" = ai.onnx
@@ -74,6 +105,12 @@ struct KernelDef {
   // `shape` (1) or NonZero's data (0). The compiler uses this to know which output
   // shapes it can infer statically.
   std::vector<int> shape_inputs;
+  // Optional: looks at the node and its inputs and may decline it (a node nobody else
+  // claims still fails to compile). Absent: every node of the op and opset range is taken.
+  ClaimFn claim = nullptr;
+  // Optional factory that also sees input dtypes, static shapes and constant values;
+  // used instead of `factory` when set (kernels that pack weights at compile time).
+  BuildFn build = nullptr;
 };
 
 class KernelRegistry {

@@ -11,12 +11,14 @@
 
 #include "slim/core/tensor.h"
 #include "slim/onnx/graph.h"
+#include "slim/runtime/provider.h"
 
 namespace slim {
 
 struct SessionOptions {
   int num_threads = 0;                         // 0: all hardware threads
-  std::vector<std::string> providers = {"ref"};  // in priority order
+  // In priority order: each node goes to the first provider that claims it.
+  std::vector<std::string> providers = {"cpu", "ref"};
   bool fold_constants = true;
   bool plan_memory = true;
   // A model with symbolic input dims is compiled once more for a concrete set of input
@@ -71,6 +73,9 @@ class Session {
   const Graph& compiled_graph() const;
   // Provider that runs each node of compiled_graph(), index for index.
   const std::vector<std::string>& node_providers() const;
+  // The partition: for each node of compiled_graph(), its provider and why the providers
+  // ahead of it declined.
+  const std::vector<NodeAssignment>& partition() const;
   // Shape specializations compiled so far (see SessionOptions::shape_specializations),
   // and the stats of the one the last run used (stats() when it used none).
   int64_t num_specializations() const;
@@ -86,7 +91,7 @@ class Session {
 class KernelRegistry;
 
 // Makes a provider's kernels selectable by name in SessionOptions::providers (a second
-// registry of the same name replaces the first). "ref" is always registered. The
+// registry of the same name replaces the first). "cpu" and "ref" are always registered. The
 // registry must outlive every session compiled with it.
 void register_provider(const KernelRegistry* registry);
 // The registry of a provider name; nullptr when none is registered under that name.
@@ -94,6 +99,6 @@ const KernelRegistry* find_provider(const std::string& name);
 
 // Ops of a model no registered provider can run, as "domain:Op (opset N)" strings.
 std::vector<std::string> unsupported_ops(const Model& model,
-                                         const std::vector<std::string>& providers = {"ref"});
+                                         const std::vector<std::string>& providers = {"cpu", "ref"});
 
 }  // namespace slim

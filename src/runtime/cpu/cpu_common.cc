@@ -1,0 +1,94 @@
+#include "runtime/cpu/cpu_common.h"
+
+#include <omp.h>
+
+namespace slim::cpu {
+
+const dnnl::engine& dnnl_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+void limit_dnnl_threads(const KernelContext& ctx) {
+  const int n = ctx.pool().num_threads();
+  // omp_set_num_threads sets the calling thread's value; skip the call when unchanged.
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+dnnl::memory::dims to_dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
+
+dnnl::memory::desc plain_md(const Shape& dims) {
+  return strided_md(dims, contiguous_strides(dims));
+}
+
+dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides) {
+  return dnnl::memory::desc(to_dims(dims), dnnl::memory::data_type::f32, to_dims(strides));
+}
+
+ActivationSpec fused_activation(const Node& node) {
+  ActivationSpec a;
+  const std::string name = node.attr_string("activation", "");
+  const std::vector<float> params = node.attr_floats("activation_params");
+  if (!parse_activation(name, params, &a))
+    throw Error(ErrorCode::invalid_model, node.describe() + ": activation '" + name + "' with " +
+                                              std::to_string(params.size()) +
+                                              " activation_params is not a known fused activation");
+  return a;
+}
+
+void append_activation(dnnl::post_ops& ops, const ActivationSpec& a) {
+  using A = dnnl::algorithm;
+  switch (a.kind) {
+    case Activation::none: return;
+    case Activation::relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); return;
+    case Activation::leaky_relu: ops.append_eltwise(1.f, A::eltwise_relu, a.p0, 0.f); return;
+    case Activation::clip: ops.append_eltwise(1.f, A::eltwise_clip_v2, a.p0, a.p1); return;
+    case Activation::sigmoid: ops.append_eltwise(1.f, A::eltwise_logistic, 0.f, 0.f); return;
+    case Activation::hard_swish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); return;
+    case Activation::silu: ops.append_eltwise(1.f, A::eltwise_swish, 1.f, 0.f); return;
+    case Activation::gelu: ops.append_eltwise(1.f, A::eltwise_gelu_erf, 0.f, 0.f); return;
+    case Activation::gelu_tanh: ops.append_eltwise(1.f, A::eltwise_gelu_tanh, 0.f, 0.f); return;
+    case Activation::tanh: ops.append_eltwise(1.f, A::eltwise_tanh, 0.f, 0.f); return;
+  }
+}
+
+std::optional<std::string> need_f32(const KernelBuildInfo& info, int i) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return "input " + std::to_string(i) + " is missing";
+  if (!in.dtype) return "dtype of input " + std::to_string(i) + " is unknown";
+  if (*in.dtype != DType::f32)
+    return "input " + std::to_string(i) + " is " + std::string(dtype_name(*in.dtype)) + ", only f32 is implemented";
+  return std::nullopt;
+}
+
+std::optional<std::string> need_static(const KernelBuildInfo& info, int i) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return "input " + std::to_string(i) + " is missing";
+  if (!in.shape) return "shape of input " + std::to_string(i) + " is dynamic";
+  return std::nullopt;
+}
+
+std::optional<std::string> need_constant(const KernelBuildInfo& info, int i) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return "input " + std::to_string(i) + " is missing";
+  if (!in.constant) return "input " + std::to_string(i) + " (weights) is not a constant";
+  return std::nullopt;
+}
+
+std::optional<std::string> need_all_f32_static(const KernelBuildInfo& info) {
+  for (int i = 0; i < int(info.inputs.size()); ++i) {
+    if (!info.input(i).present) continue;
+    if (auto r = need_f32(info, i)) return r;
+    if (auto r = need_static(info, i)) return r;
+  }
+  return std::nullopt;
+}
+
+void check_input_shape(const KernelContext& ctx, int i, const Shape& expected) {
+  const Tensor& t = ctx.required_input(i);
+  if (t.dtype() != DType::f32 || t.shape() != expected)
+    ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) +
+                                      " f32" + shape_str(expected) + " but got " + t.describe());
+}
+
+}  // namespace slim::cpu

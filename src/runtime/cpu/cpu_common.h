@@ -1,0 +1,61 @@
+// Shared pieces of the cpu provider: kernel group registration, the oneDNN engine and
+// thread control, the fused-activation mapping, and the claim helpers that decline
+// nodes the provider does not cover (with a reason for `slim inspect --partition`).
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "slim/runtime/fused_ops.h"
+#include "slim/runtime/kernel.h"
+
+namespace slim::cpu {
+
+void register_dnnl_conv_kernels(KernelRegistry& r);    // dnnl_conv.cc
+void register_dnnl_matmul_kernels(KernelRegistry& r);  // dnnl_matmul.cc
+void register_dnnl_pool_kernels(KernelRegistry& r);    // dnnl_pool.cc
+
+// The process-wide oneDNN CPU engine.
+const dnnl::engine& dnnl_engine();
+
+// Debian's libdnnl runs its primitives on OpenMP. Each execute first limits OpenMP to
+// the size of slim's pool (SessionOptions::num_threads), so the two never run more
+// threads than asked for; slim's pool is idle while a oneDNN primitive runs.
+void limit_dnnl_threads(const KernelContext& ctx);
+
+dnnl::memory::dims to_dims(const Shape& s);
+// A plain f32 memory descriptor: row-major, or with explicit element strides.
+dnnl::memory::desc plain_md(const Shape& dims);
+dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides);
+
+// The fused activation of a slim:Fused* node; throws invalid_model naming the node.
+ActivationSpec fused_activation(const Node& node);
+// Adds the activation as an eltwise post-op (none adds nothing).
+void append_activation(dnnl::post_ops& ops, const ActivationSpec& a);
+
+// Claim helpers: decline unless input i is present with a known f32 dtype / static shape /
+// constant value. They return the reason, or nullopt when the condition holds.
+std::optional<std::string> need_f32(const KernelBuildInfo& info, int i);
+std::optional<std::string> need_static(const KernelBuildInfo& info, int i);
+std::optional<std::string> need_constant(const KernelBuildInfo& info, int i);
+// All present inputs f32 with static shapes.
+std::optional<std::string> need_all_f32_static(const KernelBuildInfo& info);
+
+// Runs a oneDNN call and turns its exception into a slim::Error naming the node.
+template <typename Fn>
+auto dnnl_call(const Node& node, const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const dnnl::error& e) {
+    throw Error(ErrorCode::internal, node.describe() + ": oneDNN " + what + " failed: " + e.what());
+  }
+}
+
+// The output shape the kernel was built for; a different one at run time means compile
+// and run disagree, which is slim's bug, not the caller's.
+void check_input_shape(const KernelContext& ctx, int i, const Shape& expected);
+
+}  // namespace slim::cpu

@@ -1,0 +1,310 @@
+// Conv, ConvTranspose and slim:FusedConv on oneDNN. The kernel is built at compile time
+// for the node's static shapes: oneDNN picks the weight layout (and the activation
+// layout it runs fastest in), the weights are reordered into it once, and bias,
+// residual and activation ride along as post-ops. Activations arrive and leave in ONNX's
+// plain NCHW; when oneDNN prefers a blocked layout the kernel reorders through buffers
+// it allocated at compile time.
+#include <cstring>
+
+#include "runtime/cpu/cpu_common.h"
+
+namespace slim::cpu {
+namespace {
+
+using dnnl::memory;
+
+struct ConvSetup {
+  bool transposed = false;
+  bool fused = false;
+  int64_t group = 1;
+  Shape x, w, y;
+  Shape stride, dil, pad_l, pad_r;  // dil in oneDNN's convention (0 = dense)
+  bool has_bias = false, has_z = false;
+  ActivationSpec act;
+};
+
+// Resolves the geometry from attributes and static shapes, or returns why the node is
+// declined (ref then runs it and reports any real error in the attributes).
+std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused,
+                                      ConvSetup* s) {
+  const Node& node = info.node;
+  for (int i = 0; i < int(info.inputs.size()); ++i) {
+    if (!info.input(i).present) continue;
+    if (auto r = need_f32(info, i)) return r;
+    if (auto r = need_static(info, i)) return r;
+  }
+  if (auto r = need_constant(info, 1)) return r;
+  if (!fused && node.outputs.size() != 1) return std::string("expects one output");
+  s->transposed = transposed;
+  s->fused = fused;
+  s->x = *info.input(0).shape;
+  s->w = *info.input(1).shape;
+  const size_t rank = s->x.size();
+  if (rank < 3 || rank > 5) return "rank " + std::to_string(rank) + " input (oneDNN covers 1-3 spatial dims)";
+  if (s->w.size() != rank) return std::string("weight rank differs from input rank");
+  const size_t nd = rank - 2;
+  s->group = node.attr_int("group", 1);
+  const std::string auto_pad = node.attr_string("auto_pad", "NOTSET");
+  Shape kernel_shape = node.attr_ints("kernel_shape");
+  Shape strides = node.attr_ints("strides", Shape(nd, 1));
+  Shape dilations = node.attr_ints("dilations", Shape(nd, 1));
+  Shape pads = node.attr_ints("pads", Shape(2 * nd, 0));
+  if (strides.size() != nd || dilations.size() != nd || pads.size() != 2 * nd)
+    return std::string("strides/dilations/pads do not match the spatial rank");
+  if (s->group < 1) return std::string("group < 1");
+  for (size_t d = 0; d < nd; ++d)
+    if (strides[d] < 1 || dilations[d] < 1 || pads[d] < 0 || pads[d + nd] < 0)
+      return std::string("non-positive stride/dilation or negative pad");
+  Shape k(s->w.begin() + 2, s->w.end());
+  if (!kernel_shape.empty() && kernel_shape != k) return std::string("kernel_shape disagrees with the weights");
+  for (int64_t v : s->x)
+    if (v < 1) return std::string("empty input");
+  for (int64_t v : s->w)
+    if (v < 1) return std::string("empty weights");
+  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" && auto_pad != "VALID")
+    return "auto_pad " + auto_pad;
+  const int64_t c = s->x[1];
+  int64_t m = 0;
+  if (!transposed) {
+    m = s->w[0];
+    if (s->w[1] * s->group != c || m % s->group != 0) return std::string("weights do not fit the input and group");
+  } else {
+    if (s->w[0] != c || c % s->group != 0) return std::string("weights do not fit the input and group");
+    m = s->w[1] * s->group;
+  }
+  s->y = {s->x[0], m};
+  s->stride = strides;
+  s->dil.resize(nd);
+  s->pad_l.resize(nd);
+  s->pad_r.resize(nd);
+  Shape out_pad, out_shape;
+  if (transposed) {
+    out_pad = node.attr_ints("output_padding", Shape(nd, 0));
+    out_shape = node.attr_ints("output_shape");
+    if (out_shape.size() == nd + 2) out_shape.erase(out_shape.begin(), out_shape.begin() + 2);
+    if (out_pad.size() != nd || (!out_shape.empty() && out_shape.size() != nd))
+      return std::string("output_padding/output_shape do not match the spatial rank");
+  }
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t in = s->x[d + 2];
+    const int64_t span = (k[d] - 1) * dilations[d] + 1;
+    s->dil[d] = dilations[d] - 1;
+    int64_t pb = 0, pe = 0, out = 0;
+    const bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+    if (!transposed) {
+      if (same) {
+        const int64_t o = (in + strides[d] - 1) / strides[d];
+        const int64_t total = std::max<int64_t>(0, (o - 1) * strides[d] + span - in);
+        pb = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+        pe = total - pb;
+      } else if (auto_pad == "NOTSET") {
+        pb = pads[d];
+        pe = pads[d + nd];
+      }
+      if (in + pb + pe < span) return std::string("kernel larger than the padded input");
+      out = (in + pb + pe - span) / strides[d] + 1;
+    } else {
+      const int64_t full = strides[d] * (in - 1) + out_pad[d] + span;
+      if (!out_shape.empty() || same) {
+        out = !out_shape.empty() ? out_shape[d] : in * strides[d];
+        const int64_t total = full - out;
+        auto floor_half = [](int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); };
+        pb = auto_pad == "SAME_UPPER" ? floor_half(total) : total - floor_half(total);
+      } else {
+        pb = auto_pad == "VALID" ? 0 : pads[d];
+        const int64_t pe0 = auto_pad == "VALID" ? 0 : pads[d + nd];
+        out = full - pb - pe0;
+      }
+      // oneDNN's deconvolution: out = (in - 1) * stride + span - pad_l - pad_r.
+      pe = (in - 1) * strides[d] + span - pb - out;
+      if (pb < 0 || pe < 0) return std::string("output_padding/output_shape beyond the padding");
+      if (out < 1) return std::string("empty output");
+    }
+    s->pad_l[d] = pb;
+    s->pad_r[d] = pe;
+    s->y.push_back(out);
+  }
+  s->has_bias = info.has_input(2);
+  if (s->has_bias && (info.input(2).shape->size() != 1 || (*info.input(2).shape)[0] != m))
+    return std::string("bias is not a vector of the output channels");
+  if (fused) {
+    s->has_z = info.has_input(3);
+    if (s->has_z && *info.input(3).shape != s->y) return std::string("residual shape differs from the output");
+    ActivationSpec a;
+    if (!parse_activation(node.attr_string("activation", ""), node.attr_floats("activation_params"), &a))
+      return std::string("unknown activation");
+    s->act = a;
+  } else if (info.inputs.size() > 3) {
+    return std::string("too many inputs");
+  }
+  return std::nullopt;
+}
+
+class DnnlConvKernel final : public OpKernel {
+ public:
+  DnnlConvKernel(const Node& node, ConvSetup s, const Tensor& weights) : s_(std::move(s)) {
+    dnnl_call(node, "convolution setup", [&] { setup(weights); return 0; });
+  }
+
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, s_.x);
+    limit_dnnl_threads(ctx);
+    const Tensor& x = ctx.required_input(0);
+    Tensor& y = ctx.output(0, DType::f32, s_.y);
+    dnnl_call(ctx.node(), "convolution", [&] {
+      src_user_.set_data_handle(x.raw_data());
+      dst_user_.set_data_handle(y.raw_data());
+      if (reorder_src_) src_reorder_.execute(stream_, src_user_, src_mem_);
+      if (s_.has_z) {
+        const Tensor& z = ctx.required_input(3);
+        check_input_shape(ctx, 3, s_.y);
+        if (reorder_dst_) {
+          z_user_.set_data_handle(z.raw_data());
+          z_reorder_.execute(stream_, z_user_, dst_mem_);
+        } else {
+          std::memcpy(y.raw_data(), z.raw_data(), y.nbytes());
+        }
+      }
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, src_mem_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_mem_}};
+      if (s_.has_bias) {
+        bias_.set_data_handle(ctx.required_input(2).raw_data());
+        args.emplace(DNNL_ARG_BIAS, bias_);
+      }
+      prim_.execute(stream_, args);
+      if (reorder_dst_) dst_reorder_.execute(stream_, dst_mem_, dst_user_);
+      stream_.wait();
+      return 0;
+    });
+  }
+
+ private:
+  void setup(const Tensor& weights) {
+    const auto& eng = dnnl_engine();
+    stream_ = dnnl::stream(eng);
+    const size_t nd = s_.x.size() - 2;
+    const int64_t g = s_.group;
+    const int64_t m = s_.y[1], c = s_.x[1];
+    Shape k(s_.w.begin() + 2, s_.w.end());
+    // Weights as ONNX stores them, described in oneDNN's logical order: conv
+    // [(G,) OC, IC, k...]; ConvTranspose's file order is [IC, OC/G, k...] per group.
+    Shape wdims, wstrides;
+    const int64_t ksize = shape_numel(k);
+    const Shape kstr = contiguous_strides(k);
+    const int64_t ocg = m / g, icg = c / g;
+    if (g > 1) wdims.push_back(g);
+    wdims.push_back(ocg);
+    wdims.push_back(icg);
+    wdims.insert(wdims.end(), k.begin(), k.end());
+    if (!s_.transposed) {
+      if (g > 1) wstrides.push_back(ocg * icg * ksize);
+      wstrides.push_back(icg * ksize);
+      wstrides.push_back(ksize);
+    } else {
+      if (g > 1) wstrides.push_back(icg * ocg * ksize);
+      wstrides.push_back(ksize);
+      wstrides.push_back(ocg * ksize);
+    }
+    wstrides.insert(wstrides.end(), kstr.begin(), kstr.end());
+    const memory::desc w_user_md = strided_md(wdims, wstrides);
+    auto any = [](const Shape& d) {
+      return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any);
+    };
+    const memory::desc bias_md = s_.has_bias ? plain_md({m}) : memory::desc();
+
+    dnnl::post_ops ops;
+    if (s_.has_z) ops.append_sum(1.f);
+    append_activation(ops, s_.act);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+
+    memory::desc src_md, dst_md, w_md;
+    if (!s_.transposed) {
+      dnnl::convolution_forward::desc d(
+          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(s_.x),
+          any(wdims), bias_md, any(s_.y), to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
+          to_dims(s_.pad_r));
+      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
+      src_md = pd.src_desc();
+      dst_md = pd.dst_desc();
+      w_md = pd.weights_desc();
+      prim_ = dnnl::convolution_forward(pd);
+    } else {
+      dnnl::deconvolution_forward::desc d(
+          dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, any(s_.x),
+          any(wdims), bias_md, any(s_.y), to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
+          to_dims(s_.pad_r));
+      dnnl::deconvolution_forward::primitive_desc pd(d, attr, eng);
+      src_md = pd.src_desc();
+      dst_md = pd.dst_desc();
+      w_md = pd.weights_desc();
+      prim_ = dnnl::deconvolution_forward(pd);
+    }
+    (void)nd;
+    // Weights: packed once into the primitive's layout; the kernel owns the copy.
+    weights_ = memory(w_md, eng);
+    memory w_user(w_user_md, eng, weights.raw_data());
+    dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
+    stream_.wait();
+
+    const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
+    src_user_ = memory(x_md, eng, DNNL_MEMORY_NONE);
+    dst_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+    reorder_src_ = src_md != x_md;
+    reorder_dst_ = dst_md != y_md;
+    if (reorder_src_) {
+      src_mem_ = memory(src_md, eng);
+      src_reorder_ = dnnl::reorder(src_user_, src_mem_);
+    } else {
+      src_mem_ = src_user_;
+    }
+    if (reorder_dst_) {
+      dst_mem_ = memory(dst_md, eng);
+      dst_reorder_ = dnnl::reorder(dst_mem_, dst_user_);
+      if (s_.has_z) {
+        z_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+        z_reorder_ = dnnl::reorder(z_user_, dst_mem_);
+      }
+    } else {
+      dst_mem_ = dst_user_;
+    }
+    if (s_.has_bias) bias_ = memory(bias_md, eng, DNNL_MEMORY_NONE);
+  }
+
+  ConvSetup s_;
+  dnnl::primitive prim_;
+  dnnl::reorder src_reorder_, dst_reorder_, z_reorder_;
+  mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_;
+  bool reorder_src_ = false, reorder_dst_ = false;
+  mutable dnnl::stream stream_;
+};
+
+KernelDef conv_def(const std::string& op, const std::string& domain, int64_t since,
+                   bool transposed, bool fused) {
+  KernelDef def;
+  def.op_type = op;
+  def.domain = domain;
+  def.since_version = since;
+  def.claim = [transposed, fused](const KernelBuildInfo& info) {
+    ConvSetup s;
+    if (auto why = conv_setup(info, transposed, fused, &s)) return Claim::no(*why);
+    return Claim::yes();
+  };
+  def.build = [transposed, fused](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ConvSetup s;
+    if (auto why = conv_setup(info, transposed, fused, &s))
+      throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
+    return std::make_unique<DnnlConvKernel>(info.node, std::move(s), *info.input(1).constant);
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_dnnl_conv_kernels(KernelRegistry& r) {
+  r.add(conv_def("Conv", "", 1, false, false));
+  r.add(conv_def("ConvTranspose", "", 1, true, false));
+  r.add(conv_def("FusedConv", kFusedDomain, kFusedOpset, false, true));
+}
+
+}  // namespace slim::cpu

@@ -1,0 +1,156 @@
+// MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on oneDNN's pooling
+// primitive (with dilation), built at compile time for the static input shape. ONNX's
+// ceil_mode becomes extra end padding, which oneDNN's max and exclude-padding average
+// ignore; where that would change an include-padding average, the node is declined.
+#include "runtime/cpu/cpu_common.h"
+
+namespace slim::cpu {
+namespace {
+
+using dnnl::memory;
+
+enum class PoolKind { max, average, global_max, global_average };
+
+struct PoolSetup {
+  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+  Shape x, y, k, stride, dil, pad_l, pad_r;
+};
+
+std::optional<std::string> pool_setup(const KernelBuildInfo& info, PoolKind kind, PoolSetup* s) {
+  const Node& node = info.node;
+  if (auto r = need_f32(info, 0)) return r;
+  if (auto r = need_static(info, 0)) return r;
+  if (node.outputs.size() != 1) return std::string("the Indices output is not implemented");
+  s->x = *info.input(0).shape;
+  const size_t rank = s->x.size();
+  if (rank < 3 || rank > 5) return "rank " + std::to_string(rank) + " input (oneDNN covers 1-3 spatial dims)";
+  for (int64_t v : s->x)
+    if (v < 1) return std::string("empty input");
+  const size_t nd = rank - 2;
+  const Shape in(s->x.begin() + 2, s->x.end());
+  s->y = {s->x[0], s->x[1]};
+  if (kind == PoolKind::global_max || kind == PoolKind::global_average) {
+    s->alg = kind == PoolKind::global_max ? dnnl::algorithm::pooling_max
+                                          : dnnl::algorithm::pooling_avg_exclude_padding;
+    s->k = in;
+    s->stride = Shape(nd, 1);
+    s->dil = s->pad_l = s->pad_r = Shape(nd, 0);
+    s->y.insert(s->y.end(), nd, 1);
+    return std::nullopt;
+  }
+  const std::string auto_pad = node.attr_string("auto_pad", "NOTSET");
+  const bool ceil_mode = node.attr_int("ceil_mode", 0) != 0;
+  const bool include_pad = kind == PoolKind::average && node.attr_int("count_include_pad", 0) != 0;
+  s->alg = kind == PoolKind::max ? dnnl::algorithm::pooling_max
+           : include_pad          ? dnnl::algorithm::pooling_avg_include_padding
+                                  : dnnl::algorithm::pooling_avg_exclude_padding;
+  s->k = node.attr_ints("kernel_shape");
+  const Shape strides = node.attr_ints("strides", Shape(nd, 1));
+  const Shape dilations = node.attr_ints("dilations", Shape(nd, 1));
+  const Shape pads = node.attr_ints("pads", Shape(2 * nd, 0));
+  if (s->k.size() != nd || strides.size() != nd || dilations.size() != nd || pads.size() != 2 * nd)
+    return std::string("kernel_shape/strides/dilations/pads do not match the spatial rank");
+  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" && auto_pad != "VALID")
+    return "auto_pad " + auto_pad;
+  if (node.attr_int("storage_order", 0) != 0) return std::string("storage_order 1");
+  for (size_t d = 0; d < nd; ++d) {
+    if (s->k[d] < 1 || strides[d] < 1 || dilations[d] < 1 || pads[d] < 0 || pads[d + nd] < 0)
+      return std::string("non-positive kernel/stride/dilation or negative pad");
+    const int64_t span = (s->k[d] - 1) * dilations[d] + 1, st = strides[d];
+    int64_t pb = 0, pe = 0, out = 0;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      out = (in[d] + st - 1) / st;
+      const int64_t total = std::max<int64_t>(0, (out - 1) * st + span - in[d]);
+      pb = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pe = total - pb;
+    } else {
+      if (auto_pad == "NOTSET") {
+        pb = pads[d];
+        pe = pads[d + nd];
+      }
+      const int64_t avail = in[d] + pb + pe - span;
+      if (avail < 0) return std::string("kernel larger than the padded input");
+      out = (ceil_mode ? (avail + st - 1) / st : avail / st) + 1;
+      if (ceil_mode && (out - 1) * st >= in[d] + pb) --out;
+    }
+    // Windows lying wholly in the padding have no defined value in the ONNX ops.
+    if (pb >= span || pe >= span) return std::string("padding as large as the window");
+    // oneDNN's end padding is whatever makes its floor formula land on `out`.
+    const int64_t pr = (out - 1) * st + span - in[d] - pb;
+    if (pr > pe && include_pad) return std::string("ceil_mode with count_include_pad");
+    if (pr < 0 && include_pad) return std::string("unused input tail with count_include_pad");
+    s->pad_l.push_back(pb);
+    s->pad_r.push_back(pr);
+    s->y.push_back(out);
+  }
+  s->stride = strides;
+  for (int64_t d : dilations) s->dil.push_back(d - 1);
+  return std::nullopt;
+}
+
+class DnnlPoolKernel final : public OpKernel {
+ public:
+  DnnlPoolKernel(const Node& node, PoolSetup s) : s_(std::move(s)) {
+    dnnl_call(node, "pooling setup", [&] {
+      const auto& eng = dnnl_engine();
+      stream_ = dnnl::stream(eng);
+      const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
+      dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, s_.alg, x_md, y_md,
+                                       to_dims(s_.stride), to_dims(s_.k), to_dims(s_.dil),
+                                       to_dims(s_.pad_l), to_dims(s_.pad_r));
+      dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
+      prim_ = dnnl::pooling_v2_forward(pd);
+      x_mem_ = memory(x_md, eng, DNNL_MEMORY_NONE);
+      y_mem_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+      return 0;
+    });
+  }
+
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, s_.x);
+    limit_dnnl_threads(ctx);
+    Tensor& y = ctx.output(0, DType::f32, s_.y);
+    dnnl_call(ctx.node(), "pooling", [&] {
+      x_mem_.set_data_handle(ctx.required_input(0).raw_data());
+      y_mem_.set_data_handle(y.raw_data());
+      prim_.execute(stream_, {{DNNL_ARG_SRC, x_mem_}, {DNNL_ARG_DST, y_mem_}});
+      stream_.wait();
+      return 0;
+    });
+  }
+
+ private:
+  PoolSetup s_;
+  dnnl::primitive prim_;
+  mutable memory x_mem_, y_mem_;
+  mutable dnnl::stream stream_;
+};
+
+KernelDef pool_def(const std::string& op, int64_t since, PoolKind kind) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = since;
+  def.claim = [kind](const KernelBuildInfo& info) {
+    PoolSetup s;
+    if (auto why = pool_setup(info, kind, &s)) return Claim::no(*why);
+    return Claim::yes();
+  };
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    PoolSetup s;
+    if (auto why = pool_setup(info, kind, &s))
+      throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
+    return std::make_unique<DnnlPoolKernel>(info.node, std::move(s));
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_dnnl_pool_kernels(KernelRegistry& r) {
+  r.add(pool_def("MaxPool", 1, PoolKind::max));
+  r.add(pool_def("AveragePool", 1, PoolKind::average));
+  r.add(pool_def("GlobalMaxPool", 1, PoolKind::global_max));
+  r.add(pool_def("GlobalAveragePool", 1, PoolKind::global_average));
+}
+
+}  // namespace slim::cpu

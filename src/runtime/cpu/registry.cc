@@ -1,0 +1,18 @@
+// The cpu provider's kernel table: each group of kernels registers itself here.
+#include "runtime/cpu/cpu_common.h"
+#include "slim/runtime/provider.h"
+
+namespace slim {
+
+const KernelRegistry& cpu_kernel_registry() {
+  static const KernelRegistry registry = [] {
+    KernelRegistry r("cpu");
+    cpu::register_dnnl_conv_kernels(r);
+    cpu::register_dnnl_matmul_kernels(r);
+    cpu::register_dnnl_pool_kernels(r);
+    return r;
+  }();
+  return registry;
+}
+
+}  // namespace slim

@@ -1,0 +1,419 @@
+// The cpu provider's oneDNN kernels against ref: Conv (groups, dilation, padding,
+// auto_pad, strides, 1-3 spatial dims), ConvTranspose, MatMul/Gemm, pooling, the fused
+// ops against their unfused chains, and the partition (claims and decline reasons).
+#include <gtest/gtest.h>
+
+#include "runtime/cpu_test_util.h"
+#include "slim/runtime/fused_ops.h"
+#include "slim/runtime/provider.h"
+
+namespace slim {
+namespace {
+
+using cpu_test::expect_matches_ref;
+using cpu_test::random_f32;
+using testing::attr_float;
+using testing::attr_floats;
+using testing::attr_int;
+using testing::attr_ints;
+using testing::attr_string;
+using testing::ModelBuilder;
+
+std::vector<testing::DimSpec> spec(const Shape& s) {
+  std::vector<testing::DimSpec> out;
+  for (int64_t d : s) out.emplace_back(d);
+  return out;
+}
+
+struct ConvCase {
+  Shape x, w;
+  int64_t group = 1;
+  Shape strides, dilations, pads;
+  std::string auto_pad;
+  bool bias = true;
+};
+
+void check_conv(const ConvCase& c, uint64_t seed, bool transposed = false) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec(c.x)).output("y");
+  b.initializer("w", random_f32(c.w, seed + 1));
+  std::vector<std::string> ins = {"x", "w"};
+  if (c.bias) {
+    const int64_t m = transposed ? c.w[1] * c.group : c.w[0];
+    b.initializer("b", random_f32({m}, seed + 2));
+    ins.push_back("b");
+  }
+  Node& n = b.node(transposed ? "ConvTranspose" : "Conv", ins, {"y"}, "conv");
+  if (c.group != 1) n.attrs["group"] = attr_int(c.group);
+  if (!c.strides.empty()) n.attrs["strides"] = attr_ints(c.strides);
+  if (!c.dilations.empty()) n.attrs["dilations"] = attr_ints(c.dilations);
+  if (!c.pads.empty()) n.attrs["pads"] = attr_ints(c.pads);
+  if (!c.auto_pad.empty()) n.attrs["auto_pad"] = attr_string(c.auto_pad);
+  expect_matches_ref(b.build(), {{"x", random_f32(c.x, seed)}}, "conv");
+}
+
+TEST(CpuDnnl, ConvMatchesRefOnOddShapes) {
+  const std::vector<ConvCase> cases = {
+      {{1, 3, 7, 9}, {5, 3, 3, 3}},
+      {{2, 4, 11, 6}, {6, 2, 3, 2}, 2, {2, 1}, {}, {1, 0, 2, 1}},
+      {{1, 8, 9, 9}, {8, 1, 3, 3}, 8, {1, 1}, {2, 2}, {2, 2, 2, 2}},  // depthwise, dilated
+      {{1, 6, 10, 10}, {9, 2, 5, 3}, 3, {3, 2}, {1, 2}, {}, "SAME_UPPER"},
+      {{1, 5, 8, 7}, {4, 5, 2, 2}, 1, {2, 2}, {}, {}, "SAME_LOWER", false},
+      {{3, 2, 6, 5}, {7, 2, 1, 1}, 1, {}, {}, {}, "VALID"},
+      {{2, 3, 17}, {4, 3, 4}, 1, {3}, {2}, {1, 2}},             // 1-D
+      {{1, 2, 5, 6, 4}, {3, 2, 2, 3, 2}, 1, {1, 2, 1}, {}, {}},  // 3-D
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    check_conv(cases[i], 100 + i);
+  }
+}
+
+TEST(CpuDnnl, ConvTransposeMatchesRef) {
+  const std::vector<ConvCase> cases = {
+      {{1, 4, 5, 6}, {4, 3, 3, 3}},
+      {{2, 4, 7, 5}, {4, 2, 3, 2}, 2, {2, 2}, {}, {1, 0, 1, 1}},
+      {{1, 3, 4, 4}, {3, 5, 2, 3}, 1, {2, 3}, {2, 1}, {}},
+      {{1, 2, 9}, {2, 3, 4}, 1, {3}, {}, {1, 1}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    check_conv(cases[i], 200 + i, true);
+  }
+}
+
+TEST(CpuDnnl, ConvTransposeOutputPaddingAndShape) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec({1, 2, 5, 5})).output("y");
+  b.initializer("w", random_f32({2, 3, 3, 3}, 7));
+  Node& n = b.node("ConvTranspose", {"x", "w"}, {"y"}, "deconv");
+  n.attrs["strides"] = attr_ints({2, 2});
+  n.attrs["output_shape"] = attr_ints({10, 11});
+  expect_matches_ref(b.build(), {{"x", random_f32({1, 2, 5, 5}, 8)}}, "deconv");
+}
+
+TEST(CpuDnnl, ConvDeclinesVariableWeightsAndOtherDtypes) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec({1, 2, 5, 5})).input("w", DType::f32, spec({3, 2, 3, 3})).output("y");
+  b.node("Conv", {"x", "w"}, {"y"}, "conv");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(b.build(), "conv"), "input 1 (weights) is not a constant");
+  expect_matches_ref(b.build(), {{"x", random_f32({1, 2, 5, 5}, 1)}, {"w", random_f32({3, 2, 3, 3}, 2)}},
+                     "conv", "ref");
+
+  ModelBuilder d;
+  d.input("x", DType::f64, spec({1, 2, 5, 5})).output("y");
+  d.initializer("w", Tensor(DType::f64, {3, 2, 3, 3}));
+  d.node("Conv", {"x", "w"}, {"y"}, "conv");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(d.build(), "conv"), "input 0 is f64, only f32 is implemented");
+
+  ModelBuilder s;  // symbolic batch: the shape is not static until specialized
+  s.input("x", DType::f32, std::vector<testing::DimSpec>{"n", 2, 5, 5}).output("y");
+  s.initializer("w", random_f32({3, 2, 3, 3}, 3));
+  s.node("Conv", {"x", "w"}, {"y"}, "conv");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(s.build(), "conv"), "shape of input 0 is dynamic");
+}
+
+TEST(CpuDnnl, MatMulBroadcastsBatchAndPromotesVectors) {
+  struct Case {
+    Shape a, b;
+    bool b_const;
+  };
+  const std::vector<Case> cases = {
+      {{5, 7}, {7, 3}, true},         {{2, 5, 7}, {7, 3}, true},     {{2, 1, 5, 7}, {3, 7, 4}, false},
+      {{7}, {7, 3}, true},            {{4, 7}, {7}, false},          {{6, 9, 17}, {6, 17, 5}, false},
+      {{1, 33, 65}, {65, 31}, true},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const Case& c = cases[i];
+    ModelBuilder b;
+    b.input("a", DType::f32, spec(c.a)).output("y");
+    TensorMap in{{"a", random_f32(c.a, 10 + i)}};
+    if (c.b_const) {
+      b.initializer("b", random_f32(c.b, 20 + i));
+    } else {
+      b.input("b", DType::f32, spec(c.b));
+      in["b"] = random_f32(c.b, 20 + i);
+    }
+    b.node("MatMul", {"a", "b"}, {"y"}, "mm");
+    expect_matches_ref(b.build(), in, "mm");
+  }
+}
+
+TEST(CpuDnnl, GemmTransposesAlphaBetaAndBroadcastC) {
+  struct Case {
+    bool ta, tb;
+    float alpha, beta;
+    Shape c;
+    bool c_const;
+  };
+  const std::vector<Case> cases = {
+      {false, false, 1.f, 1.f, {6}, true},     {true, false, 0.5f, 2.f, {5, 6}, true},
+      {false, true, 1.f, -1.f, {5, 1}, true},  {true, true, 2.f, 0.25f, {}, true},
+      {false, true, 1.f, 1.f, {5, 6}, false},  {false, false, 1.5f, 1.f, {}, false},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const Case& c = cases[i];
+    const Shape a = c.ta ? Shape{9, 5} : Shape{5, 9};
+    const Shape bs = c.tb ? Shape{6, 9} : Shape{9, 6};
+    ModelBuilder b;
+    b.input("a", DType::f32, spec(a)).output("y");
+    b.initializer("b", random_f32(bs, 30 + i));
+    TensorMap in{{"a", random_f32(a, 40 + i)}};
+    std::vector<std::string> ins = {"a", "b"};
+    if (!c.c.empty()) {
+      if (c.c_const) {
+        b.initializer("c", random_f32(c.c, 50 + i));
+      } else {
+        b.input("c", DType::f32, spec(c.c));
+        in["c"] = random_f32(c.c, 50 + i);
+      }
+      ins.push_back("c");
+    }
+    Node& n = b.node("Gemm", ins, {"y"}, "gemm");
+    n.attrs["transA"] = attr_int(c.ta);
+    n.attrs["transB"] = attr_int(c.tb);
+    n.attrs["alpha"] = attr_float(c.alpha);
+    n.attrs["beta"] = attr_float(c.beta);
+    expect_matches_ref(b.build(), in, "gemm");
+  }
+}
+
+TEST(CpuDnnl, PoolingMatchesRef) {
+  struct Case {
+    std::string op;
+    Shape x, k, strides, pads, dilations;
+    int64_t ceil = 0, include_pad = 0;
+    std::string auto_pad;
+  };
+  const std::vector<Case> cases = {
+      {"MaxPool", {1, 3, 9, 8}, {3, 3}, {2, 2}, {1, 1, 1, 1}},
+      {"MaxPool", {2, 2, 10, 7}, {2, 3}, {2, 2}, {}, {}, 1},
+      {"MaxPool", {1, 2, 11, 11}, {3, 3}, {1, 1}, {}, {2, 2}},
+      {"AveragePool", {1, 3, 9, 8}, {3, 3}, {2, 2}, {1, 1, 1, 1}},
+      {"AveragePool", {1, 3, 9, 8}, {3, 2}, {2, 1}, {1, 0, 1, 1}, {}, 0, 1},
+      {"AveragePool", {2, 2, 10, 7}, {3, 3}, {2, 2}, {}, {}, 1},
+      {"MaxPool", {1, 2, 7, 6}, {3, 2}, {2, 2}, {}, {}, 0, 0, "SAME_UPPER"},
+      {"AveragePool", {1, 2, 13}, {4}, {3}, {1, 2}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const Case& c = cases[i];
+    ModelBuilder b(c.dilations.empty() ? 17 : 18);
+    b.input("x", DType::f32, spec(c.x)).output("y");
+    Node& n = b.node(c.op, {"x"}, {"y"}, "pool");
+    n.attrs["kernel_shape"] = attr_ints(c.k);
+    if (!c.strides.empty()) n.attrs["strides"] = attr_ints(c.strides);
+    if (!c.pads.empty()) n.attrs["pads"] = attr_ints(c.pads);
+    if (!c.dilations.empty()) n.attrs["dilations"] = attr_ints(c.dilations);
+    if (c.ceil) n.attrs["ceil_mode"] = attr_int(1);
+    if (c.include_pad) n.attrs["count_include_pad"] = attr_int(1);
+    if (!c.auto_pad.empty()) n.attrs["auto_pad"] = attr_string(c.auto_pad);
+    expect_matches_ref(b.build(), {{"x", random_f32(c.x, 60 + i)}}, "pool");
+  }
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
+    ModelBuilder b;
+    b.input("x", DType::f32, spec({2, 5, 7, 3})).output("y");
+    b.node(op, {"x"}, {"y"}, "pool");
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 5, 7, 3}, 70)}}, "pool");
+  }
+}
+
+TEST(CpuDnnl, MaxPoolWithIndicesFallsBackToRef) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec({1, 1, 4, 4})).output("y").output("i");
+  b.node("MaxPool", {"x"}, {"y", "i"}, "pool").attrs["kernel_shape"] = attr_ints({2, 2});
+  EXPECT_EQ(cpu_test::cpu_decline_reason(b.build(), "pool"), "the Indices output is not implemented");
+}
+
+// Runs the cpu kernel of a fused node directly (graph files cannot contain the slim
+// domain; passes create these nodes) and compares it with ref running the unfused chain.
+Tensor run_cpu_fused(const Node& node, const std::vector<Tensor>& inputs, const std::vector<bool>& constant,
+                     bool expect_claim = true) {
+  KernelBuildInfo info{node, kFusedOpset, {}};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    NodeInputInfo in;
+    in.present = inputs[i].defined();
+    if (in.present) {
+      in.dtype = inputs[i].dtype();
+      in.shape = inputs[i].shape();
+      if (constant[i]) in.constant = &inputs[i];
+    }
+    info.inputs.push_back(in);
+  }
+  const KernelDef* def = cpu_kernel_registry().find(node.op_type, kFusedDomain, kFusedOpset);
+  EXPECT_NE(def, nullptr);
+  const Claim claim = def->claim(info);
+  EXPECT_EQ(claim.taken, expect_claim) << claim.reason;
+  if (!claim.taken) return Tensor();
+  auto kernel = build_kernel(*def, info);
+  std::vector<const Tensor*> ins;
+  for (const auto& t : inputs) ins.push_back(t.defined() ? &t : nullptr);
+  std::vector<Tensor> outs(1);
+  KernelContext ctx(node, ins, &outs, nullptr, nullptr);
+  kernel->compute(ctx);
+  return outs[0];
+}
+
+Node fused_node(const std::string& op, int num_inputs, const std::string& act, std::vector<float> params) {
+  Node n;
+  n.name = "fused";
+  n.op_type = op;
+  n.domain = kFusedDomain;
+  for (int i = 0; i < num_inputs; ++i) n.inputs.push_back("in" + std::to_string(i));
+  n.outputs = {"y"};
+  if (!act.empty()) n.attrs["activation"] = attr_string(act);
+  if (!params.empty()) n.attrs["activation_params"] = attr_floats(params);
+  return n;
+}
+
+// Appends the unfused activation after `from`, writing `to`.
+void add_activation(ModelBuilder& b, const std::string& act, const std::vector<float>& p,
+                    const std::string& from, const std::string& to) {
+  if (act.empty()) {
+    b.node("Identity", {from}, {to});
+  } else if (act == "SiLU") {
+    b.node("Sigmoid", {from}, {from + "_sig"});
+    b.node("Mul", {from, from + "_sig"}, {to});
+  } else if (act == "GeluTanh") {
+    b.node("Gelu", {from}, {to}).attrs["approximate"] = attr_string("tanh");
+  } else if (act == "Clip") {
+    b.initializer("lo", Tensor::scalar<float>(p[0]));
+    b.initializer("hi", Tensor::scalar<float>(p[1]));
+    b.node("Clip", {from, "lo", "hi"}, {to});
+  } else {
+    Node& n = b.node(act, {from}, {to});
+    if (act == "LeakyRelu") n.attrs["alpha"] = attr_float(p[0]);
+  }
+}
+
+TensorMap run_ref(const Model& m, const TensorMap& in) {
+  SessionOptions o;
+  o.providers = {"ref"};
+  return Session::compile(m, o)->run(in);
+}
+
+struct Act {
+  std::string name;
+  std::vector<float> params;
+};
+const std::vector<Act> kActs = {{"", {}},          {"Relu", {}},    {"Clip", {0.f, 0.5f}}, {"Sigmoid", {}},
+                                {"HardSwish", {}}, {"SiLU", {}},    {"Gelu", {}},          {"GeluTanh", {}},
+                                {"LeakyRelu", {0.1f}}, {"Tanh", {}}};
+
+TEST(CpuDnnl, FusedConvEqualsConvAddActivation) {
+  const Shape xs{1, 4, 9, 7}, ws{6, 2, 3, 3}, ys{1, 6, 5, 3};
+  for (size_t i = 0; i < kActs.size(); ++i) {
+    const Act& a = kActs[i];
+    SCOPED_TRACE("activation " + a.name);
+    const bool residual = i % 2 == 0;
+    const Tensor x = random_f32(xs, 1 + i, -2, 2), w = random_f32(ws, 2 + i), bias = random_f32({6}, 3 + i);
+    const Tensor z = random_f32(ys, 4 + i, -2, 2);
+    Node n = fused_node("FusedConv", residual ? 4 : 3, a.name, a.params);
+    n.attrs["group"] = attr_int(2);
+    n.attrs["strides"] = attr_ints({2, 2});
+    n.attrs["pads"] = attr_ints({1, 1, 1, 0});
+    std::vector<Tensor> ins = {x, w, bias};
+    if (residual) ins.push_back(z);
+    const Tensor got = run_cpu_fused(n, ins, {false, true, true, false});
+
+    ModelBuilder b(20);
+    b.input("x", DType::f32, spec(xs)).input("z", DType::f32, spec(ys)).output("y");
+    b.initializer("w", w).initializer("b", bias);
+    Node& c = b.node("Conv", {"x", "w", "b"}, {"c"});
+    c.attrs = n.attrs;
+    c.attrs.erase("activation");
+    c.attrs.erase("activation_params");
+    if (residual) b.node("Add", {"c", "z"}, {"s"});
+    add_activation(b, a.name, a.params, residual ? "s" : "c", "y");
+    const Tensor want = run_ref(b.build(), {{"x", x}, {"z", z}}).at("y");
+    EXPECT_LE(cpu_test::worst_error(got, want, 1e-5, 1e-4), 1.0);
+  }
+}
+
+TEST(CpuDnnl, FusedGemmAndFusedMatMulEqualTheirChains) {
+  for (size_t i = 0; i < kActs.size(); ++i) {
+    const Act& a = kActs[i];
+    SCOPED_TRACE("activation " + a.name);
+    const Tensor A = random_f32({7, 10}, 11 + i), B = random_f32({12, 10}, 12 + i);
+    const Tensor C = random_f32({12}, 13 + i), Z = random_f32({7, 12}, 14 + i);
+    Node g = fused_node("FusedGemm", 4, a.name, a.params);
+    g.attrs["transB"] = attr_int(1);
+    g.attrs["alpha"] = attr_float(0.5f);
+    g.attrs["beta"] = attr_float(2.f);
+    const Tensor got = run_cpu_fused(g, {A, B, C, Z}, {false, true, true, false});
+    ModelBuilder b(20);
+    b.input("a", DType::f32, spec({7, 10})).input("z", DType::f32, spec({7, 12})).output("y");
+    b.initializer("b", B).initializer("c", C);
+    Node& n = b.node("Gemm", {"a", "b", "c"}, {"g"});
+    n.attrs["transB"] = attr_int(1);
+    n.attrs["alpha"] = attr_float(0.5f);
+    n.attrs["beta"] = attr_float(2.f);
+    b.node("Add", {"g", "z"}, {"s"});
+    add_activation(b, a.name, a.params, "s", "y");
+    EXPECT_LE(cpu_test::worst_error(got, run_ref(b.build(), {{"a", A}, {"z", Z}}).at("y"), 1e-5, 1e-4), 1.0);
+
+    const Tensor X = random_f32({2, 3, 5, 10}, 15 + i), W = random_f32({10, 12}, 16 + i);
+    const Tensor R = random_f32({2, 3, 5, 12}, 17 + i);
+    Node m = fused_node("FusedMatMul", 4, a.name, a.params);
+    const Tensor got_mm = run_cpu_fused(m, {X, W, C, R}, {false, true, true, false});
+    ModelBuilder mb(20);
+    mb.input("x", DType::f32, spec({2, 3, 5, 10})).input("r", DType::f32, spec({2, 3, 5, 12})).output("y");
+    mb.initializer("w", W).initializer("c", C);
+    mb.node("MatMul", {"x", "w"}, {"p"});
+    mb.node("Add", {"p", "c"}, {"q"});
+    mb.node("Add", {"q", "r"}, {"s"});
+    add_activation(mb, a.name, a.params, "s", "y");
+    EXPECT_LE(cpu_test::worst_error(got_mm, run_ref(mb.build(), {{"x", X}, {"r", R}}).at("y"), 1e-5, 1e-4), 1.0);
+  }
+}
+
+TEST(CpuDnnl, FusedOpWithUnknownActivationIsDeclined) {
+  Node n = fused_node("FusedMatMul", 2, "Swish2", {});
+  run_cpu_fused(n, {random_f32({2, 3}, 1), random_f32({3, 4}, 2)}, {false, true}, false);
+}
+
+TEST(CpuPartition, ProvidersListRestrictsAndRecordsReasons) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec({1, 2, 6, 6})).output("y");
+  b.initializer("w", random_f32({4, 2, 3, 3}, 1));
+  b.node("Conv", {"x", "w"}, {"c"}, "conv");
+  b.node("Cos", {"c"}, {"y"}, "cos");
+  SessionOptions o;
+  auto s = Session::compile(b.build(), o);  // default providers: cpu, ref
+  ASSERT_EQ(s->partition().size(), 2u);
+  EXPECT_EQ(s->partition()[0].provider, "cpu");
+  EXPECT_TRUE(s->partition()[0].declined.empty());
+  EXPECT_EQ(s->partition()[1].provider, "ref");
+  ASSERT_EQ(s->partition()[1].declined.size(), 1u);
+  EXPECT_EQ(s->partition()[1].declined[0], "cpu: op not implemented");
+  EXPECT_EQ(s->node_providers(), (std::vector<std::string>{"cpu", "ref"}));
+
+  o.providers = {"ref"};
+  auto r = Session::compile(b.build(), o);
+  EXPECT_EQ(r->partition()[0].provider, "ref");
+
+  o.providers = {"cpu"};
+  ErrorCode code{};
+  const std::string msg = testing::error_of([&] { Session::compile(b.build(), o); }, &code);
+  EXPECT_EQ(code, ErrorCode::unsupported);
+  EXPECT_NE(msg.find("Cos"), std::string::npos) << msg;
+}
+
+TEST(CpuPartition, SymbolicModelRunsOnCpuOnceSpecialized) {
+  ModelBuilder b;
+  b.input("x", DType::f32, std::vector<testing::DimSpec>{"n", 2, 5, 5}).output("y");
+  b.initializer("w", random_f32({3, 2, 3, 3}, 3));
+  b.node("Conv", {"x", "w"}, {"y"}, "conv");
+  auto s = Session::compile(b.build());
+  EXPECT_EQ(s->partition()[0].provider, "ref");
+  const Tensor x = random_f32({2, 2, 5, 5}, 4);
+  const Tensor first = s->run({{"x", x}}).at("y");
+  const Tensor second = s->run({{"x", x}}).at("y");  // now on a specialization with cpu
+  EXPECT_EQ(s->num_specializations(), 1);
+  EXPECT_LE(cpu_test::worst_error(second, first, 1e-5, 1e-4), 1.0);
+}
+
+}  // namespace
+}  // namespace slim
