@@ -65,15 +65,18 @@ def main():
     variants = [
         ("original (XGBoost JSON)", None, []),
         ("slimf plain", "plain.slimf", []),
-        ("slimf lossless", "lossless.slimf", ["--quantize", "lossless"]),
-        ("slimf 6-bit", "6bit.slimf", ["--quantize", "6bit", "--calib", train_csv]),
-        (f"slimf pruned (gain<{a.prune_gain:g}, lossless)", "pruned.slimf",
-         ["--quantize", "lossless", "--prune-gain", str(a.prune_gain)]),
-        (f"slimf pruned + 6-bit", "pruned6.slimf",
-         ["--quantize", "6bit", "--calib", train_csv, "--prune-gain", str(a.prune_gain)]),
+        ("slimf lossless (ranked, mmap)", "lossless.slimf", ["--quantize", "lossless"]),
+        ("slimf lossless (compact file)", "lossless.c.slimf", ["--quantize", "lossless", "--encoding", "compact"]),
+        ("slimf 6-bit (ranked, mmap)", "6bit.slimf", ["--quantize", "6bit", "--calib", train_csv]),
+        ("slimf 6-bit (compact file)", "6bit.c.slimf",
+         ["--quantize", "6bit", "--calib", train_csv, "--encoding", "compact"]),
+        (f"slimf pruned (gain<{a.prune_gain:g}, lossless, compact)", "pruned.slimf",
+         ["--quantize", "lossless", "--prune-gain", str(a.prune_gain), "--encoding", "compact"]),
+        (f"slimf pruned + 6-bit (compact)", "pruned6.slimf",
+         ["--quantize", "6bit", "--calib", train_csv, "--prune-gain", str(a.prune_gain), "--encoding", "compact"]),
     ]
     base_auc = roc_auc_score(y_te, p_xgb)
-    print(f"\n{'variant':40s} {'size':>12s} {'ratio':>7s} {'AUC':>9s} {'dAUC':>9s} {'logloss':>9s} {'same as xgb':>12s}")
+    print(f"\n{'variant':48s} {'size':>12s} {'ratio':>7s} {'AUC':>9s} {'dAUC':>9s} {'logloss':>9s} {'same as xgb':>12s}")
     orig_size = os.path.getsize(model)
     plain_size = None
     for name, out, args in variants:
@@ -91,7 +94,7 @@ def main():
         ref = plain_size or orig_size
         auc = roc_auc_score(y_te, p)
         same = int(np.sum(p == p_xgb.astype(np.float32)))
-        print(f"{name:40s} {size / 1024:9.1f} KiB {ref / size:6.2f}x {auc:9.5f} {auc - base_auc:+9.5f} "
+        print(f"{name:48s} {size / 1024:9.1f} KiB {ref / size:6.2f}x {auc:9.5f} {auc - base_auc:+9.5f} "
               f"{log_loss(y_te, np.clip(p, 1e-15, 1 - 1e-15)):9.5f} {same:6d}/{len(p)}")
     print(f"\n(xgboost's own held-out AUC {base_auc:.5f}; ratio is against the plain .slimf, "
           f"the original row against itself)")

@@ -92,7 +92,7 @@ static std::string array_interface(const float* data, int64_t rows, int64_t cols
   return buf;
 }
 
-static void bench_model(const std::string& path) {
+static void bench_model(const std::string& path, bool ranked) {
   BoosterHandle booster;
   XGB_CHECK(XGBoosterCreate(nullptr, 0, &booster));
   XGB_CHECK(XGBoosterLoadModel(booster, path.c_str()));
@@ -100,8 +100,8 @@ static void bench_model(const std::string& path) {
   XGB_CHECK(XGBoosterGetNumFeature(booster, &nf));
   const int64_t F = int64_t(nf);
 
-  CompiledForest cf = compile_forest(load_forest_source(path));
-  const std::string slimf_path = path + ".slimf";
+  CompiledForest cf = compile_forest(load_forest_source(path), ranked);
+  const std::string slimf_path = path + (ranked ? ".ranked.slimf" : ".slimf");
   save_slimf(cf, slimf_path, SlimfEncoding::plain);
   std::vector<double> loads;
   for (int i = 0; i < 50; ++i) {
@@ -131,10 +131,11 @@ static void bench_model(const std::string& path) {
     XGB_CHECK(XGBoosterPredictFromDense(booster, ai.c_str(), config, nullptr, &shape, &dim, &res));
     int64_t same = 0;
     for (int64_t i = 0; i < kRows; ++i) same += std::memcmp(&res[i], &slim_out[size_t(i)], 4) == 0;
-    std::printf("\nmodel %s: %u trees, %u nodes, max depth %u, %lld features\n", path.c_str(), cf.num_trees(),
+    std::printf("\nmodel %s, %s layout (%d bytes per node): %u trees, %u nodes, max depth %u, %lld features\n",
+                path.c_str(), ranked ? "ranked (lossless)" : "plain", cf.node_bytes(), cf.num_trees(),
                 cf.num_nodes(), cf.max_depth(), static_cast<long long>(F));
     std::printf("  identical outputs: %lld / %lld rows\n", static_cast<long long>(same), static_cast<long long>(kRows));
-    std::printf("  .slimf (plain, %.1f KiB) load: median %.3f ms, min %.3f ms over %zu loads\n",
+    std::printf("  .slimf (plain encoding, %.1f KiB) load: median %.3f ms, min %.3f ms over %zu loads\n",
                 double(cf.payload_size()) / 1024, loads[loads.size() / 2], loads[0], loads.size());
   }
 
@@ -185,7 +186,8 @@ int main(int argc, char** argv) {
   }
   std::printf("slim simd level: %s\n", simd_level_name(detected_simd_level()));
   try {
-    for (int i = 1; i < argc; ++i) bench_model(argv[i]);
+    for (int i = 1; i < argc; ++i)
+      for (bool ranked : {false, true}) bench_model(argv[i], ranked);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

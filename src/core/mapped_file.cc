@@ -12,7 +12,7 @@
 
 namespace slim {
 
-std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
+std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, bool populate) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     throw Error(ErrorCode::not_found, path + ": cannot open: " + std::strerror(errno));
@@ -24,7 +24,7 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
   const size_t size = size_t(st.st_size);
   const uint8_t* data = nullptr;
   if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);

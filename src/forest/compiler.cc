@@ -1,8 +1,10 @@
 // ForestCompiler: lays a loaded forest out as the flat tables of CompiledForest, and the
 // checks that make a payload (fresh or read from a file) safe to walk.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
+#include <string>
+#include <vector>
 
 #include "slim/core/error.h"
 #include "slim/core/tensor.h"
@@ -13,10 +15,6 @@ namespace {
 
 uint64_t align64(uint64_t v) { return (v + 63) & ~uint64_t(63); }
 
-struct Layout {
-  CompiledHeader h{};
-};
-
 // Computes section offsets for the header's counts; returns the payload size.
 uint64_t plan_sections(CompiledHeader& h) {
   uint64_t off = align64(sizeof(CompiledHeader));
@@ -24,28 +22,67 @@ uint64_t plan_sections(CompiledHeader& h) {
     field = off;
     off = align64(off + bytes);
   };
+  const bool ranked = h.flags & kRanked;
   take(h.off_base_margin, uint64_t(h.num_groups) * 8);
   take(h.off_tree_root, uint64_t(h.num_trees) * 4);
   take(h.off_tree_group, uint64_t(h.num_trees) * 4);
   take(h.off_tree_depth, uint64_t(h.num_trees) * 4);
-  // The SIMD walk gathers one node past a tree's last leaf never, but pads keep every
-  // section a whole number of cache lines.
-  take(h.off_threshold, uint64_t(h.num_nodes) * 4);
+  take(h.off_threshold, ranked ? 0 : uint64_t(h.num_nodes) * 4);
   take(h.off_packed, uint64_t(h.num_nodes) * 4);
   take(h.off_left, uint64_t(h.num_nodes) * 4);
   take(h.off_leaf, uint64_t(h.num_leaves) * (h.accumulate_double ? 8 : 4));
   take(h.off_category_offsets, uint64_t(h.num_category_sets + 1) * 4);
   take(h.off_category_words, uint64_t(h.num_category_words) * 4);
+  take(h.off_bin_offsets, ranked ? uint64_t(h.num_features + 1) * 4 : 0);
+  take(h.off_bin_values, uint64_t(h.num_bin_values) * 4);
   h.payload_size = off;
   return off;
 }
 
+// Per feature, the sorted distinct thresholds of its numeric splits (-0 and +0 are one
+// value: they route every input alike).
+std::vector<std::vector<float>> threshold_tables(const Forest& f) {
+  std::vector<std::vector<float>> tables(f.num_features);
+  for (const Tree& tree : f.trees)
+    for (const TreeNode& n : tree.nodes)
+      if (!n.is_leaf && n.category_set < 0) tables[n.feature].push_back(n.threshold);
+  for (auto& t : tables) {
+    std::sort(t.begin(), t.end());
+    t.erase(std::unique(t.begin(), t.end()), t.end());
+  }
+  return tables;
+}
+
 }  // namespace
 
-CompiledForest compile_forest(const Forest& f) {
+std::string ranked_layout_blocker(const Forest& f) {
+  if (f.num_features > kRankedFeatureMask + 1)
+    return std::to_string(f.num_features) + " features (the ranked layout holds at most " +
+           std::to_string(kRankedFeatureMask + 1) + ")";
+  for (const Tree& tree : f.trees)
+    for (const TreeNode& n : tree.nodes) {
+      if (n.is_leaf) continue;
+      if (n.category_set >= 0) return "categorical splits";
+      if (n.zero_missing) return "zero-as-missing splits";
+    }
+  const auto tables = threshold_tables(f);
+  for (size_t i = 0; i < tables.size(); ++i)
+    if (tables[i].size() > kRankMask)
+      return "feature " + std::to_string(i) + " has " + std::to_string(tables[i].size()) +
+             " distinct thresholds (at most " + std::to_string(kRankMask) + ")";
+  return {};
+}
+
+CompiledForest compile_forest(const Forest& f, bool ranked) {
   f.validate("compile");
   slim::check(f.num_nodes() < (size_t(1) << 31), ErrorCode::resource_exhausted,
               "compile: more than 2^31 nodes");
+  if (ranked) {
+    const std::string why = ranked_layout_blocker(f);
+    slim::check(why.empty(), ErrorCode::unsupported,
+                "compile: lossless threshold ranks need numeric splits only; this model has " + why);
+  }
+  const auto tables = ranked ? threshold_tables(f) : std::vector<std::vector<float>>{};
   CompiledHeader h{};
   h.num_features = f.num_features;
   h.num_groups = f.num_groups;
@@ -81,6 +118,13 @@ CompiledForest compile_forest(const Forest& f) {
   }
   h.num_nodes = uint32_t(nodes);
   h.num_leaves = uint32_t(leaves);
+  slim::check(leaves <= kNodeFeatureMask, ErrorCode::resource_exhausted, "compile: more than 2^28 leaves");
+  if (ranked) {
+    h.flags |= kRanked;
+    uint64_t values = 0;
+    for (const auto& t : tables) values += t.size();
+    h.num_bin_values = uint32_t(values);
+  }
   const uint64_t size = plan_sections(h);
 
   auto storage = Storage::allocate(size);
@@ -106,6 +150,16 @@ CompiledForest compile_forest(const Forest& f) {
     for (uint32_t word : f.category_sets[c].words) cat_words[w++] = word;
   }
   cat_off[f.category_sets.size()] = w;
+  if (ranked) {
+    uint32_t* bin_off = reinterpret_cast<uint32_t*>(at(h.off_bin_offsets));
+    float* bin_val = reinterpret_cast<float*>(at(h.off_bin_values));
+    uint32_t v = 0;
+    for (uint32_t feat = 0; feat < f.num_features; ++feat) {
+      bin_off[feat] = v;
+      for (float t : tables[feat]) bin_val[v++] = t;
+    }
+    bin_off[f.num_features] = v;
+  }
 
   uint32_t next = 0, next_leaf = 0;
   for (size_t t = 0; t < f.trees.size(); ++t) {
@@ -121,10 +175,10 @@ CompiledForest compile_forest(const Forest& f) {
       const uint32_t id = start + uint32_t(k);
       tree_depth = std::max(tree_depth, node_depth[k]);
       if (node.is_leaf) {
-        packed[id] = kNodeLeaf;
+        const uint32_t li = next_leaf++;
+        packed[id] = kNodeLeaf | li;
         left[id] = int32_t(id);
-        uint32_t li = next_leaf++;
-        std::memcpy(&thr[id], &li, 4);
+        if (!ranked) thr[id] = 0.f;  // unused; zero keeps the file deterministic
         if (f.accumulate_double) leaf_d[li] = node.leaf_value;
         else leaf_f[li] = float(node.leaf_value);
         continue;
@@ -135,7 +189,11 @@ CompiledForest compile_forest(const Forest& f) {
         p |= kNodeZeroMissing;
         h.flags |= kHasZeroMissing;
       }
-      if (node.category_set >= 0) {
+      if (ranked) {
+        const auto& t = tables[node.feature];
+        const uint32_t rank = uint32_t(std::lower_bound(t.begin(), t.end(), node.threshold) - t.begin()) + 1;
+        p |= rank << kRankShift;
+      } else if (node.category_set >= 0) {
         p |= kNodeCategorical;
         h.flags |= kHasCategorical;
         const uint32_t cs = uint32_t(node.category_set);
@@ -156,6 +214,89 @@ CompiledForest compile_forest(const Forest& f) {
   std::memcpy(base, &h, sizeof(h));
   return CompiledForest::from_payload(base, size, storage, "compile");
 }
+
+namespace {
+
+// Every walk must end at a leaf of its own tree within tree_depth steps: children lie
+// after their parent inside the tree, leaves point to themselves, and the stored depth
+// is the real one (the batch walk steps exactly that many times). Splits name a valid
+// feature and a valid category set or threshold rank. The first pass only accumulates
+// one flag, without branches, so loading 1,000 trees stays well under a millisecond;
+// when it fails, the second pass (explain) finds the first bad node and throws.
+bool check_nodes(const CompiledForest& cf, bool explain, const std::string& where) {
+  const CompiledHeader& h = cf.header();
+  auto bad = [&](uint32_t i, const char* what) {
+    if (explain) throw Error(ErrorCode::invalid_model, where + ": node " + std::to_string(i) + ": " + what);
+  };
+  const bool ranked = h.flags & kRanked;
+  const uint32_t* root = cf.tree_root();
+  const uint32_t* depth = cf.tree_depth();
+  const uint32_t* packed = cf.packed();
+  const int32_t* left = cf.left();
+  const uint32_t* thr_bits = reinterpret_cast<const uint32_t*>(cf.threshold());
+  const uint32_t* bin_off = ranked ? cf.bin_offsets() : nullptr;
+  const uint32_t feat_mask = ranked ? kRankedFeatureMask : kNodeFeatureMask;
+  const uint32_t flag_mask = ranked ? kNodeDefaultLeft : (kNodeDefaultLeft | kNodeCategorical | kNodeZeroMissing);
+  thread_local std::vector<uint16_t> node_depth;
+  uint32_t max_depth = 0;
+  bool ok = true;
+  for (uint32_t t = 0; t < h.num_trees; ++t) {
+    const uint32_t begin = root[t];
+    const uint32_t end = t + 1 < h.num_trees ? root[t + 1] : h.num_nodes;
+    if (begin >= end || end > h.num_nodes || (t == 0 && begin != 0) || cf.tree_group()[t] >= h.num_groups) {
+      if (explain) throw Error(ErrorCode::invalid_model, where + ": tree " + std::to_string(t) + " has a bad node range or group");
+      return false;
+    }
+    const uint32_t size = end - begin;
+    node_depth.assign(size + 2, 0);  // two spare slots absorb the writes of bad nodes
+    uint16_t* nd = node_depth.data();
+    uint32_t deepest = 0;
+    for (uint32_t i = begin; i < end; ++i) {
+      const uint32_t p = packed[i];
+      const uint32_t k = i - begin;
+      const bool leaf = p & kNodeLeaf;
+      const bool leaf_ok = (p & ~kNodeFeatureMask) == kNodeLeaf && left[i] == int32_t(i) &&
+                           (p & kNodeFeatureMask) < h.num_leaves;
+      const uint32_t f = p & feat_mask;
+      const int64_t l = left[i];
+      bool split_ok = f < h.num_features && l > int64_t(i) && l + 1 < int64_t(end) && nd[k] < 4096 &&
+                      (p & ~(feat_mask | (ranked ? kRankMask << kRankShift : 0u)) & ~flag_mask) == 0;
+      if (ranked) {
+        const uint32_t r = (p >> kRankShift) & kRankMask;
+        const uint32_t ff = f < h.num_features ? f : 0;
+        split_ok = split_ok && r >= 1 && r <= bin_off[ff + 1] - bin_off[ff];
+      } else if (p & kNodeCategorical) {
+        split_ok = split_ok && thr_bits[i] < h.num_category_sets;
+      }
+      if (explain && !(leaf ? leaf_ok : split_ok)) {
+        if (leaf) bad(i, "malformed leaf");
+        if (f >= h.num_features) bad(i, "feature out of range");
+        if (l <= int64_t(i) || l + 1 >= int64_t(end)) bad(i, "child outside its tree");
+        if (nd[k] >= 4096) bad(i, "tree deeper than 4096");
+        if (ranked && (p & ~flag_mask & ~(feat_mask | kRankMask << kRankShift))) bad(i, "unknown flag bits");
+        bad(i, ranked ? "threshold rank out of range" : "category set out of range");
+      }
+      ok &= leaf ? leaf_ok : split_ok;
+      const uint32_t c = (!leaf && split_ok) ? uint32_t(l) - begin : size;
+      const uint16_t d1 = uint16_t(nd[k] + 1);
+      nd[c] = d1;
+      nd[c + 1] = d1;
+      deepest = std::max<uint32_t>(deepest, leaf ? nd[k] : 0u);
+    }
+    if (deepest != depth[t]) {
+      if (explain) throw Error(ErrorCode::invalid_model, where + ": tree " + std::to_string(t) + ": stored depth is wrong");
+      return false;
+    }
+    max_depth = std::max(max_depth, deepest);
+  }
+  if (max_depth != h.max_depth) {
+    if (explain) throw Error(ErrorCode::invalid_model, where + ": max depth is wrong");
+    return false;
+  }
+  return ok;
+}
+
+}  // namespace
 
 CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
                                             std::shared_ptr<const void> owner,
@@ -201,48 +342,27 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
       if (!std::isfinite(lv[i])) throw bad("leaf " + std::to_string(i) + " is not finite");
   }
 
-  // Every walk must end at a leaf of its own tree within tree_depth steps: children lie
-  // after their parent inside the tree, leaves point to themselves, and the stored depth
-  // is the real one (the batch walk steps exactly that many times).
-  const uint32_t* root = cf.tree_root();
-  const uint32_t* group = cf.tree_group();
-  const uint32_t* depth = cf.tree_depth();
-  const uint32_t* packed = cf.packed();
-  const int32_t* left = cf.left();
-  const float* thr = cf.threshold();
-  std::vector<uint16_t> node_depth(h.num_nodes, 0);
-  uint32_t max_depth = 0;
-  for (uint32_t t = 0; t < h.num_trees; ++t) {
-    const uint32_t begin = root[t];
-    const uint32_t end = t + 1 < h.num_trees ? root[t + 1] : h.num_nodes;
-    if (begin >= end || end > h.num_nodes || (t == 0 && begin != 0))
-      throw bad("tree " + std::to_string(t) + " has a bad node range");
-    if (group[t] >= h.num_groups) throw bad("tree " + std::to_string(t) + " group out of range");
-    uint32_t deepest = 0;
-    for (uint32_t i = begin; i < end; ++i) {
-      const uint32_t p = packed[i];
-      uint32_t v;
-      std::memcpy(&v, &thr[i], 4);
-      if (p & kNodeLeaf) {
-        if (p != kNodeLeaf || left[i] != int32_t(i) || v >= h.num_leaves)
-          throw bad("node " + std::to_string(i) + ": malformed leaf");
-        deepest = std::max<uint32_t>(deepest, node_depth[i]);
-        continue;
-      }
-      if ((p & kNodeFeatureMask) >= h.num_features)
-        throw bad("node " + std::to_string(i) + ": feature out of range");
-      if ((p & kNodeCategorical) && v >= h.num_category_sets)
-        throw bad("node " + std::to_string(i) + ": category set out of range");
-      const int64_t l = left[i];
-      if (l <= int64_t(i) || l + 1 >= int64_t(end))
-        throw bad("node " + std::to_string(i) + ": child outside its tree");
-      if (node_depth[i] >= 4096) throw bad("node " + std::to_string(i) + ": tree deeper than 4096");
-      node_depth[size_t(l)] = node_depth[size_t(l) + 1] = uint16_t(node_depth[i] + 1);
+  const bool ranked = h.flags & kRanked;
+  if (ranked) {
+    if (h.flags & (kHasCategorical | kHasZeroMissing) || h.num_features > kRankedFeatureMask + 1)
+      throw bad("ranked layout with categorical or zero-missing splits or too many features");
+    const uint32_t* off = cf.bin_offsets();
+    const float* val = cf.bin_values();
+    if (off[0] != 0 || off[h.num_features] != h.num_bin_values) throw bad("bin offsets do not span the values");
+    for (uint32_t f = 0; f < h.num_features; ++f) {
+      if (off[f] > off[f + 1] || off[f + 1] - off[f] > kRankMask)
+        throw bad("feature " + std::to_string(f) + ": bad threshold table range");
+      for (uint32_t k = off[f]; k < off[f + 1]; ++k)
+        if (std::isnan(val[k]) || (k > off[f] && !(val[k - 1] < val[k])))
+          throw bad("feature " + std::to_string(f) + ": thresholds are not sorted distinct numbers");
     }
-    if (deepest != depth[t]) throw bad("tree " + std::to_string(t) + ": stored depth is wrong");
-    max_depth = std::max(max_depth, deepest);
+  } else if (h.num_bin_values != 0) {
+    throw bad("threshold tables without the ranked layout");
   }
-  if (max_depth != h.max_depth) throw bad("max depth is wrong");
+  if (!check_nodes(cf, /*explain=*/false, where)) {
+    check_nodes(cf, /*explain=*/true, where);
+    throw bad("inconsistent node tables");
+  }
   cf.simd_ = detected_simd_level();
   return cf;
 }

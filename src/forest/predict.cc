@@ -1,6 +1,8 @@
 // Prediction entry points: blocks of rows walked tree by tree (the block's rows and
 // accumulators stay in L1 while a tree's nodes stream through), split over threads.
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <vector>
 
 #include "forest/walk.h"
@@ -33,33 +35,55 @@ const char* simd_level_name(SimdLevel level) {
 
 namespace {
 
+// Bin of one value among a sorted threshold table t[0..m): #{t <= x}, by a branch-free
+// binary search (the compares become conditional moves).
+inline int32_t bin_of(const float* t, uint32_t m, float x) {
+  if (std::isnan(x)) return kNanBin;
+  uint32_t lo = 0;
+  for (uint32_t step = std::bit_floor(m); step; step >>= 1) {
+    const uint32_t c = lo + step;
+    const float v = t[std::min(c, m) - 1];
+    lo = (c <= m && v <= x) ? c : lo;
+  }
+  return int32_t(lo);
+}
+
 template <typename T>
 void block_margins(const CompiledForest& cf, SimdLevel simd, const float* x, int64_t n, T* acc) {
   const uint32_t G = cf.num_groups();
+  const uint32_t F = cf.num_features();
   const double* bm = cf.base_margin();
   for (uint32_t g = 0; g < G; ++g) std::fill(acc + g * n, acc + (g + 1) * n, T(bm[g]));
+  const bool ranked = cf.ranked();
+  const void* rows = x;
+  if (ranked) {
+    thread_local std::vector<int32_t> bins;
+    bins.resize(size_t(n) * F);
+    cf.bin_rows(x, n, bins.data());
+    rows = bins.data();
+  }
   int64_t done = 0;
   const bool simd_ok = !(cf.header().flags & (kHasCategorical | kHasZeroMissing)) &&
-                       uint64_t(cf.num_features()) * 16 < (uint64_t(1) << 31);
+                       uint64_t(F) * 16 < (uint64_t(1) << 31);
   if (simd_ok && simd != SimdLevel::scalar) {
     if constexpr (std::is_same_v<T, float>) {
-      done = simd == SimdLevel::avx512 ? detail::walk_avx512_f32(cf, x, n, acc)
-                                       : detail::walk_avx2_f32(cf, x, n, acc);
+      done = simd == SimdLevel::avx512 ? detail::walk_avx512_f32(cf, rows, n, acc)
+                                       : detail::walk_avx2_f32(cf, rows, n, acc);
     } else {
-      done = simd == SimdLevel::avx512 ? detail::walk_avx512_f64(cf, x, n, acc)
-                                       : detail::walk_avx2_f64(cf, x, n, acc);
+      done = simd == SimdLevel::avx512 ? detail::walk_avx512_f64(cf, rows, n, acc)
+                                       : detail::walk_avx2_f64(cf, rows, n, acc);
     }
   }
   if (done < n) {
     // The tail rows keep their own group-major slices of acc.
     const int64_t rest = n - done;
-    const uint32_t F = cf.num_features();
+    const auto* row0 = static_cast<const uint8_t*>(rows) + size_t(done) * F * 4;
     const T* leaves = static_cast<const T*>(cf.leaf_values());
     for (uint32_t t = 0; t < cf.num_trees(); ++t) {
       const uint32_t root = cf.tree_root()[t];
       T* a = acc + int64_t(cf.tree_group()[t]) * n + done;
       for (int64_t r = 0; r < rest; ++r)
-        a[r] += leaves[detail::walk_one(cf, root, x + (done + r) * F)];
+        a[r] += leaves[detail::walk_any(cf, ranked, root, row0 + size_t(r) * F * 4)];
     }
   }
 }
@@ -132,8 +156,27 @@ void CompiledForest::predict(const float* x, int64_t n, float* out, bool margin,
   });
 }
 
-void CompiledForest::predict_row(const float* x, float* out, bool margin) const {
+void CompiledForest::bin_rows(const float* x, int64_t n, int32_t* bins) const {
+  slim::check(ranked(), ErrorCode::internal, "bin_rows: the forest is not in the ranked layout");
+  const uint32_t F = num_features();
+  const uint32_t* off = bin_offsets();
+  const float* val = bin_values();
+  int64_t done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins) : 0;
+  for (int64_t r = done; r < n; ++r)
+    for (uint32_t f = 0; f < F; ++f)
+      bins[r * F + f] = bin_of(val + off[f], off[f + 1] - off[f], x[r * F + f]);
+}
+
+void CompiledForest::predict_row(const float* x_in, float* out, bool margin) const {
   const uint32_t G = num_groups();
+  // Ranked layout: the walks read the row's bins (at most 4,096 features: 16 KiB).
+  int32_t bins[kRankedFeatureMask + 1];
+  const bool is_ranked = ranked();
+  const void* x = x_in;
+  if (is_ranked) {
+    bin_rows(x_in, 1, bins);
+    x = bins;
+  }
   constexpr uint32_t kStackGroups = 64;
   double stack_m[kStackGroups];
   thread_local std::vector<double> heap_m;
@@ -153,7 +196,7 @@ void CompiledForest::predict_row(const float* x, float* out, bool margin) const 
     if (row_simd == SimdLevel::avx512) detail::row_avx512_f64(*this, x, m);
     else if (row_simd == SimdLevel::avx2) detail::row_avx2_f64(*this, x, m);
     else
-      for (uint32_t t = 0; t < T; ++t) m[group[t]] += leaves[detail::walk_one(*this, root[t], x)];
+      for (uint32_t t = 0; t < T; ++t) m[group[t]] += leaves[detail::walk_any(*this, is_ranked, root[t], x)];
     for (uint32_t g = 0; g < G; ++g) m[g] /= h.average_divisor;
   } else {
     const float* leaves = static_cast<const float*>(leaf_values());
@@ -165,7 +208,7 @@ void CompiledForest::predict_row(const float* x, float* out, bool margin) const 
       for (uint32_t g = 0; g < G; ++g) m[g] = acc[g];
     } else if (G == 1) {
       float acc = float(base_margin()[0]);
-      for (uint32_t t = 0; t < T; ++t) acc += leaves[detail::walk_one(*this, root[t], x)];
+      for (uint32_t t = 0; t < T; ++t) acc += leaves[detail::walk_any(*this, is_ranked, root[t], x)];
       m[0] = acc;
     } else {
       float acc[kStackGroups];
@@ -176,7 +219,7 @@ void CompiledForest::predict_row(const float* x, float* out, bool margin) const 
         a = heap_acc.data();
       }
       for (uint32_t g = 0; g < G; ++g) a[g] = float(base_margin()[g]);
-      for (uint32_t t = 0; t < T; ++t) a[group[t]] += leaves[detail::walk_one(*this, root[t], x)];
+      for (uint32_t t = 0; t < T; ++t) a[group[t]] += leaves[detail::walk_any(*this, is_ranked, root[t], x)];
       for (uint32_t g = 0; g < G; ++g) m[g] = a[g];
     }
     if (h.average_divisor != 1.0)

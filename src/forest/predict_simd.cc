@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 #include "forest/walk.h"
@@ -21,17 +22,64 @@ constexpr int kInterleave = 4;
 // vector loads instead of a gather.
 constexpr int kColRows = 64;
 
-template <typename T, int V>
-__attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest& cf, const float* xt,
+// Lanes standing on a leaf. Their packed word holds the leaf index where a split has
+// its feature, so input gathers skip them (masked gathers read nothing for those lanes).
+__attribute__((target("avx512f"))) inline __mmask16 leaf_lanes512(__m512i p) {
+  return _mm512_test_epi32_mask(p, _mm512_set1_epi32(int32_t(kNodeLeaf)));
+}
+__attribute__((target("avx2"))) inline __m256i leaf_lanes256(__m256i p) {
+  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  return _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), leaf_bit);
+}
+
+// The split test of one vector of lanes: `xv` holds the lanes' inputs (floats, or bins
+// for the ranked layout R), `p` their packed words, `th` their thresholds (plain only).
+// Returns the lanes that go right (leaves never do: they point to themselves).
+template <bool R>
+__attribute__((target("avx512f"))) inline __mmask16 right_mask512(__m512i xv, __m512i p, __m512 th, __mmask16 leaf) {
+  const __mmask16 dl = _mm512_test_epi32_mask(p, _mm512_set1_epi32(int32_t(kNodeDefaultLeft)));
+  __mmask16 lt, nan;
+  if constexpr (R) {
+    const __m512i rank = _mm512_and_si512(_mm512_srli_epi32(p, kRankShift), _mm512_set1_epi32(int32_t(kRankMask)));
+    lt = _mm512_cmplt_epi32_mask(xv, rank);
+    nan = _mm512_cmpeq_epi32_mask(xv, _mm512_set1_epi32(kNanBin));
+  } else {
+    const __m512 xf = _mm512_castsi512_ps(xv);
+    lt = _mm512_cmp_ps_mask(xf, th, _CMP_LT_OQ);
+    nan = _mm512_cmp_ps_mask(xf, xf, _CMP_UNORD_Q);
+  }
+  return __mmask16(~(lt | (nan & dl) | leaf));
+}
+
+template <bool R>
+__attribute__((target("avx2"))) inline __m256i stay_mask256(__m256i xv, __m256i p, __m256 th, __m256i leaf) {
+  const __m256i dl_bit = _mm256_set1_epi32(int32_t(kNodeDefaultLeft));
+  const __m256i dl = _mm256_cmpeq_epi32(_mm256_and_si256(p, dl_bit), dl_bit);
+  __m256i lt, nan;
+  if constexpr (R) {
+    const __m256i rank = _mm256_and_si256(_mm256_srli_epi32(p, kRankShift), _mm256_set1_epi32(int32_t(kRankMask)));
+    lt = _mm256_cmpgt_epi32(rank, xv);
+    nan = _mm256_cmpeq_epi32(xv, _mm256_set1_epi32(kNanBin));
+  } else {
+    const __m256 xf = _mm256_castsi256_ps(xv);
+    lt = _mm256_castps_si256(_mm256_cmp_ps(xf, th, _CMP_LT_OQ));
+    nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
+  }
+  return _mm256_or_si256(_mm256_or_si256(lt, leaf), _mm256_and_si256(nan, dl));
+}
+
+constexpr uint32_t feature_mask(bool ranked) { return ranked ? kRankedFeatureMask : kNodeFeatureMask; }
+
+template <typename T, int V, bool R>
+__attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest& cf, const int32_t* xt,
                                                            int64_t local0, int64_t n, int64_t r0, T* acc) {
   const uint32_t* packed = cf.packed();
   const float* thr = cf.threshold();
   const int32_t* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i feat_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
-  const __m512i dl_bit = _mm512_set1_epi32(int32_t(kNodeDefaultLeft));
-  const __m512i leaf_bit = _mm512_set1_epi32(int32_t(kNodeLeaf));
+  const __m512i feat_mask = _mm512_set1_epi32(int32_t(feature_mask(R)));
+  const __m512i leaf_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
   const __m512i one = _mm512_set1_epi32(1);
   __m512i lane_v[V];
   for (int v = 0; v < V; ++v) lane_v[v] = _mm512_add_epi32(lane, _mm512_set1_epi32(int32_t(local0 + 16 * v)));
@@ -46,20 +94,17 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
       for (int v = 0; v < V; ++v) idx[v] = _mm512_set1_epi32(int32_t(root));
     } else {
       // Level 0: every lane is at the root.
-      const float* col = xt + size_t(p0 & kNodeFeatureMask) * kColRows + local0;
-      const __m512 th0 = _mm512_set1_ps(thr[root]);
+      const int32_t* col = xt + size_t(p0 & feature_mask(R)) * kColRows + local0;
+      const __m512i p0v = _mm512_set1_epi32(int32_t(p0));
+      const __m512 th0 = R ? _mm512_setzero_ps() : _mm512_set1_ps(thr[root]);
       const __m512i l0 = _mm512_set1_epi32(left[root]);
-      const bool dl0 = p0 & kNodeDefaultLeft;
       for (int v = 0; v < V; ++v) {
-        const __m512 xv = _mm512_loadu_ps(col + 16 * v);
-        const __mmask16 lt = _mm512_cmp_ps_mask(xv, th0, _CMP_LT_OQ);
-        const __mmask16 nan = dl0 ? _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q) : __mmask16(0);
-        went_right[v] = __mmask16(~(lt | nan));
+        went_right[v] = right_mask512<R>(_mm512_loadu_si512(col + 16 * v), p0v, th0, 0);
         idx[v] = _mm512_mask_add_epi32(l0, went_right[v], l0, one);
       }
     }
     // The first 64 nodes of the tree (its top levels in breadth-first order) sit in
-    // registers; while every lane is among them, permutes replace the three node gathers.
+    // registers; while every lane is among them, permutes replace the node gathers.
     const uint32_t size = (t + 1 < T_ ? cf.tree_root()[t + 1] : cf.num_nodes()) - root;
     __m512i p_tab[4], l_tab[4];
     __m512 t_tab[4];
@@ -67,7 +112,7 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
       const uint32_t lo = 16u * uint32_t(k);
       const __mmask16 m = __mmask16(size >= lo + 16 ? 0xffffu : size <= lo ? 0u : (1u << (size - lo)) - 1);
       p_tab[k] = _mm512_maskz_loadu_epi32(m, packed + root + lo);
-      t_tab[k] = _mm512_maskz_loadu_ps(m, thr + root + lo);
+      if constexpr (!R) t_tab[k] = _mm512_maskz_loadu_ps(m, thr + root + lo);
       l_tab[k] = _mm512_maskz_loadu_epi32(m, left + root + lo);
     }
     const __m512i root_v = _mm512_set1_epi32(int32_t(root));
@@ -75,44 +120,47 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
     const __m512i bit5 = _mm512_set1_epi32(32);
     // Level 1 lanes stand on the root's two children: two columns, blended.
     const uint32_t l_root = uint32_t(left[root]);
-    const float* col_a = xt + size_t(packed[depth ? l_root : root] & kNodeFeatureMask) * kColRows + local0;
-    const float* col_b = xt + size_t(packed[depth ? l_root + 1 : root] & kNodeFeatureMask) * kColRows + local0;
+    // (A leaf child's packed word holds its leaf index: any column will do for it.)
+    auto column_of = [&](uint32_t i) {
+      const uint32_t p = packed[i];
+      return xt + size_t((p & kNodeLeaf) ? 0 : p & feature_mask(R)) * kColRows + local0;
+    };
+    const int32_t* col_a = column_of(depth ? l_root : root);
+    const int32_t* col_b = column_of(depth ? l_root + 1 : root);
     for (uint32_t d = 1; d < depth; ++d) {
       for (int v = 0; v < V; ++v) {
         const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
         __m512i p, l;
-        __m512 th;
+        __m512 th = _mm512_setzero_ps();
         if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
           const __mmask16 upper = _mm512_test_epi32_mask(rel, bit5);
           p = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(p_tab[0], rel, p_tab[1]),
                                       _mm512_permutex2var_epi32(p_tab[2], rel, p_tab[3]));
-          th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
-                                    _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
+          if constexpr (!R)
+            th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
+                                      _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
           l = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(l_tab[0], rel, l_tab[1]),
                                       _mm512_permutex2var_epi32(l_tab[2], rel, l_tab[3]));
         } else {
           p = _mm512_i32gather_epi32(idx[v], packed, 4);
-          th = _mm512_i32gather_ps(idx[v], thr, 4);
+          if constexpr (!R) th = _mm512_i32gather_ps(idx[v], thr, 4);
           l = _mm512_i32gather_epi32(idx[v], left, 4);
         }
-        __m512 xv;
+        const __mmask16 leaf = leaf_lanes512(p);
+        __m512i xv;
         if (d == 1) {
-          xv = _mm512_mask_blend_ps(went_right[v], _mm512_loadu_ps(col_a + 16 * v), _mm512_loadu_ps(col_b + 16 * v));
+          xv = _mm512_mask_blend_epi32(went_right[v], _mm512_loadu_si512(col_a + 16 * v),
+                                       _mm512_loadu_si512(col_b + 16 * v));
         } else {
           const __m512i xi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(p, feat_mask), 6), lane_v[v]);
-          xv = _mm512_i32gather_ps(xi, xt, 4);
+          xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(~leaf), xi, xt, 4);
         }
-        const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
-        const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
-        const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
-        const __mmask16 leaf = _mm512_test_epi32_mask(p, leaf_bit);
-        const __mmask16 right = __mmask16(~(lt | (nan & dl) | leaf));
-        idx[v] = _mm512_mask_add_epi32(l, right, l, one);
+        idx[v] = _mm512_mask_add_epi32(l, right_mask512<R>(xv, p, th, leaf), l, one);
       }
     }
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
     for (int v = 0; v < V; ++v) {
-      const __m512i li = _mm512_i32gather_epi32(idx[v], reinterpret_cast<const int32_t*>(thr), 4);
+      const __m512i li = _mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask);
       if constexpr (std::is_same_v<T, float>) {
         const __m512 lv = _mm512_i32gather_ps(li, leaves, 4);
         _mm512_storeu_ps(a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(a + 16 * v), lv));
@@ -126,14 +174,14 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
   }
 }
 
-template <typename T>
-__attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf, const float* x,
+template <typename T, bool R>
+__attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf, const int32_t* x,
                                                        int64_t n, T* acc) {
   const int64_t F = cf.num_features();
   // The column block must stay small (it lives in L1/L2 next to the tree); very wide
   // inputs take the scalar walk.
   if (F > 4096) return 0;
-  thread_local std::vector<float> xt;
+  thread_local std::vector<int32_t> xt;
   xt.resize(size_t(F) * kColRows);
   int64_t r = 0;
   for (int64_t c0 = 0; c0 + 16 <= n; c0 += kColRows) {
@@ -142,15 +190,15 @@ __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf,
       for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows + i)] = x[(c0 + i) * F + f];
     int64_t k = 0;
     for (; k + 16 * kInterleave <= rows; k += 16 * kInterleave)
-      avx512_rows<T, kInterleave>(cf, xt.data(), k, n, c0 + k, acc);
-    for (; k + 16 <= rows; k += 16) avx512_rows<T, 1>(cf, xt.data(), k, n, c0 + k, acc);
+      avx512_rows<T, kInterleave, R>(cf, xt.data(), k, n, c0 + k, acc);
+    for (; k + 16 <= rows; k += 16) avx512_rows<T, 1, R>(cf, xt.data(), k, n, c0 + k, acc);
     r = c0 + rows;
   }
   return r;
 }
 
-template <typename T, int V>
-__attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, const float* x,
+template <typename T, int V, bool R>
+__attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, const int32_t* x,
                                                       int64_t n, int64_t r0, T* acc) {
   const int32_t F = int32_t(cf.num_features());
   const int* packed = reinterpret_cast<const int*>(cf.packed());
@@ -159,11 +207,10 @@ __attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, 
   const T* leaves = static_cast<const T*>(cf.leaf_values());
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i row_off = _mm256_mullo_epi32(lane, _mm256_set1_epi32(F));
-  const __m256i feat_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
-  const __m256i dl_bit = _mm256_set1_epi32(int32_t(kNodeDefaultLeft));
-  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  const __m256i feat_mask = _mm256_set1_epi32(int32_t(feature_mask(R)));
+  const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
   const __m256i one = _mm256_set1_epi32(1);
-  const float* xb[V];
+  const int32_t* xb[V];
   for (int v = 0; v < V; ++v) xb[v] = x + (r0 + 8 * v) * F;
   for (uint32_t t = 0; t < cf.num_trees(); ++t) {
     __m256i idx[V];
@@ -172,21 +219,18 @@ __attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, 
     for (uint32_t d = 0; d < depth; ++d) {
       for (int v = 0; v < V; ++v) {
         const __m256i p = _mm256_i32gather_epi32(packed, idx[v], 4);
-        const __m256 th = _mm256_i32gather_ps(thr, idx[v], 4);
+        const __m256 th = R ? _mm256_setzero_ps() : _mm256_i32gather_ps(thr, idx[v], 4);
         const __m256i l = _mm256_i32gather_epi32(left, idx[v], 4);
+        const __m256i leaf = leaf_lanes256(p);
         const __m256i xi = _mm256_add_epi32(row_off, _mm256_and_si256(p, feat_mask));
-        const __m256 xv = _mm256_i32gather_ps(xb[v], xi, 4);
-        const __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(xv, th, _CMP_LT_OQ));
-        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
-        const __m256i dl = _mm256_cmpeq_epi32(_mm256_and_si256(p, dl_bit), dl_bit);
-        const __m256i leaf = _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), leaf_bit);
-        const __m256i stay = _mm256_or_si256(_mm256_or_si256(lt, leaf), _mm256_and_si256(nan, dl));
-        idx[v] = _mm256_add_epi32(l, _mm256_andnot_si256(stay, one));
+        const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), xb[v], xi,
+                                                       _mm256_xor_si256(leaf, _mm256_set1_epi32(-1)), 4);
+        idx[v] = _mm256_add_epi32(l, _mm256_andnot_si256(stay_mask256<R>(xv, p, th, leaf), one));
       }
     }
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
     for (int v = 0; v < V; ++v) {
-      const __m256i li = _mm256_i32gather_epi32(reinterpret_cast<const int*>(thr), idx[v], 4);
+      const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask);
       if constexpr (std::is_same_v<T, float>) {
         const __m256 lv = _mm256_i32gather_ps(leaves, li, 4);
         _mm256_storeu_ps(a + 8 * v, _mm256_add_ps(_mm256_loadu_ps(a + 8 * v), lv));
@@ -200,20 +244,20 @@ __attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, 
   }
 }
 
-template <typename T>
-__attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, const float* x,
+template <typename T, bool R>
+__attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, const int32_t* x,
                                                   int64_t n, T* acc) {
   int64_t r = 0;
-  for (; r + 8 * kInterleave <= n; r += 8 * kInterleave) avx2_rows<T, kInterleave>(cf, x, n, r, acc);
-  for (; r + 8 <= n; r += 8) avx2_rows<T, 1>(cf, x, n, r, acc);
+  for (; r + 8 * kInterleave <= n; r += 8 * kInterleave) avx2_rows<T, kInterleave, R>(cf, x, n, r, acc);
+  for (; r + 8 <= n; r += 8) avx2_rows<T, 1, R>(cf, x, n, r, acc);
   return r;
 }
 
 // One row, 16 trees at a time (lanes are trees): the 16 walks are independent, so their
 // loads overlap instead of forming one long chain of dependent loads. Leaf values come
 // back in tree order so the caller adds them in the same order as the scalar walk.
-template <typename T>
-__attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, const float* row, T* acc) {
+template <typename T, bool R>
+__attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, const int32_t* row, T* acc) {
   const uint32_t* packed = cf.packed();
   const float* thr = cf.threshold();
   const int32_t* left = cf.left();
@@ -222,9 +266,8 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
   const uint32_t* depths = cf.tree_depth();
   const uint32_t* groups = cf.tree_group();
   const bool one_group = cf.num_groups() == 1;
-  const __m512i feat_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
-  const __m512i dl_bit = _mm512_set1_epi32(int32_t(kNodeDefaultLeft));
-  const __m512i leaf_bit = _mm512_set1_epi32(int32_t(kNodeLeaf));
+  const __m512i feat_mask = _mm512_set1_epi32(int32_t(feature_mask(R)));
+  const __m512i leaf_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
   const __m512i one = _mm512_set1_epi32(1);
   const uint32_t T_ = cf.num_trees();
   // Two vectors (32 trees) per pass: the walks are chains of dependent loads, and more
@@ -245,21 +288,19 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
     for (uint32_t d = 0; d < depth; ++d) {
       for (int v = 0; v < kVecs; ++v) {
         const __m512i p = _mm512_i32gather_epi32(idx[v], packed, 4);
-        const __m512 th = _mm512_i32gather_ps(idx[v], thr, 4);
+        const __m512 th = R ? _mm512_setzero_ps() : _mm512_i32gather_ps(idx[v], thr, 4);
         const __m512i l = _mm512_i32gather_epi32(idx[v], left, 4);
-        const __m512 xv = _mm512_i32gather_ps(_mm512_and_si512(p, feat_mask), row, 4);
-        const __mmask16 lt = _mm512_cmp_ps_mask(xv, th, _CMP_LT_OQ);
-        const __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
-        const __mmask16 dl = _mm512_test_epi32_mask(p, dl_bit);
-        const __mmask16 leaf = _mm512_test_epi32_mask(p, leaf_bit);
-        idx[v] = _mm512_mask_add_epi32(l, __mmask16(~(lt | (nan & dl) | leaf)), l, one);
+        const __mmask16 leaf = leaf_lanes512(p);
+        const __m512i xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(~leaf),
+                                                       _mm512_and_si512(p, feat_mask), row, 4);
+        idx[v] = _mm512_mask_add_epi32(l, right_mask512<R>(xv, p, th, leaf), l, one);
       }
     }
     for (int v = 0; v < kVecs; ++v) {
       // Lanes past the last tree walked tree 0 for a depth that is not its own, so they
       // may not stand on a leaf: they read leaf 0 instead of an arbitrary index.
-      const __m512i li = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[v], idx[v],
-                                                     reinterpret_cast<const int32_t*>(thr), 4);
+      const __m512i li = _mm512_and_si512(
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[v], idx[v], packed, 4), leaf_mask);
       T* out = vals + 16 * v;
       if constexpr (std::is_same_v<T, float>) {
         _mm512_store_ps(out, _mm512_i32gather_ps(li, leaves, 4));
@@ -278,8 +319,8 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
   }
 }
 
-template <typename T>
-__attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const float* row, T* acc) {
+template <typename T, bool R>
+__attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const int32_t* row, T* acc) {
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
   const int* left = cf.left();
@@ -287,9 +328,8 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const fl
   const uint32_t* roots = cf.tree_root();
   const uint32_t* depths = cf.tree_depth();
   const uint32_t* groups = cf.tree_group();
-  const __m256i feat_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
-  const __m256i dl_bit = _mm256_set1_epi32(int32_t(kNodeDefaultLeft));
-  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  const __m256i feat_mask = _mm256_set1_epi32(int32_t(feature_mask(R)));
+  const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
   const __m256i one = _mm256_set1_epi32(1);
   const uint32_t T_ = cf.num_trees();
   alignas(32) int32_t lidx[8];
@@ -304,40 +344,87 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const fl
     __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(start));
     for (uint32_t d = 0; d < depth; ++d) {
       const __m256i p = _mm256_i32gather_epi32(packed, idx, 4);
-      const __m256 th = _mm256_i32gather_ps(thr, idx, 4);
+      const __m256 th = R ? _mm256_setzero_ps() : _mm256_i32gather_ps(thr, idx, 4);
       const __m256i l = _mm256_i32gather_epi32(left, idx, 4);
-      const __m256 xv = _mm256_i32gather_ps(row, _mm256_and_si256(p, feat_mask), 4);
-      const __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(xv, th, _CMP_LT_OQ));
-      const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
-      const __m256i dl = _mm256_cmpeq_epi32(_mm256_and_si256(p, dl_bit), dl_bit);
-      const __m256i leaf = _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), leaf_bit);
-      const __m256i stay = _mm256_or_si256(_mm256_or_si256(lt, leaf), _mm256_and_si256(nan, dl));
-      idx = _mm256_add_epi32(l, _mm256_andnot_si256(stay, one));
+      const __m256i leaf = leaf_lanes256(p);
+      const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), row, _mm256_and_si256(p, feat_mask),
+                                                     _mm256_xor_si256(leaf, _mm256_set1_epi32(-1)), 4);
+      idx = _mm256_add_epi32(l, _mm256_andnot_si256(stay_mask256<R>(xv, p, th, leaf), one));
     }
+    // Lanes past the last tree may stand on an internal node of tree 0: their index is
+    // masked to a valid slot and never used.
     _mm256_store_si256(reinterpret_cast<__m256i*>(lidx),
-                       _mm256_i32gather_epi32(reinterpret_cast<const int*>(thr), idx, 4));
+                       _mm256_and_si256(_mm256_i32gather_epi32(packed, idx, 4), leaf_mask));
     for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += leaves[lidx[k]];
   }
 }
 
+// Bins of 16 rows of one feature at a time: the branch-free binary search of bin_of in
+// lanes, each step one gather from the feature's table.
+__attribute__((target("avx512f"))) int64_t bin_rows16(const CompiledForest& cf, const float* x, int64_t n,
+                                                      int32_t* bins) {
+  const int32_t F = int32_t(cf.num_features());
+  if (int64_t(F) * 16 >= (int64_t(1) << 31)) return 0;
+  const uint32_t* off = cf.bin_offsets();
+  const float* val = cf.bin_values();
+  const __m512i stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(F));
+  const __m512i nan_bin = _mm512_set1_epi32(kNanBin);
+  int64_t r = 0;
+  for (; r + 16 <= n; r += 16) {
+    const float* xr = x + r * F;
+    int32_t* br = bins + r * F;
+    for (int32_t f = 0; f < F; ++f) {
+      const __m512 xv = _mm512_i32gather_ps(stride, xr + f, 4);
+      const uint32_t m = off[f + 1] - off[f];
+      const float* t = val + off[f];
+      __m512i lo = _mm512_setzero_si512();
+      const __m512i mv = _mm512_set1_epi32(int32_t(m));
+      for (uint32_t step = std::bit_floor(m); step; step >>= 1) {
+        const __m512i c = _mm512_add_epi32(lo, _mm512_set1_epi32(int32_t(step)));
+        const __mmask16 in = _mm512_cmple_epi32_mask(c, mv);
+        const __m512 tv = _mm512_mask_i32gather_ps(_mm512_set1_ps(__builtin_inff()), in,
+                                                   _mm512_sub_epi32(c, _mm512_set1_epi32(1)), t, 4);
+        lo = _mm512_mask_mov_epi32(lo, in & _mm512_cmp_ps_mask(tv, xv, _CMP_LE_OQ), c);
+      }
+      lo = _mm512_mask_mov_epi32(lo, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), nan_bin);
+      _mm512_i32scatter_epi32(br + f, stride, lo, 4);
+    }
+  }
+  return r;
+}
+
+// Picks the ranked or plain instance; both read the row data as 32-bit lanes.
+template <auto Ranked, auto Plain, typename T>
+void dispatch_row(const CompiledForest& cf, const void* row, T* acc) {
+  (cf.ranked() ? Ranked : Plain)(cf, static_cast<const int32_t*>(row), acc);
+}
+template <auto Ranked, auto Plain, typename T>
+int64_t dispatch_walk(const CompiledForest& cf, const void* x, int64_t n, T* acc) {
+  return (cf.ranked() ? Ranked : Plain)(cf, static_cast<const int32_t*>(x), n, acc);
+}
+
 }  // namespace
 
-void row_avx512_f32(const CompiledForest& cf, const float* row, float* acc) { avx512_row<float>(cf, row, acc); }
-void row_avx512_f64(const CompiledForest& cf, const float* row, double* acc) { avx512_row<double>(cf, row, acc); }
-void row_avx2_f32(const CompiledForest& cf, const float* row, float* acc) { avx2_row<float>(cf, row, acc); }
-void row_avx2_f64(const CompiledForest& cf, const float* row, double* acc) { avx2_row<double>(cf, row, acc); }
+void row_avx512_f32(const CompiledForest& cf, const void* row, float* acc) { dispatch_row<avx512_row<float, true>, avx512_row<float, false>>(cf, row, acc); }
+void row_avx512_f64(const CompiledForest& cf, const void* row, double* acc) { dispatch_row<avx512_row<double, true>, avx512_row<double, false>>(cf, row, acc); }
+void row_avx2_f32(const CompiledForest& cf, const void* row, float* acc) { dispatch_row<avx2_row<float, true>, avx2_row<float, false>>(cf, row, acc); }
+void row_avx2_f64(const CompiledForest& cf, const void* row, double* acc) { dispatch_row<avx2_row<double, true>, avx2_row<double, false>>(cf, row, acc); }
 
-int64_t walk_avx512_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc) {
-  return avx512_walk<float>(cf, x, n, acc);
+int64_t walk_avx512_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc) {
+  return dispatch_walk<avx512_walk<float, true>, avx512_walk<float, false>>(cf, x, n, acc);
 }
-int64_t walk_avx512_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc) {
-  return avx512_walk<double>(cf, x, n, acc);
+int64_t walk_avx512_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc) {
+  return dispatch_walk<avx512_walk<double, true>, avx512_walk<double, false>>(cf, x, n, acc);
 }
-int64_t walk_avx2_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc) {
-  return avx2_walk<float>(cf, x, n, acc);
+int64_t walk_avx2_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc) {
+  return dispatch_walk<avx2_walk<float, true>, avx2_walk<float, false>>(cf, x, n, acc);
 }
-int64_t walk_avx2_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc) {
-  return avx2_walk<double>(cf, x, n, acc);
+int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc) {
+  return dispatch_walk<avx2_walk<double, true>, avx2_walk<double, false>>(cf, x, n, acc);
+}
+int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
+  return bin_rows16(cf, x, n, bins);
 }
 
 }  // namespace slim::forest::detail

@@ -66,12 +66,19 @@ std::string encode_compact(const CompiledForest& cf) {
   const CompiledHeader& h = cf.header();
   const uint32_t N = h.num_nodes, F = h.num_features;
   const uint32_t* packed = cf.packed();
-  const float* thr = cf.threshold();
+  const bool ranked = cf.ranked();
+  const uint32_t feat_mask = ranked ? kRankedFeatureMask : kNodeFeatureMask;
+  // The threshold of split i, and for categorical splits the set index in its bits.
+  auto threshold_of = [&](uint32_t i) {
+    const uint32_t p = packed[i];
+    if (!ranked) return cf.threshold()[i];
+    return cf.bin_values()[cf.bin_offsets()[p & feat_mask] + ((p >> kRankShift) & kRankMask) - 1];
+  };
   // Per-feature sorted tables of the distinct thresholds; a node keeps the rank.
   std::vector<std::vector<float>> tables(F);
   for (uint32_t i = 0; i < N; ++i) {
     const uint32_t p = packed[i];
-    if (!(p & (kNodeLeaf | kNodeCategorical))) tables[p & kNodeFeatureMask].push_back(thr[i]);
+    if (!(p & (kNodeLeaf | kNodeCategorical))) tables[p & feat_mask].push_back(threshold_of(i));
   }
   size_t widest = 1;
   for (auto& t : tables) {
@@ -112,21 +119,20 @@ std::string encode_compact(const CompiledForest& cf) {
   for (uint32_t i = 0; i < N; ++i) {
     const uint32_t p = packed[i];
     if (p & kNodeLeaf) {
-      uint32_t li;
-      std::memcpy(&li, &thr[i], 4);
+      const uint32_t li = p & kNodeFeatureMask;
       if (dbl) w.put<double>(static_cast<const double*>(cf.leaf_values())[li]);
       else w.put<float>(static_cast<const float*>(cf.leaf_values())[li]);
       continue;
     }
-    const uint32_t f = p & kNodeFeatureMask;
+    const uint32_t f = p & feat_mask;
     w.put_code(f, fw);
     if (p & kNodeCategorical) {
       uint32_t set;
-      std::memcpy(&set, &thr[i], 4);
+      std::memcpy(&set, &cf.threshold()[i], 4);
       w.put_code(set, tw);
     } else {
       const auto& t = tables[f];
-      const float v = thr[i];
+      const float v = threshold_of(i);
       const size_t rank = size_t(std::lower_bound(t.begin(), t.end(), v) - t.begin());
       w.put_code(uint32_t(rank), tw);
     }
@@ -284,7 +290,7 @@ void save_slimf(const CompiledForest& cf, const std::string& path, SlimfEncoding
 }
 
 CompiledForest load_slimf(const std::string& path) {
-  auto file = MappedFile::open(path);
+  auto file = MappedFile::open(path, /*populate=*/true);
   FileHeader fh;
   read_header(*file, fh);
   const uint8_t* payload = file->data() + sizeof(FileHeader);
@@ -292,7 +298,10 @@ CompiledForest load_slimf(const std::string& path) {
     throw Error(ErrorCode::integrity, path + ": checksum mismatch (the file is corrupt)");
   if (fh.encoding == uint32_t(SlimfEncoding::plain))
     return CompiledForest::from_payload(payload, fh.payload_size, file, path);
-  return compile_forest(decode_compact(payload, fh.payload_size, path));
+  CompiledHeader h;
+  slim::check(fh.payload_size >= sizeof(h), ErrorCode::invalid_model, path + ": compact payload is truncated");
+  std::memcpy(&h, payload, sizeof(h));
+  return compile_forest(decode_compact(payload, fh.payload_size, path), (h.flags & kRanked) != 0);
 }
 
 SlimfEncoding slimf_encoding(const std::string& path) {

@@ -28,7 +28,7 @@ inline bool special_goes_left(const CompiledForest& cf, uint32_t p, float thr_bi
   return x < thr_bits_as_float;
 }
 
-// Index of the leaf a row reaches in the tree rooted at `root`.
+// Index of the leaf a row reaches in the tree rooted at `root` (plain layout).
 inline uint32_t walk_one(const CompiledForest& cf, uint32_t root, const float* row) {
   const uint32_t* packed = cf.packed();
   const float* thr = cf.threshold();
@@ -36,7 +36,7 @@ inline uint32_t walk_one(const CompiledForest& cf, uint32_t root, const float* r
   uint32_t i = root;
   for (;;) {
     const uint32_t p = packed[i];
-    if (p & kNodeLeaf) break;
+    if (p & kNodeLeaf) return p & kNodeFeatureMask;
     const float x = row[p & kNodeFeatureMask];
     bool go_left;
     if (__builtin_expect(p & (kNodeCategorical | kNodeZeroMissing), 0)) {
@@ -46,33 +46,42 @@ inline uint32_t walk_one(const CompiledForest& cf, uint32_t root, const float* r
     }
     i = uint32_t(left[i]) + (go_left ? 0u : 1u);
   }
-  uint32_t leaf;
-  std::memcpy(&leaf, &thr[i], 4);
-  return leaf;
 }
 
-template <typename T>
-void walk_scalar(const CompiledForest& cf, const float* x, int64_t n, T* acc) {
-  const T* leaves = static_cast<const T*>(cf.leaf_values());
-  const uint32_t F = cf.num_features();
-  for (uint32_t t = 0; t < cf.num_trees(); ++t) {
-    const uint32_t root = cf.tree_root()[t];
-    T* a = acc + int64_t(cf.tree_group()[t]) * n;
-    for (int64_t r = 0; r < n; ++r) a[r] += leaves[walk_one(cf, root, x + r * F)];
+// The same for the ranked layout, on the row's bins (CompiledForest::bin_rows).
+inline uint32_t walk_one_ranked(const CompiledForest& cf, uint32_t root, const int32_t* bins) {
+  const uint32_t* packed = cf.packed();
+  const int32_t* left = cf.left();
+  uint32_t i = root;
+  for (;;) {
+    const uint32_t p = packed[i];
+    if (p & kNodeLeaf) return p & kNodeFeatureMask;
+    const int32_t b = bins[p & kRankedFeatureMask];
+    const bool go_left = (b < int32_t((p >> kRankShift) & kRankMask)) | ((b == kNanBin) & bool(p & kNodeDefaultLeft));
+    i = uint32_t(left[i]) + (go_left ? 0u : 1u);
   }
 }
 
+// Leaf of one row: `row` is floats for the plain layout, bins for the ranked one.
+inline uint32_t walk_any(const CompiledForest& cf, bool ranked, uint32_t root, const void* row) {
+  return ranked ? walk_one_ranked(cf, root, static_cast<const int32_t*>(row))
+                : walk_one(cf, root, static_cast<const float*>(row));
+}
+
 // SIMD kernels (predict_simd.cc); they handle whole vectors of rows and return how many
-// rows they did, leaving the tail to walk_scalar. Numeric-only forests.
-int64_t walk_avx512_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc);
-int64_t walk_avx512_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
-int64_t walk_avx2_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc);
-int64_t walk_avx2_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
+// rows they did, leaving the tail to the scalar walk. Numeric-only forests. `x` holds
+// n rows of num_features floats (plain layout) or bins (ranked layout).
+int64_t walk_avx512_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc);
+int64_t walk_avx512_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
+int64_t walk_avx2_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc);
+int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
 // One row through every tree, several trees per vector; adds the leaves to acc[group]
 // in tree order.
-void row_avx512_f32(const CompiledForest& cf, const float* row, float* acc);
-void row_avx512_f64(const CompiledForest& cf, const float* row, double* acc);
-void row_avx2_f32(const CompiledForest& cf, const float* row, float* acc);
-void row_avx2_f64(const CompiledForest& cf, const float* row, double* acc);
+void row_avx512_f32(const CompiledForest& cf, const void* row, float* acc);
+void row_avx512_f64(const CompiledForest& cf, const void* row, double* acc);
+void row_avx2_f32(const CompiledForest& cf, const void* row, float* acc);
+void row_avx2_f64(const CompiledForest& cf, const void* row, double* acc);
+// Bins of n rows for the ranked layout, 16 rows per step; returns rows done.
+int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
 
 }  // namespace slim::forest::detail

@@ -1,10 +1,12 @@
 // Exact agreement with xgboost's own margins and with the LightGBM reference evaluator,
-// for every SIMD level, single-row prediction, threads, and both .slimf encodings.
+// for every SIMD level, single-row prediction, threads, both .slimf encodings, and both
+// node layouts (float thresholds and lossless per-feature ranks).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "forest/forest_fixtures.h"
 #include "slim/core/npy.h"
@@ -116,11 +118,79 @@ void check_slimf_round_trips(const CompiledForest& cf, const Case& c) {
   }
 }
 
+// Lossless threshold ranks: where the model allows the ranked layout, it must give the
+// very same outputs, in fewer bytes; returns 1 when the model was checked ranked.
+int check_ranked(const Forest& f, const CompiledForest& plain, const Case& c, const std::string& label) {
+  const std::string why = ranked_layout_blocker(f);
+  if (!why.empty()) {
+    EXPECT_THROW(compile_forest(f, true), Error) << label;
+    return 0;
+  }
+  CompiledForest ranked = compile_forest(f, true);
+  EXPECT_TRUE(ranked.ranked());
+  EXPECT_EQ(ranked.node_bytes(), 8);
+  EXPECT_LE(ranked.payload_size(), plain.payload_size()) << label;  // tiny models: same cache lines
+  EXPECT_EQ(check_forest(ranked, c, label + " ranked"), 0);
+  check_slimf_round_trips(ranked, c);
+  return 1;
+}
+
+// Inputs exactly on thresholds, both zeros, infinities, NaN and their neighbours take
+// the same branch in the ranked layout as in the plain one, on every SIMD level.
+TEST(ForestExactness, RankedBinsRouteEdgeValuesLikeFloatCompares) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> thresholds = {-1.5f, -0.0f, 0.0f, 1e-30f, 1.0f, 2.5f, 3e38f, inf};
+  Forest f;
+  f.num_features = 2;
+  f.base_margin = {0.0};
+  // One chain per threshold over feature t % 2; leaves record where a value went.
+  for (size_t t = 0; t < thresholds.size(); ++t) {
+    Tree tree;
+    TreeNode root;
+    root.is_leaf = false;
+    root.feature = uint32_t(t % 2);
+    root.threshold = thresholds[t];
+    root.default_left = t % 3 == 0;
+    root.left = 1;
+    root.right = 2;
+    TreeNode l, r;
+    l.leaf_value = double(1u << t);
+    r.leaf_value = 0.0;
+    tree.nodes = {root, l, r};
+    f.trees.push_back(tree);
+  }
+  std::vector<float> values = {-inf, inf, std::nanf(""), 0.0f, -0.0f, 1e-30f, 3e38f};
+  for (float t : thresholds)
+    if (std::isfinite(t))
+      for (float v : {t, std::nextafter(t, -inf), std::nextafter(t, inf)}) values.push_back(v);
+  std::vector<float> x;
+  for (float a : values)
+    for (float b : values) x.insert(x.end(), {a, b});
+  const int64_t n = int64_t(x.size() / 2);
+  const CompiledForest plain = compile_forest(f), ranked = compile_forest(f, true);
+  std::vector<double> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  CompiledForest p = plain;
+  p.set_simd_level(SimdLevel::scalar);
+  p.predict_margin(x.data(), n, want.data());
+  for (SimdLevel level : levels()) {
+    CompiledForest r = ranked;
+    r.set_simd_level(level);
+    r.predict_margin(x.data(), n, got.data());
+    EXPECT_EQ(got, want) << simd_level_name(level);
+    for (int64_t i = 0; i < n; ++i) {
+      float o;
+      r.predict_row(x.data() + 2 * i, &o, true);
+      ASSERT_EQ(o, float(want[size_t(i)])) << simd_level_name(level) << " row " << i;
+    }
+  }
+}
+
 TEST(ForestExactness, XGBoostMatchesItsOwnPredictions) {
   const std::string dir = fixture_dir("forest_xgb_fixtures.py");
   const auto names = fixture_names(dir);
   ASSERT_GE(names.size(), 12u);
   int64_t rows = 0;
+  int ranked_models = 0;
   for (const auto& name : names) {
     for (const char* ext : {".json", ".ubj"}) {
       if (!std::filesystem::exists(dir + "/" + name + ext)) continue;
@@ -131,17 +201,19 @@ TEST(ForestExactness, XGBoostMatchesItsOwnPredictions) {
       CompiledForest cf = compile_forest(f);
       EXPECT_EQ(check_forest(cf, c, name + ext), 0);
       check_slimf_round_trips(cf, c);
+      ranked_models += check_ranked(f, cf, c, name + ext);
       rows += c.x.dim(0);
     }
   }
   RecordProperty("rows_checked", int(rows));
+  EXPECT_GE(ranked_models, 16);  // every numeric-only fixture, JSON and UBJSON
 }
 
 TEST(ForestExactness, LightGBMMatchesTheReferenceEvaluator) {
   const std::string dir = fixture_dir("forest_lgbm_fixtures.py");
   const auto names = fixture_names(dir);
   ASSERT_GE(names.size(), 7u);
-  int simd_models = 0;
+  int simd_models = 0, ranked_models = 0;
   for (const auto& name : names) {
     SCOPED_TRACE(name);
     Case c = load_case(dir, name, ".txt");
@@ -152,8 +224,10 @@ TEST(ForestExactness, LightGBMMatchesTheReferenceEvaluator) {
     EXPECT_EQ(check_forest(cf, c, name), 0);
     check_slimf_round_trips(cf, c);
     simd_models += !(cf.header().flags & (kHasCategorical | kHasZeroMissing));
+    ranked_models += check_ranked(f, cf, c, name);
   }
   EXPECT_GE(simd_models, 2);  // the double-sum SIMD walks are exercised too
+  EXPECT_EQ(ranked_models, simd_models);
 }
 
 TEST(ForestExactness, XGBoostCategoricalSendsListedCategoriesRight) {

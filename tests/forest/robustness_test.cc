@@ -68,6 +68,10 @@ TEST(ForestRobustness, DamagedPayloadsWithValidChecksums) {
     fuzz_encoding(cf, SlimfEncoding::plain, iters, 1);
     fuzz_encoding(cf, SlimfEncoding::compact, iters, 2);
   }
+  const Forest numeric = load_forest_source(dir + "/xgb_softprob.json");
+  const CompiledForest ranked = compile_forest(numeric, true);
+  fuzz_encoding(ranked, SlimfEncoding::plain, 200, 3);
+  fuzz_encoding(ranked, SlimfEncoding::compact, 200, 4);
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ std::string quality(const CompiledForest& cf, const Rows& rows) {
 }
 
 struct CompileOptions {
-  std::string model, output, quantize = "none", calib, eval, label;
+  std::string model, output, quantize = "none", encoding = "plain", calib, eval, label;
   double prune_gain = 0, prune_tree_eps = 0;
 };
 
@@ -89,7 +89,10 @@ void compile_cmd(const CompileOptions& o) {
   const bool slimf_in = is_slimf_file(o.model);
   Forest f = slimf_in ? decompile(load_slimf(o.model)) : load_forest_source(o.model);
   const CompiledForest original = compile_forest(f);
-  SlimfEncoding enc = SlimfEncoding::plain;
+  slim::check(o.encoding == "plain" || o.encoding == "compact", ErrorCode::invalid_argument,
+              "--encoding must be plain or compact, got '" + o.encoding + "'");
+  const SlimfEncoding enc = o.encoding == "plain" ? SlimfEncoding::plain : SlimfEncoding::compact;
+  bool ranked = false;
   if (o.prune_gain > 0 || o.prune_tree_eps > 0) {
     slim::check(!slimf_in || (o.prune_tree_eps > 0 && o.prune_gain == 0), ErrorCode::invalid_argument,
                 o.model + ": --prune-gain needs the source model (a .slimf keeps no split gains)");
@@ -99,7 +102,7 @@ void compile_cmd(const CompileOptions& o) {
               << " trees dropped, nodes " << ps.nodes_before << " -> " << ps.nodes_after << "\n";
   }
   if (o.quantize == "lossless") {
-    enc = SlimfEncoding::compact;
+    ranked = true;
   } else if (o.quantize != "none") {
     int bits = 0;
     slim::check(std::sscanf(o.quantize.c_str(), "%dbit", &bits) == 1 && bits >= 4 && bits <= 8 &&
@@ -110,17 +113,27 @@ void compile_cmd(const CompileOptions& o) {
     if (!o.calib.empty()) calib = read_rows(o.calib, o.label, f.num_features);
     QuantizeStats qs;
     f = quantize_thresholds(f, bits, calib.n ? calib.x.data() : nullptr, calib.n, &qs);
-    enc = SlimfEncoding::compact;
+    ranked = true;
     std::cout << "quantized to " << bits << " bits: " << qs.features_changed
               << " features changed, distinct thresholds " << qs.thresholds_before << " -> "
               << qs.thresholds_after << (calib.n ? " (calibrated on " + std::to_string(calib.n) + " rows)" : "")
               << "\n";
   }
-  const CompiledForest result = compile_forest(f);
+  if (ranked) {
+    const std::string why = ranked_layout_blocker(f);
+    if (!why.empty()) {
+      std::cerr << "note: kept the plain node layout (threshold ranks need numeric splits only; the model has "
+                << why << ")\n";
+      ranked = false;
+    }
+  }
+  const CompiledForest result = compile_forest(f, ranked);
   save_slimf(result, o.output, enc);
-  std::cout << "wrote " << o.output << " (" << (enc == SlimfEncoding::plain ? "plain" : "compact")
-            << ", " << kib(double(file_size(o.output))) << "; source " << kib(double(file_size(o.model)))
-            << "; " << result.num_trees() << " trees, " << result.num_nodes() << " nodes)\n";
+  std::cout << "wrote " << o.output << " (" << (enc == SlimfEncoding::plain ? "plain" : "compact") << " encoding, "
+            << (ranked ? "ranked" : "plain") << " layout: " << result.node_bytes() << " bytes per node in memory, "
+            << kib(double(result.payload_size())) << " compiled; file " << kib(double(file_size(o.output)))
+            << ", source " << kib(double(file_size(o.model))) << "; " << result.num_trees() << " trees, "
+            << result.num_nodes() << " nodes)\n";
   if (!o.eval.empty()) {
     Rows rows = read_rows(o.eval, o.label, f.num_features);
     std::cout << "eval " << o.eval << " (" << rows.n << " rows):\n  original  " << quality(original, rows)
@@ -179,6 +192,8 @@ void inspect_cmd(const std::string& path) {
             << " margin groups)\ntrees:      " << h.num_trees << "\nnodes:      " << h.num_nodes << " ("
             << h.num_leaves << " leaves)\nmax depth:  " << h.max_depth << "\ncategorical: "
             << ((h.flags & kHasCategorical) ? "yes (" + std::to_string(h.num_category_sets) + " sets)" : std::string("no"))
+            << "\nlayout:     " << (cf.ranked() ? "ranked (thresholds as per-feature ranks, " : "plain (float thresholds, ")
+            << cf.node_bytes() << " bytes per node)"
             << "\nsums in:    " << (h.accumulate_double ? "double" : "float32") << "\nbase margin:";
   for (uint32_t g = 0; g < std::min<uint32_t>(h.num_groups, 8); ++g) std::cout << " " << cf.base_margin()[g];
   std::cout << "\nsimd:       " << simd_level_name(cf.simd_level())
@@ -267,7 +282,14 @@ SLIM_COMMAND(40, [](CLI::App& app) {
   auto co = std::make_shared<CompileOptions>();
   c->add_option("MODEL", co->model, "XGBoost .json/.ubj, LightGBM .txt or .slimf")->required()->check(CLI::ExistingFile);
   c->add_option("-o,--output", co->output, "Output .slimf file")->required();
-  c->add_option("--quantize", co->quantize, "none (plain, mmap-able), lossless (compact) or 4bit..8bit")->capture_default_str();
+  c->add_option("--quantize", co->quantize,
+                "none (float thresholds), lossless (thresholds as per-feature ranks: identical outputs, "
+                "8-byte nodes) or 4bit..8bit (at most 2^k-1 thresholds per feature, then ranked)")
+      ->capture_default_str();
+  c->add_option("--encoding", co->encoding,
+                "plain (the compiled tables, used in place from a memory map) or compact (smallest file, "
+                "expanded on load)")
+      ->capture_default_str();
   c->add_option("--prune-gain", co->prune_gain, "Merge splits whose gain is below this into leaves")->check(CLI::NonNegativeNumber);
   c->add_option("--prune-tree-eps", co->prune_tree_eps, "Drop trees whose largest |leaf| is below this")->check(CLI::NonNegativeNumber);
   c->add_option("--calib", co->calib, "CSV of calibration rows for k-bit quantization")->check(CLI::ExistingFile);

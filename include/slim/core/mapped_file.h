@@ -13,7 +13,9 @@ namespace slim {
 class MappedFile {
  public:
   // Throws not_found when the file cannot be opened, invalid_argument for a directory.
-  static std::shared_ptr<const MappedFile> open(const std::string& path);
+  // `populate` maps every page up front (one kernel call instead of a fault per page),
+  // for files that will be read whole right away, such as a checksummed .slimf.
+  static std::shared_ptr<const MappedFile> open(const std::string& path, bool populate = false);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

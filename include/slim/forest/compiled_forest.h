@@ -15,13 +15,23 @@
 namespace slim::forest {
 
 // Bits of CompiledForest::packed (one per node). Leaves point to themselves (left == i)
-// and keep their leaf index in the threshold slot, so a batch walk can step every lane
-// a fixed number of times without branching.
+// and keep their leaf index in the low 28 bits, so a batch walk can step every lane a
+// fixed number of times without branching.
 inline constexpr uint32_t kNodeDefaultLeft = 1u << 31;
 inline constexpr uint32_t kNodeLeaf = 1u << 30;
 inline constexpr uint32_t kNodeCategorical = 1u << 29;
 inline constexpr uint32_t kNodeZeroMissing = 1u << 28;
-inline constexpr uint32_t kNodeFeatureMask = (1u << 28) - 1;
+inline constexpr uint32_t kNodeFeatureMask = (1u << 28) - 1;  // also the leaf index
+
+// The ranked layout (lossless threshold quantization): no threshold table at all. A
+// split's packed word holds its feature (12 bits) and the rank r of its threshold among
+// the feature's sorted distinct thresholds t[0..m) (16 bits, r = j + 1 for t[j]). An
+// input is binned once per row to b = #{t <= x} (kNanBin for NaN), and `x < t[j]` is
+// exactly `b < r`, so predictions are identical while a node shrinks from 12 to 8 bytes.
+inline constexpr uint32_t kRankShift = 12;
+inline constexpr uint32_t kRankedFeatureMask = (1u << kRankShift) - 1;
+inline constexpr uint32_t kRankMask = 0xffffu;
+inline constexpr int32_t kNanBin = 1 << 16;  // above every rank: NaN goes right unless default-left
 
 // Fixed-size description at the start of the compiled payload; offsets are in bytes from
 // the payload start, each section 64-byte aligned.
@@ -29,14 +39,17 @@ struct CompiledHeader {
   uint32_t num_features, num_groups, num_trees, num_nodes, num_leaves;
   uint32_t num_category_sets, num_category_words, max_depth;
   uint8_t source, transform, accumulate_double, truncate_category_first;
-  uint32_t flags;  // kHasCategorical | kHasZeroMissing
+  uint32_t flags;  // kHasCategorical | kHasZeroMissing | kRanked
+  uint32_t num_bin_values;  // ranked: all features' threshold tables together
   double sigmoid_scale, average_divisor;
   uint64_t off_base_margin, off_tree_root, off_tree_group, off_tree_depth;
   uint64_t off_threshold, off_packed, off_left, off_leaf;
-  uint64_t off_category_offsets, off_category_words, payload_size;
+  uint64_t off_category_offsets, off_category_words;
+  uint64_t off_bin_offsets, off_bin_values, payload_size;
 };
 inline constexpr uint32_t kHasCategorical = 1;
 inline constexpr uint32_t kHasZeroMissing = 2;
+inline constexpr uint32_t kRanked = 4;
 
 enum class SimdLevel { scalar, avx2, avx512 };
 SimdLevel detected_simd_level();
@@ -63,6 +76,9 @@ class CompiledForest {
   const uint8_t* payload() const { return base_; }
   size_t payload_size() const { return size_; }
   bool defined() const { return h_ != nullptr; }
+  bool ranked() const { return h_->flags & kRanked; }
+  // Bytes the walks touch per node (packed + left, plus the threshold when not ranked).
+  int node_bytes() const { return ranked() ? 8 : 12; }
 
   // Batch prediction of n contiguous rows of num_features() floats. out gets
   // n * output_width() values (or n * num_groups() margins when `margin`). Splits rows
@@ -88,6 +104,12 @@ class CompiledForest {
   const void* leaf_values() const { return base_ + h_->off_leaf; }
   const uint32_t* category_offsets() const { return u32(h_->off_category_offsets); }
   const uint32_t* category_words() const { return u32(h_->off_category_words); }
+  // Ranked layout: feature f's sorted distinct thresholds are
+  // bin_values()[bin_offsets()[f] .. bin_offsets()[f + 1]).
+  const uint32_t* bin_offsets() const { return u32(h_->off_bin_offsets); }
+  const float* bin_values() const { return reinterpret_cast<const float*>(base_ + h_->off_bin_values); }
+  // Ranked layout: bins of n rows (row-major n x num_features, kNanBin for NaN).
+  void bin_rows(const float* x, int64_t n, int32_t* bins) const;
 
  private:
   const uint32_t* u32(uint64_t off) const { return reinterpret_cast<const uint32_t*>(base_ + off); }
@@ -100,7 +122,12 @@ class CompiledForest {
   SimdLevel simd_ = SimdLevel::scalar;
 };
 
-// Lays the loaded forest out as a compiled payload (breadth-first per tree).
-CompiledForest compile_forest(const Forest& forest);
+// Lays the loaded forest out as a compiled payload (breadth-first per tree). `ranked`
+// picks the ranked layout (see kRankShift); it needs numeric splits only (no categorical
+// or zero-as-missing nodes), at most 4,096 features and 65,535 distinct thresholds per
+// feature, and is `unsupported` otherwise (ranked_layout_blocker says why up front).
+CompiledForest compile_forest(const Forest& forest, bool ranked = false);
+// Why `forest` cannot take the ranked layout; empty when it can.
+std::string ranked_layout_blocker(const Forest& forest);
 
 }  // namespace slim::forest

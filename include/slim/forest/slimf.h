@@ -1,7 +1,8 @@
 // .slimf: slim's versioned, checksummed file for compiled forests. The plain encoding is
-// the compiled tables themselves, used in place from a memory map; the compact encoding
-// stores each threshold as its rank in a per-feature table (and children implicitly), a
-// lossless form several times smaller that is expanded on load.
+// the compiled tables themselves (plain or ranked layout), used in place from a memory
+// map; the compact encoding stores each threshold as its rank in a per-feature table
+// with the narrowest integer that holds it (and children implicitly), a lossless form
+// several times smaller that is expanded on load into the layout it was saved from.
 #pragma once
 
 #include <string>
@@ -12,7 +13,8 @@ namespace slim::forest {
 
 enum class SlimfEncoding : uint32_t { plain = 0, compact = 1 };
 
-inline constexpr uint32_t kSlimfVersion = 1;
+// 2: leaf indices in the packed word, the ranked layout and its threshold tables.
+inline constexpr uint32_t kSlimfVersion = 2;
 
 // The whole file as bytes; save_slimf writes it atomically (temp file + rename).
 std::string encode_slimf(const CompiledForest& forest, SlimfEncoding encoding);
