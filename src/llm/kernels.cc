@@ -28,7 +28,8 @@ int64_t act_row_bytes(ActType type, int64_t n) {
   switch (type) {
     case ActType::f32: return n * 4;
     case ActType::f16: case ActType::bf16: return n * 2;
-    case ActType::q8_0: return n / 32 * int64_t(sizeof(BlockQ8_0));
+    // The blocks, then room for the unpacked copy that tiled kernel sets append.
+    case ActType::q8_0: return n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192;
     case ActType::q8_k: return n / 256 * int64_t(sizeof(BlockQ8K));
   }
   return 0;
@@ -472,19 +473,57 @@ inline Group load_q8_0_group(const uint8_t* p) {
   return g;
 }
 
-// Four Q4_0 blocks as signed codes (nibble - 8); the masked load stops at the group's end.
-inline Group load_q4_0_group(const uint8_t* p) {
+// Turns unsigned Q4_0 codes into signed ones and gives their weight-side bias.
+inline void q4_0_bias_and_codes(Group& g, __m512i& bias) {
+  // -128 x sum(code - 8) over the eight codes of a lane = 8192 - 128 x sum(code).
+  const __m512i kneg128 = _mm512_set1_epi8(char(-128)), k8 = _mm512_set1_epi8(8);
+  bias = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_set1_epi32(8192), g.lo, kneg128), g.hi, kneg128);
+  g.lo = _mm512_sub_epi8(g.lo, k8);
+  g.hi = _mm512_sub_epi8(g.hi, k8);
+}
+
+// Four Q4_0 blocks as unsigned codes 0..15 (the masked load stops at the group's end).
+inline Group load_q4_0_group_u(const uint8_t* p) {
   const __m512i a = _mm512_loadu_si512(p), b = _mm512_maskz_loadu_epi16(0xF, p + 64);
   const __m512i q = _mm512_permutex2var_epi16(a, _mm512_load_si512(kGroupIndex.q4_qs), b);
-  const __m512i m4 = _mm512_set1_epi8(0x0F), k8 = _mm512_set1_epi8(8);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
   Group g;
-  g.lo = _mm512_sub_epi8(_mm512_and_si512(q, m4), k8);
-  g.hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), k8);
+  g.lo = _mm512_and_si512(q, m4);
+  g.hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
   g.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(kGroupIndex.q4_d), a)));
   return g;
 }
 
-template <int NR, int NT, bool Q4>
+// A Q8_0 activation group as the tiles consume it: codes offset by 128, scales per lane.
+inline Group activation_group(const uint8_t* blocks) {
+  const __m512i k80 = _mm512_set1_epi8(char(0x80));
+  Group v = load_q8_0_group(blocks);
+  v.lo = _mm512_xor_si512(v.lo, k80);
+  v.hi = _mm512_xor_si512(v.hi, k80);
+  return v;
+}
+
+constexpr int64_t kUnpackedGroup = int64_t(sizeof(Group));  // 192 bytes per 128 values
+static_assert(sizeof(Group) == 192);
+
+// The unpacked copy of a row of Q8_0 activations that quantize_act_row appends after the
+// blocks, so that the tiles, which see every activation row once per group of weight rows,
+// do not redo the permutes each time.
+void unpack_q8_0_vnni(const void* blocks, void* dst, int64_t n) {
+  const uint8_t* b = static_cast<const uint8_t*>(blocks);
+  for (int64_t g = 0; g < n / 128; ++g) {
+    const Group v = activation_group(b + g * kQ8Group);
+    uint8_t* o = static_cast<uint8_t*>(dst) + g * kUnpackedGroup;
+    _mm512_storeu_si512(o, v.lo);
+    _mm512_storeu_si512(o + 64, v.hi);
+    _mm512_storeu_ps(o + 128, v.d);
+  }
+}
+
+// Unpacked: activation rows carry the unpacked groups after their blocks (quantize_act_row
+// of this kernel set); otherwise the groups are unpacked from the blocks on the fly. Both
+// feed the same values to the same instructions, so the results are bit-identical.
+template <int NR, int NT, bool Q4, bool Unpacked>
 void tile_q_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
   constexpr int64_t kGroupBytes = Q4 ? kQ4Group : kQ8Group;
   __m512 acc[NR][NT];
@@ -492,31 +531,38 @@ void tile_q_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, i
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   const __m512i k80 = _mm512_set1_epi8(char(0x80)), zero = _mm512_setzero_si512();
   const int64_t ng = nb / 4;
-  // The activations of a stretch of groups are unpacked once per call into a stack buffer
-  // the inner loop reads as memory operands, which leaves the registers to the NR x NT
-  // accumulators and one weight row.
-  constexpr int64_t kStretch = 32;
-  alignas(64) Group xg[kStretch][NT];
-  for (int64_t g0 = 0; g0 < ng; g0 += kStretch) {
-    const int64_t gn = std::min(kStretch, ng - g0);
-    for (int64_t g = 0; g < gn; ++g)
-      for (int t = 0; t < NT; ++t) {
-        Group v = load_q8_0_group(x + t * xs + (g0 + g) * kQ8Group);
-        v.lo = _mm512_xor_si512(v.lo, k80);
-        v.hi = _mm512_xor_si512(v.hi, k80);
-        xg[g][t] = v;
+  const uint8_t* xu = x + nb * int64_t(sizeof(BlockQ8_0));
+  for (int64_t g = 0; g < ng; ++g) {
+    Group xg[NT];
+    if constexpr (!Unpacked)
+      for (int t = 0; t < NT; ++t) xg[t] = activation_group(x + t * xs + g * kQ8Group);
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* wp = w + r * ws + g * kGroupBytes;
+      Group wg;
+      __m512i bias;
+      if constexpr (Q4) {
+        wg = load_q4_0_group_u(wp);
+        q4_0_bias_and_codes(wg, bias);
+      } else {
+        wg = load_q8_0_group(wp);
+        bias = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, k80, wg.lo), k80, wg.hi));
       }
-    for (int64_t g = 0; g < gn; ++g) {
-      for (int r = 0; r < NR; ++r) {
-        const uint8_t* wp = w + r * ws + (g0 + g) * kGroupBytes;
-        const Group wg = Q4 ? load_q4_0_group(wp) : load_q8_0_group(wp);
-        const __m512i bias =
-            _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, k80, wg.lo), k80, wg.hi));
-        for (int t = 0; t < NT; ++t) {
-          const Group& xt = xg[g][t];
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, xt.lo, wg.lo), xt.hi, wg.hi);
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wg.d, xt.d), acc[r][t]);
+      for (int t = 0; t < NT; ++t) {
+        __m512i xlo, xhi;
+        __m512 xd;
+        if constexpr (Unpacked) {
+          // Rows need not be 64-byte aligned: unaligned loads.
+          const uint8_t* xp = xu + t * xs + g * kUnpackedGroup;
+          xlo = _mm512_loadu_si512(xp);
+          xhi = _mm512_loadu_si512(xp + 64);
+          xd = _mm512_loadu_ps(xp + 128);
+        } else {
+          xlo = xg[t].lo;
+          xhi = xg[t].hi;
+          xd = xg[t].d;
         }
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, xlo, wg.lo), xhi, wg.hi);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wg.d, xd), acc[r][t]);
       }
     }
   }
@@ -554,13 +600,13 @@ void tile_q_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, i
 template <int NR, int NT>
 void tile_q8_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
                       int64_t ldy) {
-  tile_q_vnni_t<NR, NT, false>(nb, w, ws, x, xs, y, ldy);
+  tile_q_vnni_t<NR, NT, false, true>(nb, w, ws, x, xs, y, ldy);
 }
 
 template <int NR, int NT>
 void tile_q4_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
                       int64_t ldy) {
-  tile_q_vnni_t<NR, NT, true>(nb, w, ws, x, xs, y, ldy);
+  tile_q_vnni_t<NR, NT, true, true>(nb, w, ws, x, xs, y, ldy);
 }
 #define SLIM_TILE_SWITCH(fn)                                                         \
   switch (nr * 8 + nt) {                                                             \
@@ -621,13 +667,15 @@ float dot_f16_avx512(int64_t n, const void* vw, const void* vx) {
 
 float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
   float y;
-  tile_q8_0_vnni_t<1, 1>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0, &y, 0);
+  tile_q_vnni_t<1, 1, false, false>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0,
+                                    &y, 0);
   return y;
 }
 
 float dot_q4_0_vnni(int64_t n, const void* vw, const void* vx) {
   float y;
-  tile_q4_0_vnni_t<1, 1>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0, &y, 0);
+  tile_q_vnni_t<1, 1, true, false>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0,
+                                   &y, 0);
   return y;
 }
 
@@ -696,6 +744,7 @@ KernelSet make_vnni() {
   k.dot_f16 = dot_f16_avx512;
   k.tile_q8_0 = tile_q8_0_vnni;
   k.tile_q4_0 = tile_q4_0_vnni;
+  k.unpack_q8_0 = unpack_q8_0_vnni;
   return k;
 }
 
@@ -751,7 +800,10 @@ void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* ds
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(x[i]);
       return;
     }
-    case ActType::q8_0: k.quantize_q8_0(x, dst, n); return;
+    case ActType::q8_0:
+      k.quantize_q8_0(x, dst, n);
+      if (k.unpack_q8_0) k.unpack_q8_0(dst, static_cast<uint8_t*>(dst) + n / 32 * int64_t(sizeof(BlockQ8_0)), n);
+      return;
     case ActType::q8_k: k.quantize_q8_k(x, dst, n); return;
   }
 }

@@ -128,7 +128,9 @@ TEST(Kernels, SimdMatchesScalar) {
       std::vector<uint8_t> xa(size_t(act_row_bytes(at, n))), xb(xa.size());
       quantize_act_row(fast, at, x.data(), xa.data(), n);
       quantize_act_row(ref, at, x.data(), xb.data(), n);
-      ASSERT_EQ(0, std::memcmp(xa.data(), xb.data(), xa.size())) << "activation conversion " << int(at);
+      // Q8_0 rows: the blocks are ggml's; the unpacked copy after them is the tiles' own.
+      const size_t common = at == ActType::q8_0 ? size_t(n / 32 * 34) : xa.size();
+      ASSERT_EQ(0, std::memcmp(xa.data(), xb.data(), common)) << "activation conversion " << int(at);
       const float a = dot_fn(fast, t)(n, wq.data(), xa.data());
       const float b = dot_fn(ref, t)(n, wq.data(), xb.data());
       // Integer parts are exact; only the float accumulation order differs.

@@ -11,10 +11,14 @@
 namespace slim::llm {
 
 // The format activations are converted to before a dot product with a weight type:
-// the same pairing ggml uses, so results track llama.cpp's.
+// the same pairing ggml uses, so results track llama.cpp's. A q8_0 row is BlockQ8_0
+// blocks followed by space for an unpacked copy of them that kernel sets with Q8_0/Q4_0
+// tiles fill in (quantize_act_row) and read: the dot functions read the blocks only, the
+// tile functions need rows converted by quantize_act_row of their own kernel set.
 enum class ActType { f32, f16, bf16, q8_0, q8_k };
 
 ActType act_type_for(GgmlType weight);
+// Bytes of one converted row of n values; never more than 4 * n (the f32 row).
 int64_t act_row_bytes(ActType type, int64_t n);
 
 // Dot product of n weights (a row of the weight's type) with n activations.
@@ -35,6 +39,8 @@ struct KernelSet {
   void (*axpy_f16)(int64_t n, float a, const uint16_t* x, float* y);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int64_t n);
   TileFn tile_q8_0 = nullptr, tile_q4_0 = nullptr;  // where the ISA has a tiled kernel
+  // Writes the tiles' copy of n values of Q8_0 blocks (see ActType); null where unused.
+  void (*unpack_q8_0)(const void* blocks, void* dst, int64_t n) = nullptr;
 };
 
 const KernelSet& kernels();              // best for this CPU
