@@ -1,6 +1,7 @@
 #include "slim/runtime/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -14,6 +15,8 @@
 #include "slim/onnx/importer.h"
 #include "slim/runtime/kernel.h"
 #include "slim/runtime/memory_planner.h"
+#include "slim/runtime/fused_ops.h"
+#include "slim/runtime/passes.h"
 #include "slim/runtime/provider.h"
 
 namespace slim {
@@ -286,6 +289,7 @@ struct Session::Impl {
   std::list<Specialization> specializations;  // most recently used first
   int64_t num_specialized = 0;
   const Impl* last_used = nullptr;
+  NodeProfiler profiler_fn;  // Session::set_profiler
   Impl* specialization_for(const TensorMap& inputs);
 
   int value_id(const std::string& name) {
@@ -305,9 +309,22 @@ struct Session::Impl {
   void compile();
   void validate_inputs(const TensorMap& inputs) const;
   TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names);
+  const NodeProfiler* profiler = nullptr;  // set by Session::run when profiling
 
  private:
   void eliminate_dead_nodes();
+  // Graph passes (SessionOptions::optimize): once before kernel selection, so providers
+  // see fused nodes, and once after shape inference for the rewrites that need static
+  // shapes; kernels of nodes the second round left alone are reused, not rebuilt.
+  void optimize(const std::vector<const KernelRegistry*>& regs, bool after_inference);
+  struct ReusableKernel {
+    std::string provider;
+    std::vector<std::string> inputs;
+    std::unique_ptr<OpKernel> kernel;
+  };
+  std::unordered_map<const Node*, ReusableKernel> reusable_kernels;
+  std::vector<std::unique_ptr<Node>> retired_nodes;  // addresses reusable_kernels keys on
+  std::unique_ptr<OpKernel> take_reusable_kernel(const Node& node, const std::string& provider);
   void fold_and_infer(const std::vector<const KernelRegistry*>& regs);
   void build_steps();
   void plan_arena();
@@ -387,7 +404,9 @@ void Session::Impl::compile() {
     ++stats.folded_nodes;
   }
   node_store = std::move(remaining);
+  if (options.optimize) optimize(registries, false);
   fold_and_infer(registries);
+  if (options.optimize) optimize(registries, true);
 
   // Folding leaves constants nobody reads; drop them so their memory goes.
   std::unordered_set<std::string> used;
@@ -538,7 +557,9 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
       assigned.push_back(std::move(assignment));
       continue;
     }
-    std::unique_ptr<OpKernel> kernel = build_kernel(*def, info);
+    std::unique_ptr<OpKernel> kernel = take_reusable_kernel(node, provider);
+    const bool reused = kernel != nullptr;  // its output shapes are known already
+    if (!reused) kernel = build_kernel(*def, info);
     check(kernel != nullptr, ErrorCode::internal,
           node.describe() + ": provider '" + provider + "' returned no kernel");
 
@@ -562,7 +583,7 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     const bool shape_only = node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
     const bool fold = options.fold_constants && !subgraph && !is_nondeterministic(node) &&
                       (all_constant || (shape_only && all_known));
-    const bool probe = !subgraph && all_known && shape_inputs_constant;
+    const bool probe = !reused && !subgraph && all_known && shape_inputs_constant;
 
     if (fold || probe) {
       std::vector<Tensor> probe_inputs;
@@ -642,6 +663,74 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
   node_store = std::move(kept);
   steps = std::move(built);
   assignments = std::move(assigned);
+}
+
+void Session::Impl::optimize(const std::vector<const KernelRegistry*>& registries,
+                             bool after_inference) {
+  PassGraph g;
+  g.context = context;
+  for (const auto& v : values) {
+    g.reserved_names.insert(v.name);
+    if (v.kind == ValueKind::constant && v.constant.defined()) {
+      g.constants[v.name] = v.constant;
+      continue;
+    }
+    if (v.dtype) g.dtypes[v.name] = *v.dtype;
+    if (v.shape) g.shapes[v.name] = *v.shape;
+  }
+  for (const auto& vi : graph.outputs) g.graph_outputs.insert(vi.name);
+  g.opsets = model.opsets;
+  // Fuse only where the provider that would run the base op also runs the fused one.
+  g.can_fuse = [&](const std::string& base, const std::string& fused) {
+    for (const auto* r : registries)
+      if (r->find(base, "", model.opset(""))) return r->find(fused, kFusedDomain, kFusedOpset) != nullptr;
+    return false;
+  };
+  // Passes edit inputs in place: remember them to tell which kernels still fit.
+  if (after_inference)
+    for (auto& step : steps)
+      if (step.node) reusable_kernels[step.node] = {step.provider, step.node->inputs, nullptr};
+  g.nodes = std::move(node_store);
+  const PassStats pass_stats = optimize_graph(g);
+  const int64_t rewrites = pass_stats.total();
+  // Shape subgraphs the passes evaluated are folded nodes like those fold_and_infer folds.
+  stats.folded_nodes += pass_stats.rewrites.count("fold_shape_subgraphs")
+                            ? pass_stats.rewrites.at("fold_shape_subgraphs")
+                            : 0;
+  node_store = std::move(g.nodes);
+  if (rewrites == 0) {
+    reusable_kernels.clear();
+    return;
+  }
+  stats.pass_rewrites += rewrites;
+  for (auto& n : g.removed) retired_nodes.push_back(std::move(n));
+  for (const auto& [name, t] : g.constants) {
+    ValueSlot& v = values[size_t(value_id(name))];
+    if (v.kind == ValueKind::constant && v.constant.defined()) continue;
+    v.kind = ValueKind::constant;
+    v.constant = t.contiguous();
+    v.dtype = t.dtype();
+    v.shape = t.shape();
+  }
+  model.opsets = g.opsets;  // fused nodes import slim:1
+  for (const auto& node : node_store)
+    for (const auto& o : node->outputs)
+      if (!o.empty()) value_id(o);
+  if (!after_inference) return;
+  for (auto& step : steps)
+    if (step.node) reusable_kernels[step.node].kernel = std::move(step.kernel);
+  fold_and_infer(registries);
+  reusable_kernels.clear();
+  retired_nodes.clear();
+}
+
+std::unique_ptr<OpKernel> Session::Impl::take_reusable_kernel(const Node& node,
+                                                              const std::string& provider) {
+  auto it = reusable_kernels.find(&node);
+  if (it == reusable_kernels.end() || !it->second.kernel || it->second.provider != provider ||
+      it->second.inputs != node.inputs)
+    return nullptr;
+  return std::move(it->second.kernel);
 }
 
 void Session::Impl::build_steps() {
@@ -853,7 +942,13 @@ TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::str
     outs.assign(step.outputs.size(), Tensor());
     try {
       KernelContext ctx(node, ins, &outs, &step.planned, &pool);
-      step.kernel->compute(ctx);
+      if (profiler) {
+        const auto t0 = std::chrono::steady_clock::now();
+        step.kernel->compute(ctx);
+        (*profiler)(node, step.provider, t0, std::chrono::steady_clock::now());
+      } else {
+        step.kernel->compute(ctx);
+      }
     } catch (const std::bad_alloc&) {
       throw Error(ErrorCode::resource_exhausted, node.describe() + ": out of memory");
     }
@@ -936,7 +1031,13 @@ TensorMap Session::run(const TensorMap& inputs, const std::vector<std::string>& 
     target = impl_->specialization_for(inputs);
   }
   impl_->last_used = target;
+  target->profiler = impl_->profiler_fn ? &impl_->profiler_fn : nullptr;
   return target->run(inputs, output_names);
+}
+
+void Session::set_profiler(NodeProfiler profiler) {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  impl_->profiler_fn = std::move(profiler);
 }
 
 int64_t Session::num_specializations() const {

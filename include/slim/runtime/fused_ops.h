@@ -14,7 +14,9 @@
 // Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <string>
 #include <vector>
 
@@ -54,23 +56,28 @@ inline bool parse_activation(const std::string& name, const std::vector<float>& 
 
 // The scalar definition every vectorized version is tested against. It matches the ref
 // kernels of the unfused ops (Relu, Clip, Sigmoid, HardSwish, Mul(x, Sigmoid(x)),
-// Gelu, LeakyRelu, Tanh) element for element.
+// Gelu, LeakyRelu, Tanh) bit for bit: the same float formulas in the same order
+// (Sigmoid's two branches keep exp from overflowing; Gelu divides by sqrt 2).
 inline float apply_activation(const ActivationSpec& a, float x) {
+  auto sigmoid = [](float v) {
+    if (v >= 0.f) return 1.f / (1.f + std::exp(-v));
+    const float e = std::exp(v);
+    return e / (1.f + e);
+  };
   switch (a.kind) {
     case Activation::none: return x;
     case Activation::relu: return x > 0.f ? x : 0.f;
     case Activation::clip: return x < a.p0 ? a.p0 : (x > a.p1 ? a.p1 : x);
-    case Activation::sigmoid: return 1.f / (1.f + std::exp(-x));
-    case Activation::hard_swish: {
-      float h = x / 6.f + 0.5f;
-      h = h < 0.f ? 0.f : (h > 1.f ? 1.f : h);
-      return x * h;
+    case Activation::sigmoid: return sigmoid(x);
+    case Activation::hard_swish: return x * std::max(0.f, std::min(1.f, x / 6.f + 0.5f));
+    case Activation::silu: return x * sigmoid(x);
+    case Activation::gelu:
+      return 0.5f * x * (1.f + std::erf(x / float(std::numbers::sqrt2)));
+    case Activation::gelu_tanh: {
+      const float k = float(std::sqrt(2.0 / std::numbers::pi));
+      return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
     }
-    case Activation::silu: return x * (1.f / (1.f + std::exp(-x)));
-    case Activation::gelu: return 0.5f * x * (1.f + std::erf(x * 0.70710678118654752f));
-    case Activation::gelu_tanh:
-      return 0.5f * x * (1.f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    case Activation::leaky_relu: return x >= 0.f ? x : a.p0 * x;
+    case Activation::leaky_relu: return x < 0.f ? a.p0 * x : x;
     case Activation::tanh: return std::tanh(x);
   }
   return x;

@@ -3,6 +3,8 @@
 // run executes the plan with named tensors in and out.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,6 +22,9 @@ struct SessionOptions {
   // In priority order: each node goes to the first provider that claims it.
   std::vector<std::string> providers = {"cpu", "ref"};
   bool fold_constants = true;
+  // Graph optimization passes (include/slim/runtime/passes.h): BatchNorm folding, fused
+  // Conv/Gemm/MatMul epilogues, no-op removal, shape-subgraph folding.
+  bool optimize = true;
   bool plan_memory = true;
   // A model with symbolic input dims is compiled once more for a concrete set of input
   // shapes when run() sees those shapes a second time, so folding and the memory plan
@@ -41,10 +46,17 @@ struct MemoryPlanStats {
 struct CompileStats {
   int64_t nodes_in = 0, nodes_out = 0;
   int64_t folded_nodes = 0, dead_nodes = 0;
+  int64_t pass_rewrites = 0;  // rewrites the graph passes made (SessionOptions::optimize)
   MemoryPlanStats memory;
 };
 
 using TensorMap = std::map<std::string, Tensor>;
+
+// Called after each node of Session::run with the node, its provider and when the
+// kernel started and ended (`slim bench --profile`). It runs on the hot path: keep it cheap.
+using NodeProfiler = std::function<void(const Node& node, const std::string& provider,
+                                        std::chrono::steady_clock::time_point start,
+                                        std::chrono::steady_clock::time_point end)>;
 
 class Session {
  public:
@@ -59,6 +71,8 @@ class Session {
   // they never share memory with the session. Concurrent calls are serialized by a
   // mutex, because every run writes its intermediates into the session's one arena.
   TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names = {});
+  // Installs (or, with an empty function, removes) a per-node timing callback for later runs.
+  void set_profiler(NodeProfiler profiler);
 
   const Model& model() const;
   const std::vector<ValueInfo>& inputs() const;   // what run() needs

@@ -22,5 +22,6 @@ void register_conv_kernels(KernelRegistry& r);                // conv.cc
 void register_pool_kernels(KernelRegistry& r);                // pool.cc
 void register_resize_kernels(KernelRegistry& r);              // resize.cc
 void register_quant_kernels(KernelRegistry& r);               // quant.cc
+void register_fused_kernels(KernelRegistry& r);               // fused.cc
 
 }  // namespace slim::ref

@@ -1,0 +1,87 @@
+// Graph optimization passes: compile-time rewrites that leave a model's outputs unchanged
+// but give providers fewer, larger nodes (Conv + BatchNorm + bias + activation + residual
+// as one slim:FusedConv) and drop nodes that do nothing. Session::compile runs them
+// (SessionOptions::optimize); each pass can also run alone, which is how they are tested.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "slim/core/tensor.h"
+#include "slim/onnx/graph.h"
+
+namespace slim {
+
+// What the passes rewrite and what they know about its values. Passes are conservative:
+// a rewrite that needs a fact (a shape, a dtype, a constant value) it does not have is
+// skipped, so the same passes run before shape inference (knowing only constants and
+// input shapes) and after it (knowing every static shape).
+struct PassGraph {
+  std::vector<std::unique_ptr<Node>> nodes;  // a topological order
+  std::map<std::string, Tensor> constants;   // values known at compile time
+  std::map<std::string, DType> dtypes;       // element types of other values, when known
+  std::map<std::string, Shape> shapes;       // static shapes of other values, when known
+  std::set<std::string> graph_outputs;
+  // Names used anywhere else (graph inputs, values of other scopes): fresh names avoid them.
+  std::set<std::string> reserved_names;
+  std::map<std::string, int64_t> opsets;  // the model's; a fused node adds slim:1
+  std::string context;                    // model name, for messages
+  // Whether a node of `base_op` (ai.onnx) may become `fused_op` (slim domain). The Session
+  // answers from its providers, so a fast provider's Conv is not traded for ref's
+  // FusedConv. Unset: always.
+  std::function<bool(const std::string& base_op, const std::string& fused_op)> can_fuse;
+  // Nodes the passes replaced or removed. They are kept alive (not destroyed) so a caller
+  // that keyed state by node address never sees that address reused by a new node.
+  std::vector<std::unique_ptr<Node>> removed;
+
+  std::optional<Shape> shape_of(const std::string& value) const;
+  std::optional<DType> dtype_of(const std::string& value) const;
+  const Tensor* constant(const std::string& value) const;  // nullptr when not constant
+  // A value name no node, constant or reserved name uses yet: `base`, or `base_<n>`.
+  std::string fresh_name(const std::string& base);
+  std::string add_constant(const std::string& base, Tensor value);
+};
+
+// The graph of a model as passes see it: nodes in validate_graph's order, initializers
+// (except overridable ones) as constants, Constant nodes kept as nodes, static shapes and
+// dtypes of graph inputs and value_info.
+PassGraph pass_graph_from_model(const Model& model);
+
+// Each pass returns how many rewrites it made (0: the graph is unchanged).
+
+// Drops Identity, inference-mode Dropout (mask unused), Cast to the dtype its input
+// already has and Reshape whose output shape equals its input shape; consumers read the
+// input instead. Outputs that are graph outputs or read by subgraphs are kept.
+int64_t remove_noop_nodes(PassGraph& g);
+
+// Replaces Shape/Size of statically shaped values by constants, then evaluates (with the
+// ref kernels) the nodes that only read those constants and other constants: the shape
+// arithmetic exporters emit for Reshape targets.
+int64_t fold_shape_subgraphs(PassGraph& g);
+
+// Folds an inference BatchNormalization into the weights and bias of the Conv or Gemm
+// that feeds it (constant weights, f32, the Conv/Gemm output read by nothing else).
+int64_t fold_batch_norm(PassGraph& g);
+
+// Fuses Conv / Gemm / MatMul with a following constant bias Add, a residual Add (an
+// input of the output's exact shape) and an activation (Relu, Clip with constant bounds,
+// Sigmoid, HardSwish, LeakyRelu, Tanh, SiLU = x * Sigmoid(x), Gelu and torch's erf form
+// x * 0.5 * (1 + Erf(x / sqrt 2))) into slim:FusedConv / FusedGemm / FusedMatMul.
+// An intermediate that is a graph output or has another reader stops the chain.
+int64_t fuse_bias_activation(PassGraph& g);
+
+struct PassStats {
+  std::map<std::string, int64_t> rewrites;  // pass name -> rewrites
+  int64_t total() const;
+};
+
+// All passes in order, repeated while they find work (at most a few rounds).
+PassStats optimize_graph(PassGraph& g);
+
+}  // namespace slim

@@ -1,0 +1,171 @@
+// fold_batch_norm: in inference, BatchNormalization is a per-channel affine map
+// y = s * (x - mean) + beta with s = scale / sqrt(var + eps), so after a Conv or Gemm it
+// folds into that node's weights (scaled per output channel) and bias.
+#include <cmath>
+
+#include "runtime/passes/pass_util.h"
+
+namespace slim {
+
+using namespace passes;
+
+namespace {
+
+// Per-channel s and t of y = s * x + t, in double (the ref kernel computes in double).
+struct Affine {
+  std::vector<double> s, t;
+};
+
+std::optional<std::vector<double>> f32_vector(const PassGraph& g, const std::string& name,
+                                              int64_t n) {
+  const Tensor* t = name.empty() ? nullptr : g.constant(name);
+  if (!t || t->dtype() != DType::f32 || t->rank() != 1 || t->numel() != n) return std::nullopt;
+  const Tensor c = t->contiguous();
+  return std::vector<double>(c.data<float>(), c.data<float>() + n);
+}
+
+std::optional<Affine> inference_affine(const PassGraph& g, const Node& bn, int64_t channels) {
+  const auto it = g.opsets.find("");
+  const int64_t opset = it == g.opsets.end() ? 0 : it->second;
+  if (opset < 7) return std::nullopt;  // is_test / consumed_inputs semantics; too old to bother
+  if (bn.attr_int("training_mode", 0) != 0 || bn.attr_int("spatial", 1) != 1) return std::nullopt;
+  if (bn.inputs.size() != 5) return std::nullopt;
+  for (size_t o = 1; o < bn.outputs.size(); ++o)
+    if (!bn.outputs[o].empty()) return std::nullopt;
+  const auto scale = f32_vector(g, bn.inputs[1], channels);
+  const auto beta = f32_vector(g, bn.inputs[2], channels);
+  const auto mean = f32_vector(g, bn.inputs[3], channels);
+  const auto var = f32_vector(g, bn.inputs[4], channels);
+  if (!scale || !beta || !mean || !var) return std::nullopt;
+  const double eps = bn.attr_float("epsilon", 1e-5f);
+  Affine a;
+  for (int64_t c = 0; c < channels; ++c) {
+    const double s = (*scale)[size_t(c)] / std::sqrt((*var)[size_t(c)] + eps);
+    if (!std::isfinite(s)) return std::nullopt;  // keep whatever the unfolded model does
+    a.s.push_back(s);
+    a.t.push_back((*beta)[size_t(c)] - s * (*mean)[size_t(c)]);
+  }
+  return a;
+}
+
+// Conv: W [M, C/g, k...] scaled per output channel m; B' = s * B + t.
+bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
+  const Tensor* w = conv.inputs.size() > 1 ? g.constant(conv.inputs[1]) : nullptr;
+  if (!w || w->dtype() != DType::f32 || w->rank() < 3) return false;
+  const int64_t m = w->shape()[0];
+  const std::string b_name = conv.inputs.size() > 2 ? conv.inputs[2] : "";
+  std::optional<std::vector<double>> b;
+  if (!b_name.empty() && !(b = f32_vector(g, b_name, m))) return false;
+  const auto affine = inference_affine(g, bn, m);
+  if (!affine) return false;
+  const Tensor wc = w->contiguous();
+  Tensor w2(DType::f32, w->shape());
+  const int64_t per = m ? w->numel() / m : 0;
+  for (int64_t o = 0; o < m; ++o)
+    for (int64_t k = 0; k < per; ++k)
+      w2.data<float>()[o * per + k] = float(double(wc.data<float>()[o * per + k]) * affine->s[size_t(o)]);
+  Tensor b2(DType::f32, {m});
+  for (int64_t o = 0; o < m; ++o)
+    b2.data<float>()[o] =
+        float(affine->s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine->t[size_t(o)]);
+  *fused = conv;
+  fused->inputs.resize(3);
+  fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
+  fused->inputs[2] = g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded",
+                                    std::move(b2));
+  return true;
+}
+
+// Gemm: Y = alpha * A op(B) + beta * C, BN over Y's columns n.
+// Y' = alpha * A (op(B) * s[n]) + (s[n] * beta * C[n] + t[n]), so C' is a vector and beta 1.
+bool fold_into_gemm(PassGraph& g, Node& gemm, const Node& bn, Node* fused) {
+  const Tensor* bw = gemm.inputs.size() > 1 ? g.constant(gemm.inputs[1]) : nullptr;
+  if (!bw || bw->dtype() != DType::f32 || bw->rank() != 2) return false;
+  const bool trans_b = gemm.attr_int("transB", 0) != 0;
+  const int64_t n = trans_b ? bw->shape()[0] : bw->shape()[1];
+  const int64_t k = trans_b ? bw->shape()[1] : bw->shape()[0];
+  const std::string c_name = gemm.inputs.size() > 2 ? gemm.inputs[2] : "";
+  std::vector<double> c(size_t(n), 0.0);
+  if (!c_name.empty()) {
+    const Tensor* ct = g.constant(c_name);
+    if (!ct || ct->dtype() != DType::f32) return false;
+    const Tensor cc = ct->contiguous();
+    // Only C that varies along columns alone can become a per-column vector.
+    const bool scalar = ct->numel() == 1;
+    const bool row = ct->numel() == n && ct->shape().back() == n;
+    if (!scalar && !row) return false;
+    for (int64_t j = 0; j < n; ++j) c[size_t(j)] = cc.data<float>()[scalar ? 0 : j];
+  }
+  const auto affine = inference_affine(g, bn, n);
+  if (!affine) return false;
+  const double beta = gemm.attr_float("beta", 1.0f);
+  const Tensor bc = bw->contiguous();
+  Tensor b2(DType::f32, bw->shape());
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t t = 0; t < k; ++t) {
+      const int64_t at = trans_b ? j * k + t : t * n + j;
+      b2.data<float>()[at] = float(double(bc.data<float>()[at]) * affine->s[size_t(j)]);
+    }
+  Tensor c2(DType::f32, {n});
+  for (int64_t j = 0; j < n; ++j)
+    c2.data<float>()[j] =
+        float(affine->s[size_t(j)] * beta * c[size_t(j)] + affine->t[size_t(j)]);
+  *fused = gemm;
+  fused->inputs.resize(3);
+  fused->inputs[1] = g.add_constant(gemm.inputs[1] + "/bn_folded", std::move(b2));
+  fused->inputs[2] =
+      g.add_constant((c_name.empty() ? gemm.name + "/bias" : c_name) + "/bn_folded", std::move(c2));
+  Attribute one;
+  one.kind = Attribute::Kind::f;
+  one.f = 1.0f;
+  fused->attrs["beta"] = one;
+  return true;
+}
+
+}  // namespace
+
+int64_t fold_batch_norm(PassGraph& g) {
+  UseIndex index(g);
+  auto pos = positions(g);
+  std::unordered_map<std::string, Node*> producers;
+  for (const auto& n : g.nodes)
+    for (const auto& o : n->outputs)
+      if (!o.empty()) producers[o] = n.get();
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* bn = g.nodes[i].get();
+    if (!bn || bn->op_type != "BatchNormalization" || !bn->domain.empty() || bn->inputs.empty())
+      continue;
+    const std::string& x = bn->inputs[0];
+    if (g.constants.count(x) || index.sole_reader(x) != bn) continue;
+    // The producer of x: the node before the BatchNormalization that outputs it.
+    auto prod_it = producers.find(x);
+    if (prod_it == producers.end() || !pos.count(prod_it->second)) continue;
+    Node* producer = prod_it->second;
+    const size_t producer_pos = pos.at(producer);
+    if (producer_pos >= i || !producer->domain.empty() || producer->outputs.size() != 1) continue;
+    auto fused = std::make_unique<Node>();
+    bool ok = false;
+    if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, *bn, fused.get());
+    if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, *bn, fused.get());
+    if (!ok) continue;
+    fused->outputs = {bn->outputs[0]};
+    fused->name = producer->name;
+    index.remove(producer);
+    index.remove(bn);
+    index.add(fused.get());
+    // The folded node takes the BatchNormalization's place: its readers come after it.
+    remove_at(g, producer_pos);
+    pos.erase(producer);
+    pos.erase(bn);
+    g.removed.push_back(std::move(g.nodes[i]));
+    pos[fused.get()] = i;
+    producers[fused->outputs[0]] = fused.get();
+    g.nodes[i] = std::move(fused);
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
+}  // namespace slim

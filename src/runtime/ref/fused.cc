@@ -1,0 +1,93 @@
+// Ref kernels of the fused ops (slim:FusedConv, FusedGemm, FusedMatMul). They are the
+// oracle for every provider's fused kernels, so they compute exactly what the unfused
+// chain does: the base op by its own ref kernel, then each elementwise step rounded to
+// f32 in the order the graph had them (bias, residual, activation).
+#include "runtime/ref/ref_kernels.h"
+#include "slim/core/error.h"
+#include "slim/runtime/fused_ops.h"
+
+namespace slim::ref {
+
+namespace {
+
+class FusedKernel final : public OpKernel {
+ public:
+  // `base` is the ai.onnx op computed first; `base_inputs` how many of the fused node's
+  // inputs it takes; a MatMul's bias (input 2) is added afterwards instead.
+  FusedKernel(const Node& node, const char* base, int base_inputs, int64_t base_opset)
+      : base_node_(node), separate_bias_(std::string(base) == "MatMul") {
+    const std::vector<float> params = node.attr_floats("activation_params");
+    if (!parse_activation(node.attr_string("activation", ""), params, &activation_))
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": unknown activation '" + node.attr_string("activation", "") +
+                      "' or wrong number of activation_params (" + std::to_string(params.size()) +
+                      ")");
+    if (node.inputs.size() > 4)
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": takes at most 4 inputs, got " + std::to_string(node.inputs.size()));
+    base_node_.op_type = base;
+    base_node_.domain = "";
+    base_node_.attrs.erase("activation");
+    base_node_.attrs.erase("activation_params");
+    if (base_node_.inputs.size() > size_t(base_inputs)) base_node_.inputs.resize(size_t(base_inputs));
+    const KernelDef* def = ref_kernel_registry().find(base, "", base_opset);
+    if (!def)
+      throw Error(ErrorCode::internal, node.describe() + ": no ref kernel for " + std::string(base));
+    base_kernel_ = def->factory(base_node_, base_opset);
+  }
+
+  void compute(KernelContext& ctx) const override {
+    std::vector<const Tensor*> ins;
+    for (size_t k = 0; k < base_node_.inputs.size(); ++k) ins.push_back(ctx.input(int(k)));
+    std::vector<Tensor> outs(1);
+    KernelContext base_ctx(base_node_, ins, &outs, nullptr, &ctx.pool());
+    base_kernel_->compute(base_ctx);
+    const Tensor y = outs[0].contiguous();
+    if (y.dtype() != DType::f32)
+      ctx.fail(ErrorCode::unsupported, "fused ops compute f32 only, got " + y.describe());
+    const Tensor* bias = separate_bias_ ? ctx.input(2) : nullptr;
+    const Tensor* z = ctx.input(3);
+    const int64_t n = y.rank() > 0 ? y.shape().back() : 1;
+    if (bias && (bias->dtype() != DType::f32 || bias->rank() != 1 || bias->numel() != n))
+      ctx.fail(ErrorCode::invalid_argument,
+               "bias must be f32[" + std::to_string(n) + "], got " + bias->describe());
+    if (z && (z->dtype() != DType::f32 || z->shape() != y.shape()))
+      ctx.fail(ErrorCode::invalid_argument,
+               "residual must be " + y.describe() + ", got " + z->describe());
+    Tensor& out = ctx.output(0, DType::f32, y.shape());
+    const float* py = y.data<float>();
+    const float* pb = bias ? bias->data<float>() : nullptr;
+    const float* pz = z ? z->data<float>() : nullptr;
+    float* po = out.data<float>();
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      float v = py[i];
+      if (pb) v += pb[i % n];
+      if (pz) v += pz[i];
+      po[i] = apply_activation(activation_, v);
+    }
+  }
+
+ private:
+  Node base_node_;  // the base op's node; its kernel may keep a reference to it
+  bool separate_bias_;
+  ActivationSpec activation_;
+  std::unique_ptr<OpKernel> base_kernel_;
+};
+
+KernelDef fused_def(const char* op, const char* base, int base_inputs, int64_t base_opset) {
+  KernelFactory f = [base, base_inputs, base_opset](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<FusedKernel>(n, base, base_inputs, base_opset);
+  };
+  return KernelDef{op, kFusedDomain, kFusedOpset, INT_MAX, f, {}};
+}
+
+}  // namespace
+
+void register_fused_kernels(KernelRegistry& r) {
+  // Base opsets: the current definitions (Gemm without the legacy broadcast attribute).
+  r.add(fused_def("FusedConv", "Conv", 3, 11));
+  r.add(fused_def("FusedGemm", "Gemm", 3, 13));
+  r.add(fused_def("FusedMatMul", "MatMul", 2, 13));
+}
+
+}  // namespace slim::ref
