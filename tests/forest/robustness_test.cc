@@ -13,6 +13,7 @@
 
 #include "forest/forest_fixtures.h"
 #include "slim/core/error.h"
+#include "slim/core/tensor.h"
 #include "slim/forest/slimf.h"
 
 namespace slim::forest {
@@ -72,6 +73,55 @@ TEST(ForestRobustness, DamagedPayloadsWithValidChecksums) {
   const CompiledForest ranked = compile_forest(numeric, true);
   fuzz_encoding(ranked, SlimfEncoding::plain, 200, 3);
   fuzz_encoding(ranked, SlimfEncoding::compact, 200, 4);
+}
+
+// The AVX-512 node check must accept exactly the payloads the scalar one accepts: both
+// run on payloads whose node tables (tree ranges, depths, packed words, children) were
+// damaged in place, with the rest intact.
+TEST(ForestRobustness, VectorAndScalarNodeChecksAgree) {
+  if (detected_simd_level() != SimdLevel::avx512) GTEST_SKIP() << "no AVX-512 here";
+  const std::string dir = testing::fixture_dir("forest_xgb_fixtures.py");
+  const Forest numeric = load_forest_source(dir + "/xgb_softprob.json");
+  const std::vector<CompiledForest> forests = {compile_forest(numeric), compile_forest(numeric, true),
+                                               load_compiled_forest(dir + "/xgb_categorical.json")};
+  std::mt19937 rng(11);
+  int accepted = 0, rejected = 0;
+  for (const CompiledForest& cf : forests) {
+    const CompiledHeader& h = cf.header();
+    const uint64_t lo = h.off_tree_root, hi = h.off_leaf;  // roots, groups, depths, nodes
+    for (int it = 0; it < 3000; ++it) {
+      auto storage = Storage::allocate(cf.payload_size());
+      uint8_t* p = static_cast<uint8_t*>(storage->data());
+      std::memcpy(p, cf.payload(), cf.payload_size());
+      const int edits = 1 + int(rng() % 3);
+      for (int k = 0; k < edits; ++k) {
+        const uint64_t at = (lo + rng() % (hi - lo)) & ~uint64_t(3);
+        uint32_t v;
+        std::memcpy(&v, p + at, 4);
+        switch (rng() % 4) {
+          case 0: v ^= 1u << (rng() % 32); break;
+          case 1: v += (rng() % 5) - 2; break;
+          case 2: v = rng() % (h.num_nodes + 4); break;
+          default: v = rng(); break;
+        }
+        std::memcpy(p + at, &v, 4);
+      }
+      bool ok[2];
+      const SimdLevel levels[2] = {SimdLevel::scalar, SimdLevel::avx512};
+      for (int m = 0; m < 2; ++m) {
+        try {
+          CompiledForest::from_payload(p, cf.payload_size(), storage, "fuzz", levels[m]);
+          ok[m] = true;
+        } catch (const Error&) {
+          ok[m] = false;
+        }
+      }
+      ASSERT_EQ(ok[0], ok[1]) << "iteration " << it;
+      (ok[0] ? accepted : rejected)++;
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(accepted, 10);
 }
 
 }  // namespace

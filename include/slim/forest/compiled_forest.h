@@ -60,8 +60,10 @@ class CompiledForest {
   CompiledForest() = default;
   // Adopts a payload (owned bytes or a mapped file kept alive by `owner`) after checking
   // every offset, index and link in it; throws invalid_model naming `where`.
+  // `check_level` picks the node check's implementation (tests compare them).
   static CompiledForest from_payload(const uint8_t* data, size_t size,
-                                     std::shared_ptr<const void> owner, const std::string& where);
+                                     std::shared_ptr<const void> owner, const std::string& where,
+                                     SimdLevel check_level = detected_simd_level());
 
   uint32_t num_features() const { return h_->num_features; }
   uint32_t num_groups() const { return h_->num_groups; }
