@@ -359,39 +359,96 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const in
   }
 }
 
-// Bins of 16 rows of one feature at a time: the branch-free binary search of bin_of in
-// lanes, each step one gather from the feature's table.
-__attribute__((target("avx512f"))) int64_t bin_rows16(const CompiledForest& cf, const float* x, int64_t n,
-                                                      int32_t* bins) {
+// Bins for the ranked layout: the branch-free binary search of bin_of in vector lanes,
+// each step one gather from the threshold tables. The steps of one search depend on each
+// other, so several independent searches run interleaved to overlap the gathers' latency.
+
+// Many rows: lanes are 16 rows of one feature; four such vectors (64 rows) at once.
+__attribute__((target("avx512f"))) void bin_64_rows(const CompiledForest& cf, const float* x, int32_t* bins) {
   const int32_t F = int32_t(cf.num_features());
-  if (int64_t(F) * 16 >= (int64_t(1) << 31)) return 0;
   const uint32_t* off = cf.bin_offsets();
   const float* val = cf.bin_values();
   const __m512i stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(F));
-  const __m512i nan_bin = _mm512_set1_epi32(kNanBin);
-  int64_t r = 0;
-  for (; r + 16 <= n; r += 16) {
-    const float* xr = x + r * F;
-    int32_t* br = bins + r * F;
-    for (int32_t f = 0; f < F; ++f) {
-      const __m512 xv = _mm512_i32gather_ps(stride, xr + f, 4);
-      const uint32_t m = off[f + 1] - off[f];
-      const float* t = val + off[f];
-      __m512i lo = _mm512_setzero_si512();
-      const __m512i mv = _mm512_set1_epi32(int32_t(m));
-      for (uint32_t step = std::bit_floor(m); step; step >>= 1) {
-        const __m512i c = _mm512_add_epi32(lo, _mm512_set1_epi32(int32_t(step)));
+  const __m512i nan_bin = _mm512_set1_epi32(kNanBin), one = _mm512_set1_epi32(1);
+  const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  constexpr int V = 4;
+  for (int32_t f = 0; f < F; ++f) {
+    const uint32_t m = off[f + 1] - off[f];
+    const float* t = val + off[f];
+    const __m512i mv = _mm512_set1_epi32(int32_t(m));
+    __m512 xv[V];
+    __m512i lo[V];
+    for (int v = 0; v < V; ++v) {
+      xv[v] = _mm512_i32gather_ps(stride, x + int64_t(16 * v) * F + f, 4);
+      lo[v] = _mm512_setzero_si512();
+    }
+    for (uint32_t step = std::bit_floor(m); step; step >>= 1) {
+      const __m512i sv = _mm512_set1_epi32(int32_t(step));
+      for (int v = 0; v < V; ++v) {
+        const __m512i c = _mm512_add_epi32(lo[v], sv);
         const __mmask16 in = _mm512_cmple_epi32_mask(c, mv);
-        const __m512 tv = _mm512_mask_i32gather_ps(_mm512_set1_ps(__builtin_inff()), in,
-                                                   _mm512_sub_epi32(c, _mm512_set1_epi32(1)), t, 4);
-        lo = _mm512_mask_mov_epi32(lo, in & _mm512_cmp_ps_mask(tv, xv, _CMP_LE_OQ), c);
+        const __m512 tv = _mm512_mask_i32gather_ps(inf, in, _mm512_sub_epi32(c, one), t, 4);
+        lo[v] = _mm512_mask_mov_epi32(lo[v], in & _mm512_cmp_ps_mask(tv, xv[v], _CMP_LE_OQ), c);
       }
-      lo = _mm512_mask_mov_epi32(lo, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), nan_bin);
-      _mm512_i32scatter_epi32(br + f, stride, lo, 4);
+    }
+    for (int v = 0; v < V; ++v) {
+      lo[v] = _mm512_mask_mov_epi32(lo[v], _mm512_cmp_ps_mask(xv[v], xv[v], _CMP_UNORD_Q), nan_bin);
+      _mm512_i32scatter_epi32(bins + int64_t(16 * v) * F + f, stride, lo[v], 4);
     }
   }
-  return r;
+}
+
+// One row: lanes are 16 features (each with its own table), all feature vectors at once.
+__attribute__((target("avx512f"))) void bin_one_row(const CompiledForest& cf, const float* x, int32_t* bins) {
+  const int32_t F = int32_t(cf.num_features());
+  const uint32_t* off = cf.bin_offsets();
+  const float* val = cf.bin_values();
+  const __m512i nan_bin = _mm512_set1_epi32(kNanBin), one = _mm512_set1_epi32(1);
+  const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  constexpr int V = 4;  // features per pass: 64
+  for (int32_t f0 = 0; f0 < F; f0 += 16 * V) {
+    __m512 xv[V];
+    __m512i lo[V], start[V], count[V];
+    __mmask16 live[V];
+    uint32_t widest = 0;
+    for (int v = 0; v < V; ++v) {
+      const int32_t fb = f0 + 16 * v;
+      const int32_t n = std::max(0, std::min(16, F - fb));
+      live[v] = __mmask16(n == 16 ? 0xffffu : (1u << n) - 1u);
+      xv[v] = _mm512_maskz_loadu_ps(live[v], x + fb);
+      start[v] = _mm512_maskz_loadu_epi32(live[v], off + fb);
+      const __m512i stop = _mm512_mask_loadu_epi32(start[v], live[v], off + fb + 1);
+      count[v] = _mm512_sub_epi32(stop, start[v]);
+      lo[v] = _mm512_setzero_si512();
+      alignas(64) uint32_t c[16];
+      _mm512_store_si512(c, count[v]);
+      for (int k = 0; k < n; ++k) widest = std::max(widest, c[k]);
+    }
+    for (uint32_t step = std::bit_floor(widest); step; step >>= 1) {
+      const __m512i sv = _mm512_set1_epi32(int32_t(step));
+      for (int v = 0; v < V; ++v) {
+        const __m512i c = _mm512_add_epi32(lo[v], sv);
+        const __mmask16 in = live[v] & _mm512_cmple_epi32_mask(c, count[v]);
+        const __m512i at = _mm512_add_epi32(start[v], _mm512_sub_epi32(c, one));
+        const __m512 tv = _mm512_mask_i32gather_ps(inf, in, at, val, 4);
+        lo[v] = _mm512_mask_mov_epi32(lo[v], in & _mm512_cmp_ps_mask(tv, xv[v], _CMP_LE_OQ), c);
+      }
+    }
+    for (int v = 0; v < V; ++v) {
+      lo[v] = _mm512_mask_mov_epi32(lo[v], _mm512_cmp_ps_mask(xv[v], xv[v], _CMP_UNORD_Q), nan_bin);
+      _mm512_mask_storeu_epi32(bins + f0 + 16 * v, live[v], lo[v]);
+    }
+  }
+}
+
+int64_t bin_rows_impl(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
+  const int64_t F = cf.num_features();
+  if (F * 64 >= (int64_t(1) << 31)) return 0;
+  int64_t r = 0;
+  for (; r + 64 <= n; r += 64) bin_64_rows(cf, x + r * F, bins + r * F);
+  for (; r < n; ++r) bin_one_row(cf, x + r * F, bins + r * F);
+  return n;
 }
 
 // Picks the ranked or plain instance; both read the row data as 32-bit lanes.
@@ -424,7 +481,7 @@ int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double
   return dispatch_walk<avx2_walk<double, true>, avx2_walk<double, false>>(cf, x, n, acc);
 }
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
-  return bin_rows16(cf, x, n, bins);
+  return bin_rows_impl(cf, x, n, bins);
 }
 
 }  // namespace slim::forest::detail
