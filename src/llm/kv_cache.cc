@@ -8,6 +8,7 @@
 
 #include "slim/core/error.h"
 #include "slim/core/half.h"
+#include "slim/llm/kv_attention.h"
 
 namespace slim::llm {
 
@@ -214,27 +215,21 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
 }
 
 // Scores of n keys of one block part against a query.
-//   q: f32 query; q16: the query in f16 (f16 keys use the same kernel as the contiguous
-//   cache so a full paged cache reproduces it bit for bit); tmp: head_dim floats.
-void key_scores(const KernelSet& k, KvType t, const uint8_t* part, int n, const float* q, const uint16_t* q16,
+//   f16 rows use the same kernels as the contiguous cache, so a paged cache that keeps
+//   everything reproduces it bit for bit; tmp: head_dim floats.
+void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* q,
                 float* tmp, int hd, float* out) {
   switch (t) {
     case KvType::f32:
       for (int i = 0; i < n; ++i) out[i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q);
       return;
     case KvType::f16:
-      for (int i = 0; i < n; ++i) out[i] = k.dot_f16(hd, part + int64_t(i) * hd * 2, q16);
+      ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, hd, out);
       return;
-    case KvType::q8: {
-      const float* d = reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd);
-      for (int i = 0; i < n; ++i) {
-        const int8_t* x = reinterpret_cast<const int8_t*>(part) + int64_t(i) * hd;
-        float s = 0;
-        for (int c = 0; c < hd; ++c) s += q[c] * float(x[c]);
-        out[i] = s * d[i];
-      }
+    case KvType::q8:
+      ak.scores_q8(reinterpret_cast<const int8_t*>(part), reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd),
+                   n, q, hd, out);
       return;
-    }
     case KvType::q4: {
       // k = min_c + d_c * code, so q.k = sum q_c min_c + sum (q_c d_c) code: one multiply
       // per element, as for q8.
@@ -256,7 +251,8 @@ void key_scores(const KernelSet& k, KvType t, const uint8_t* part, int n, const 
 }
 
 // out += sum_i p[i] * v_i over n values of one block part.
-void accumulate_values(const KernelSet& k, KvType t, const uint8_t* part, int n, const float* p, int hd, float* out) {
+void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* p, int hd,
+                       float* out) {
   switch (t) {
     case KvType::f32:
       for (int i = 0; i < n; ++i) {
@@ -266,17 +262,12 @@ void accumulate_values(const KernelSet& k, KvType t, const uint8_t* part, int n,
       }
       return;
     case KvType::f16:
-      for (int i = 0; i < n; ++i) k.axpy_f16(hd, p[i], reinterpret_cast<const uint16_t*>(part) + int64_t(i) * hd, out);
+      ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, n, p, hd, out);
       return;
-    case KvType::q8: {
-      const float* d = reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd);
-      for (int i = 0; i < n; ++i) {
-        const int8_t* x = reinterpret_cast<const int8_t*>(part) + int64_t(i) * hd;
-        const float a = p[i] * d[i];
-        for (int c = 0; c < hd; ++c) out[c] += a * float(x[c]);
-      }
+    case KvType::q8:
+      ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
+                       reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), n, p, hd, out);
       return;
-    }
     case KvType::q4: {
       const uint16_t* sm = reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
       float base = 0;
@@ -696,7 +687,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
   return dst;
 }
 
-int64_t KvCache::scratch_floats() const { return (int64_t(max_tokens_) + 15) / 16 * 16 + 3 * layout_.head_dim + 16; }
+int64_t KvCache::scratch_floats() const { return (int64_t(max_tokens_) + 15) / 16 * 16 + 2 * layout_.head_dim + 16; }
 
 void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride, int n_q, const int* n_visible,
                      const uint8_t* observe, const KvObserver& obs, float scale, float* out, int64_t out_stride,
@@ -707,19 +698,18 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
   const int64_t kb = k_bytes(layer);
   float* sc = scratch;
   float* tmp = scratch + (int64_t(max_tokens_) + 15) / 16 * 16;
-  uint16_t* q16 = reinterpret_cast<uint16_t*>(tmp + hd);
+  const KvAttentionKernels& ak = kv_attention_kernels();
   const int in_blocks = s.n - s.n_staged;
   for (int r = 0; r < n_q; ++r) {
     const float* qr = q + r * q_stride;
     float* o = out + r * out_stride;
     const int len = n_visible[r];
     if (len <= 0 || len > s.n) throw Error(ErrorCode::internal, "KV attention: visible length out of range");
-    k_->f32_to_f16_row(qr, q16, hd);
     const int nb_tok = std::min(len, in_blocks);
     for (int i = 0; i < nb_tok; i += kKvBlockTokens)
-      key_scores(*k_, kt, pool_->data(s.blocks[size_t(i / kKvBlockTokens)]), std::min(kKvBlockTokens, nb_tok - i), qr, q16,
+      key_scores(*k_, ak, kt, pool_->data(s.blocks[size_t(i / kKvBlockTokens)]), std::min(kKvBlockTokens, nb_tok - i), qr,
                  tmp, hd, sc + i);
-    for (int i = nb_tok; i < len; ++i) sc[i] = k_->dot_f16(hd, s.stage_k + int64_t(i - in_blocks) * hd, q16);
+    if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, hd, sc + nb_tok);
     float mx = -INFINITY;
     for (int i = 0; i < len; ++i) {
       sc[i] *= scale;
@@ -734,9 +724,9 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     for (int i = 0; i < len; ++i) sc[i] *= inv;
     std::fill(o, o + hd, 0.f);
     for (int i = 0; i < nb_tok; i += kKvBlockTokens)
-      accumulate_values(*k_, vt, pool_->data(s.blocks[size_t(i / kKvBlockTokens)]) + kb,
+      accumulate_values(ak, vt, pool_->data(s.blocks[size_t(i / kKvBlockTokens)]) + kb,
                         std::min(kKvBlockTokens, nb_tok - i), sc + i, hd, o);
-    for (int i = nb_tok; i < len; ++i) k_->axpy_f16(hd, sc[i], s.stage_v + int64_t(i - in_blocks) * hd, o);
+    if (len > nb_tok) ak.accumulate_f16(s.stage_v, hd, len - nb_tok, sc + nb_tok, hd, o);
     if (observe && observe[r]) {
       // The stream is only read here; its policy bookkeeping is written by one item at a
       // time (the caller gives each (sequence, KV head) to one thread).

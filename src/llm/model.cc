@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "slim/llm/kernels.h"
+#include "slim/llm/kv_attention.h"
 #include "slim/core/error.h"
 #include "slim/core/half.h"
 
@@ -189,9 +190,8 @@ struct LlamaContext::State {
   std::vector<AlignedBuffer<uint8_t>> k_cache, v_cache;  // per layer [n_ctx][kv_dim]
   size_t kv_elem = 2;
   AlignedBuffer<float> rope_cos, rope_sin;  // [n_ctx][n_rot/2]
-  // Per-thread attention scratch: scores [n_ctx], q in f16 [head_dim], output [head_dim].
+  // Per-thread attention scratch: scores [n_ctx].
   AlignedBuffer<float> scores;
-  AlignedBuffer<uint16_t> q16;
   int64_t scores_stride = 0;
   // Paged cache: the cache, and per row of a pass its position and whether the eviction
   // policy observes its attention; per thread the visible length of each row.
@@ -280,7 +280,6 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   }
   s.scores_stride = (n_ctx_ + 15) / 16 * 16 + 2 * c.head_dim;
   s.scores.allocate(size_t(s.n_threads) * s.scores_stride);
-  s.q16.allocate(size_t(s.n_threads) * c.head_dim);
 }
 
 LlamaContext::~LlamaContext() = default;
@@ -603,7 +602,6 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       const int hd = j.c->head_dim;
       for (int64_t slot = b; slot < e; ++slot) {
         float* scores = st.scores.data() + slot * st.scores_stride;
-        uint16_t* q16 = st.q16.data() + slot * hd;
         const int items = j.n * j.c->n_head;
         for (int it = int(slot); it < items; it += j.T) {
           const int t = it / j.c->n_head, h = it % j.c->n_head;
@@ -616,10 +614,13 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           const size_t row = size_t(st.kv_dim) * st.kv_elem;
           const size_t off = size_t(kvh) * hd * st.kv_elem;
           float mx = -INFINITY;
+          // f16 rows go through the same kernels as the paged cache, so a paged cache
+          // that keeps everything reproduces this one bit for bit.
+          const KvAttentionKernels& ak = kv_attention_kernels();
           if (st.kv_elem == 2) {
-            st.k->f32_to_f16_row(q, q16, hd);
+            ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, hd, scores);
             for (int p = 0; p < len; ++p) {
-              scores[p] = st.k->dot_f16(hd, kc + p * row + off, q16) * j.scale;
+              scores[p] *= j.scale;
               mx = std::max(mx, scores[p]);
             }
           } else {
@@ -636,8 +637,8 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           const float inv = float(1.0 / sum);
           std::fill(out, out + hd, 0.f);
           if (st.kv_elem == 2) {
-            for (int p = 0; p < len; ++p)
-              st.k->axpy_f16(hd, scores[p] * inv, reinterpret_cast<const uint16_t*>(vc + p * row + off), out);
+            for (int p = 0; p < len; ++p) scores[p] *= inv;
+            ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, hd, out);
           } else {
             for (int p = 0; p < len; ++p) {
               const float* v = reinterpret_cast<const float*>(vc + p * row + off);
