@@ -221,21 +221,20 @@ void bench(const BenchOptions& o) {
   // Cold start: load and compile, then the first run, as a serving process would.
   const auto t_load = Clock::now();
   Model model = OnnxImporter::load_file(o.model);
-  // Fix the batch (and named) dims before compiling so the plan is static.
-  for (auto& vi : model.graph.inputs) {
-    if (!vi.shape) continue;
-    bool given = false;
-    for (const auto& spec : o.inputs) given |= name_value(spec, "--input").first == vi.name;
-    if (given) continue;
-    const Shape s = input_shape(vi, o.batch, dims);
-    for (size_t d = 0; d < s.size(); ++d) {
-      (*vi.shape)[d].value = s[d];
-    }
-  }
   TensorMap feeds;
   for (const auto& spec : o.inputs) {
     const auto [name, file] = name_value(spec, "--input");
     feeds[name] = read_npy(file);
+  }
+  // Fix the batch (and named) dims, or those of the given inputs, before compiling so
+  // the plan is static. A rank that contradicts the model is left for run() to report.
+  for (auto& vi : model.graph.inputs) {
+    if (!vi.shape) continue;
+    auto given = feeds.find(vi.name);
+    const Shape s = given != feeds.end() ? given->second.shape() : input_shape(vi, o.batch, dims);
+    if (s.size() != vi.shape->size()) continue;
+    for (size_t d = 0; d < s.size(); ++d)
+      if (!(*vi.shape)[d].is_fixed()) (*vi.shape)[d].value = s[d];
   }
   std::mt19937_64 rng(o.seed);
   auto session = Session::compile(std::move(model), so);

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""Runs slim (`slim bench`) and ONNX Runtime (ort_bench.js on onnxruntime-node) on the
+same inputs, alternating the two engines round by round, and prints per model, batch and
+thread count both median latencies, the slim/ORT ratio, both cold starts and how far the
+outputs are apart. Where slim is slower it names the op types that dominate its profile."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+MODELS = {
+    # name: (input name, dtype, shape after the batch dim)
+    "resnet18": ("input", np.float32, (3, 224, 224)),
+    "mobilenet_v2": ("input", np.float32, (3, 224, 224)),
+    "squeezenet1_1": ("input", np.float32, (3, 224, 224)),
+    "bert6": ("input_ids", np.int64, (128,)),
+}
+
+
+def make_input(model, batch, work):
+    name, dtype, rest = MODELS[model]
+    rng = np.random.default_rng(1234 + batch)
+    shape = (batch,) + rest
+    if dtype == np.int64:
+        x = rng.integers(0, 8000, size=shape, dtype=np.int64)
+    else:
+        x = rng.standard_normal(shape, dtype=np.float32)
+    base = os.path.join(work, f"{model}_b{batch}_{name}")
+    np.save(base + ".npy", x)
+    x.tofile(base + ".bin")
+    spec = {"inputs": [{"name": name, "file": base + ".bin", "shape": list(shape),
+                        "dtype": "float32" if dtype == np.float32 else "int64"}]}
+    with open(base + ".json", "w") as f:
+        json.dump(spec, f)
+    return name, base
+
+
+def run_slim(args, model_path, input_name, base, batch, threads, iters, out_dir):
+    res = os.path.join(out_dir, "slim.json")
+    cmd = [args.slim, "bench", model_path, "--batch", str(batch), "--threads", str(threads),
+           "--warmup", str(args.warmup), "--iters", str(iters), "-i", f"{input_name}={base}.npy",
+           "-o", out_dir, "--json", res, "--top", "0"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
+    with open(res) as f:
+        return json.load(f)
+
+
+def run_ort(args, model_path, base, threads, iters, out_dir):
+    cmd = ["node", os.path.join(HERE, "ort_bench.js"), model_path, base + ".json", str(threads),
+           str(args.warmup), str(iters), out_dir]
+    env = dict(os.environ, NODE_PATH=os.path.join(HERE, "node_modules"))
+    subprocess.run(cmd, check=True, env=env, timeout=args.timeout)
+    with open(os.path.join(out_dir, "result.json")) as f:
+        return json.load(f)
+
+
+def compare_outputs(slim_dir, ort_result):
+    worst_abs, worst_rel = 0.0, 0.0
+    for o in ort_result["outputs"]:
+        ref = np.fromfile(o["file"], dtype=np.float32).reshape(o["dims"])
+        got = np.load(os.path.join(slim_dir, o["name"] + ".npy"))
+        if got.shape != ref.shape:
+            raise SystemExit(f"output {o['name']}: slim {got.shape} vs ORT {ref.shape}")
+        diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / max(float(np.max(np.abs(ref))), 1e-30))
+    return worst_abs, worst_rel
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--slim", required=True, help="path of the slim binary")
+    ap.add_argument("--work", required=True, help="folder with the exported models")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating slim/ORT rounds")
+    ap.add_argument("--iters", type=int, default=10, help="timed runs per round at batch 1")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
+    ap.add_argument("--markdown", help="also write the table here")
+    args = ap.parse_args()
+
+    load = os.getloadavg()
+    print(f"# slim vs ONNX Runtime  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
+          f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"# {args.rounds} alternating rounds per engine, {args.iters} timed runs per round "
+          f"at batch 1 (fewer at batch 8), {args.warmup} warm-up runs; medians over all runs")
+    header = ("| model | batch | threads | slim p50 ms | ORT p50 ms | slim/ORT | "
+              "slim cold ms | ORT cold ms | max abs diff | max rel diff | slim's top ops |")
+    rows = [header, "|" + "---|" * 11]
+    print(header)
+    print(rows[1])
+    notes = []
+    for model in args.models.split(","):
+        model_path = os.path.join(args.work, model + ".onnx")
+        for batch in [int(b) for b in args.batches.split(",")]:
+            input_name, base = make_input(model, batch, args.work)
+            iters = max(2, args.iters // batch * 2) if batch > 1 else args.iters
+            for threads in [int(t) for t in args.threads.split(",")]:
+                slim_runs, ort_runs, slim_cold, ort_cold = [], [], [], []
+                slim_res = ort_res = None
+                out = os.path.join(args.work, "out", f"{model}_b{batch}_t{threads}")
+                for r in range(args.rounds):
+                    order = ["slim", "ort"] if r % 2 == 0 else ["ort", "slim"]
+                    for engine in order:
+                        if engine == "slim":
+                            slim_res = run_slim(args, model_path, input_name, base, batch, threads,
+                                                iters, os.path.join(out, "slim"))
+                            slim_runs += slim_res["runs_ms"]
+                            slim_cold.append(slim_res["cold_start_ms"])
+                        else:
+                            ort_res = run_ort(args, model_path, base, threads, iters,
+                                              os.path.join(out, "ort"))
+                            ort_runs += ort_res["runs_ms"]
+                            ort_cold.append(ort_res["cold_start_ms"])
+                s50, o50 = statistics.median(slim_runs), statistics.median(ort_runs)
+                diff_abs, diff_rel = compare_outputs(os.path.join(out, "slim"), ort_res)
+                top = ", ".join(f"{o['op']} {o['ms']:.1f}" for o in slim_res["ops"][:3])
+                row = (f"| {model} | {batch} | {threads} | {s50:.2f} | {o50:.2f} | {s50 / o50:.2f} | "
+                       f"{statistics.median(slim_cold):.0f} | {statistics.median(ort_cold):.0f} | "
+                       f"{diff_abs:.2e} | {diff_rel:.2e} | {top} |")
+                rows.append(row)
+                print(row, flush=True)
+                if s50 > o50:
+                    notes.append(f"{model} b{batch} t{threads}: slim {s50 / o50:.2f}x ORT; "
+                                 f"slim's time per run by op type: {top} (ms)")
+    if notes:
+        print("\nWhere slim is slower:")
+        for n in notes:
+            print("  " + n)
+    print(f"\nONNX Runtime {ort_res['version'] if ort_res else '?'} (onnxruntime-node)")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
