@@ -538,6 +538,9 @@ void tile_q_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x, i
       for (int t = 0; t < NT; ++t) xg[t] = activation_group(x + t * xs + g * kQ8Group);
     for (int r = 0; r < NR; ++r) {
       const uint8_t* wp = w + r * ws + g * kGroupBytes;
+      // Rows are short streams (a few KB) that the hardware prefetchers barely catch;
+      // fetch the same place in the rows the next tile of the matmul reads.
+      for (int64_t o = 0; o < kGroupBytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(wp + 2 * NR * ws + o), _MM_HINT_T0);
       Group wg;
       __m512i bias;
       if constexpr (Q4) {
