@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -36,7 +37,7 @@ enum class Verdict { pass, fail, skip };
 
 struct Outcome {
   Verdict verdict;
-  std::string why;
+  std::string why;  // for a pass: the nodes each provider ran, "cpu=3 ref=1"
 };
 
 struct Tolerance {
@@ -118,6 +119,11 @@ Outcome run_case(const fs::path& dir, const SessionOptions& options, const Toler
     if (e.code() == ErrorCode::unsupported) return {Verdict::skip, e.what()};
     return {Verdict::fail, std::string("compile: ") + e.what()};
   }
+  // Which provider ran how many nodes: shows that a pass with "cpu,ref" exercised cpu.
+  std::map<std::string, int> per_provider;
+  for (const auto& a : session->partition()) ++per_provider[a.provider];
+  std::string ran;
+  for (const auto& [p, n] : per_provider) ran += (ran.empty() ? "" : " ") + p + "=" + std::to_string(n);
   std::vector<fs::path> sets;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0)
@@ -167,7 +173,7 @@ Outcome run_case(const fs::path& dir, const SessionOptions& options, const Toler
       if (!diff.empty()) return {Verdict::fail, "output '" + name + "': " + diff};
     }
   }
-  return {Verdict::pass, ""};
+  return {Verdict::pass, ran};
 }
 
 // Runs one case in a child process; the verdict comes back through shared memory.
@@ -273,6 +279,7 @@ int main(int argc, char** argv) {
   if (!must_pass.empty()) required = read_list(must_pass);
 
   int passed = 0, failed = 0, skipped = 0;
+  std::map<std::string, int64_t> nodes_by_provider, cases_by_provider;
   std::vector<std::string> passing, regressions;
   Progress progress("conformance", int64_t(cases.size()));
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -284,7 +291,16 @@ int main(int argc, char** argv) {
       case Verdict::pass:
         ++passed;
         passing.push_back(cases[i]);
-        if (!quiet) line = "PASS " + cases[i];
+        if (!quiet) line = "PASS " + cases[i] + (options.providers.size() > 1 ? "  [" + o.why + "]" : "");
+        {
+          std::stringstream ran(o.why);
+          for (std::string item; ran >> item;) {
+            const auto eq = item.find('=');
+            if (eq == std::string::npos) continue;
+            nodes_by_provider[item.substr(0, eq)] += std::stoll(item.substr(eq + 1));
+            ++cases_by_provider[item.substr(0, eq)];
+          }
+        }
         break;
       case Verdict::fail:
         ++failed;
@@ -304,8 +320,9 @@ int main(int argc, char** argv) {
   progress.finish();
   if (!write_passing.empty()) {
     std::ofstream f(write_passing);
-    f << "# ONNX backend test cases that must pass with the ref provider (regenerate with\n"
-         "# slim_conformance --write-passing). One suite/case per line.\n";
+    f << "# ONNX backend test cases that must pass with providers " << providers
+      << " (regenerate with\n# slim_conformance --providers " << providers
+      << " --write-passing FILE). One suite/case per line.\n";
     for (const auto& p : passing) f << p << "\n";
   }
   for (const auto& r : required)
@@ -314,6 +331,12 @@ int main(int argc, char** argv) {
   if (!regressions.empty()) {
     std::cout << "\nmust-pass cases that did not pass (" << regressions.size() << "):\n";
     for (const auto& r : regressions) std::cout << "  " << r << "\n";
+  }
+  if (options.providers.size() > 1) {
+    std::cout << "nodes run in passing cases:";
+    for (const auto& [p, n] : nodes_by_provider)
+      std::cout << " " << p << " " << n << " (in " << cases_by_provider[p] << " cases)";
+    std::cout << "\n";
   }
   std::cout << passed << " passed, " << failed << " failed, " << skipped << " skipped\n";
   return regressions.empty() ? 0 : 1;

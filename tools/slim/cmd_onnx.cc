@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -42,7 +43,23 @@ Model with_unit_symbolic_dims(Model m) {
   return m;
 }
 
-void inspect(const std::string& path, const std::vector<std::string>& providers) {
+// One line per compiled node: its provider and, where a provider ahead of it declined,
+// why (the first reason; the rest follow on indented lines).
+void print_partition(const Session& session) {
+  std::map<std::string, int64_t> per_provider;
+  for (const auto& a : session.partition()) ++per_provider[a.provider];
+  std::cout << "partition:";
+  for (const auto& [p, n] : per_provider) std::cout << " " << p << " " << n;
+  std::cout << " nodes\n";
+  for (const auto& a : session.partition()) {
+    std::cout << "  " << a.provider << "  " << a.op << " '" << a.node << "'";
+    for (size_t i = 0; i < a.declined.size(); ++i)
+      std::cout << (i == 0 ? "  fell back: " : "\n      also: ") << a.declined[i];
+    std::cout << "\n";
+  }
+}
+
+void inspect(const std::string& path, const std::vector<std::string>& providers, bool partition) {
   Model model = OnnxImporter::load_file(path);
   std::cout << "model:     " << path << "\n";
   std::cout << "ir:        " << model.ir_version;
@@ -106,6 +123,7 @@ void inspect(const std::string& path, const std::vector<std::string>& providers)
   } else if (!compile_error.empty()) {
     std::cout << "compile:   failed: " << compile_error << "\n";
   }
+  if (partition && session) print_partition(*session);
   if (missing.empty()) {
     std::cout << "unsupported ops: none\n";
   } else {
@@ -173,7 +191,7 @@ struct RunOptions {
   uint64_t seed = 0;
   bool argmax = false;
   int repeat = 1;
-  std::vector<std::string> providers = {"ref"};
+  std::vector<std::string> providers = {"cpu", "ref"};
 };
 
 void run(const RunOptions& o) {
@@ -228,17 +246,20 @@ SLIM_COMMAND(10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("inspect", "Show an ONNX model's inputs, outputs, opsets, ops, "
                                             "parameters, estimated FLOPs, memory plan and unsupported ops");
   auto model = std::make_shared<std::string>();
-  auto providers = std::make_shared<std::string>("ref");
+  auto providers = std::make_shared<std::string>("cpu,ref");
+  auto partition = std::make_shared<bool>(false);
   cmd->add_option("MODEL", *model, "ONNX model file")->required();
   cmd->add_option("--providers", *providers, "Providers in priority order, comma-separated")->capture_default_str();
-  cmd->callback([model, providers] { inspect(*model, split_commas(*providers)); });
+  cmd->add_flag("--partition", *partition,
+                "Show each node's provider and why the providers ahead of it declined it");
+  cmd->callback([model, providers, partition] { inspect(*model, split_commas(*providers), *partition); });
 });
 
 SLIM_COMMAND(11, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run an ONNX model on .npy inputs (seeded random inputs for "
                                         "those not given) and summarize or save its outputs");
   auto o = std::make_shared<RunOptions>();
-  auto providers = std::make_shared<std::string>("ref");
+  auto providers = std::make_shared<std::string>("cpu,ref");
   cmd->add_option("MODEL", o->model, "ONNX model file")->required();
   cmd->add_option("--input,-i", o->inputs, "NAME=FILE.npy (repeatable)");
   cmd->add_option("--output-dir,-o", o->output_dir, "Write each output as NAME.npy here");

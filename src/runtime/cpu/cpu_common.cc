@@ -68,13 +68,6 @@ std::optional<std::string> need_static(const KernelBuildInfo& info, int i) {
   return std::nullopt;
 }
 
-std::optional<std::string> need_constant(const KernelBuildInfo& info, int i) {
-  const NodeInputInfo& in = info.input(i);
-  if (!in.present) return "input " + std::to_string(i) + " is missing";
-  if (!in.constant) return "input " + std::to_string(i) + " (weights) is not a constant";
-  return std::nullopt;
-}
-
 std::optional<std::string> need_all_f32_static(const KernelBuildInfo& info) {
   for (int i = 0; i < int(info.inputs.size()); ++i) {
     if (!info.input(i).present) continue;

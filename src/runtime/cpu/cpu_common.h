@@ -17,6 +17,8 @@ namespace slim::cpu {
 void register_dnnl_conv_kernels(KernelRegistry& r);    // dnnl_conv.cc
 void register_dnnl_matmul_kernels(KernelRegistry& r);  // dnnl_matmul.cc
 void register_dnnl_pool_kernels(KernelRegistry& r);    // dnnl_pool.cc
+void register_elementwise_kernels(KernelRegistry& r);  // elementwise.cc
+void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();
@@ -36,11 +38,10 @@ ActivationSpec fused_activation(const Node& node);
 // Adds the activation as an eltwise post-op (none adds nothing).
 void append_activation(dnnl::post_ops& ops, const ActivationSpec& a);
 
-// Claim helpers: decline unless input i is present with a known f32 dtype / static shape /
-// constant value. They return the reason, or nullopt when the condition holds.
+// Claim helpers: decline unless input i is present with a known f32 dtype / static shape.
+// They return the reason, or nullopt when the condition holds.
 std::optional<std::string> need_f32(const KernelBuildInfo& info, int i);
 std::optional<std::string> need_static(const KernelBuildInfo& info, int i);
-std::optional<std::string> need_constant(const KernelBuildInfo& info, int i);
 // All present inputs f32 with static shapes.
 std::optional<std::string> need_all_f32_static(const KernelBuildInfo& info);
 

@@ -1,6 +1,7 @@
 // Conv, ConvTranspose and slim:FusedConv on oneDNN. The kernel is built at compile time
 // for the node's static shapes: oneDNN picks the weight layout (and the activation
-// layout it runs fastest in), the weights are reordered into it once, and bias,
+// layout it runs fastest in), constant weights are reordered into it once (weights that
+// are graph inputs are reordered at each run into the buffer the kernel owns), and bias,
 // residual and activation ride along as post-ops. Activations arrive and leave in ONNX's
 // plain NCHW; when oneDNN prefers a blocked layout the kernel reorders through buffers
 // it allocated at compile time.
@@ -20,6 +21,7 @@ struct ConvSetup {
   Shape x, w, y;
   Shape stride, dil, pad_l, pad_r;  // dil in oneDNN's convention (0 = dense)
   bool has_bias = false, has_z = false;
+  bool weights_constant = true;
   ActivationSpec act;
 };
 
@@ -33,7 +35,8 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
     if (auto r = need_f32(info, i)) return r;
     if (auto r = need_static(info, i)) return r;
   }
-  if (auto r = need_constant(info, 1)) return r;
+  if (!info.has_input(1)) return std::string("missing weights");
+  s->weights_constant = info.input(1).constant != nullptr;
   if (!fused && node.outputs.size() != 1) return std::string("expects one output");
   s->transposed = transposed;
   s->fused = fused;
@@ -142,7 +145,7 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
 
 class DnnlConvKernel final : public OpKernel {
  public:
-  DnnlConvKernel(const Node& node, ConvSetup s, const Tensor& weights) : s_(std::move(s)) {
+  DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
     dnnl_call(node, "convolution setup", [&] { setup(weights); return 0; });
   }
 
@@ -155,6 +158,11 @@ class DnnlConvKernel final : public OpKernel {
       src_user_.set_data_handle(x.raw_data());
       dst_user_.set_data_handle(y.raw_data());
       if (reorder_src_) src_reorder_.execute(stream_, src_user_, src_mem_);
+      if (!s_.weights_constant) {
+        check_input_shape(ctx, 1, s_.w);
+        w_user_.set_data_handle(ctx.required_input(1).raw_data());
+        w_reorder_.execute(stream_, w_user_, weights_);
+      }
       if (s_.has_z) {
         const Tensor& z = ctx.required_input(3);
         check_input_shape(ctx, 3, s_.y);
@@ -179,7 +187,7 @@ class DnnlConvKernel final : public OpKernel {
   }
 
  private:
-  void setup(const Tensor& weights) {
+  void setup(const Tensor* weights) {
     const auto& eng = dnnl_engine();
     stream_ = dnnl::stream(eng);
     const size_t nd = s_.x.size() - 2;
@@ -241,11 +249,17 @@ class DnnlConvKernel final : public OpKernel {
       prim_ = dnnl::deconvolution_forward(pd);
     }
     (void)nd;
-    // Weights: packed once into the primitive's layout; the kernel owns the copy.
+    // Weights: packed into the primitive's layout, once when they are constant; the
+    // kernel owns the packed copy.
     weights_ = memory(w_md, eng);
-    memory w_user(w_user_md, eng, weights.raw_data());
-    dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
-    stream_.wait();
+    if (weights) {
+      memory w_user(w_user_md, eng, weights->raw_data());
+      dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
+      stream_.wait();
+    } else {
+      w_user_ = memory(w_user_md, eng, DNNL_MEMORY_NONE);
+      w_reorder_ = dnnl::reorder(w_user_, weights_);
+    }
 
     const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
     src_user_ = memory(x_md, eng, DNNL_MEMORY_NONE);
@@ -273,8 +287,8 @@ class DnnlConvKernel final : public OpKernel {
 
   ConvSetup s_;
   dnnl::primitive prim_;
-  dnnl::reorder src_reorder_, dst_reorder_, z_reorder_;
-  mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_;
+  dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
+  mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_;
   bool reorder_src_ = false, reorder_dst_ = false;
   mutable dnnl::stream stream_;
 };
@@ -294,7 +308,7 @@ KernelDef conv_def(const std::string& op, const std::string& domain, int64_t sin
     ConvSetup s;
     if (auto why = conv_setup(info, transposed, fused, &s))
       throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
-    return std::make_unique<DnnlConvKernel>(info.node, std::move(s), *info.input(1).constant);
+    return std::make_unique<DnnlConvKernel>(info.node, std::move(s), info.input(1).constant);
   };
   return def;
 }

@@ -1,0 +1,813 @@
+// The cpu provider's own f32 math kernels: binary arithmetic with numpy broadcasting,
+// activations, Softmax/LogSoftmax, LayerNormalization and ReduceSum/ReduceMean. Loops
+// are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
+// over slim's thread pool when a tensor is large enough to pay for the hand-off.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <numeric>
+
+#include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/simd.h"
+#include "slim/runtime/provider.h"
+
+namespace slim::cpu {
+
+namespace {
+
+Isa hardware_isa() {
+  static const Isa isa = [] {
+    Isa best = Isa::scalar;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::avx2;
+    if (__builtin_cpu_supports("avx512f")) best = Isa::avx512;
+    if (const char* env = std::getenv("SLIM_CPU_ISA")) {
+      const std::string want = env;
+      if (want == "scalar") best = Isa::scalar;
+      if (want == "avx2" && best == Isa::avx512) best = Isa::avx2;
+    }
+    return best;
+  }();
+  return isa;
+}
+
+std::atomic<int> g_isa{-1};  // -1: not chosen yet
+
+}  // namespace
+
+Isa detected_isa() {
+  int v = g_isa.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = int(hardware_isa());
+    g_isa.store(v, std::memory_order_relaxed);
+  }
+  return Isa(v);
+}
+
+}  // namespace slim::cpu
+
+namespace slim {
+
+std::string cpu_isa() {
+  switch (cpu::detected_isa()) {
+    case cpu::Isa::avx512: return "avx512";
+    case cpu::Isa::avx2: return "avx2";
+    case cpu::Isa::scalar: return "scalar";
+  }
+  return "scalar";
+}
+
+bool limit_cpu_isa(const std::string& isa) {
+  cpu::Isa want;
+  if (isa == "avx512") want = cpu::Isa::avx512;
+  else if (isa == "avx2") want = cpu::Isa::avx2;
+  else if (isa == "scalar") want = cpu::Isa::scalar;
+  else return false;
+  if (int(want) > int(cpu::hardware_isa())) return false;
+  cpu::g_isa.store(int(want), std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace slim
+
+namespace slim::cpu {
+
+namespace {
+
+// Elements per task below which splitting over threads costs more than it saves.
+constexpr int64_t kParallelGrain = 1 << 15;
+
+// Calls fn(begin, end) over [0, n) items of `cost` elements each, in parallel when large.
+template <typename Fn>
+void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) {
+  const int64_t total = n * std::max<int64_t>(cost, 1);
+  if (total < 2 * kParallelGrain || ctx.pool().num_threads() == 1 || n < 2) {
+    fn(int64_t(0), n);
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cost, 1));
+  ctx.pool().parallel_for(n, [&](int64_t b, int64_t e) { fn(b, e); }, grain);
+}
+
+// ---------------------------------------------------------------------------------------
+// Unary activations
+
+enum class Unary { relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs };
+
+struct UnaryParams {
+  Unary op = Unary::relu;
+  float alpha = 0.f, beta = 0.f;
+};
+
+template <int W>
+SLIM_INLINE typename Vec<W>::F unary_vec(const UnaryParams& p, typename Vec<W>::F x) {
+  using F = typename Vec<W>::F;
+  const F zero = splat<W>(0.f), one = splat<W>(1.f), half = splat<W>(0.5f);
+  switch (p.op) {
+    case Unary::relu: return x > zero ? x : zero;
+    case Unary::leaky_relu: return x < zero ? x * splat<W>(p.alpha) : x;
+    case Unary::sigmoid: return vsigmoid<W>(x);
+    case Unary::tanh: return vtanh<W>(x);
+    case Unary::erf: return verf<W>(x);
+    case Unary::gelu: return half * x * (one + verf<W>(x * splat<W>(0.70710678118654752f)));
+    case Unary::gelu_tanh: {
+      const F inner = splat<W>(0.7978845608028654f) * (x + splat<W>(0.044715f) * x * x * x);
+      return half * x * (one + vtanh<W>(inner));
+    }
+    case Unary::hard_swish: {
+      const F h = vmin<W>(vmax<W>(x * splat<W>(1.f / 6.f) + half, zero), one);
+      return x * h;
+    }
+    case Unary::hard_sigmoid:
+      return vmin<W>(vmax<W>(x * splat<W>(p.alpha) + splat<W>(p.beta), zero), one);
+    case Unary::exp: return vexp<W>(x);
+    case Unary::neg: return -x;
+    case Unary::abs: return x < zero ? -x : x;
+  }
+  return x;
+}
+
+float unary_scalar(const UnaryParams& p, float x) {
+  switch (p.op) {
+    case Unary::relu: return x > 0.f ? x : 0.f;
+    case Unary::leaky_relu: return x < 0.f ? x * p.alpha : x;
+    case Unary::sigmoid: return float(1.0 / (1.0 + std::exp(-double(x))));
+    case Unary::tanh: return std::tanh(x);
+    case Unary::erf: return std::erf(x);
+    case Unary::gelu: return float(0.5 * x * (1.0 + std::erf(double(x) * 0.70710678118654752)));
+    case Unary::gelu_tanh:
+      return float(0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * double(x) * x * x))));
+    case Unary::hard_swish: return x * std::min(std::max(x / 6.f + 0.5f, 0.f), 1.f);
+    case Unary::hard_sigmoid: return std::min(std::max(x * p.alpha + p.beta, 0.f), 1.f);
+    case Unary::exp: return std::exp(x);
+    case Unary::neg: return -x;
+    case Unary::abs: return std::fabs(x);
+  }
+  return x;
+}
+
+// Whole vectors, then the tail through a padded vector so every element takes the same path.
+template <int W>
+SLIM_INLINE void unary_loop(const UnaryParams& p, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store<W>(y + i, unary_vec<W>(p, load<W>(x + i)));
+  if (i < n) {
+    float buf[W] = {};
+    std::memcpy(buf, x + i, size_t(n - i) * 4);
+    store<W>(buf, unary_vec<W>(p, load<W>(buf)));
+    std::memcpy(y + i, buf, size_t(n - i) * 4);
+  }
+}
+
+__attribute__((target("avx512f"))) void unary_avx512(const UnaryParams& p, const float* x, float* y, int64_t n) {
+  unary_loop<16>(p, x, y, n);
+}
+__attribute__((target("avx2,fma"))) void unary_avx2(const UnaryParams& p, const float* x, float* y, int64_t n) {
+  unary_loop<8>(p, x, y, n);
+}
+
+void unary_run(const UnaryParams& p, const float* x, float* y, int64_t n) {
+  switch (detected_isa()) {
+    case Isa::avx512: return unary_avx512(p, x, y, n);
+    case Isa::avx2: return unary_avx2(p, x, y, n);
+    case Isa::scalar:
+      for (int64_t i = 0; i < n; ++i) y[i] = unary_scalar(p, x[i]);
+      return;
+  }
+}
+
+class UnaryKernel final : public OpKernel {
+ public:
+  explicit UnaryKernel(UnaryParams p) : p_(p) {}
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    Tensor& y = ctx.output(0, DType::f32, x.shape());
+    const float* px = x.data<float>();
+    float* py = y.data<float>();
+    constexpr int64_t kBlock = 4096;
+    const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+    parallel_items(ctx, blocks, kBlock, [&](int64_t b, int64_t e) {
+      const int64_t lo = b * kBlock, hi = std::min(n, e * kBlock);
+      unary_run(p_, px + lo, py + lo, hi - lo);
+    });
+  }
+
+ private:
+  UnaryParams p_;
+};
+
+std::optional<std::string> need_one_f32_static(const KernelBuildInfo& info) {
+  if (info.inputs.size() != 1 || info.node.outputs.size() != 1) return std::string("expects one input and one output");
+  if (auto r = need_f32(info, 0)) return r;
+  return need_static(info, 0);
+}
+
+KernelDef unary_def(const std::string& op, int64_t since, Unary kind) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = since;
+  auto params = [kind](const Node& node, UnaryParams* p) -> std::optional<std::string> {
+    p->op = kind;
+    if (kind == Unary::leaky_relu) p->alpha = node.attr_float("alpha", 0.01f);
+    if (kind == Unary::hard_sigmoid) {
+      p->alpha = node.attr_float("alpha", 0.2f);
+      p->beta = node.attr_float("beta", 0.5f);
+    }
+    if (kind == Unary::gelu) {
+      const std::string approx = node.attr_string("approximate", "none");
+      if (approx == "tanh") p->op = Unary::gelu_tanh;
+      else if (approx != "none") return "approximate '" + approx + "'";
+    }
+    return std::nullopt;
+  };
+  def.claim = [params](const KernelBuildInfo& info) {
+    if (auto r = need_one_f32_static(info)) return Claim::no(*r);
+    UnaryParams p;
+    if (auto r = params(info.node, &p)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [params](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    UnaryParams p;
+    if (auto r = params(info.node, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<UnaryKernel>(p);
+  };
+  return def;
+}
+
+// ---------------------------------------------------------------------------------------
+// Binary arithmetic with broadcasting
+
+enum class Binary { add, sub, mul, div };
+
+template <int W>
+SLIM_INLINE typename Vec<W>::F binary_vec(Binary op, typename Vec<W>::F a, typename Vec<W>::F b) {
+  switch (op) {
+    case Binary::add: return a + b;
+    case Binary::sub: return a - b;
+    case Binary::mul: return a * b;
+    case Binary::div: return a / b;
+  }
+  return a;
+}
+
+// One row: a and b advance by sa, sb in {0, 1} (0 = the operand is broadcast along it).
+template <int W>
+SLIM_INLINE void binary_row(Binary op, const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n) {
+  using F = typename Vec<W>::F;
+  int64_t i = 0;
+  const F va0 = splat<W>(a[0]), vb0 = splat<W>(b[0]);
+  for (; i + W <= n; i += W) {
+    const F va = sa ? load<W>(a + i) : va0;
+    const F vb = sb ? load<W>(b + i) : vb0;
+    store<W>(y + i, binary_vec<W>(op, va, vb));
+  }
+  for (; i < n; ++i) {
+    const float x = a[sa * i], z = b[sb * i];
+    y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
+  }
+}
+
+__attribute__((target("avx512f"))) void binary_avx512(Binary op, const float* a, int64_t sa, const float* b, int64_t sb,
+                                                      float* y, int64_t n) {
+  binary_row<16>(op, a, sa, b, sb, y, n);
+}
+__attribute__((target("avx2,fma"))) void binary_avx2(Binary op, const float* a, int64_t sa, const float* b, int64_t sb,
+                                                     float* y, int64_t n) {
+  binary_row<8>(op, a, sa, b, sb, y, n);
+}
+void binary_run(Binary op, const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n) {
+  switch (detected_isa()) {
+    case Isa::avx512: return binary_avx512(op, a, sa, b, sb, y, n);
+    case Isa::avx2: return binary_avx2(op, a, sa, b, sb, y, n);
+    case Isa::scalar:
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = a[sa * i], z = b[sb * i];
+        y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
+      }
+      return;
+  }
+}
+
+// The broadcast walk, worked out at compile time: outer dims (coalesced where both
+// operands continue contiguously) with each operand's strides, and one inner row.
+struct BroadcastPlan {
+  Shape y;
+  Shape outer, a_str, b_str;  // outer dims and the element strides of a and b along them
+  int64_t inner = 1, a_inner = 1, b_inner = 1;
+  int64_t rows = 1;
+};
+
+std::optional<BroadcastPlan> plan_broadcast(const Shape& a, const Shape& b) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape ap(rank - a.size(), 1), bp(rank - b.size(), 1);
+  ap.insert(ap.end(), a.begin(), a.end());
+  bp.insert(bp.end(), b.begin(), b.end());
+  BroadcastPlan p;
+  p.y.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    if (ap[d] != bp[d] && ap[d] != 1 && bp[d] != 1) return std::nullopt;
+    p.y[d] = ap[d] == 1 ? bp[d] : ap[d];
+  }
+  const Shape as = contiguous_strides(ap), bs = contiguous_strides(bp);
+  // Dims with their broadcast strides, size-1 output dims dropped.
+  Shape dims, sa, sb;
+  for (size_t d = 0; d < rank; ++d) {
+    if (p.y[d] == 1) continue;
+    dims.push_back(p.y[d]);
+    sa.push_back(ap[d] == 1 ? 0 : as[d]);
+    sb.push_back(bp[d] == 1 ? 0 : bs[d]);
+  }
+  // Coalesce from the inside out.
+  Shape cd, ca, cb;
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (!cd.empty() && sa[i] == ca.front() * cd.front() && sb[i] == cb.front() * cd.front()) {
+      cd.front() *= dims[i];
+      continue;
+    }
+    cd.insert(cd.begin(), dims[i]);
+    ca.insert(ca.begin(), sa[i]);
+    cb.insert(cb.begin(), sb[i]);
+  }
+  if (cd.empty()) {
+    cd = {1};
+    ca = {1};
+    cb = {1};
+  }
+  // Coalescing merged a zero-stride dim only with other zero-stride dims, so the inner
+  // strides are 0 or 1 as binary_row needs.
+  p.inner = cd.back();
+  p.a_inner = ca.back() ? 1 : 0;
+  p.b_inner = cb.back() ? 1 : 0;
+  if ((ca.back() != 0 && ca.back() != 1) || (cb.back() != 0 && cb.back() != 1)) return std::nullopt;
+  p.outer.assign(cd.begin(), cd.end() - 1);
+  p.a_str.assign(ca.begin(), ca.end() - 1);
+  p.b_str.assign(cb.begin(), cb.end() - 1);
+  p.rows = shape_numel(p.outer);
+  return p;
+}
+
+class BinaryKernel final : public OpKernel {
+ public:
+  BinaryKernel(Binary op, BroadcastPlan plan) : op_(op), p_(std::move(plan)) {}
+  void compute(KernelContext& ctx) const override {
+    const Tensor& a = ctx.required_input(0);
+    const Tensor& b = ctx.required_input(1);
+    Tensor& y = ctx.output(0, DType::f32, p_.y);
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    float* py = y.data<float>();
+    // Long rows are cut into pieces so a single row still spreads over the threads.
+    const int64_t piece = p_.rows >= 8 ? p_.inner : std::max<int64_t>(4096, (p_.inner + 7) / 8);
+    const int64_t pieces = (p_.inner + piece - 1) / piece;
+    parallel_items(ctx, p_.rows * pieces, std::min(piece, p_.inner), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t row = t / pieces, lo = (t % pieces) * piece, n = std::min(piece, p_.inner - lo);
+        int64_t oa = 0, ob = 0, r = row;
+        for (size_t d = p_.outer.size(); d-- > 0;) {
+          const int64_t i = r % p_.outer[d];
+          r /= p_.outer[d];
+          oa += i * p_.a_str[d];
+          ob += i * p_.b_str[d];
+        }
+        binary_run(op_, pa + oa + lo * p_.a_inner, p_.a_inner, pb + ob + lo * p_.b_inner, p_.b_inner,
+                   py + row * p_.inner + lo, n);
+      }
+    });
+  }
+
+ private:
+  Binary op_;
+  BroadcastPlan p_;
+};
+
+KernelDef binary_def(const std::string& op, Binary kind) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = 7;  // before 7 these ops had the `broadcast`/`axis` attributes
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.inputs.size() != 2) return Claim::no("expects two inputs");
+    if (auto r = need_all_f32_static(info)) return Claim::no(*r);
+    if (!plan_broadcast(*info.input(0).shape, *info.input(1).shape)) return Claim::no("shapes do not broadcast");
+    return Claim::yes();
+  };
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    auto plan = plan_broadcast(*info.input(0).shape, *info.input(1).shape);
+    if (!plan) throw Error(ErrorCode::internal, info.node.describe() + ": shapes do not broadcast");
+    return std::make_unique<BinaryKernel>(kind, std::move(*plan));
+  };
+  return def;
+}
+
+// ---------------------------------------------------------------------------------------
+// Row kernels: Softmax, LogSoftmax, LayerNormalization, ReduceSum/ReduceMean
+
+template <int W>
+SLIM_INLINE float row_max(const float* x, int64_t n) {
+  using F = typename Vec<W>::F;
+  F m = splat<W>(-INFINITY);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) m = vmax<W>(m, load<W>(x + i));
+  float r = -INFINITY;
+  for (int k = 0; k < W; ++k) r = std::max(r, m[k]);
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+template <int W>
+SLIM_INLINE float row_sum(const float* x, int64_t n) {
+  using F = typename Vec<W>::F;
+  F s0 = splat<W>(0.f), s1 = splat<W>(0.f);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    s0 += load<W>(x + i);
+    s1 += load<W>(x + i + W);
+  }
+  for (; i + W <= n; i += W) s0 += load<W>(x + i);
+  s0 += s1;
+  double r = 0;
+  for (int k = 0; k < W; ++k) r += s0[k];
+  for (; i < n; ++i) r += x[i];
+  return float(r);
+}
+
+// y = exp(x - m), returns the sum.
+template <int W>
+SLIM_INLINE float row_exp_sum(const float* x, float* y, int64_t n, float m) {
+  using F = typename Vec<W>::F;
+  F s = splat<W>(0.f);
+  const F vm = splat<W>(m);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const F e = vexp<W>(load<W>(x + i) - vm);
+    store<W>(y + i, e);
+    s += e;
+  }
+  double r = 0;
+  for (int k = 0; k < W; ++k) r += s[k];
+  if (i < n) {
+    float buf[W];
+    for (int k = 0; k < W; ++k) buf[k] = i + k < n ? x[i + k] - m : -INFINITY;
+    store<W>(buf, vexp<W>(load<W>(buf)));
+    for (int64_t k = 0; i + k < n; ++k) {
+      y[i + k] = buf[k];
+      r += buf[k];
+    }
+  }
+  return float(r);
+}
+
+template <int W>
+SLIM_INLINE void row_affine(const float* x, float* y, int64_t n, float mul, float add) {
+  using F = typename Vec<W>::F;
+  const F vm = splat<W>(mul), va = splat<W>(add);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store<W>(y + i, load<W>(x + i) * vm + va);
+  for (; i < n; ++i) y[i] = x[i] * mul + add;
+}
+
+template <int W>
+SLIM_INLINE void softmax_rows(const float* x, float* y, int64_t rows, int64_t n, bool log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const float m = row_max<W>(xr, n);
+    if (log) {
+      // exp into y as scratch, then overwrite with x - m - log(sum).
+      const float s = row_exp_sum<W>(xr, yr, n, m);
+      row_affine<W>(xr, yr, n, 1.f, -m - std::log(s));
+    } else {
+      const float s = row_exp_sum<W>(xr, yr, n, m);
+      row_affine<W>(yr, yr, n, 1.f / s, 0.f);
+    }
+  }
+}
+
+template <int W>
+SLIM_INLINE void layer_norm_rows(const float* x, float* y, int64_t rows, int64_t n, const float* scale,
+                                 const float* bias, float eps) {
+  using F = typename Vec<W>::F;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const float mean = row_sum<W>(xr, n) / float(n);
+    // Second pass over the deviations: no cancellation from E[x^2] - E[x]^2.
+    const F vm = splat<W>(mean);
+    F acc = splat<W>(0.f);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const F d = load<W>(xr + i) - vm;
+      acc += d * d;
+    }
+    double var = 0;
+    for (int k = 0; k < W; ++k) var += acc[k];
+    for (; i < n; ++i) var += double(xr[i] - mean) * (xr[i] - mean);
+    const float rstd = float(1.0 / std::sqrt(var / double(n) + double(eps)));
+    const F vr = splat<W>(rstd);
+    for (i = 0; i + W <= n; i += W) {
+      F v = (load<W>(xr + i) - vm) * vr * load<W>(scale + i);
+      if (bias) v += load<W>(bias + i);
+      store<W>(yr + i, v);
+    }
+    for (; i < n; ++i) yr[i] = (xr[i] - mean) * rstd * scale[i] + (bias ? bias[i] : 0.f);
+  }
+}
+
+template <int W>
+SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, float mul) {
+  for (int64_t r = 0; r < rows; ++r) y[r] = row_sum<W>(x + r * n, n) * mul;
+}
+
+#define SLIM_DISPATCH3(name, params, args)                                                  \
+  __attribute__((target("avx512f"))) void name##_avx512 params { name<16> args; }           \
+  __attribute__((target("avx2,fma"))) void name##_avx2 params { name<8> args; }             \
+  void name##_any params {                                                                  \
+    switch (detected_isa()) {                                                               \
+      case Isa::avx512: return name##_avx512 args;                                          \
+      case Isa::avx2: return name##_avx2 args;                                              \
+      case Isa::scalar: return name<1> args;                                                \
+    }                                                                                       \
+  }
+
+SLIM_DISPATCH3(softmax_rows, (const float* x, float* y, int64_t rows, int64_t n, bool log), (x, y, rows, n, log))
+SLIM_DISPATCH3(layer_norm_rows,
+               (const float* x, float* y, int64_t rows, int64_t n, const float* s, const float* b, float eps),
+               (x, y, rows, n, s, b, eps))
+SLIM_DISPATCH3(row_reduce, (const float* x, float* y, int64_t rows, int64_t n, float mul), (x, y, rows, n, mul))
+
+// Rows of length n from a shape split at `axis`.
+void split_rows(const Shape& s, int axis, int64_t* rows, int64_t* n) {
+  *rows = 1;
+  *n = 1;
+  for (int d = 0; d < int(s.size()); ++d) (d < axis ? *rows : *n) *= s[size_t(d)];
+}
+
+class SoftmaxKernel final : public OpKernel {
+ public:
+  SoftmaxKernel(Shape shape, int axis, bool log) : shape_(std::move(shape)), log_(log) {
+    split_rows(shape_, axis, &rows_, &n_);
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    Tensor& y = ctx.output(0, DType::f32, shape_);
+    const float* px = x.data<float>();
+    float* py = y.data<float>();
+    parallel_items(ctx, rows_, n_, [&](int64_t b, int64_t e) {
+      softmax_rows_any(px + b * n_, py + b * n_, e - b, n_, log_);
+    });
+  }
+
+ private:
+  Shape shape_;
+  bool log_;
+  int64_t rows_ = 1, n_ = 1;
+};
+
+// The axis a Softmax normalizes over, as a row split; nullopt when the rows are not
+// contiguous (opset 13+ with an axis other than the last).
+std::optional<int> softmax_axis(const KernelBuildInfo& info, std::string* why) {
+  const Shape& s = *info.input(0).shape;
+  const int rank = int(s.size());
+  const int64_t def_axis = info.opset >= 13 ? -1 : 1;
+  int64_t axis = info.node.attr_int("axis", def_axis);
+  if (axis < -rank || axis >= std::max(rank, 1)) {
+    *why = "axis out of range";
+    return std::nullopt;
+  }
+  if (axis < 0) axis += rank;
+  if (info.opset >= 13) {
+    for (int d = int(axis) + 1; d < rank; ++d)
+      if (s[size_t(d)] != 1) {
+        *why = "softmax over an axis other than the last";
+        return std::nullopt;
+      }
+  }
+  return int(axis);
+}
+
+KernelDef softmax_def(const std::string& op, bool log) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = 1;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = need_one_f32_static(info)) return Claim::no(*r);
+    std::string why;
+    if (!softmax_axis(info, &why)) return Claim::no(why);
+    return Claim::yes();
+  };
+  def.build = [log](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    std::string why;
+    const auto axis = softmax_axis(info, &why);
+    if (!axis) throw Error(ErrorCode::internal, info.node.describe() + ": " + why);
+    return std::make_unique<SoftmaxKernel>(*info.input(0).shape, *axis, log);
+  };
+  return def;
+}
+
+class LayerNormKernel final : public OpKernel {
+ public:
+  LayerNormKernel(Shape shape, int axis, float eps, bool bias) : shape_(std::move(shape)), eps_(eps), bias_(bias) {
+    split_rows(shape_, axis, &rows_, &n_);
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    const float* scale = ctx.required_input(1).data<float>();
+    const float* bias = bias_ ? ctx.required_input(2).data<float>() : nullptr;
+    Tensor& y = ctx.output(0, DType::f32, shape_);
+    const float* px = x.data<float>();
+    float* py = y.data<float>();
+    parallel_items(ctx, rows_, n_, [&](int64_t b, int64_t e) {
+      layer_norm_rows_any(px + b * n_, py + b * n_, e - b, n_, scale, bias, eps_);
+    });
+  }
+
+ private:
+  Shape shape_;
+  float eps_;
+  bool bias_;
+  int64_t rows_ = 1, n_ = 1;
+};
+
+std::optional<std::string> layer_norm_check(const KernelBuildInfo& info, int* axis_out) {
+  if (info.node.outputs.size() != 1) return std::string("Mean/InvStdDev outputs are not implemented");
+  if (info.node.attr_int("stash_type", 1) != 1) return std::string("stash_type other than float");
+  if (auto r = need_all_f32_static(info)) return r;
+  if (!info.has_input(1)) return std::string("missing Scale");
+  const Shape& s = *info.input(0).shape;
+  const int rank = int(s.size());
+  int64_t axis = info.node.attr_int("axis", -1);
+  if (axis < -rank || axis >= rank) return std::string("axis out of range");
+  if (axis < 0) axis += rank;
+  const Shape norm(s.begin() + axis, s.end());
+  const int64_t n = shape_numel(norm);
+  for (int i = 1; i <= 2; ++i)
+    if (info.has_input(i) && shape_numel(*info.input(i).shape) != n)
+      return std::string("Scale/B do not have the normalized shape");
+  *axis_out = int(axis);
+  return std::nullopt;
+}
+
+KernelDef layer_norm_def() {
+  KernelDef def;
+  def.op_type = "LayerNormalization";
+  def.since_version = 17;
+  def.claim = [](const KernelBuildInfo& info) {
+    int axis = 0;
+    if (auto r = layer_norm_check(info, &axis)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    int axis = 0;
+    if (auto r = layer_norm_check(info, &axis)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<LayerNormKernel>(*info.input(0).shape, axis, info.node.attr_float("epsilon", 1e-5f),
+                                             info.has_input(2));
+  };
+  return def;
+}
+
+// ReduceSum/ReduceMean whose reduced axes form one block at the end (row sums) or the
+// start (column sums) of the shape, after size-1 dims are ignored.
+struct ReducePlan {
+  Shape y;
+  int64_t rows = 1, n = 1;
+  bool columns = false;
+  float mul = 1.f;
+};
+
+std::optional<std::string> reduce_plan(const KernelBuildInfo& info, bool mean, ReducePlan* p) {
+  const Node& node = info.node;
+  if (node.outputs.size() != 1) return std::string("expects one output");
+  if (auto r = need_f32(info, 0)) return r;
+  if (auto r = need_static(info, 0)) return r;
+  const Shape& s = *info.input(0).shape;
+  const int rank = int(s.size());
+  const bool axes_input = mean ? info.opset >= 18 : info.opset >= 13;
+  Shape axes;
+  if (axes_input) {
+    if (info.has_input(1)) {
+      const Tensor* t = info.input(1).constant;
+      if (!t) return std::string("axes input is not a constant");
+      if (t->dtype() != DType::i64) return std::string("axes are not int64");
+      axes.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+    }
+  } else {
+    axes = node.attr_ints("axes");
+  }
+  const bool keepdims = node.attr_int("keepdims", 1) != 0;
+  if (axes.empty()) {
+    if (axes_input && node.attr_int("noop_with_empty_axes", 0) != 0) return std::string("noop_with_empty_axes");
+    for (int d = 0; d < rank; ++d) axes.push_back(d);
+  }
+  std::vector<bool> reduced(size_t(rank), false);
+  for (int64_t a : axes) {
+    if (a < -rank || a >= rank) return std::string("axis out of range");
+    const int64_t d = a < 0 ? a + rank : a;
+    if (reduced[size_t(d)]) return std::string("repeated axis");
+    reduced[size_t(d)] = true;
+  }
+  for (int64_t v : s)
+    if (v == 0) return std::string("empty input");
+  // The pattern of kept (K) and reduced (R) dims, size-1 dims left out: K*R* or R*K*.
+  std::string pattern;
+  for (int d = 0; d < rank; ++d)
+    if (s[size_t(d)] != 1) pattern += reduced[size_t(d)] ? 'R' : 'K';
+  const size_t first_r = pattern.find('R'), last_k = pattern.rfind('K');
+  const bool trailing = first_r == std::string::npos || last_k == std::string::npos || last_k < first_r;
+  const size_t first_k = pattern.find('K'), last_r = pattern.rfind('R');
+  const bool leading = !trailing && last_r < first_k;
+  if (!trailing && !leading) return std::string("reduced axes are not one block at either end");
+  int64_t kept = 1, red = 1;
+  for (int d = 0; d < rank; ++d) {
+    (reduced[size_t(d)] ? red : kept) *= s[size_t(d)];
+    if (!reduced[size_t(d)]) p->y.push_back(s[size_t(d)]);
+    else if (keepdims) p->y.push_back(1);
+  }
+  p->columns = leading;
+  p->rows = leading ? red : kept;
+  p->n = leading ? kept : red;
+  p->mul = mean ? float(1.0 / double(red)) : 1.f;
+  return std::nullopt;
+}
+
+class ReduceKernel final : public OpKernel {
+ public:
+  explicit ReduceKernel(ReducePlan p) : p_(std::move(p)) {}
+  void compute(KernelContext& ctx) const override {
+    const float* x = ctx.required_input(0).data<float>();
+    Tensor& y = ctx.output(0, DType::f32, p_.y);
+    float* py = y.data<float>();
+    if (p_.columns) {
+      // Split the kept columns across threads; each walks every row of its slice.
+      parallel_items(ctx, p_.n, p_.rows, [&](int64_t b, int64_t e) {
+        column_sum_any_offset(x, py, b, e);
+      });
+    } else {
+      parallel_items(ctx, p_.rows, p_.n, [&](int64_t b, int64_t e) {
+        row_reduce_any(x + b * p_.n, py + b, e - b, p_.n, p_.mul);
+      });
+    }
+  }
+
+ private:
+  // Columns [b, e) of a rows x n matrix, 256 at a time so the sums stay in registers/L1.
+  void column_sum_any_offset(const float* x, float* y, int64_t b, int64_t e) const {
+    for (int64_t j0 = b; j0 < e; j0 += 256) {
+      const int64_t j1 = std::min(e, j0 + 256);
+      column_sum_strided(x + j0, y + j0, j1 - j0);
+    }
+  }
+  void column_sum_strided(const float* x, float* y, int64_t width) const {
+    // column_sum over a window of `width` columns of rows spaced p_.n apart.
+    float buf[256];
+    std::fill(buf, buf + width, 0.f);
+    for (int64_t r = 0; r < p_.rows; ++r) {
+      const float* xr = x + r * p_.n;
+      for (int64_t j = 0; j < width; ++j) buf[j] += xr[j];
+    }
+    for (int64_t j = 0; j < width; ++j) y[j] = buf[j] * p_.mul;
+  }
+  ReducePlan p_;
+};
+
+KernelDef reduce_def(const std::string& op, bool mean) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = 1;
+  def.claim = [mean](const KernelBuildInfo& info) {
+    ReducePlan p;
+    if (auto r = reduce_plan(info, mean, &p)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [mean](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ReducePlan p;
+    if (auto r = reduce_plan(info, mean, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<ReduceKernel>(std::move(p));
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_elementwise_kernels(KernelRegistry& r) {
+  r.add(unary_def("Relu", 6, Unary::relu));
+  r.add(unary_def("LeakyRelu", 6, Unary::leaky_relu));
+  r.add(unary_def("Sigmoid", 6, Unary::sigmoid));
+  r.add(unary_def("Tanh", 6, Unary::tanh));
+  r.add(unary_def("Erf", 9, Unary::erf));
+  r.add(unary_def("Gelu", 20, Unary::gelu));
+  r.add(unary_def("HardSwish", 14, Unary::hard_swish));
+  r.add(unary_def("HardSigmoid", 6, Unary::hard_sigmoid));
+  r.add(unary_def("Exp", 6, Unary::exp));
+  r.add(unary_def("Neg", 6, Unary::neg));
+  r.add(unary_def("Abs", 6, Unary::abs));
+  r.add(binary_def("Add", Binary::add));
+  r.add(binary_def("Sub", Binary::sub));
+  r.add(binary_def("Mul", Binary::mul));
+  r.add(binary_def("Div", Binary::div));
+  r.add(softmax_def("Softmax", false));
+  r.add(softmax_def("LogSoftmax", true));
+  r.add(layer_norm_def());
+  r.add(reduce_def("ReduceSum", false));
+  r.add(reduce_def("ReduceMean", true));
+}
+
+}  // namespace slim::cpu

@@ -1,0 +1,147 @@
+// Vector math for the cpu provider's own kernels. Each loop is written once over GCC
+// vector types of W floats and instantiated three times: AVX-512 (W=16) and AVX2+FMA
+// (W=8) inside functions compiled for those targets, chosen at run time by what the CPU
+// supports, and a scalar fallback with the std:: functions. The approximations (exp,
+// erf) are accurate to a few float ulps relative to ref's double results.
+#pragma once
+
+// The vector helpers are always inlined into functions compiled for their target, so the
+// ABI of an out-of-line vector return never matters.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace slim::cpu {
+
+enum class Isa { scalar, avx2, avx512 };
+
+// The widest instruction set this CPU runs (SLIM_CPU_ISA=scalar|avx2 lowers it, so the
+// fallbacks can be tested on any machine).
+Isa detected_isa();
+
+template <int W>
+struct Vec {
+  typedef float F __attribute__((vector_size(W * 4)));
+  typedef int32_t I __attribute__((vector_size(W * 4)));
+};
+
+#define SLIM_INLINE inline __attribute__((always_inline))
+
+template <int W>
+SLIM_INLINE typename Vec<W>::F load(const float* p) {
+  typename Vec<W>::F v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int W>
+SLIM_INLINE void store(float* p, typename Vec<W>::F v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <int W>
+SLIM_INLINE typename Vec<W>::F splat(float x) {
+  typename Vec<W>::F v;
+  for (int i = 0; i < W; ++i) v[i] = x;
+  return v;
+}
+template <int W>
+SLIM_INLINE typename Vec<W>::F vmax(typename Vec<W>::F a, typename Vec<W>::F b) {
+  return a > b ? a : b;
+}
+template <int W>
+SLIM_INLINE typename Vec<W>::F vmin(typename Vec<W>::F a, typename Vec<W>::F b) {
+  return a < b ? a : b;
+}
+
+// exp(x): x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 Taylor polynomial
+// (truncation error < 2e-8 relative), 2^n built in the exponent bits. Inputs are clamped
+// to the finite float range, so overflow gives inf-like huge values without NaN.
+template <int W>
+SLIM_INLINE typename Vec<W>::F vexp(typename Vec<W>::F x) {
+  using F = typename Vec<W>::F;
+  using I = typename Vec<W>::I;
+  const F x_in = x;
+  x = vmin<W>(vmax<W>(x, splat<W>(-87.3f)), splat<W>(88.7f));
+  const F magic = splat<W>(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  F t = x * splat<W>(1.44269504088896341f) + magic;
+  const F n = t - magic;
+  // Two-part ln2 keeps r accurate (the high part times n is exact).
+  F r = x - n * splat<W>(0.693359375f);
+  r = r + n * splat<W>(2.12194440e-4f);
+  F p = splat<W>(1.f / 720.f);
+  p = p * r + splat<W>(1.f / 120.f);
+  p = p * r + splat<W>(1.f / 24.f);
+  p = p * r + splat<W>(1.f / 6.f);
+  p = p * r + splat<W>(0.5f);
+  p = p * r + splat<W>(1.f);
+  p = p * r + splat<W>(1.f);
+  const I ni = __builtin_convertvector(n, I);
+  // n can reach 128 at the top of the range: split 2^n as 2^(n/2) * 2^(n - n/2).
+  const I h = ni >> 1;
+  const I e1 = (h + 127) << 23, e2 = (ni - h + 127) << 23;
+  F s1, s2;
+  std::memcpy(&s1, &e1, sizeof s1);
+  std::memcpy(&s2, &e2, sizeof s2);
+  F r2 = p * s1 * s2;
+  // Beyond the clamp: overflow to inf and underflow to 0, as std::exp does; NaN stays NaN.
+  r2 = x_in > splat<W>(88.72283f) ? splat<W>(INFINITY) : r2;
+  r2 = x_in < splat<W>(-87.3f) ? splat<W>(0.f) : r2;
+  return x_in != x_in ? x_in : r2;
+}
+
+template <int W>
+SLIM_INLINE typename Vec<W>::F vsigmoid(typename Vec<W>::F x) {
+  // exp of -|x| never overflows; the other half follows from sigmoid(-x) = 1 - sigmoid(x)
+  // written as e / (1 + e), which keeps relative accuracy for large negative x.
+  using F = typename Vec<W>::F;
+  const F ax = x < splat<W>(0.f) ? -x : x;
+  const F e = vexp<W>(-ax);
+  const F one = splat<W>(1.f);
+  const F pos = one / (one + e);
+  return x >= splat<W>(0.f) ? pos : e * pos;
+}
+
+template <int W>
+SLIM_INLINE typename Vec<W>::F vtanh(typename Vec<W>::F x) {
+  using F = typename Vec<W>::F;
+  const F ax = x < splat<W>(0.f) ? -x : x;
+  // Large |x|: 1 - 2 / (exp(2|x|) + 1). Small |x|: odd Taylor series (exp would cancel).
+  const F e = vexp<W>(splat<W>(-2.f) * ax);
+  F big = (splat<W>(1.f) - e) / (splat<W>(1.f) + e);
+  const F x2 = ax * ax;
+  F p = splat<W>(-17.f / 315.f);
+  p = p * x2 + splat<W>(2.f / 15.f);
+  p = p * x2 + splat<W>(-1.f / 3.f);
+  p = p * x2 + splat<W>(1.f);
+  F small = p * ax;
+  F r = ax < splat<W>(0.125f) ? small : big;
+  return x < splat<W>(0.f) ? -r : r;
+}
+
+// erf: Taylor series below 0.5, above that 1 - poly(t) exp(-x^2) with
+// t = 1 / (1 + p x) (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7).
+template <int W>
+SLIM_INLINE typename Vec<W>::F verf(typename Vec<W>::F x) {
+  using F = typename Vec<W>::F;
+  const F ax = x < splat<W>(0.f) ? -x : x;
+  const F x2 = ax * ax;
+  F s = splat<W>(-1.f / 1320.f);
+  s = s * x2 + splat<W>(1.f / 216.f);
+  s = s * x2 + splat<W>(-1.f / 42.f);
+  s = s * x2 + splat<W>(1.f / 10.f);
+  s = s * x2 + splat<W>(-1.f / 3.f);
+  s = s * x2 + splat<W>(1.f);
+  const F small = s * ax * splat<W>(1.12837916709551257f);
+  const F t = splat<W>(1.f) / (splat<W>(1.f) + splat<W>(0.3275911f) * ax);
+  F p = splat<W>(1.061405429f);
+  p = p * t + splat<W>(-1.453152027f);
+  p = p * t + splat<W>(1.421413741f);
+  p = p * t + splat<W>(-0.284496736f);
+  p = p * t + splat<W>(0.254829592f);
+  const F big = splat<W>(1.f) - p * t * vexp<W>(-x2);
+  F r = ax < splat<W>(0.5f) ? small : big;
+  return x < splat<W>(0.f) ? -r : r;
+}
+
+}  // namespace slim::cpu

@@ -1,0 +1,397 @@
+// The cpu provider's data-movement kernels: Transpose, Concat, Slice (opset 10+) and
+// Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
+// from static shapes; the copies run as contiguous runs (memcpy) where the layout allows
+// and are split over slim's thread pool when large.
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/cpu/cpu_common.h"
+
+namespace slim::cpu {
+namespace {
+
+constexpr int64_t kCopyGrain = 1 << 16;  // bytes per task worth a thread hand-off
+
+template <typename Fn>
+void parallel_rows(const KernelContext& ctx, int64_t rows, int64_t row_bytes, Fn&& fn) {
+  if (rows < 2 || rows * row_bytes < 2 * kCopyGrain || ctx.pool().num_threads() == 1) {
+    fn(int64_t(0), rows);
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kCopyGrain / std::max<int64_t>(row_bytes, 1));
+  ctx.pool().parallel_for(rows, [&](int64_t b, int64_t e) { fn(b, e); }, grain);
+}
+
+std::optional<std::string> need_static_dtype(const KernelBuildInfo& info, int i) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return "input " + std::to_string(i) + " is missing";
+  if (!in.dtype) return "dtype of input " + std::to_string(i) + " is unknown";
+  if (!in.shape) return "shape of input " + std::to_string(i) + " is dynamic";
+  return std::nullopt;
+}
+
+// A strided gather of elements: out[o] = in[offset(o)], walked as `outer` rows of
+// `inner` elements each, where the input advances by `in_inner_stride` inside a row.
+struct StridedCopy {
+  Shape out_shape;     // output shape (the result)
+  Shape dims;          // outer dims (over rows)
+  Shape in_strides;    // input element strides of those dims
+  int64_t base = 0;    // input element offset of the first output element
+  int64_t inner = 1;   // elements per row
+  int64_t inner_stride = 1;
+  size_t elem = 4;
+  int64_t rows() const { return shape_numel(dims); }
+
+  void run(const KernelContext& ctx, const char* in, char* out) const {
+    const int64_t n_rows = rows();
+    parallel_rows(ctx, n_rows, inner * int64_t(elem), [&](int64_t b, int64_t e) {
+      Shape idx(dims.size(), 0);
+      int64_t off = base, r = b;
+      for (size_t d = dims.size(); d-- > 0;) {
+        idx[d] = r % dims[d];
+        r /= dims[d];
+        off += idx[d] * in_strides[d];
+      }
+      for (int64_t row = b; row < e; ++row) {
+        char* dst = out + row * inner * int64_t(elem);
+        const char* src = in + off * int64_t(elem);
+        if (inner_stride == 1) {
+          std::memcpy(dst, src, size_t(inner) * elem);
+        } else {
+          copy_strided(dst, src);
+        }
+        for (size_t d = dims.size(); d-- > 0;) {
+          off += in_strides[d];
+          if (++idx[d] < dims[d]) break;
+          off -= idx[d] * in_strides[d];
+          idx[d] = 0;
+        }
+      }
+    });
+  }
+
+ private:
+  template <typename T>
+  void copy_as(char* dst, const char* src) const {
+    T* d = reinterpret_cast<T*>(dst);
+    const T* s = reinterpret_cast<const T*>(src);
+    for (int64_t i = 0; i < inner; ++i) d[i] = s[i * inner_stride];
+  }
+  void copy_strided(char* dst, const char* src) const {
+    switch (elem) {
+      case 1: return copy_as<uint8_t>(dst, src);
+      case 2: return copy_as<uint16_t>(dst, src);
+      case 4: return copy_as<uint32_t>(dst, src);
+      case 8: return copy_as<uint64_t>(dst, src);
+      default:
+        for (int64_t i = 0; i < inner; ++i) std::memcpy(dst + i * int64_t(elem), src + i * inner_stride * int64_t(elem), elem);
+    }
+  }
+};
+
+// Output dims (shape) with input strides; size-1 dims dropped, mergeable neighbours
+// merged, the last one becoming the row.
+StridedCopy make_copy(const Shape& out_shape, const Shape& dims, const Shape& strides, int64_t base, size_t elem) {
+  StridedCopy c;
+  c.out_shape = out_shape;
+  c.base = base;
+  c.elem = elem;
+  Shape d2, s2;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == 1) continue;
+    if (!d2.empty() && s2.back() == strides[i] * dims[i]) {
+      d2.back() *= dims[i];
+      s2.back() = strides[i];
+      continue;
+    }
+    d2.push_back(dims[i]);
+    s2.push_back(strides[i]);
+  }
+  if (!d2.empty()) {
+    c.inner = d2.back();
+    c.inner_stride = s2.back();
+    d2.pop_back();
+    s2.pop_back();
+  }
+  c.dims = d2;
+  c.in_strides = s2;
+  return c;
+}
+
+class CopyKernel final : public OpKernel {
+ public:
+  explicit CopyKernel(StridedCopy c) : c_(std::move(c)) {}
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    Tensor& y = ctx.output(0, x.dtype(), c_.out_shape);
+    if (y.numel() == 0) return;
+    c_.run(ctx, static_cast<const char*>(x.raw_data()), static_cast<char*>(y.raw_data()));
+  }
+
+ private:
+  StridedCopy c_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Transpose
+
+std::optional<std::string> transpose_plan(const KernelBuildInfo& info, StridedCopy* out) {
+  if (auto r = need_static_dtype(info, 0)) return r;
+  const Shape& s = *info.input(0).shape;
+  const int rank = int(s.size());
+  Shape perm = info.node.attr_ints("perm");
+  if (perm.empty())
+    for (int d = rank - 1; d >= 0; --d) perm.push_back(d);
+  if (int(perm.size()) != rank) return std::string("perm does not match the rank");
+  std::vector<bool> seen(size_t(rank), false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= rank || seen[size_t(p)]) return std::string("perm is not a permutation");
+    seen[size_t(p)] = true;
+  }
+  const Shape strides = contiguous_strides(s);
+  Shape y, st;
+  for (int64_t p : perm) {
+    y.push_back(s[size_t(p)]);
+    st.push_back(strides[size_t(p)]);
+  }
+  *out = make_copy(y, y, st, 0, dtype_size(*info.input(0).dtype));
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------
+// Slice (inputs form, opset 10+)
+
+std::optional<std::string> slice_plan(const KernelBuildInfo& info, StridedCopy* out) {
+  if (auto r = need_static_dtype(info, 0)) return r;
+  const Shape& s = *info.input(0).shape;
+  const int rank = int(s.size());
+  auto ints = [&](int i, Shape* v) -> std::optional<std::string> {
+    if (!info.has_input(i)) return std::nullopt;
+    const Tensor* t = info.input(i).constant;
+    if (!t) return "input " + std::to_string(i) + " is not a constant";
+    if (t->rank() != 1) return "input " + std::to_string(i) + " is not a vector";
+    if (t->dtype() == DType::i64) v->assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+    else if (t->dtype() == DType::i32) v->assign(t->data<int32_t>(), t->data<int32_t>() + t->numel());
+    else return "input " + std::to_string(i) + " is not int32/int64";
+    return std::nullopt;
+  };
+  Shape starts, ends, axes, steps;
+  if (!info.has_input(1) || !info.has_input(2)) return std::string("missing starts/ends");
+  for (auto [i, v] : {std::pair{1, &starts}, {2, &ends}, {3, &axes}, {4, &steps}})
+    if (auto r = ints(i, v)) return r;
+  if (axes.empty())
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(int64_t(i));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    return std::string("starts/ends/axes/steps differ in length");
+  Shape begin(size_t(rank), 0), step(size_t(rank), 1), y = s;
+  std::vector<bool> seen(size_t(rank), false);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    int64_t a = axes[i];
+    if (a < -rank || a >= rank) return std::string("axis out of range");
+    if (a < 0) a += rank;
+    if (seen[size_t(a)]) return std::string("repeated axis");
+    seen[size_t(a)] = true;
+    const int64_t dim = s[size_t(a)], st = steps[i];
+    if (st == 0) return std::string("zero step");
+    int64_t b = starts[i], e = ends[i];
+    if (b < 0) b += dim;
+    if (e < 0) e += dim;
+    int64_t count = 0;
+    if (st > 0) {
+      b = std::clamp<int64_t>(b, 0, dim);
+      e = std::clamp<int64_t>(e, 0, dim);
+      count = e > b ? (e - b + st - 1) / st : 0;
+    } else {
+      b = std::clamp<int64_t>(b, 0, dim - 1);
+      e = std::clamp<int64_t>(e, -1, dim - 1);
+      count = b > e ? (b - e + (-st) - 1) / (-st) : 0;
+    }
+    begin[size_t(a)] = b;
+    step[size_t(a)] = st;
+    y[size_t(a)] = count;
+  }
+  const Shape strides = contiguous_strides(s);
+  Shape st(static_cast<size_t>(rank), 0);
+  int64_t base = 0;
+  for (int d = 0; d < rank; ++d) {
+    st[size_t(d)] = strides[size_t(d)] * step[size_t(d)];
+    if (y[size_t(d)] > 0) base += begin[size_t(d)] * strides[size_t(d)];
+  }
+  *out = make_copy(y, y, st, base, dtype_size(*info.input(0).dtype));
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------
+// Concat
+
+struct ConcatPlan {
+  Shape y;
+  int64_t outer = 1;
+  std::vector<int64_t> chunk_bytes;  // per input: bytes of one outer row
+  int64_t row_bytes = 0;
+};
+
+std::optional<std::string> concat_plan(const KernelBuildInfo& info, ConcatPlan* p) {
+  if (info.inputs.empty()) return std::string("no inputs");
+  for (int i = 0; i < int(info.inputs.size()); ++i)
+    if (auto r = need_static_dtype(info, i)) return r;
+  const DType dt = *info.input(0).dtype;
+  const Shape& s0 = *info.input(0).shape;
+  const int rank = int(s0.size());
+  if (rank == 0) return std::string("scalar inputs");
+  int64_t axis = info.node.attr_int("axis", 1);
+  if (axis < -rank || axis >= rank) return std::string("axis out of range");
+  if (axis < 0) axis += rank;
+  p->y = s0;
+  p->y[size_t(axis)] = 0;
+  for (int d = 0; d < axis; ++d) p->outer *= s0[size_t(d)];
+  for (int i = 0; i < int(info.inputs.size()); ++i) {
+    const Shape& s = *info.input(i).shape;
+    if (*info.input(i).dtype != dt) return std::string("inputs differ in dtype");
+    if (int(s.size()) != rank) return std::string("inputs differ in rank");
+    for (int d = 0; d < rank; ++d)
+      if (d != axis && s[size_t(d)] != s0[size_t(d)]) return std::string("inputs differ outside the axis");
+    p->y[size_t(axis)] += s[size_t(axis)];
+    int64_t inner = 1;
+    for (int d = int(axis); d < rank; ++d) inner *= s[size_t(d)];
+    p->chunk_bytes.push_back(inner * int64_t(dtype_size(dt)));
+    p->row_bytes += p->chunk_bytes.back();
+  }
+  return std::nullopt;
+}
+
+class ConcatKernel final : public OpKernel {
+ public:
+  ConcatKernel(ConcatPlan p, DType dt) : p_(std::move(p)), dt_(dt) {}
+  void compute(KernelContext& ctx) const override {
+    Tensor& y = ctx.output(0, dt_, p_.y);
+    if (y.numel() == 0) return;
+    std::vector<const char*> src(p_.chunk_bytes.size());
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<const char*>(ctx.required_input(int(i)).raw_data());
+    char* out = static_cast<char*>(y.raw_data());
+    parallel_rows(ctx, p_.outer, p_.row_bytes, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        char* dst = out + r * p_.row_bytes;
+        for (size_t i = 0; i < src.size(); ++i) {
+          std::memcpy(dst, src[i] + r * p_.chunk_bytes[i], size_t(p_.chunk_bytes[i]));
+          dst += p_.chunk_bytes[i];
+        }
+      }
+    });
+  }
+
+ private:
+  ConcatPlan p_;
+  DType dt_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Gather
+
+struct GatherPlan {
+  Shape y;
+  int64_t outer = 1, axis_dim = 1, n_idx = 1, inner_bytes = 0;
+  DType dt = DType::f32;
+};
+
+std::optional<std::string> gather_plan(const KernelBuildInfo& info, GatherPlan* p) {
+  if (auto r = need_static_dtype(info, 0)) return r;
+  if (auto r = need_static_dtype(info, 1)) return r;
+  const DType it = *info.input(1).dtype;
+  if (it != DType::i64 && it != DType::i32) return std::string("indices are not int32/int64");
+  const Shape& s = *info.input(0).shape;
+  const Shape& is = *info.input(1).shape;
+  const int rank = int(s.size());
+  if (rank == 0) return std::string("scalar data");
+  int64_t axis = info.node.attr_int("axis", 0);
+  if (axis < -rank || axis >= rank) return std::string("axis out of range");
+  if (axis < 0) axis += rank;
+  p->dt = *info.input(0).dtype;
+  p->axis_dim = s[size_t(axis)];
+  p->n_idx = shape_numel(is);
+  int64_t inner = 1;
+  for (int d = 0; d < rank; ++d) {
+    if (d < axis) p->outer *= s[size_t(d)];
+    if (d > axis) inner *= s[size_t(d)];
+  }
+  p->inner_bytes = inner * int64_t(dtype_size(p->dt));
+  p->y.assign(s.begin(), s.begin() + axis);
+  p->y.insert(p->y.end(), is.begin(), is.end());
+  p->y.insert(p->y.end(), s.begin() + axis + 1, s.end());
+  return std::nullopt;
+}
+
+class GatherKernel final : public OpKernel {
+ public:
+  explicit GatherKernel(GatherPlan p) : p_(std::move(p)) { scratch_.resize(size_t(p_.n_idx)); }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& data = ctx.required_input(0);
+    const Tensor& indices = ctx.required_input(1);
+    Tensor& y = ctx.output(0, p_.dt, p_.y);
+    if (y.numel() == 0) return;
+    // Indices are checked (and negative ones resolved) once, before any copy.
+    std::vector<int64_t>& idx = scratch_;
+    idx.resize(size_t(p_.n_idx));
+    for (int64_t i = 0; i < p_.n_idx; ++i) {
+      int64_t v = indices.dtype() == DType::i64 ? indices.data<int64_t>()[i] : indices.data<int32_t>()[i];
+      if (v < -p_.axis_dim || v >= p_.axis_dim)
+        ctx.fail(ErrorCode::invalid_argument, "index " + std::to_string(v) + " is out of range for an axis of size " +
+                                                  std::to_string(p_.axis_dim));
+      idx[size_t(i)] = v < 0 ? v + p_.axis_dim : v;
+    }
+    const char* src = static_cast<const char*>(data.raw_data());
+    char* out = static_cast<char*>(y.raw_data());
+    const int64_t rows = p_.outer * p_.n_idx;
+    parallel_rows(ctx, rows, p_.inner_bytes, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t o = r / p_.n_idx, i = r % p_.n_idx;
+        std::memcpy(out + r * p_.inner_bytes, src + (o * p_.axis_dim + idx[size_t(i)]) * p_.inner_bytes,
+                    size_t(p_.inner_bytes));
+      }
+    });
+  }
+
+ private:
+  GatherPlan p_;
+  // Resolved indices, sized at compile time; runs of a session are serialized.
+  mutable std::vector<int64_t> scratch_;
+};
+
+template <typename Plan, typename PlanFn, typename MakeFn>
+KernelDef plan_def(const std::string& op, int64_t since, PlanFn plan, MakeFn make) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = since;
+  def.claim = [plan](const KernelBuildInfo& info) {
+    Plan p;
+    if (info.node.outputs.size() != 1) return Claim::no("expects one output");
+    if (auto r = plan(info, &p)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [plan, make](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    Plan p;
+    if (auto r = plan(info, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return make(std::move(p), info);
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_tensor_kernels(KernelRegistry& r) {
+  auto copy = [](StridedCopy c, const KernelBuildInfo&) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<CopyKernel>(std::move(c));
+  };
+  r.add(plan_def<StridedCopy>("Transpose", 1, transpose_plan, copy));
+  r.add(plan_def<StridedCopy>("Slice", 10, slice_plan, copy));
+  r.add(plan_def<ConcatPlan>("Concat", 4, concat_plan, [](ConcatPlan p, const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    const DType dt = *info.input(0).dtype;
+    return std::make_unique<ConcatKernel>(std::move(p), dt);
+  }));
+  r.add(plan_def<GatherPlan>("Gather", 1, gather_plan, [](GatherPlan p, const KernelBuildInfo&) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<GatherKernel>(std::move(p));
+  }));
+}
+
+}  // namespace slim::cpu

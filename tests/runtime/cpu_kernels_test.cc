@@ -1,0 +1,264 @@
+// The cpu provider's own kernels (elementwise, activations, Softmax, LayerNormalization,
+// reductions, Transpose/Concat/Slice/Gather) against ref, on every instruction set this
+// machine has (AVX-512, AVX2, scalar), with odd sizes that leave vector tails.
+#include <gtest/gtest.h>
+
+#include "runtime/cpu_test_util.h"
+#include "slim/runtime/provider.h"
+
+namespace slim {
+namespace {
+
+using cpu_test::expect_matches_ref;
+using cpu_test::random_f32;
+using testing::attr_float;
+using testing::attr_int;
+using testing::attr_ints;
+using testing::attr_string;
+using testing::ModelBuilder;
+
+std::vector<testing::DimSpec> spec(const Shape& s) {
+  std::vector<testing::DimSpec> out;
+  for (int64_t d : s) out.emplace_back(d);
+  return out;
+}
+
+// Runs `body` once per instruction set the CPU supports, restoring the best one after.
+void for_each_isa(const std::function<void()>& body) {
+  const std::string best = cpu_isa();
+  for (const char* isa : {"avx512", "avx2", "scalar"}) {
+    if (!limit_cpu_isa(isa)) continue;
+    SCOPED_TRACE(std::string("isa ") + isa);
+    body();
+  }
+  limit_cpu_isa(best);
+}
+
+TEST(CpuKernels, IsaCanBeLoweredButNotRaised) {
+  const std::string best = cpu_isa();
+  EXPECT_TRUE(limit_cpu_isa("scalar"));
+  EXPECT_EQ(cpu_isa(), "scalar");
+  EXPECT_FALSE(limit_cpu_isa("sse9"));
+  EXPECT_TRUE(limit_cpu_isa(best));
+  EXPECT_EQ(cpu_isa(), best);
+}
+
+TEST(CpuKernels, ActivationsMatchRef) {
+  struct Case {
+    std::string op;
+    int64_t opset;
+    std::string attr;
+    float value;
+  };
+  const std::vector<Case> cases = {
+      {"Relu", 14, "", 0},      {"LeakyRelu", 16, "alpha", 0.07f}, {"Sigmoid", 13, "", 0},
+      {"Tanh", 13, "", 0},      {"Erf", 13, "", 0},                {"Gelu", 20, "", 0},
+      {"HardSwish", 14, "", 0}, {"HardSigmoid", 6, "alpha", 0.3f}, {"Exp", 13, "", 0},
+      {"Neg", 13, "", 0},       {"Abs", 13, "", 0},
+  };
+  for_each_isa([&] {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.op);
+      // Wide range (exp saturation, erf tails) and a tail of 5 after the vectors.
+      for (float range : {0.3f, 4.f, 30.f}) {
+        ModelBuilder b(c.opset);
+        b.input("x", DType::f32, spec({3, 71})).output("y");
+        Node& n = b.node(c.op, {"x"}, {"y"}, "act");
+        if (!c.attr.empty()) n.attrs[c.attr] = attr_float(c.value);
+        Tensor x = random_f32({3, 71}, 5, -range, range);
+        x.data<float>()[7] = 0.f;
+        x.data<float>()[8] = -0.f;
+        expect_matches_ref(b.build(), {{"x", x}}, "act", "cpu", 2e-6, 2e-5);
+      }
+    }
+    ModelBuilder g(20);
+    g.input("x", DType::f32, spec({1000})).output("y");
+    g.node("Gelu", {"x"}, {"y"}, "act").attrs["approximate"] = attr_string("tanh");
+    expect_matches_ref(g.build(), {{"x", random_f32({1000}, 9, -6, 6)}}, "act", "cpu", 2e-6, 2e-5);
+  });
+}
+
+TEST(CpuKernels, ActivationsKeepNaNAndInfinities) {
+  for_each_isa([&] {
+    for (const char* op : {"Sigmoid", "Tanh", "Erf", "Exp", "Relu"}) {
+      SCOPED_TRACE(op);
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({20})).output("y");
+      b.node(op, {"x"}, {"y"}, "act");
+      Tensor x = random_f32({20}, 3, -2, 2);
+      x.data<float>()[1] = NAN;
+      x.data<float>()[17] = INFINITY;
+      x.data<float>()[18] = -INFINITY;
+      expect_matches_ref(b.build(), {{"x", x}}, "act", "cpu", 2e-6, 2e-5);
+    }
+  });
+}
+
+TEST(CpuKernels, BinaryOpsBroadcastLikeNumpy) {
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{37}, {37}},          {{4, 37}, {37}},          {{4, 1, 5}, {3, 1}},       {{2, 3, 4, 5}, {3, 1, 1}},
+      {{1}, {7, 9}},         {{7, 1}, {1, 9}},         {{2, 1, 3, 1}, {1, 4, 1, 5}}, {{}, {5, 3}},
+      {{6, 40000}, {40000}}, {{3, 70000}, {3, 1}},
+  };
+  for_each_isa([&] {
+    for (const char* op : {"Add", "Sub", "Mul", "Div"}) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        SCOPED_TRACE(std::string(op) + " case " + std::to_string(i));
+        ModelBuilder b;
+        b.input("a", DType::f32, spec(shapes[i].first)).input("b", DType::f32, spec(shapes[i].second)).output("y");
+        b.node(op, {"a", "b"}, {"y"}, "bin");
+        const TensorMap in{{"a", random_f32(shapes[i].first, 1 + i, 0.5f, 2.f)},
+                           {"b", random_f32(shapes[i].second, 2 + i, 0.5f, 2.f)}};
+        // The arithmetic is exact in float: cpu and ref agree bit for bit.
+        expect_matches_ref(b.build(), in, "bin", "cpu", 0, 0);
+      }
+    }
+  });
+}
+
+TEST(CpuKernels, SoftmaxLogSoftmaxLayerNorm) {
+  for_each_isa([&] {
+    for (const char* op : {"Softmax", "LogSoftmax"}) {
+      SCOPED_TRACE(op);
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({5, 3, 37})).output("y");
+      b.node(op, {"x"}, {"y"}, "sm");
+      Tensor x = random_f32({5, 3, 37}, 4, -20, 20);
+      x.data<float>()[3] = -INFINITY;  // a masked position
+      expect_matches_ref(b.build(), {{"x", x}}, "sm", "cpu", 1e-6, 1e-5);
+
+      ModelBuilder old(11);  // opset < 13: rows are the 2-D coercion at axis 1
+      old.input("x", DType::f32, spec({5, 3, 37})).output("y");
+      old.node(op, {"x"}, {"y"}, "sm");
+      expect_matches_ref(old.build(), {{"x", random_f32({5, 3, 37}, 5, -3, 3)}}, "sm", "cpu", 1e-6, 1e-5);
+    }
+    ModelBuilder nl(13);  // axis 1 of 3 at opset 13: not rows, ref runs it
+    nl.input("x", DType::f32, spec({2, 3, 4})).output("y");
+    nl.node("Softmax", {"x"}, {"y"}, "sm").attrs["axis"] = attr_int(1);
+    EXPECT_EQ(cpu_test::cpu_decline_reason(nl.build(), "sm"), "softmax over an axis other than the last");
+
+    for (bool bias : {true, false}) {
+      ModelBuilder b(17);
+      b.input("x", DType::f32, spec({4, 6, 45})).output("y");
+      b.initializer("s", random_f32({6, 45}, 6)).initializer("b", random_f32({6, 45}, 7));
+      std::vector<std::string> ins = {"x", "s"};
+      if (bias) ins.push_back("b");
+      Node& n = b.node("LayerNormalization", ins, {"y"}, "ln");
+      n.attrs["axis"] = attr_int(-2);
+      n.attrs["epsilon"] = attr_float(1e-3f);
+      expect_matches_ref(b.build(), {{"x", random_f32({4, 6, 45}, 8, -3, 5)}}, "ln", "cpu", 1e-5, 1e-4);
+    }
+  });
+}
+
+TEST(CpuKernels, ReduceSumAndMean) {
+  struct Case {
+    std::string op;
+    int64_t opset;
+    Shape x, axes;
+    int64_t keepdims;
+    std::string want;  // provider
+  };
+  const std::vector<Case> cases = {
+      {"ReduceMean", 13, {4, 5, 33}, {-1}, 1, "cpu"},    {"ReduceMean", 13, {4, 5, 33}, {1, 2}, 0, "cpu"},
+      {"ReduceMean", 13, {4, 5, 33}, {0}, 1, "cpu"},     {"ReduceSum", 13, {4, 1, 5, 33}, {0, 1}, 0, "cpu"},
+      {"ReduceSum", 13, {2, 7, 300}, {}, 1, "cpu"},      {"ReduceMean", 18, {6, 260}, {1}, 1, "cpu"},
+      {"ReduceSum", 11, {6, 7, 8}, {1}, 1, "ref"},       {"ReduceMean", 13, {2, 3, 4}, {0, 2}, 1, "ref"},
+      {"ReduceSum", 13, {300, 3}, {0}, 0, "cpu"},
+  };
+  for_each_isa([&] {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      SCOPED_TRACE(c.op + " case " + std::to_string(i));
+      ModelBuilder b(c.opset);
+      b.input("x", DType::f32, spec(c.x)).output("y");
+      const bool axes_input = c.op == "ReduceSum" ? c.opset >= 13 : c.opset >= 18;
+      std::vector<std::string> ins = {"x"};
+      if (axes_input && !c.axes.empty()) {
+        b.initializer("axes", Tensor::from_vector<int64_t>({int64_t(c.axes.size())}, c.axes));
+        ins.push_back("axes");
+      }
+      Node& n = b.node(c.op, ins, {"y"}, "red");
+      if (!axes_input && !c.axes.empty()) n.attrs["axes"] = attr_ints(c.axes);
+      n.attrs["keepdims"] = attr_int(c.keepdims);
+      expect_matches_ref(b.build(), {{"x", random_f32(c.x, 20 + i)}}, "red", c.want, 1e-5, 1e-4);
+    }
+  });
+}
+
+TEST(CpuKernels, TransposeConcatSliceGather) {
+  {
+    ModelBuilder b;
+    b.input("x", DType::f32, spec({2, 3, 5, 7})).output("y");
+    b.node("Transpose", {"x"}, {"y"}, "t").attrs["perm"] = attr_ints({0, 2, 3, 1});
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 3, 5, 7}, 1)}}, "t", "cpu", 0, 0);
+    ModelBuilder r;  // default perm reverses; int64 data moves as bytes
+    r.input("x", DType::i64, spec({3, 4, 2})).output("y");
+    r.node("Transpose", {"x"}, {"y"}, "t");
+    std::vector<int64_t> v(24);
+    for (int i = 0; i < 24; ++i) v[size_t(i)] = i * 7 - 30;
+    expect_matches_ref(r.build(), {{"x", Tensor::from_vector<int64_t>({3, 4, 2}, v)}}, "t", "cpu", 0, 0);
+  }
+  {
+    ModelBuilder b;
+    b.input("a", DType::f32, spec({2, 3, 4})).input("b", DType::f32, spec({2, 5, 4})).output("y");
+    b.initializer("c", random_f32({2, 1, 4}, 3));
+    b.node("Concat", {"a", "c", "b"}, {"y"}, "cat").attrs["axis"] = attr_int(-2);
+    expect_matches_ref(b.build(), {{"a", random_f32({2, 3, 4}, 1)}, {"b", random_f32({2, 5, 4}, 2)}}, "cat", "cpu", 0, 0);
+  }
+  {
+    struct Case {
+      std::vector<int64_t> starts, ends, axes, steps;
+    };
+    const std::vector<Case> cases = {
+        {{1, 0}, {3, 100}, {0, 2}, {}},          {{-1}, {-1000}, {1}, {-2}},
+        {{0, 2, 1}, {5, 7, 9}, {0, 1, 2}, {2, 3, 1}}, {{4}, {2}, {0}, {1}},
+        {{-3, 8}, {100, 0}, {-1, 1}, {1, -3}},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE("slice case " + std::to_string(i));
+      const Case& c = cases[i];
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({5, 7, 9})).output("y");
+      auto vec = [](const std::vector<int64_t>& v) { return Tensor::from_vector<int64_t>({int64_t(v.size())}, v); };
+      b.initializer("s", vec(c.starts)).initializer("e", vec(c.ends)).initializer("a", vec(c.axes));
+      std::vector<std::string> ins = {"x", "s", "e", "a"};
+      if (!c.steps.empty()) {
+        b.initializer("p", vec(c.steps));
+        ins.push_back("p");
+      }
+      b.node("Slice", ins, {"y"}, "sl");
+      expect_matches_ref(b.build(), {{"x", random_f32({5, 7, 9}, 30 + i)}}, "sl", "cpu", 0, 0);
+    }
+  }
+  {
+    ModelBuilder b;
+    b.input("x", DType::f32, spec({4, 6, 3})).input("i", DType::i64, spec({2, 3})).output("y");
+    b.node("Gather", {"x", "i"}, {"y"}, "g").attrs["axis"] = attr_int(1);
+    const Tensor idx = Tensor::from_vector<int64_t>({2, 3}, {0, 5, -1, 2, -6, 3});
+    expect_matches_ref(b.build(), {{"x", random_f32({4, 6, 3}, 40)}, {"i", idx}}, "g", "cpu", 0, 0);
+
+    SessionOptions o;
+    o.providers = {"cpu"};
+    auto s = Session::compile(b.build(), o);
+    ErrorCode code{};
+    const std::string msg = testing::error_of(
+        [&] { s->run({{"x", random_f32({4, 6, 3}, 41)}, {"i", Tensor::from_vector<int64_t>({2, 3}, {0, 1, 2, 6, 0, 0})}}); },
+        &code);
+    EXPECT_EQ(code, ErrorCode::invalid_argument);
+    EXPECT_NE(msg.find("Gather node 'g': index 6 is out of range for an axis of size 6"), std::string::npos) << msg;
+  }
+}
+
+TEST(CpuKernels, LargeTensorsSplitOverThreadsGiveTheSameResult) {
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec({64, 1031})).input("z", DType::f32, spec({1031})).output("y").output("s");
+  b.node("Add", {"x", "z"}, {"a"}, "add");
+  b.node("Sigmoid", {"a"}, {"y"}, "sig");
+  b.node("Softmax", {"a"}, {"s"}, "sm");
+  expect_matches_ref(b.build(), {{"x", random_f32({64, 1031}, 1)}, {"z", random_f32({1031}, 2)}}, "sig", "cpu", 2e-6,
+                     2e-5);
+}
+
+}  // namespace
+}  // namespace slim
