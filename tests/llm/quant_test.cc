@@ -167,19 +167,51 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
           const float a = dot_fn(*k, t)(n, wr, xc), b = dot_fn(ref, t)(n, wr, xc);
           EXPECT_NEAR(a, b, 1e-5 * (std::fabs(b) + 1.0)) << k->isa << " " << ggml_type_name(uint32_t(t)) << " n " << n;
         }
-      TileFn tile = t == GgmlType::q8_0 ? k->tile_q8_0 : t == GgmlType::q4_0 ? k->tile_q4_0 : nullptr;
+      TileFn tile = tile_fn(*k, t);
       if (!tile) continue;
-      // Tiles give exactly the single dot's result, whatever their shape.
+      // Tiles give the same bits for a (row, token) pair whatever their shape (so prefill
+      // and decode agree): exactly the single dot's result for the quantized types, and
+      // the scalar result within rounding for F16, whose summation order differs.
+      const int64_t wb = ggml_row_bytes(t, n), xb = act_row_bytes(at, n);
+      float y11[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 4; ++c) tile(n, w.data() + (r + 1) * wb, wb, 1, x.data() + (c + 1) * xb, xb, 1, &y11[r][c], 1);
       for (int nr = 1; nr <= 4; ++nr)
         for (int nt = 1; nt <= 4; ++nt) {
           float y[4 * 4];
-          tile(n, w.data() + ggml_row_bytes(t, n), ggml_row_bytes(t, n), nr, x.data() + act_row_bytes(at, n),
-               act_row_bytes(at, n), nt, y, 4);
+          tile(n, w.data() + wb, wb, nr, x.data() + xb, xb, nt, y, 4);
           for (int r = 0; r < nr; ++r)
-            for (int c = 0; c < nt; ++c)
-              EXPECT_EQ(y[c * 4 + r], dot_fn(*k, t)(n, w.data() + (r + 1) * ggml_row_bytes(t, n),
-                                                   x.data() + (c + 1) * act_row_bytes(at, n)))
-                  << k->isa << " tile " << nr << "x" << nt << " n " << n;
+            for (int c = 0; c < nt; ++c) {
+              const uint8_t* wr = w.data() + (r + 1) * wb;
+              const uint8_t* xc = x.data() + (c + 1) * xb;
+              EXPECT_EQ(y[c * 4 + r], y11[r][c]) << k->isa << " tile " << nr << "x" << nt << " n " << n;
+              if (t == GgmlType::f16) {
+                const float b = dot_fn(ref, t)(n, wr, xc);
+                EXPECT_NEAR(y[c * 4 + r], b, 1e-5 * (std::fabs(b) + 1.0)) << k->isa << " f16 tile, n " << n;
+              } else {
+                EXPECT_EQ(y[c * 4 + r], dot_fn(*k, t)(n, wr, xc)) << k->isa << " tile " << nr << "x" << nt << " n " << n;
+              }
+            }
+        }
+    }
+  }
+}
+
+TEST(Kernels, F16TilesHandleLengthsOffTheVectorWidth) {
+  const KernelSet& ref = scalar_kernels();
+  for (const KernelSet* k : available_kernel_sets()) {
+    if (!k->tile_f16) continue;
+    for (const int64_t n : {int64_t(7), int64_t(40), int64_t(100)}) {
+      std::vector<uint16_t> w(size_t(3 * n)), x(size_t(2 * n));
+      quantize_row(GgmlType::f16, random_floats(size_t(3 * n), 9).data(), w.data(), 3 * n);
+      quantize_row(GgmlType::f16, random_floats(size_t(2 * n), 10).data(), x.data(), 2 * n);
+      float y[2 * 3];
+      k->tile_f16(n, reinterpret_cast<const uint8_t*>(w.data()), 2 * n, 3, reinterpret_cast<const uint8_t*>(x.data()),
+                  2 * n, 2, y, 3);
+      for (int r = 0; r < 3; ++r)
+        for (int t = 0; t < 2; ++t) {
+          const float b = ref.dot_f16(n, w.data() + r * n, x.data() + t * n);
+          EXPECT_NEAR(y[t * 3 + r], b, 1e-5 * (std::fabs(b) + 1.0)) << k->isa << " n " << n;
         }
     }
   }

@@ -39,6 +39,9 @@ struct KernelSet {
   void (*axpy_f16)(int64_t n, float a, const uint16_t* x, float* y);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int64_t n);
   TileFn tile_q8_0 = nullptr, tile_q4_0 = nullptr;  // where the ISA has a tiled kernel
+  // F16 tiles agree with dot_f16 to rounding only (their summation order differs), but
+  // like the others give the same bits for a (row, token) pair whatever the tile shape.
+  TileFn tile_f16 = nullptr;
   // Writes the tiles' copy of n values of Q8_0 blocks (see ActType); null where unused.
   void (*unpack_q8_0)(const void* blocks, void* dst, int64_t n) = nullptr;
 };
@@ -48,6 +51,9 @@ const KernelSet& scalar_kernels();       // for tests: the reference the others 
 // Every kernel set this CPU can run, scalar first (for tests and benchmarks).
 const std::vector<const KernelSet*>& available_kernel_sets();
 DotFn dot_fn(const KernelSet& k, GgmlType weight);
+// The tiled matmul kernel for a weight type, or nullptr where the set has none (then use
+// dot_fn per row and token).
+TileFn tile_fn(const KernelSet& k, GgmlType weight);
 void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n);
 
 }  // namespace slim::llm
