@@ -8,37 +8,42 @@ namespace slim::llm {
 
 namespace {
 
-void scores_f16_scalar(const uint16_t* k, int64_t stride, int n, const float* q, int hd, float* out) {
-  for (int i = 0; i < n; ++i) {
-    const uint16_t* r = k + i * stride;
-    float s = 0;
-    for (int c = 0; c < hd; ++c) s += q[c] * f16_to_f32(r[c]);
-    out[i] = s;
-  }
+void scores_f16_scalar(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  for (int j = 0; j < g; ++j)
+    for (int i = 0; i < n; ++i) {
+      const uint16_t* r = k + i * stride;
+      float s = 0;
+      for (int c = 0; c < hd; ++c) s += q[j * hd + c] * f16_to_f32(r[c]);
+      out[j * ldo + i] = s;
+    }
 }
 
-void accumulate_f16_scalar(const uint16_t* v, int64_t stride, int n, const float* p, int hd, float* out) {
-  for (int i = 0; i < n; ++i) {
-    const uint16_t* r = v + i * stride;
-    for (int c = 0; c < hd; ++c) out[c] += p[i] * f16_to_f32(r[c]);
-  }
+void accumulate_f16_scalar(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
+                           float* out) {
+  for (int j = 0; j < g; ++j)
+    for (int i = 0; i < n; ++i) {
+      const uint16_t* r = v + i * stride;
+      for (int c = 0; c < hd; ++c) out[j * hd + c] += p[j * ldp + i] * f16_to_f32(r[c]);
+    }
 }
 
-void scores_q8_scalar(const int8_t* x, const float* d, int n, const float* q, int hd, float* out) {
-  for (int i = 0; i < n; ++i) {
-    const int8_t* r = x + int64_t(i) * hd;
-    float s = 0;
-    for (int c = 0; c < hd; ++c) s += q[c] * float(r[c]);
-    out[i] = s * d[i];
-  }
+void scores_q8_scalar(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  for (int j = 0; j < g; ++j)
+    for (int i = 0; i < n; ++i) {
+      const int8_t* r = x + int64_t(i) * hd;
+      float s = 0;
+      for (int c = 0; c < hd; ++c) s += q[j * hd + c] * float(r[c]);
+      out[j * ldo + i] = s * d[i];
+    }
 }
 
-void accumulate_q8_scalar(const int8_t* x, const float* d, int n, const float* p, int hd, float* out) {
-  for (int i = 0; i < n; ++i) {
-    const int8_t* r = x + int64_t(i) * hd;
-    const float a = p[i] * d[i];
-    for (int c = 0; c < hd; ++c) out[c] += a * float(r[c]);
-  }
+void accumulate_q8_scalar(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+  for (int j = 0; j < g; ++j)
+    for (int i = 0; i < n; ++i) {
+      const int8_t* r = x + int64_t(i) * hd;
+      const float a = p[j * ldp + i] * d[i];
+      for (int c = 0; c < hd; ++c) out[j * hd + c] += a * float(r[c]);
+    }
 }
 
 }  // namespace
@@ -55,86 +60,124 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Eight row sums at once: three rounds of pairwise adds instead of eight reductions.
-inline __m256 hsum8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+// Four row sums at once: two rounds of pairwise adds instead of four reductions.
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
-inline __m256 load_h(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline __m256 load_q8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+struct HalfRows {
+  const uint16_t* base;
+  int64_t stride;
+  __m256 load(int i, int c) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + i * stride + c)));
+  }
+};
 
-void scores_f16_avx2(const uint16_t* k, int64_t stride, int n, const float* q, int hd, float* out) {
-  if (hd % 8 != 0) return scores_f16_scalar(k, stride, n, q, hd, out);
+struct Q8Rows {
+  const int8_t* base;
+  int hd;
+  __m256 load(int i, int c) const {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + int64_t(i) * hd + c))));
+  }
+};
+
+// Raw dot products of G queries with n rows, 4 rows at a time (4G accumulators fit the 16
+// registers for G <= 3).
+template <int G, typename Rows>
+void scores_g(const Rows& rows, int n, const float* q, int hd, float* out, int64_t ldo) {
   int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 acc[8];
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
-    for (int c = 0; c < hd; c += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + c);
-      for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load_h(k + (i + r) * stride + c), acc[r]);
-    }
-    _mm256_storeu_ps(out + i, hsum8(acc));
+  for (; i + 4 <= n; i += 4) {
+    __m256 acc[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int r = 0; r < 4; ++r) acc[j][r] = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c += 8)
+      for (int r = 0; r < 4; ++r) {
+        const __m256 kv = rows.load(i + r, c);
+        for (int j = 0; j < G; ++j) acc[j][r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * hd + c), kv, acc[j][r]);
+      }
+    for (int j = 0; j < G; ++j) _mm_storeu_ps(out + j * ldo + i, hsum4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
   }
   for (; i < n; ++i) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int c = 0; c < hd; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load_h(k + i * stride + c), acc);
-    out[i] = hsum(acc);
-  }
-}
-
-void accumulate_f16_avx2(const uint16_t* v, int64_t stride, int n, const float* p, int hd, float* out) {
-  if (hd % 8 != 0) return accumulate_f16_scalar(v, stride, n, p, hd, out);
-  // Up to 64 output columns stay in registers across all rows.
-  for (int c0 = 0; c0 < hd; c0 += 64) {
-    const int w = hd - c0 < 64 ? hd - c0 : 64;
-    __m256 o[8];
-    for (int j = 0; j < w / 8; ++j) o[j] = _mm256_loadu_ps(out + c0 + 8 * j);
-    for (int i = 0; i < n; ++i) {
-      const __m256 a = _mm256_set1_ps(p[i]);
-      const uint16_t* r = v + i * stride + c0;
-      for (int j = 0; j < w / 8; ++j) o[j] = _mm256_fmadd_ps(a, load_h(r + 8 * j), o[j]);
-    }
-    for (int j = 0; j < w / 8; ++j) _mm256_storeu_ps(out + c0 + 8 * j, o[j]);
-  }
-}
-
-void scores_q8_avx2(const int8_t* x, const float* d, int n, const float* q, int hd, float* out) {
-  if (hd % 8 != 0) return scores_q8_scalar(x, d, n, q, hd, out);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 acc[8];
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+    __m256 acc[G];
+    for (int j = 0; j < G; ++j) acc[j] = _mm256_setzero_ps();
     for (int c = 0; c < hd; c += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + c);
-      for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load_q8(x + int64_t(i + r) * hd + c), acc[r]);
+      const __m256 kv = rows.load(i, c);
+      for (int j = 0; j < G; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * hd + c), kv, acc[j]);
     }
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(hsum8(acc), _mm256_loadu_ps(d + i)));
-  }
-  for (; i < n; ++i) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int c = 0; c < hd; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load_q8(x + int64_t(i) * hd + c), acc);
-    out[i] = hsum(acc) * d[i];
+    for (int j = 0; j < G; ++j) out[j * ldo + i] = hsum(acc[j]);
   }
 }
 
-void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, int hd, float* out) {
-  if (hd % 8 != 0) return accumulate_q8_scalar(x, d, n, p, hd, out);
-  for (int c0 = 0; c0 < hd; c0 += 64) {
-    const int w = hd - c0 < 64 ? hd - c0 : 64;
-    __m256 o[8];
-    for (int j = 0; j < w / 8; ++j) o[j] = _mm256_loadu_ps(out + c0 + 8 * j);
+// out_j += sum_i w_j(i) * row_i, 32 columns of G outputs held in registers across rows.
+template <int G, typename Rows, typename Weight>
+void accumulate_g(const Rows& rows, int n, Weight w, int hd, float* out) {
+  for (int c0 = 0; c0 < hd; c0 += 32) {
+    const int blocks = (hd - c0 < 32 ? hd - c0 : 32) / 8;
+    __m256 o[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int b = 0; b < blocks; ++b) o[j][b] = _mm256_loadu_ps(out + j * hd + c0 + 8 * b);
     for (int i = 0; i < n; ++i) {
-      const __m256 a = _mm256_set1_ps(p[i] * d[i]);
-      const int8_t* r = x + int64_t(i) * hd + c0;
-      for (int j = 0; j < w / 8; ++j) o[j] = _mm256_fmadd_ps(a, load_q8(r + 8 * j), o[j]);
+      __m256 a[G];
+      for (int j = 0; j < G; ++j) a[j] = _mm256_set1_ps(w(j, i));
+      for (int b = 0; b < blocks; ++b) {
+        const __m256 v = rows.load(i, c0 + 8 * b);
+        for (int j = 0; j < G; ++j) o[j][b] = _mm256_fmadd_ps(a[j], v, o[j][b]);
+      }
     }
-    for (int j = 0; j < w / 8; ++j) _mm256_storeu_ps(out + c0 + 8 * j, o[j]);
+    for (int j = 0; j < G; ++j)
+      for (int b = 0; b < blocks; ++b) _mm256_storeu_ps(out + j * hd + c0 + 8 * b, o[j][b]);
   }
+}
+
+template <typename Rows>
+void scores_any(const Rows& rows, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  for (int j = 0; j < g; j += 3) {
+    const float* qj = q + j * hd;
+    float* oj = out + j * ldo;
+    switch (g - j < 3 ? g - j : 3) {
+      case 1: scores_g<1>(rows, n, qj, hd, oj, ldo); break;
+      case 2: scores_g<2>(rows, n, qj, hd, oj, ldo); break;
+      default: scores_g<3>(rows, n, qj, hd, oj, ldo); break;
+    }
+  }
+}
+
+void scores_f16_avx2(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  if (hd % 8 != 0) return scores_f16_scalar(k, stride, n, q, g, hd, out, ldo);
+  scores_any(HalfRows{k, stride}, n, q, g, hd, out, ldo);
+}
+
+void scores_q8_avx2(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  if (hd % 8 != 0) return scores_q8_scalar(x, d, n, q, g, hd, out, ldo);
+  scores_any(Q8Rows{x, hd}, n, q, g, hd, out, ldo);
+  for (int j = 0; j < g; ++j)
+    for (int i = 0; i < n; ++i) out[j * ldo + i] *= d[i];
+}
+
+template <typename Rows, typename Weight>
+void accumulate_any(const Rows& rows, int n, Weight w, int g, int hd, float* out) {
+  for (int j = 0; j < g; j += 3) {
+    auto wj = [&](int jj, int i) { return w(j + jj, i); };
+    float* oj = out + j * hd;
+    switch (g - j < 3 ? g - j : 3) {
+      case 1: accumulate_g<1>(rows, n, wj, hd, oj); break;
+      case 2: accumulate_g<2>(rows, n, wj, hd, oj); break;
+      default: accumulate_g<3>(rows, n, wj, hd, oj); break;
+    }
+  }
+}
+
+void accumulate_f16_avx2(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
+                         float* out) {
+  if (hd % 8 != 0) return accumulate_f16_scalar(v, stride, n, p, ldp, g, hd, out);
+  accumulate_any(HalfRows{v, stride}, n, [&](int j, int i) { return p[j * ldp + i]; }, g, hd, out);
+}
+
+void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+  if (hd % 8 != 0) return accumulate_q8_scalar(x, d, n, p, ldp, g, hd, out);
+  accumulate_any(Q8Rows{x, hd}, n, [&](int j, int i) { return p[j * ldp + i] * d[i]; }, g, hd, out);
 }
 
 }  // namespace

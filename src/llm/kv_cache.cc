@@ -224,11 +224,11 @@ void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, cons
       for (int i = 0; i < n; ++i) out[i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q);
       return;
     case KvType::f16:
-      ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, hd, out);
+      ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, 1, hd, out, 0);
       return;
     case KvType::q8:
       ak.scores_q8(reinterpret_cast<const int8_t*>(part), reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd),
-                   n, q, hd, out);
+                   n, q, 1, hd, out, 0);
       return;
     case KvType::q4: {
       // k = min_c + d_c * code, so q.k = sum q_c min_c + sum (q_c d_c) code: one multiply
@@ -262,11 +262,11 @@ void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* pa
       }
       return;
     case KvType::f16:
-      ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, n, p, hd, out);
+      ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, n, p, 0, 1, hd, out);
       return;
     case KvType::q8:
       ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
-                       reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), n, p, hd, out);
+                       reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), n, p, 0, 1, hd, out);
       return;
     case KvType::q4: {
       const uint16_t* sm = reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
@@ -687,17 +687,19 @@ int KvCache::fork_sequence(int src, int n_tokens) {
   return dst;
 }
 
-int64_t KvCache::scratch_floats() const { return (int64_t(max_tokens_) + 15) / 16 * 16 + 2 * layout_.head_dim + 16; }
+int64_t KvCache::scratch_floats(int n_group) const {
+  return (int64_t(max_tokens_) + 15) / 16 * 16 * std::max(1, n_group) + layout_.head_dim + 16;
+}
 
-void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride, int n_q, const int* n_visible,
-                     const uint8_t* observe, const KvObserver& obs, float scale, float* out, int64_t out_stride,
-                     float* scratch) const {
+void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride, int n_q, int n_group,
+                     const int* n_visible, const uint8_t* observe, const KvObserver& obs, float scale, float* out,
+                     int64_t out_stride, float* scratch) const {
   const KvStream& s = stream(seq, layer, h);
-  const int hd = layout_.head_dim;
+  const int hd = layout_.head_dim, G = n_group;
   const KvType kt = layout_.k_type[size_t(layer)], vt = layout_.v_type[size_t(layer)];
   const int64_t kb = k_bytes(layer);
-  float* sc = scratch;
-  float* tmp = scratch + (int64_t(max_tokens_) + 15) / 16 * 16;
+  const int64_t sp = (int64_t(max_tokens_) + 15) / 16 * 16;  // scores of one query
+  float* tmp = scratch + sp * G;
   const KvAttentionKernels& ak = kv_attention_kernels();
   const int in_blocks = s.n - s.n_staged;
   for (int r = 0; r < n_q; ++r) {
@@ -706,39 +708,64 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     const int len = n_visible[r];
     if (len <= 0 || len > s.n) throw Error(ErrorCode::internal, "KV attention: visible length out of range");
     const int nb_tok = std::min(len, in_blocks);
-    for (int i = 0; i < nb_tok; i += kKvBlockTokens)
-      key_scores(*k_, ak, kt, pool_->data(s.blocks[size_t(i / kKvBlockTokens)]), std::min(kKvBlockTokens, nb_tok - i), qr,
-                 tmp, hd, sc + i);
-    if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, hd, sc + nb_tok);
-    float mx = -INFINITY;
-    for (int i = 0; i < len; ++i) {
-      sc[i] *= scale;
-      mx = std::max(mx, sc[i]);
+    for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
+      const uint8_t* part = pool_->data(s.blocks[size_t(i / kKvBlockTokens)]);
+      const int cnt = std::min(kKvBlockTokens, nb_tok - i);
+      // f16 and q8 rows serve the whole query group per load; the others go query by query.
+      if (kt == KvType::f16) {
+        ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, cnt, qr, G, hd, scratch + i, sp);
+      } else if (kt == KvType::q8) {
+        ak.scores_q8(reinterpret_cast<const int8_t*>(part),
+                     reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), cnt, qr, G, hd, scratch + i, sp);
+      } else {
+        for (int j = 0; j < G; ++j) key_scores(*k_, ak, kt, part, cnt, qr + j * hd, tmp, hd, scratch + j * sp + i);
+      }
     }
-    double sum = 0;
-    for (int i = 0; i < len; ++i) {
-      sc[i] = std::exp(sc[i] - mx);
-      sum += sc[i];
+    if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
+    for (int j = 0; j < G; ++j) {
+      float* sc = scratch + j * sp;
+      float mx = -INFINITY;
+      for (int i = 0; i < len; ++i) {
+        sc[i] *= scale;
+        mx = std::max(mx, sc[i]);
+      }
+      double sum = 0;
+      for (int i = 0; i < len; ++i) {
+        sc[i] = std::exp(sc[i] - mx);
+        sum += sc[i];
+      }
+      const float inv = float(1.0 / sum);
+      for (int i = 0; i < len; ++i) sc[i] *= inv;
+      std::fill(o + j * hd, o + (j + 1) * hd, 0.f);
     }
-    const float inv = float(1.0 / sum);
-    for (int i = 0; i < len; ++i) sc[i] *= inv;
-    std::fill(o, o + hd, 0.f);
-    for (int i = 0; i < nb_tok; i += kKvBlockTokens)
-      accumulate_values(ak, vt, pool_->data(s.blocks[size_t(i / kKvBlockTokens)]) + kb,
-                        std::min(kKvBlockTokens, nb_tok - i), sc + i, hd, o);
-    if (len > nb_tok) ak.accumulate_f16(s.stage_v, hd, len - nb_tok, sc + nb_tok, hd, o);
+    for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
+      const uint8_t* part = pool_->data(s.blocks[size_t(i / kKvBlockTokens)]) + kb;
+      const int cnt = std::min(kKvBlockTokens, nb_tok - i);
+      if (vt == KvType::f16) {
+        ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, cnt, scratch + i, sp, G, hd, o);
+      } else if (vt == KvType::q8) {
+        ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
+                         reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), cnt, scratch + i, sp, G, hd, o);
+      } else {
+        for (int j = 0; j < G; ++j) accumulate_values(ak, vt, part, cnt, scratch + j * sp + i, hd, o + j * hd);
+      }
+    }
+    if (len > nb_tok) ak.accumulate_f16(s.stage_v, hd, len - nb_tok, scratch + nb_tok, sp, G, hd, o);
     if (observe && observe[r]) {
       // The stream is only read here; its policy bookkeeping is written by one item at a
       // time (the caller gives each (sequence, KV head) to one thread).
       KvStream& ms = const_cast<KvStream&>(s);
-      if (obs.accumulate)
-        for (int i = 0; i < len; ++i) ms.score[size_t(i)] += sc[i];
-      if (obs.entropy) {
-        double e = 0;
-        for (int i = 0; i < len; ++i)
-          if (sc[i] > 0) e -= double(sc[i]) * std::log(double(sc[i]));
-        ms.entropy_sum += e;
-        ++ms.entropy_count;
+      for (int j = 0; j < G; ++j) {
+        const float* sc = scratch + j * sp;
+        if (obs.accumulate)
+          for (int i = 0; i < len; ++i) ms.score[size_t(i)] += sc[i];
+        if (obs.entropy) {
+          double e = 0;
+          for (int i = 0; i < len; ++i)
+            if (sc[i] > 0) e -= double(sc[i]) * std::log(double(sc[i]));
+          ms.entropy_sum += e;
+          ++ms.entropy_count;
+        }
       }
     }
   }

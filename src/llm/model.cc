@@ -254,7 +254,7 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
     s.cache->add_sequence();
     s.row_pos.resize(nb);
     s.row_observe.resize(nb);
-    s.kv_scratch_stride = (s.cache->scratch_floats() + 15) / 16 * 16;
+    s.kv_scratch_stride = (s.cache->scratch_floats(c.n_head / c.n_head_kv) + 15) / 16 * 16;
     s.kv_scratch.allocate(size_t(s.n_threads) * size_t(s.kv_scratch_stride));
     s.visible.resize(size_t(s.n_threads) * nb);
   }
@@ -538,13 +538,10 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           const int base = cache->stream(en.seq, l, kvh).n - en.n;
           int nq = 0;
           for (int t = ch; t < en.n; t += chunks) vis[nq++] = base + t + 1;
-          for (int g = 0; g < group; ++g) {
-            const int h = kvh * group + g;
-            const int64_t off = int64_t(en.row0 + ch) * s.q_dim + int64_t(h) * hd;
-            cache->attend(en.seq, l, kvh, s.q.data() + off, s.q_dim * chunks, nq, vis,
-                          observing ? s.row_observe.data() + en.row0 : nullptr, observer, kq_scale,
-                          s.attn.data() + off, s.q_dim * chunks, scratch);
-          }
+          const int64_t off = int64_t(en.row0 + ch) * s.q_dim + int64_t(kvh) * group * hd;
+          cache->attend(en.seq, l, kvh, s.q.data() + off, s.q_dim * chunks, nq, group, vis,
+                        observing ? s.row_observe.data() + en.row0 : nullptr, observer, kq_scale, s.attn.data() + off,
+                        s.q_dim * chunks, scratch);
         }
       }
     });
@@ -618,7 +615,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           // that keeps everything reproduces this one bit for bit.
           const KvAttentionKernels& ak = kv_attention_kernels();
           if (st.kv_elem == 2) {
-            ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, hd, scores);
+            ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, 1, hd, scores, 0);
             for (int p = 0; p < len; ++p) {
               scores[p] *= j.scale;
               mx = std::max(mx, scores[p]);
@@ -638,7 +635,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           std::fill(out, out + hd, 0.f);
           if (st.kv_elem == 2) {
             for (int p = 0; p < len; ++p) scores[p] *= inv;
-            ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, hd, out);
+            ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, 0, 1, hd, out);
           } else {
             for (int p = 0; p < len; ++p) {
               const float* v = reinterpret_cast<const float*>(vc + p * row + off);

@@ -222,32 +222,36 @@ TEST_P(KvAttention, MatchesDirectComputationOverStoredValues) {
   const int s = cache.add_sequence();
   Tokens t = random_tokens(n, width, 11);
   for (int i = 0; i < n; ++i) cache.append(s, 0, i, &t.k[size_t(i) * width], &t.v[size_t(i) * width]);
-  Tokens q = random_tokens(3, hd, 12);
   const int visible[3] = {45, 17, 1};
   const uint8_t observe[3] = {1, 0, 1};
-  std::vector<float> out(3 * size_t(hd)), scratch(size_t(cache.scratch_floats()));
+  // Three rows of a group of two query heads (queries head_dim apart, rows 2 * head_dim apart).
+  const int G = 2;
+  Tokens q = random_tokens(3 * G, hd, 12);
+  std::vector<float> out(3 * G * size_t(hd)), scratch(size_t(cache.scratch_floats(G)));
   const float scale = 0.125f;
   for (int h = 0; h < heads; ++h) {
-    cache.attend(s, 0, h, q.k.data(), hd, 3, visible, observe, KvObserver{true, true}, scale, out.data(), hd, scratch.data());
-    for (int r = 0; r < 3; ++r) {
-      std::vector<double> ref;
-      reference_attention(cache, s, h, &q.k[size_t(r) * hd], visible[r], scale, ref);
-      double err = 0, mag = 0;
-      for (int c = 0; c < hd; ++c) {
-        err = std::max(err, std::fabs(out[size_t(r) * hd + c] - ref[size_t(c)]));
-        mag = std::max(mag, std::fabs(ref[size_t(c)]));
+    cache.attend(s, 0, h, q.k.data(), G * hd, 3, G, visible, observe, KvObserver{true, true}, scale, out.data(), G * hd,
+                 scratch.data());
+    for (int r = 0; r < 3; ++r)
+      for (int j = 0; j < G; ++j) {
+        std::vector<double> ref;
+        reference_attention(cache, s, h, &q.k[size_t(r * G + j) * hd], visible[r], scale, ref);
+        double err = 0, mag = 0;
+        for (int c = 0; c < hd; ++c) {
+          err = std::max(err, std::fabs(out[size_t(r * G + j) * hd + c] - ref[size_t(c)]));
+          mag = std::max(mag, std::fabs(ref[size_t(c)]));
+        }
+        // Stored values are used exactly: only float32 summation order differs.
+        EXPECT_LT(err / mag, 2e-5) << kv_type_name(type) << " row " << r << " query " << j;
       }
-      // Stored values are used exactly: only float32 summation order differs.
-      EXPECT_LT(err / mag, 2e-5) << kv_type_name(type) << " row " << r;
-    }
-    // Observed rows 0 and 2 each add a probability distribution to the scores.
+    // Observed rows 0 and 2 each add one probability distribution per query head.
     const KvStream& st = cache.stream(s, 0, h);
     double total = 0;
     for (float x : st.score) total += x;
-    EXPECT_NEAR(total, 2.0, 1e-5);
+    EXPECT_NEAR(total, 2.0 * G, 1e-5);
     // Row 2 sees one token, which gets its whole mass.
-    EXPECT_GE(st.score[0], 1.0 - 1e-6);
-    EXPECT_EQ(st.entropy_count, 2);
+    EXPECT_GE(st.score[0], G - 1e-6);
+    EXPECT_EQ(st.entropy_count, 2 * G);
   }
 }
 
@@ -265,27 +269,43 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
       const int64_t stride = hd + 8;  // rows of a wider matrix, as in the contiguous cache
       std::vector<uint16_t> k(size_t(n) * stride), v(size_t(n) * stride);
       std::vector<int8_t> x(size_t(n) * hd);
-      std::vector<float> q(static_cast<size_t>(hd)), p(static_cast<size_t>(n)), d(static_cast<size_t>(n));
+      std::vector<float> d(static_cast<size_t>(n));
       for (auto& e : k) e = f32_to_f16(nd(rng));
       for (auto& e : v) e = f32_to_f16(nd(rng));
       for (auto& e : x) e = int8_t(int(rng() % 255) - 127);
-      for (auto& e : q) e = nd(rng);
-      for (auto& e : p) e = std::fabs(nd(rng));
       for (auto& e : d) e = std::fabs(nd(rng)) * 0.01f;
-      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-      best.scores_f16(k.data(), stride, n, q.data(), hd, a.data());
-      ref.scores_f16(k.data(), stride, n, q.data(), hd, b.data());
-      for (int i = 0; i < n; ++i) EXPECT_NEAR(a[size_t(i)], b[size_t(i)], 1e-4 * std::sqrt(double(hd))) << hd << " " << n;
-      best.scores_q8(x.data(), d.data(), n, q.data(), hd, a.data());
-      ref.scores_q8(x.data(), d.data(), n, q.data(), hd, b.data());
-      for (int i = 0; i < n; ++i) EXPECT_NEAR(a[size_t(i)], b[size_t(i)], 1e-2 * std::fabs(b[size_t(i)]) + 1e-4) << hd;
-      std::vector<float> oa(static_cast<size_t>(hd), 0.5f), ob(static_cast<size_t>(hd), 0.5f);
-      best.accumulate_f16(v.data(), stride, n, p.data(), hd, oa.data());
-      ref.accumulate_f16(v.data(), stride, n, p.data(), hd, ob.data());
-      for (int c = 0; c < hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-4 * n) << hd;
-      best.accumulate_q8(x.data(), d.data(), n, p.data(), hd, oa.data());
-      ref.accumulate_q8(x.data(), d.data(), n, p.data(), hd, ob.data());
-      for (int c = 0; c < hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-3 * n) << hd;
+      for (int g : {1, 3, 4}) {
+        // g queries, scores n apart (ldo = n + 1), probabilities likewise.
+        const int64_t ld = n + 1;
+        std::vector<float> qg(size_t(g) * hd), pg(size_t(g) * ld);
+        for (auto& e : qg) e = nd(rng);
+        for (auto& e : pg) e = std::fabs(nd(rng));
+        std::vector<float> a(size_t(g) * ld), b(size_t(g) * ld), one(static_cast<size_t>(n));
+        best.scores_f16(k.data(), stride, n, qg.data(), g, hd, a.data(), ld);
+        ref.scores_f16(k.data(), stride, n, qg.data(), g, hd, b.data(), ld);
+        for (int j = 0; j < g; ++j) {
+          // A query's scores do not depend on how many queries share the call.
+          best.scores_f16(k.data(), stride, n, qg.data() + j * hd, 1, hd, one.data(), 0);
+          for (int i = 0; i < n; ++i) {
+            EXPECT_NEAR(a[size_t(j * ld + i)], b[size_t(j * ld + i)], 1e-4 * std::sqrt(double(hd))) << hd << " " << n;
+            EXPECT_EQ(a[size_t(j * ld + i)], one[size_t(i)]);
+          }
+        }
+        best.scores_q8(x.data(), d.data(), n, qg.data(), g, hd, a.data(), ld);
+        ref.scores_q8(x.data(), d.data(), n, qg.data(), g, hd, b.data(), ld);
+        for (int j = 0; j < g; ++j)
+          for (int i = 0; i < n; ++i)
+            EXPECT_NEAR(a[size_t(j * ld + i)], b[size_t(j * ld + i)], 1e-3 * std::fabs(b[size_t(j * ld + i)]) + 1e-4);
+        std::vector<float> oa(size_t(g) * hd, 0.5f), ob(size_t(g) * hd, 0.5f), o1(static_cast<size_t>(hd), 0.5f);
+        best.accumulate_f16(v.data(), stride, n, pg.data(), ld, g, hd, oa.data());
+        ref.accumulate_f16(v.data(), stride, n, pg.data(), ld, g, hd, ob.data());
+        best.accumulate_f16(v.data(), stride, n, pg.data() + (g - 1) * ld, 0, 1, hd, o1.data());
+        for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-4 * n) << hd;
+        for (int c = 0; c < hd; ++c) EXPECT_EQ(oa[size_t((g - 1) * hd + c)], o1[size_t(c)]);
+        best.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, oa.data());
+        ref.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, ob.data());
+        for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-3 * n) << hd;
+      }
     }
 }
 

@@ -8,16 +8,21 @@
 
 namespace slim::llm {
 
+// Every kernel takes g queries at once (the query heads that share a KV head under
+// grouped-query attention), so each key and value row is loaded and converted once for
+// all of them. A query's result does not depend on g: the same sums in the same order.
 struct KvAttentionKernels {
   const char* isa;
-  // out[i] = dot(q, k_i) for n f16 key rows at k + i * stride (elements).
-  void (*scores_f16)(const uint16_t* k, int64_t stride, int n, const float* q, int hd, float* out);
-  // out += sum_i p[i] * v_i over n f16 value rows.
-  void (*accumulate_f16)(const uint16_t* v, int64_t stride, int n, const float* p, int hd, float* out);
-  // q8 rows (int8 at x + i * hd, scale d[i]): out[i] = d[i] * dot(q, x_i).
-  void (*scores_q8)(const int8_t* x, const float* d, int n, const float* q, int hd, float* out);
-  // out += sum_i p[i] * d[i] * x_i.
-  void (*accumulate_q8)(const int8_t* x, const float* d, int n, const float* p, int hd, float* out);
+  // out[j * ldo + i] = dot(q_j, k_i) for queries q_j = q + j * hd and n f16 key rows at
+  // k + i * stride (elements).
+  void (*scores_f16)(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out, int64_t ldo);
+  // out_j += sum_i p[j * ldp + i] * v_i over n f16 value rows; out_j = out + j * hd.
+  void (*accumulate_f16)(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
+                         float* out);
+  // q8 rows (int8 at x + i * hd, scale d[i]): out[j * ldo + i] = d[i] * dot(q_j, x_i).
+  void (*scores_q8)(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo);
+  // out_j += sum_i p[j * ldp + i] * d[i] * x_i.
+  void (*accumulate_q8)(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out);
 };
 
 const KvAttentionKernels& kv_attention_kernels();         // best for this CPU

@@ -140,13 +140,14 @@ class KvCache {
   // Forgets positions >= n in every stream of seq.
   void truncate(int seq, int n);
 
-  // Attention of queries q (n_q rows of head_dim, stride q_stride) over the first
-  // n_visible[i] tokens of one stream: out[i] = softmax(q k^T * scale) v. scratch holds
-  // at least scratch_floats(). observe[i] says which rows the observer sees.
-  void attend(int seq, int layer, int kv_head, const float* q, int64_t q_stride, int n_q, const int* n_visible,
-              const uint8_t* observe, const KvObserver& obs, float scale, float* out, int64_t out_stride,
-              float* scratch) const;
-  int64_t scratch_floats() const;
+  // Attention over the first n_visible[r] tokens of one stream for n_q rows, each of
+  // n_group queries (the query heads sharing this KV head, head_dim apart, rows q_stride
+  // apart): out = softmax(q k^T * scale) v, laid out like q. scratch holds
+  // scratch_floats(n_group). observe[r] says which rows the observer sees.
+  void attend(int seq, int layer, int kv_head, const float* q, int64_t q_stride, int n_q, int n_group,
+              const int* n_visible, const uint8_t* observe, const KvObserver& obs, float scale, float* out,
+              int64_t out_stride, float* scratch) const;
+  int64_t scratch_floats(int n_group = 1) const;
 
   // Key and value of token i of a stream, in f32 (tests, compaction).
   void read_token(int seq, int layer, int kv_head, int i, float* k, float* v) const;

@@ -1,0 +1,26 @@
+#!/bin/sh
+# KV-cache measurements on the shared model: quality of each setting against the full F16
+# cache (slim kv-eval), the passkey grid, and decode throughput / KV memory for many
+# sequences (slim kv-bench). Usage: bench/kv/run.sh [OUT_DIR]; SLIM, MODEL, TEXT and
+# THREADS override the defaults. Takes about half an hour on 2 cores.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+SLIM=${SLIM:-$here/../../build/tools/slim}
+MODEL=${MODEL:-$here/../../../shared/models/slimlm-f16.gguf}
+TEXT=${TEXT:-$here/../../../shared/models/heldout-long.txt}
+THREADS=${THREADS:-1}
+out=${1:-$here/results}
+mkdir -p "$out"
+run() { name=$1; shift; echo "== $name: slim $*"; "$SLIM" "$@" --threads "$THREADS" 2>&1 | tee "$out/$name.txt"; }
+
+# Quality: 2 chunks of 1,024 tokens (prefill 512, then 512 scored decode steps), text skipped
+# past the first document's start.
+run eval_types kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --kv-type f16,q8,q4
+run eval_policies kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --policy all --budget 0.5,0.25
+run eval_composed kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --policy snapkv,h2o --budget 0.25 --kv-type q8,q4
+run passkey kv-eval "$MODEL" --passkey --ctx 1024 --passkey-lengths 256,512,1024 --passkey-trials 2 --policy all --budget 0.25
+
+# Throughput: decode tokens/s over all sequences, KV peak, per setting.
+run bench_policies kv-bench "$MODEL" -f "$TEXT" --seqs 1,8,32 --ctx 512,2048 --policy full,streaming,h2o,snapkv --budget 0.5,0.25 --decode 16
+run bench_types kv-bench "$MODEL" -f "$TEXT" --seqs 1,8 --ctx 2048 --policy full,snapkv --budget 0.25 --kv-type f16,q8,q4 --decode 16
+run bench_scheduler kv-bench "$MODEL" --scheduler --seqs 8 --ctx 128,512 --decode 32
