@@ -7,6 +7,7 @@
 #include <random>
 
 #include "runtime/test_graphs.h"
+#include "slim/onnx/importer.h"
 #include "slim/runtime/fused_ops.h"
 #include "slim/runtime/passes.h"
 #include "slim/runtime/session.h"
@@ -413,6 +414,42 @@ TEST(Passes, CompiledGraphWithFusedNodesCompilesAgain) {
   again.graph = s->compiled_graph();
   auto s2 = Session::compile(again, ref_options(false));
   EXPECT_EQ(values_of(s2->run(in).at("y")), values_of(s->run(in).at("y")));
+}
+
+namespace {
+
+// Protobuf wire format, enough to hand-write a tiny ModelProto.
+std::string varint(uint64_t v) {
+  std::string out;
+  do {
+    out += char((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+  return out;
+}
+std::string field(int number, const std::string& bytes) {
+  return varint(uint64_t(number) << 3 | 2) + varint(bytes.size()) + bytes;
+}
+std::string field_int(int number, uint64_t v) { return varint(uint64_t(number) << 3) + varint(v); }
+
+}  // namespace
+
+TEST(Passes, ImporterRefusesTheInternalDomainFromFiles) {
+  // y = slim:FusedMatMul(x, x) with an opset import for "slim": still refused, because
+  // only passes may create these nodes.
+  const std::string node = field(1, "x") + field(1, "x") + field(2, "y") + field(3, "fm") +
+                           field(4, "FusedMatMul") + field(7, "slim");
+  const std::string graph = field(1, node) + field(2, "g") + field(11, field(1, "x")) +
+                            field(12, field(1, "y"));
+  const std::string model = field_int(1, 8) + field(7, graph) +
+                            field(8, field(1, "") + field_int(2, 17)) +
+                            field(8, field(1, "slim") + field_int(2, 1));
+  ErrorCode code{};
+  const std::string msg = error_of(
+      [&] { OnnxImporter::load_bytes(model.data(), model.size(), "fused.onnx", ""); }, &code);
+  EXPECT_EQ(code, ErrorCode::invalid_model);
+  EXPECT_NE(msg.find("fused.onnx"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("slim"), std::string::npos) << msg;
 }
 
 TEST(Passes, FusedKernelRejectsUnknownActivation) {

@@ -78,6 +78,7 @@ std::optional<ActivationMatch> single_node_activation(const PassGraph& g, Node* 
       if (c->has_attr("max")) hi = c->attr_float("max", 0);
       if (c->inputs.size() != 1) return std::nullopt;
     } else {
+      if (c->inputs.size() > 3) return std::nullopt;
       for (size_t k = 1; k < c->inputs.size(); ++k) {
         if (c->inputs[k].empty()) continue;
         const Tensor* b = g.constant(c->inputs[k]);
