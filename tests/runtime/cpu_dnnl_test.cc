@@ -62,6 +62,9 @@ TEST(CpuDnnl, ConvMatchesRefOnOddShapes) {
       {{3, 2, 6, 5}, {7, 2, 1, 1}, 1, {}, {}, {}, "VALID"},
       {{2, 3, 17}, {4, 3, 4}, 1, {3}, {2}, {1, 2}},             // 1-D
       {{1, 2, 5, 6, 4}, {3, 2, 2, 3, 2}, 1, {1, 2, 1}, {}, {}},  // 3-D
+      // 8+ input channels per group: oneDNN's preferred layout with reorders around it.
+      {{2, 16, 9, 8}, {24, 16, 3, 3}, 1, {1, 1}, {}, {1, 1, 1, 1}},
+      {{1, 32, 7, 7}, {32, 16, 3, 3}, 2, {2, 2}, {}, {}, "SAME_UPPER"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
@@ -303,10 +306,12 @@ const std::vector<Act> kActs = {{"", {}},          {"Relu", {}},    {"Clip", {0.
                                 {"LeakyRelu", {0.1f}}, {"Tanh", {}}};
 
 TEST(CpuDnnl, FusedConvEqualsConvAddActivation) {
-  const Shape xs{1, 4, 9, 7}, ws{6, 2, 3, 3}, ys{1, 6, 5, 3};
+  // Few input channels (plain layout) and many (oneDNN's layout, residual reordered in).
+  for (int64_t c : {4, 32})
   for (size_t i = 0; i < kActs.size(); ++i) {
+    const Shape xs{1, c, 9, 7}, ws{6, c / 2, 3, 3}, ys{1, 6, 5, 3};
     const Act& a = kActs[i];
-    SCOPED_TRACE("activation " + a.name);
+    SCOPED_TRACE("activation " + a.name + ", channels " + std::to_string(c));
     const bool residual = i % 2 == 0;
     const Tensor x = random_f32(xs, 1 + i, -2, 2), w = random_f32(ws, 2 + i), bias = random_f32({6}, 3 + i);
     const Tensor z = random_f32(ys, 4 + i, -2, 2);

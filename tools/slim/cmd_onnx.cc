@@ -198,7 +198,6 @@ void run(const RunOptions& o) {
   SessionOptions so;
   so.num_threads = o.threads;
   so.providers = o.providers;
-  auto session = Session::load(o.model, so);
   TensorMap feeds;
   for (const auto& spec : o.inputs) {
     const auto eq = spec.find('=');
@@ -206,6 +205,18 @@ void run(const RunOptions& o) {
       throw Error(ErrorCode::invalid_argument, "--input '" + spec + "': expected NAME=FILE.npy");
     feeds[spec.substr(0, eq)] = read_npy(spec.substr(eq + 1));
   }
+  // Symbolic input dims are fixed before compiling (from the given arrays, else 1 as the
+  // random inputs use), so the whole graph has static shapes: providers such as cpu only
+  // claim statically shaped nodes, and a single run never reaches a shape specialization.
+  Model model = OnnxImporter::load_file(o.model);
+  for (auto& in : model.graph.inputs) {
+    if (!in.shape) continue;
+    auto given = feeds.find(in.name);
+    const bool fits = given != feeds.end() && given->second.rank() == int(in.shape->size());
+    for (size_t d = 0; d < in.shape->size(); ++d)
+      if (!(*in.shape)[d].is_fixed()) (*in.shape)[d].value = fits ? given->second.shape()[d] : 1;
+  }
+  auto session = Session::compile(std::move(model), so);
   std::mt19937_64 rng(o.seed);
   for (const auto& in : session->inputs())
     if (!feeds.count(in.name)) {

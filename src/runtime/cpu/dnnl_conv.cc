@@ -226,28 +226,46 @@ class DnnlConvKernel final : public OpKernel {
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
 
+    // Activations arrive and leave in ONNX's plain layout. oneDNN's fastest kernels want
+    // channels-last or blocked activations, so the kernel normally lets oneDNN choose and
+    // reorders through its own buffers; the reorders are cheap next to the convolution
+    // except for inputs with few channels (an image), where the plain-layout kernel
+    // wins and is used unless it is only oneDNN's reference implementation.
     memory::desc src_md, dst_md, w_md;
-    if (!s_.transposed) {
-      dnnl::convolution_forward::desc d(
-          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(s_.x),
-          any(wdims), bias_md, any(s_.y), to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
-          to_dims(s_.pad_r));
-      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
-      src_md = pd.src_desc();
-      dst_md = pd.dst_desc();
-      w_md = pd.weights_desc();
-      prim_ = dnnl::convolution_forward(pd);
-    } else {
+    auto create = [&](const memory::desc& x_md, const memory::desc& y_md) -> std::string {
+      if (!s_.transposed) {
+        dnnl::convolution_forward::desc d(
+            dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, x_md,
+            any(wdims), bias_md, y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
+            to_dims(s_.pad_r));
+        dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
+        src_md = pd.src_desc();
+        dst_md = pd.dst_desc();
+        w_md = pd.weights_desc();
+        prim_ = dnnl::convolution_forward(pd);
+        return pd.impl_info_str();
+      }
       dnnl::deconvolution_forward::desc d(
-          dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, any(s_.x),
-          any(wdims), bias_md, any(s_.y), to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
+          dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, x_md,
+          any(wdims), bias_md, y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
           to_dims(s_.pad_r));
       dnnl::deconvolution_forward::primitive_desc pd(d, attr, eng);
       src_md = pd.src_desc();
       dst_md = pd.dst_desc();
       w_md = pd.weights_desc();
       prim_ = dnnl::deconvolution_forward(pd);
+      return pd.impl_info_str();
+    };
+    const int64_t channels_in = s_.x[1] / s_.group;
+    std::string impl;
+    if (channels_in < 8) {
+      try {
+        impl = create(plain_md(s_.x), plain_md(s_.y));
+      } catch (const dnnl::error&) {
+        impl = "ref";  // no kernel for the plain layout at all
+      }
     }
+    if (channels_in >= 8 || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
     (void)nd;
     // Weights: packed into the primitive's layout, once when they are constant; the
     // kernel owns the packed copy.
