@@ -309,7 +309,7 @@ KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_byt
     k_bytes_.push_back(kv_block_part_bytes(L.k_type[size_t(l)], L.head_dim, true));
     v_bytes_.push_back(kv_block_part_bytes(L.v_type[size_t(l)], L.head_dim, false));
     block = std::max(block, k_bytes_.back() + v_bytes_.back());
-    any_q4 = any_q4 || L.has_q4(l);
+    any_q4 = any_q4 || L.staged(l);
   }
   const int64_t per_stream_blocks = (int64_t(max_tokens) + kKvBlockTokens - 1) / kKvBlockTokens;
   if (pool_bytes <= 0)
@@ -324,7 +324,7 @@ KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_byt
     for (int l = 0; l < L.n_layer; ++l)
       for (int h = 0; h < L.n_head_kv; ++h) {
         KvStream& st = sq.streams[size_t(l) * L.n_head_kv + h];
-        if (L.has_q4(l)) {
+        if (L.staged(l)) {
           const size_t idx = (size_t(s) * L.n_layer + l) * L.n_head_kv + h;
           st.stage_k = staging_.data() + idx * stage_rows * L.head_dim * 2;
           st.stage_v = st.stage_k + stage_rows * L.head_dim;
@@ -400,7 +400,7 @@ int64_t KvCache::blocks_needed(int seq, int n) const {
   for (int l = 0; l < layout_.n_layer; ++l)
     for (int h = 0; h < layout_.n_head_kv; ++h) {
       const KvStream& s = stream(seq, l, h);
-      if (layout_.has_q4(l)) {
+      if (layout_.staged(l)) {
         const int over = s.n_staged + n - recent;
         if (over > 0) need += (over + kKvBlockTokens - 1) / kKvBlockTokens;
       } else {
@@ -478,7 +478,7 @@ void KvCache::flush_stage(int layer, KvStream& s) {
 
 void KvCache::append(int seq, int layer, int pos, const float* k, const float* v) {
   const int hd = layout_.head_dim;
-  const bool staged = layout_.has_q4(layer);
+  const bool staged = layout_.staged(layer);
   const int recent = kKvBlockTokens * layout_.q4_recent_blocks;
   for (int h = 0; h < layout_.n_head_kv; ++h) {
     KvStream& s = stream(seq, layer, h);
@@ -583,7 +583,7 @@ void KvCache::keep(int seq, int layer, int h, std::span<const int32_t> keep) {
   size_t first = 0;
   while (first < keep.size() && keep[first] == int32_t(first)) ++first;
   if (first == keep.size() && keep.size() == size_t(s.n)) return;
-  if (layout_.has_q4(layer)) {
+  if (layout_.staged(layer)) {
     // Whole blocks before the first change stay as they are; only later ones are requantized.
     const int in_blocks = s.n - s.n_staged;
     const int fb = std::min<int>(int(first), in_blocks) / kKvBlockTokens * kKvBlockTokens;
@@ -638,7 +638,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
     for (int h = 0; h < layout_.n_head_kv; ++h) {
       const KvStream& s = stream(src, l, h);
       const int m = int(std::lower_bound(s.pos.begin(), s.pos.end(), n_tokens) - s.pos.begin());
-      if (!layout_.has_q4(l) && m % kKvBlockTokens != 0) ++need;
+      if (!layout_.staged(l) && m % kKvBlockTokens != 0) ++need;
     }
   if (need > pool_->free_blocks())
     throw Error(ErrorCode::resource_exhausted, "KV pool exhausted: forking needs " + std::to_string(need) + " blocks, " +
@@ -658,7 +658,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
         d.blocks.push_back(s.blocks[size_t(b)]);
       }
       d.n = shared * kKvBlockTokens;
-      if (layout_.has_q4(l)) {
+      if (layout_.staged(l)) {
         // The rest goes to the f16 recent window (decoded if it had been quantized).
         for (int i = d.n; i < m; ++i) {
           read_token(src, l, h, i, kx.data(), vx.data());

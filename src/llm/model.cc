@@ -241,6 +241,7 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
     lay.n_head_kv = c.n_head_kv;
     lay.head_dim = c.head_dim;
     lay.q4_recent_blocks = options.kv.q4_recent_blocks;
+    lay.q8_recent = options.kv.q8_recent;
     auto per_layer = [&](const std::vector<KvType>& v, KvType all, const char* what) {
       if (!v.empty() && int(v.size()) != c.n_layer)
         throw Error(ErrorCode::invalid_argument, std::string("KV cache: ") + what + " types given for " +

@@ -191,6 +191,32 @@ TEST(KvCache, Q4KeepsTheRecentWindowInF16) {
   }
 }
 
+TEST(KvCache, Q8CanKeepTheRecentWindowInF16) {
+  KvLayout L = layout(KvType::q8, KvType::q8, 1, 1, 64);
+  L.q8_recent = true;
+  L.q4_recent_blocks = 1;
+  KvCache cache(L, 1, 64, 0);
+  const int s = cache.add_sequence();
+  Tokens t = random_tokens(40, 64, 13);
+  for (int i = 0; i < 40; ++i) cache.append(s, 0, i, &t.k[size_t(i) * 64], &t.v[size_t(i) * 64]);
+  EXPECT_EQ(cache.stream(s, 0, 0).n_staged, 8);  // 40 = two q8 blocks + 8 in f16
+  float k[64], v[64];
+  for (int i : {0, 31, 32, 39}) {
+    cache.read_token(s, 0, 0, i, k, v);
+    float amax = 0, err = 0;
+    for (int c = 0; c < 64; ++c) {
+      amax = std::max(amax, std::fabs(t.k[size_t(i) * 64 + c]));
+      err = std::max(err, std::fabs(k[c] - t.k[size_t(i) * 64 + c]));
+    }
+    if (i < 32) {
+      EXPECT_LE(err, amax * (0.5f / 127 + 5e-4f)) << i;
+      EXPECT_GT(err, amax * 1e-3f) << i;  // really quantized
+    } else {
+      EXPECT_LE(err, amax * 5e-4f) << i;  // f16
+    }
+  }
+}
+
 // Attention straight from the stored tokens (decoded to f32) in double precision.
 void reference_attention(const KvCache& cache, int s, int h, const float* q, int len, float scale, std::vector<double>& out) {
   const int hd = cache.layout().head_dim;

@@ -25,7 +25,7 @@ struct KvEvalArgs {
   std::string model, file;
   int ctx = 1024, prefill = 0, chunks = 1, threads = 0, q4_recent = 2, skip = 0;
   std::string policy = "full", budget = "0.25", kv_type = "f16", k_type, v_type;
-  bool passkey = false;
+  bool passkey = false, q8_no_recent = false;
   std::string passkey_lengths = "256,512,1024";
   int passkey_trials = 2;
 };
@@ -81,6 +81,8 @@ std::vector<Variant> variants_of(const KvEvalArgs& a) {
   return out;
 }
 
+bool g_q8_recent = true;  // false with --q8-no-recent
+
 llm::ContextOptions options_for(const Variant& v, int ctx, int threads, int q4_recent, int batch) {
   llm::ContextOptions o;
   o.n_ctx = ctx;
@@ -90,6 +92,7 @@ llm::ContextOptions options_for(const Variant& v, int ctx, int threads, int q4_r
   o.kv.k_type = v.k;
   o.kv.v_type = v.v;
   o.kv.q4_recent_blocks = q4_recent;
+  o.kv.q8_recent = g_q8_recent;
   if (v.policy != "full") o.kv.policy = llm::make_kv_policy(v.policy, v.budget);
   return o;
 }
@@ -304,6 +307,7 @@ void add_kv_eval(CLI::App& app) {
   cmd->add_option("--k-type", a->k_type, "Key format (overrides --kv-type)");
   cmd->add_option("--v-type", a->v_type, "Value format (overrides --kv-type)");
   cmd->add_option("--q4-recent", a->q4_recent, "4-bit KV: newest blocks of 16 tokens kept in f16")->check(CLI::Range(1, 64));
+  cmd->add_flag("--q8-no-recent", a->q8_no_recent, "q8 KV: no f16 recent window (every token in q8 at once)");
   cmd->add_flag("--passkey", a->passkey, "Run the passkey-retrieval grid instead of the text comparison");
   cmd->add_option("--passkey-lengths", a->passkey_lengths, "Prompt lengths of the passkey grid (comma list)");
   cmd->add_option("--passkey-trials", a->passkey_trials, "Keys per grid cell")->check(CLI::PositiveNumber);
@@ -312,6 +316,7 @@ void add_kv_eval(CLI::App& app) {
     auto model = llm::LlamaModel::load(a->model);
     auto tok = llm::load_gguf_tokenizer(model->gguf());
     const std::vector<Variant> vars = variants_of(*a);
+    g_q8_recent = !a->q8_no_recent;
     if (a->passkey) {
       run_passkey(*a, model, *tok, vars);
       return;

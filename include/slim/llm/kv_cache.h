@@ -69,8 +69,14 @@ class KvBlockPool {
 struct KvLayout {
   int n_layer = 0, n_head_kv = 0, head_dim = 0;
   std::vector<KvType> k_type, v_type;  // one per layer
-  int q4_recent_blocks = 2;            // f16 recent window of q4 streams, in blocks
+  int q4_recent_blocks = 2;            // f16 recent window of quantized streams, in blocks
+  bool q8_recent = false;              // q8 layers keep that recent window too
   bool has_q4(int layer) const { return k_type[size_t(layer)] == KvType::q4 || v_type[size_t(layer)] == KvType::q4; }
+  // Layers whose newest tokens wait in the f16 recent window before they are encoded.
+  bool staged(int layer) const {
+    return has_q4(layer) ||
+           (q8_recent && (k_type[size_t(layer)] == KvType::q8 || v_type[size_t(layer)] == KvType::q8));
+  }
 };
 
 // One layer and KV head of one sequence: its tokens in order of position.

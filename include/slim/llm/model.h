@@ -84,6 +84,7 @@ struct KvOptions {
   int max_seqs = 1;                      // sequences sharing the pool
   int64_t pool_bytes = 0;                // 0: room for max_seqs full-context sequences
   int q4_recent_blocks = 2;              // q4 layers: newest blocks kept in f16
+  bool q8_recent = true;                 // q8 layers keep that f16 recent window too
   std::shared_ptr<const KvPolicy> policy;  // null: keep every token
   int evict_slack = 0;  // a stream may grow this far past its budget before eviction (amortizes it)
 };
