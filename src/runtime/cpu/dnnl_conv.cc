@@ -229,8 +229,9 @@ class DnnlConvKernel final : public OpKernel {
     // Activations arrive and leave in ONNX's plain layout. oneDNN's fastest kernels want
     // channels-last or blocked activations, so the kernel normally lets oneDNN choose and
     // reorders through its own buffers; the reorders are cheap next to the convolution
-    // except for inputs with few channels (an image), where the plain-layout kernel
-    // wins and is used unless it is only oneDNN's reference implementation.
+    // except for ungrouped inputs with few channels (an image), where the plain-layout
+    // kernel wins and is used unless it is only oneDNN's reference implementation.
+    // Depthwise and grouped convolutions only have fast kernels in blocked layouts.
     memory::desc src_md, dst_md, w_md;
     auto create = [&](const memory::desc& x_md, const memory::desc& y_md) -> std::string {
       if (!s_.transposed) {
@@ -258,14 +259,15 @@ class DnnlConvKernel final : public OpKernel {
     };
     const int64_t channels_in = s_.x[1] / s_.group;
     std::string impl;
-    if (channels_in < 8) {
+    const bool plain_first = channels_in < 8 && s_.group == 1;
+    if (plain_first) {
       try {
         impl = create(plain_md(s_.x), plain_md(s_.y));
       } catch (const dnnl::error&) {
         impl = "ref";  // no kernel for the plain layout at all
       }
     }
-    if (channels_in >= 8 || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
+    if (!plain_first || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
     (void)nd;
     // Weights: packed into the primitive's layout, once when they are constant; the
     // kernel owns the packed copy.
