@@ -107,11 +107,14 @@ TEST(Passes, FoldBatchNormIntoConvWeights) {
   ModelBuilder b = conv_model();
   add_batch_norm(b, "c", "y", 4);
   b.output("y");
+  b.initializer("w/bn_folded", f32({1}, {0}));  // the name the pass would pick first
   PassGraph g = pass_graph_from_model(b.build());
   EXPECT_EQ(fold_batch_norm(g), 1);
   ASSERT_EQ(op_types(g), std::vector<std::string>{"Conv"});
   const Node& conv = *g.nodes[0];
   EXPECT_EQ(conv.outputs, std::vector<std::string>{"y"});
+  EXPECT_EQ(conv.inputs[1], "w/bn_folded_1");
+  EXPECT_EQ(conv.inputs[2], "b/bn_folded");
   // W'[m] = W[m] * scale / sqrt(var + eps), B' = (B - mean) * s + bias, rounded once.
   const Model m = b.build();
   auto vec = [&](const char* n) { return values_of(m.graph.initializers.at(n)); };

@@ -28,7 +28,8 @@ struct PassGraph {
   std::map<std::string, DType> dtypes;       // element types of other values, when known
   std::map<std::string, Shape> shapes;       // static shapes of other values, when known
   std::set<std::string> graph_outputs;
-  // Names used anywhere else (graph inputs, values of other scopes): fresh names avoid them.
+  // Every value name in use (node inputs and outputs, graph inputs, initializers, names
+  // of enclosing scopes): fresh names avoid them. Whoever builds a PassGraph fills it.
   std::set<std::string> reserved_names;
   std::map<std::string, int64_t> opsets;  // the model's; a fused node adds slim:1
   std::string context;                    // model name, for messages
@@ -43,7 +44,7 @@ struct PassGraph {
   std::optional<Shape> shape_of(const std::string& value) const;
   std::optional<DType> dtype_of(const std::string& value) const;
   const Tensor* constant(const std::string& value) const;  // nullptr when not constant
-  // A value name no node, constant or reserved name uses yet: `base`, or `base_<n>`.
+  // A name not in use yet (`base`, or `base_<n>`); it is reserved from then on.
   std::string fresh_name(const std::string& base);
   std::string add_constant(const std::string& base, Tensor value);
 };

@@ -30,27 +30,20 @@ const Tensor* PassGraph::constant(const std::string& value) const {
 }
 
 std::string PassGraph::fresh_name(const std::string& base) {
-  // Names of node outputs are collected once per call: passes create few names.
-  std::set<std::string> used;
-  for (const auto& n : nodes) {
-    if (!n) continue;
-    used.insert(n->inputs.begin(), n->inputs.end());
-    used.insert(n->outputs.begin(), n->outputs.end());
-  }
+  // reserved_names holds every name of the graph (see passes.h), so no scan of the nodes
+  // is needed: a pass that fuses thousands of nodes stays linear.
   auto taken = [&](const std::string& name) {
-    return used.count(name) || constants.count(name) || reserved_names.count(name) ||
-           shapes.count(name) || dtypes.count(name) || graph_outputs.count(name);
+    return reserved_names.count(name) || constants.count(name) || shapes.count(name) ||
+           dtypes.count(name) || graph_outputs.count(name);
   };
-  if (!taken(base)) return base;
-  for (int64_t k = 1;; ++k) {
-    std::string name = base + "_" + std::to_string(k);
-    if (!taken(name)) return name;
-  }
+  std::string name = base;
+  for (int64_t k = 1; taken(name); ++k) name = base + "_" + std::to_string(k);
+  reserved_names.insert(name);
+  return name;
 }
 
 std::string PassGraph::add_constant(const std::string& base, Tensor value) {
   std::string name = fresh_name(base);
-  reserved_names.insert(name);
   constants[name] = std::move(value);
   return name;
 }
@@ -75,6 +68,11 @@ PassGraph pass_graph_from_model(const Model& model) {
   for (const auto& vi : model.graph.inputs) learn(vi);
   for (const auto& vi : model.graph.value_info) learn(vi);
   for (const auto& vi : model.graph.outputs) g.graph_outputs.insert(vi.name);
+  for (const auto& n : g.nodes) {
+    g.reserved_names.insert(n->inputs.begin(), n->inputs.end());
+    g.reserved_names.insert(n->outputs.begin(), n->outputs.end());
+  }
+  for (const auto& [name, t] : model.graph.initializers) g.reserved_names.insert(name);
   g.opsets = model.opsets;
   return g;
 }
