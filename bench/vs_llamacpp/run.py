@@ -48,8 +48,13 @@ def slim_speed(slim, model, threads, tokens_file, decode_n, repeats):
 
 
 def llama_speed(model, threads, tokens_json, decode_n, repeats):
-    r = sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "speed", model, str(threads), tokens_json,
-            str(decode_n), str(repeats)])
+    try:
+        # llama.cpp's worker threads spin; with more threads than idle cores a run can crawl.
+        r = sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "speed", model, str(threads), tokens_json,
+                str(decode_n), str(repeats)], timeout=1200)
+    except subprocess.TimeoutExpired:
+        print("llama.cpp run timed out (20 min): %s, %d threads" % (model, threads), file=sys.stderr)
+        return [float("nan")] * repeats, [float("nan")] * repeats
     out = json.loads(r.stdout.strip().splitlines()[-1])
     return out["prefill_tps"], out["decode_tps"]
 
@@ -87,21 +92,31 @@ def main():
             models.append(("random-1.1B %s" % q.upper(), path))
 
     rows = []
-    print("%-22s %3s | %10s %10s %6s | %10s %10s %6s" % ("model", "thr", "slim pp", "llama pp", "ratio",
-                                                         "slim tg", "llama tg", "ratio"))
+    print("%-22s %3s | %10s %10s %6s | %10s %10s %6s | %5s" % ("model", "thr", "slim pp", "llama pp", "ratio",
+                                                                 "slim tg", "llama tg", "ratio", "load"))
     for name, path in models:
         if a.only and a.only not in name:
             continue
         for t in map(int, a.threads.split(",")):
-            sp, sd = slim_speed(a.slim, path, t, tokens_file, a.decode, a.repeats)
-            lp, ld = llama_speed(path, t, tokens_json, a.decode, a.repeats)
+            # Alternate the engines round by round: on a shared machine the load drifts, and
+            # interleaving exposes both engines to the same drift.
+            sp, sd, lp, ld = [], [], [], []
+            for _ in range(a.repeats):
+                p, d = slim_speed(a.slim, path, t, tokens_file, a.decode, 1)
+                sp += p
+                sd += d
+                p, d = llama_speed(path, t, tokens_json, a.decode, 1)
+                lp += p
+                ld += d
+            load = os.getloadavg()[0]
             row = dict(model=name, threads=t, slim_prefill=statistics.median(sp), llama_prefill=statistics.median(lp),
-                       slim_decode=statistics.median(sd), llama_decode=statistics.median(ld))
+                       slim_decode=statistics.median(sd), llama_decode=statistics.median(ld), load=load)
             rows.append(row)
-            print("%-22s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f" % (
+            print("%-22s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f | %5.1f" % (
                 name, t, row["slim_prefill"], row["llama_prefill"], row["slim_prefill"] / row["llama_prefill"],
-                row["slim_decode"], row["llama_decode"], row["slim_decode"] / row["llama_decode"]), flush=True)
-    print("(tokens/s, medians of %d runs; pp = prefill of 512 tokens, tg = decode of %d tokens)" % (a.repeats, a.decode))
+                row["slim_decode"], row["llama_decode"], row["slim_decode"] / row["llama_decode"], load), flush=True)
+    print("(tokens/s, medians of %d alternating runs; pp = prefill of 512 tokens, tg = decode of %d tokens; "
+          "load = 1-minute load average of the machine after the row)" % (a.repeats, a.decode))
 
     # Greedy agreement on the shared model.
     g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", SHARED, "The PostgreSQL server",

@@ -423,12 +423,6 @@ inline float hsum_ps_v(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline __m256i dot_i8_vnni(__m256i a, __m256i b) {
-  const __m256i ax = _mm256_sign_epi8(a, a);
-  const __m256i sy = _mm256_sign_epi8(b, a);
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
-}
-
 // Tiles of NR weight rows x NT activation rows over Q8_0 activations, four blocks (128
 // elements) per step in 512-bit registers. Blocks stay in their GGUF layout: word
 // permutes gather the first and the second 16 codes of four blocks into two registers, so
