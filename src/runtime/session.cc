@@ -327,6 +327,7 @@ struct Session::Impl {
   std::unique_ptr<OpKernel> take_reusable_kernel(const Node& node, const std::string& provider);
   void fold_and_infer(const std::vector<const KernelRegistry*>& regs);
   void build_steps();
+  void negotiate_private_layouts();
   void plan_arena();
   bool in_arena(const Tensor& t) const;
   bool inside(const Tensor& t, const Tensor& region) const;
@@ -428,6 +429,7 @@ void Session::Impl::compile() {
   }
 
   build_steps();
+  negotiate_private_layouts();
   for (const auto& node : node_store) graph.nodes.push_back(*node);
   node_providers.clear();
   for (const auto& s : steps) node_providers.push_back(s.provider);
@@ -731,6 +733,40 @@ std::unique_ptr<OpKernel> Session::Impl::take_reusable_kernel(const Node& node,
       it->second.inputs != node.inputs)
     return nullptr;
   return std::move(it->second.kernel);
+}
+
+// A value may stay in its producer's private layout (OpKernel::private_output_layout)
+// when it is not a graph output, no subgraph captures it, and every step reading it
+// accepts that layout on the input it reads it through.
+void Session::Impl::negotiate_private_layouts() {
+  std::vector<std::vector<std::pair<int, int>>> readers(values.size());
+  std::vector<char> plain_only(values.size(), 0);
+  for (int s = 0; s < int(steps.size()); ++s) {
+    const Step& step = steps[size_t(s)];
+    if (!step.kernel) continue;
+    for (int k = 0; k < int(step.inputs.size()); ++k)
+      if (step.inputs[size_t(k)] >= 0) readers[size_t(step.inputs[size_t(k)])].push_back({s, k});
+    for (int id : step.uses)
+      if (std::find(step.inputs.begin(), step.inputs.end(), id) == step.inputs.end())
+        plain_only[size_t(id)] = 1;
+  }
+  for (auto& step : steps) {
+    if (!step.kernel) continue;
+    for (int o = 0; o < int(step.outputs.size()); ++o) {
+      const int id = step.outputs[size_t(o)];
+      if (id < 0 || values[size_t(id)].graph_output || plain_only[size_t(id)] ||
+          readers[size_t(id)].empty() || values[size_t(id)].alias_of >= 0)
+        continue;
+      const uint64_t layout = step.kernel->private_output_layout(o);
+      if (!layout) continue;
+      bool all = true;
+      for (const auto& [s, k] : readers[size_t(id)])
+        all = all && steps[size_t(s)].kernel->accepts_private_input(k, layout);
+      if (!all) continue;
+      step.kernel->use_private_output(o);
+      for (const auto& [s, k] : readers[size_t(id)]) steps[size_t(s)].kernel->use_private_input(k);
+    }
+  }
 }
 
 void Session::Impl::build_steps() {

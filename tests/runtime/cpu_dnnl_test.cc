@@ -422,3 +422,36 @@ TEST(CpuPartition, SymbolicModelRunsOnCpuOnceSpecialized) {
 
 }  // namespace
 }  // namespace slim
+
+namespace slim {
+namespace {
+
+// Consecutive convolutions keep oneDNN's layout between them (negotiated at compile time);
+// values that are graph outputs or read by ref kernels stay plain. Either way the
+// results must equal ref's.
+TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
+  for (bool expose_middle : {false, true}) {
+    SCOPED_TRACE(expose_middle ? "middle value is also a graph output" : "chain only");
+    ModelBuilder b;
+    b.input("x", DType::f32, spec({2, 16, 10, 10})).output("y");
+    if (expose_middle) b.output("r1");
+    b.initializer("w1", random_f32({32, 16, 3, 3}, 1)).initializer("b1", random_f32({32}, 2));
+    b.initializer("w2", random_f32({32, 32, 3, 3}, 3)).initializer("b2", random_f32({32}, 4));
+    b.initializer("w3", random_f32({16, 32, 1, 1}, 5));
+    b.initializer("w4", random_f32({16, 1, 3, 3}, 6));
+    b.node("Conv", {"x", "w1", "b1"}, {"c1"}, "conv1").attrs["pads"] = attr_ints({1, 1, 1, 1});
+    b.node("Relu", {"c1"}, {"r1"}, "relu1");
+    b.node("Conv", {"r1", "w2", "b2"}, {"c2"}, "conv2").attrs["pads"] = attr_ints({1, 1, 1, 1});
+    b.node("Add", {"c2", "r1"}, {"s2"}, "add2");
+    b.node("Relu", {"s2"}, {"r2"}, "relu2");
+    b.node("Conv", {"r2", "w3"}, {"c3"}, "conv3");
+    Node& dw = b.node("Conv", {"c3", "w4"}, {"c4"}, "conv4");  // depthwise
+    dw.attrs["group"] = attr_int(16);
+    dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
+    b.node("Sigmoid", {"c4"}, {"y"}, "sig");
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 16, 10, 10}, 7)}}, "conv4", "cpu", 1e-5, 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace slim

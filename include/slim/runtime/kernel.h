@@ -59,6 +59,16 @@ class OpKernel {
   // Inputs are contiguous. Outputs must be contiguous tensors obtained from ctx.output()
   // (or ctx.set_output()). Errors name the node through ctx.fail().
   virtual void compute(KernelContext& ctx) const = 0;
+
+  // Private layouts. A kernel that could write output i in a layout of its own (same
+  // byte size, e.g. oneDNN's channels-last) returns a nonzero tag naming that layout; a
+  // kernel that could read input i in it says so. When every reader of a value accepts
+  // its producer's tag, compile switches them all over, so consecutive kernels skip the
+  // conversions; graph outputs and values read by other kernels stay plain.
+  virtual uint64_t private_output_layout(int i) const { return 0; }
+  virtual bool accepts_private_input(int i, uint64_t layout) const { return false; }
+  virtual void use_private_output(int i) {}
+  virtual void use_private_input(int i) {}
 };
 
 // Builds the kernel of one node; `opset` is the node's domain version in the model.

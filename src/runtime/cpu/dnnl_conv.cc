@@ -143,6 +143,14 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   return std::nullopt;
 }
 
+// Names a oneDNN memory layout: a hash of its descriptor (shape, strides, blocking).
+uint64_t layout_tag(const memory::desc& md) {
+  const auto* p = reinterpret_cast<const unsigned char*>(&md.data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof md.data; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h | 1;  // never 0, which means "no private layout"
+}
+
 class DnnlConvKernel final : public OpKernel {
  public:
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
@@ -155,9 +163,18 @@ class DnnlConvKernel final : public OpKernel {
     const Tensor& x = ctx.required_input(0);
     Tensor& y = ctx.output(0, DType::f32, s_.y);
     dnnl_call(ctx.node(), "convolution", [&] {
-      src_user_.set_data_handle(x.raw_data());
-      dst_user_.set_data_handle(y.raw_data());
-      if (reorder_src_) src_reorder_.execute(stream_, src_user_, src_mem_);
+      // In a private layout (negotiated at compile time) x or y already is in the layout
+      // the primitive runs in, so they are used in place instead of reordered.
+      memory& src = private_src_ ? src_priv_ : src_mem_;
+      memory& dst = private_dst_ ? dst_priv_ : dst_mem_;
+      if (private_src_) {
+        src_priv_.set_data_handle(x.raw_data());
+      } else {
+        src_user_.set_data_handle(x.raw_data());
+        if (reorder_src_) src_reorder_.execute(stream_, src_user_, src_mem_);
+      }
+      if (private_dst_) dst_priv_.set_data_handle(y.raw_data());
+      else dst_user_.set_data_handle(y.raw_data());
       if (!s_.weights_constant) {
         check_input_shape(ctx, 1, s_.w);
         w_user_.set_data_handle(ctx.required_input(1).raw_data());
@@ -166,24 +183,51 @@ class DnnlConvKernel final : public OpKernel {
       if (s_.has_z) {
         const Tensor& z = ctx.required_input(3);
         check_input_shape(ctx, 3, s_.y);
-        if (reorder_dst_) {
-          z_user_.set_data_handle(z.raw_data());
-          z_reorder_.execute(stream_, z_user_, dst_mem_);
+        if (private_z_ || !reorder_dst_) {  // z is in the layout dst is in
+          std::memcpy(dst.get_data_handle(), z.raw_data(), y.nbytes());
         } else {
-          std::memcpy(y.raw_data(), z.raw_data(), y.nbytes());
+          z_user_.set_data_handle(z.raw_data());
+          z_reorder_.execute(stream_, z_user_, dst);
         }
       }
       std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, src_mem_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_mem_}};
+          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
       if (s_.has_bias) {
         bias_.set_data_handle(ctx.required_input(2).raw_data());
         args.emplace(DNNL_ARG_BIAS, bias_);
       }
       prim_.execute(stream_, args);
-      if (reorder_dst_) dst_reorder_.execute(stream_, dst_mem_, dst_user_);
+      if (reorder_dst_ && !private_dst_) dst_reorder_.execute(stream_, dst_mem_, dst_user_);
       stream_.wait();
       return 0;
     });
+  }
+
+  // The layout oneDNN runs in, when it is not the plain one and takes no more bytes
+  // (blocked layouts that pad the channels do not fit the planned buffers).
+  uint64_t private_output_layout(int i) const override {
+    if (i != 0 || !reorder_dst_ || dst_md_.get_size() != size_t(shape_numel(s_.y)) * 4) return 0;
+    return layout_tag(dst_md_);
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    if (i == 0)
+      return reorder_src_ && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 && layout_tag(src_md_) == layout;
+    if (i == 3)
+      return s_.has_z && reorder_dst_ && dst_md_.get_size() == size_t(shape_numel(s_.y)) * 4 &&
+             layout_tag(dst_md_) == layout;
+    return false;
+  }
+  void use_private_output(int i) override {
+    if (i != 0) return;
+    private_dst_ = true;
+    dst_priv_ = memory(dst_md_, dnnl_engine(), DNNL_MEMORY_NONE);
+  }
+  void use_private_input(int i) override {
+    if (i == 0) {
+      private_src_ = true;
+      src_priv_ = memory(src_md_, dnnl_engine(), DNNL_MEMORY_NONE);
+    }
+    if (i == 3) private_z_ = true;
   }
 
  private:
@@ -286,6 +330,8 @@ class DnnlConvKernel final : public OpKernel {
     dst_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
     reorder_src_ = src_md != x_md;
     reorder_dst_ = dst_md != y_md;
+    src_md_ = src_md;
+    dst_md_ = dst_md;
     if (reorder_src_) {
       src_mem_ = memory(src_md, eng);
       src_reorder_ = dnnl::reorder(src_user_, src_mem_);
@@ -310,6 +356,9 @@ class DnnlConvKernel final : public OpKernel {
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
   mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_;
   bool reorder_src_ = false, reorder_dst_ = false;
+  bool private_src_ = false, private_dst_ = false, private_z_ = false;
+  memory::desc src_md_, dst_md_;
+  mutable memory src_priv_, dst_priv_;
   mutable dnnl::stream stream_;
 };
 
