@@ -1,6 +1,8 @@
 // Graph optimization passes: each test checks the rewritten graph and that the optimized
 // session computes what the unoptimized one does (bit for bit where the fused chain
 // rounds exactly like the unfused one, else within a few ulps).
+#include "slim/runtime/passes.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include "runtime/test_graphs.h"
 #include "slim/onnx/importer.h"
 #include "slim/runtime/fused_ops.h"
-#include "slim/runtime/passes.h"
 #include "slim/runtime/session.h"
 
 using namespace slim;
@@ -41,7 +42,8 @@ std::vector<std::string> op_types(const Graph& g) {
 
 std::vector<std::string> op_types(const PassGraph& g) {
   std::vector<std::string> ops;
-  for (const auto& n : g.nodes) ops.push_back((n->domain.empty() ? "" : n->domain + ":") + n->op_type);
+  for (const auto& n : g.nodes)
+    ops.push_back((n->domain.empty() ? "" : n->domain + ":") + n->op_type);
   return ops;
 }
 
@@ -72,7 +74,8 @@ std::unique_ptr<Session> expect_same_outputs(const Model& model, const TensorMap
 }
 
 const Node& only_node(const Session& s) {
-  EXPECT_EQ(s.compiled_graph().nodes.size(), 1u) << ::testing::PrintToString(op_types(s.compiled_graph()));
+  EXPECT_EQ(s.compiled_graph().nodes.size(), 1u)
+      << ::testing::PrintToString(op_types(s.compiled_graph()));
   return s.compiled_graph().nodes.at(0);
 }
 
@@ -82,9 +85,10 @@ ModelBuilder conv_model(bool with_bias = true) {
   b.input("x", DType::f32, {{2, 3, 6, 6}});
   b.initializer("w", random_f32({4, 3, 3, 3}, 1, -0.5f, 0.5f));
   if (with_bias) b.initializer("b", random_f32({4}, 2));
-  Node& conv = b.node("Conv", with_bias ? std::vector<std::string>{"x", "w", "b"}
-                                        : std::vector<std::string>{"x", "w"},
-                      {"c"}, "conv");
+  Node& conv = b.node(
+      "Conv",
+      with_bias ? std::vector<std::string>{"x", "w", "b"} : std::vector<std::string>{"x", "w"},
+      {"c"}, "conv");
   conv.attrs["pads"] = attr_ints({1, 1, 1, 1});
   return b;
 }
@@ -126,7 +130,8 @@ TEST(Passes, FoldBatchNormIntoConvWeights) {
     const double s = sc[size_t(o)] / std::sqrt(var[size_t(o)] + double(1e-3f));
     for (int k = 0; k < 27; ++k)
       EXPECT_EQ(w2[size_t(o * 27 + k)], double(float(w[size_t(o * 27 + k)] * s)));
-    EXPECT_EQ(b2[size_t(o)], double(float(s * bias[size_t(o)] + bb[size_t(o)] - s * mean[size_t(o)])));
+    EXPECT_EQ(b2[size_t(o)],
+              double(float(s * bias[size_t(o)] + bb[size_t(o)] - s * mean[size_t(o)])));
   }
   auto s = expect_same_outputs(b.build(), {{"x", random_f32({2, 3, 6, 6}, 3)}}, 1e-5);
   EXPECT_EQ(only_node(*s).op_type, "Conv");
@@ -206,7 +211,8 @@ TEST(Passes, ConvBatchNormResidualReluAsInResNet) {
   b.node("Relu", {"a"}, {"y"});
   b.output("y");
   auto s = expect_same_outputs(
-      b.build(), {{"x", random_f32({2, 3, 6, 6}, 9)}, {"skip", random_f32({2, 4, 6, 6}, 10)}}, 1e-5);
+      b.build(), {{"x", random_f32({2, 3, 6, 6}, 9)}, {"skip", random_f32({2, 4, 6, 6}, 10)}},
+      1e-5);
   const Node& n = only_node(*s);
   EXPECT_EQ(n.op_type, "FusedConv");
   ASSERT_EQ(n.inputs.size(), 4u);
@@ -219,8 +225,8 @@ TEST(Passes, ResidualThatBroadcastsIsNotFused) {
   b.input("z", DType::f32, {{1, 4, 1, 1}});  // broadcasts: not Y's shape
   b.node("Add", {"c", "z"}, {"y"});
   b.output("y");
-  auto s = expect_same_outputs(b.build(), {{"x", random_f32({2, 3, 6, 6}, 15)},
-                                           {"z", random_f32({1, 4, 1, 1}, 16)}});
+  auto s = expect_same_outputs(
+      b.build(), {{"x", random_f32({2, 3, 6, 6}, 15)}, {"z", random_f32({1, 4, 1, 1}, 16)}});
   EXPECT_EQ(op_types(s->compiled_graph()), (std::vector<std::string>{"Conv", "Add"}));
 }
 
@@ -266,19 +272,20 @@ struct ActivationCase {
 };
 
 std::vector<ActivationCase> activation_cases() {
-  auto unary = [](const char* op) {
-    return [op](ModelBuilder& b) { b.node(op, {"a"}, {"y"}); };
-  };
+  auto unary = [](const char* op) { return [op](ModelBuilder& b) { b.node(op, {"a"}, {"y"}); }; };
   std::vector<ActivationCase> cases = {
       {"Relu", "Relu", unary("Relu")},
       {"Sigmoid", "Sigmoid", unary("Sigmoid")},
       {"Tanh", "Tanh", unary("Tanh")},
       {"HardSwish", "HardSwish", unary("HardSwish")},
       {"LeakyRelu", "LeakyRelu",
-       [](ModelBuilder& b) { b.node("LeakyRelu", {"a"}, {"y"}).attrs["alpha"] = attr_float(0.1f); }},
+       [](ModelBuilder& b) {
+         b.node("LeakyRelu", {"a"}, {"y"}).attrs["alpha"] = attr_float(0.1f);
+       }},
       {"Clip", "Clip",
        [](ModelBuilder& b) {
-         b.initializer("lo", Tensor::scalar<float>(0.f)).initializer("hi", Tensor::scalar<float>(6.f));
+         b.initializer("lo", Tensor::scalar<float>(0.f))
+             .initializer("hi", Tensor::scalar<float>(6.f));
          b.node("Clip", {"a", "lo", "hi"}, {"y"});
        }},
       {"ClipMinOnly", "Clip",
@@ -293,7 +300,9 @@ std::vector<ActivationCase> activation_cases() {
        }},
       {"GeluOp", "Gelu", unary("Gelu"), 0, 20},
       {"GeluTanhOp", "GeluTanh",
-       [](ModelBuilder& b) { b.node("Gelu", {"a"}, {"y"}).attrs["approximate"] = attr_string("tanh"); },
+       [](ModelBuilder& b) {
+         b.node("Gelu", {"a"}, {"y"}).attrs["approximate"] = attr_string("tanh");
+       },
        0, 20},
       {"TorchErfGelu", "Gelu",
        [](ModelBuilder& b) {
@@ -348,7 +357,8 @@ TEST(Passes, MatMulBiasActivationFusesEveryActivation) {
     b.node("Add", {"mm", "bias"}, {"a"});
     c.add_act(b);
     b.output("y");
-    auto s = expect_same_outputs(b.build(), {{"x", random_f32({2, 5, 8}, 22, -4.f, 4.f)}}, c.rel_tol);
+    auto s =
+        expect_same_outputs(b.build(), {{"x", random_f32({2, 5, 8}, 22, -4.f, 4.f)}}, c.rel_tol);
     const Node& n = only_node(*s);
     EXPECT_EQ(n.op_type, "FusedMatMul");
     EXPECT_EQ(n.attr_string("activation", ""), c.expected);
@@ -433,7 +443,9 @@ std::string varint(uint64_t v) {
 std::string field(int number, const std::string& bytes) {
   return varint(uint64_t(number) << 3 | 2) + varint(bytes.size()) + bytes;
 }
-std::string field_int(int number, uint64_t v) { return varint(uint64_t(number) << 3) + varint(v); }
+std::string field_int(int number, uint64_t v) {
+  return varint(uint64_t(number) << 3) + varint(v);
+}
 
 }  // namespace
 
@@ -442,8 +454,8 @@ TEST(Passes, ImporterRefusesTheInternalDomainFromFiles) {
   // only passes may create these nodes.
   const std::string node = field(1, "x") + field(1, "x") + field(2, "y") + field(3, "fm") +
                            field(4, "FusedMatMul") + field(7, "slim");
-  const std::string graph = field(1, node) + field(2, "g") + field(11, field(1, "x")) +
-                            field(12, field(1, "y"));
+  const std::string graph =
+      field(1, node) + field(2, "g") + field(11, field(1, "x")) + field(12, field(1, "y"));
   const std::string model = field_int(1, 8) + field(7, graph) +
                             field(8, field(1, "") + field_int(2, 17)) +
                             field(8, field(1, "slim") + field_int(2, 1));
@@ -521,8 +533,8 @@ TEST(Passes, DropsIdentityDropoutAndNoopCastAndReshape) {
 TEST(Passes, KeepsNoopsWhoseOutputIsNeeded) {
   ModelBuilder b(17);
   b.input("x", DType::f32, {{2, 3}});
-  b.node("Identity", {"x"}, {"y"});                    // a graph output keeps its name
-  b.node("Dropout", {"x"}, {"d", "mask"});             // the mask is read
+  b.node("Identity", {"x"}, {"y"});         // a graph output keeps its name
+  b.node("Dropout", {"x"}, {"d", "mask"});  // the mask is read
   b.node("Cast", {"mask"}, {"m"}).attrs["to"] = attr_int(1);
   b.node("Cast", {"x"}, {"h"}).attrs["to"] = attr_int(7);  // INT64: real work
   b.output("y").output("d").output("m").output("h");

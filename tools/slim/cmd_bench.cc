@@ -34,7 +34,7 @@ struct BenchOptions {
   int warmup = 3;
   int iters = 20;
   std::string providers = "cpu,ref";
-  std::string profile;  // Chrome trace path
+  std::string profile;              // Chrome trace path
   std::vector<std::string> inputs;  // NAME=FILE.npy
   std::vector<std::string> dims;    // NAME=VALUE for named symbolic dims
   std::string output_dir;
@@ -95,9 +95,12 @@ Tensor random_tensor(DType dtype, const Shape& shape, std::mt19937_64& rng) {
     std::uniform_real_distribution<float> uf(-1.f, 1.f);
     std::uniform_int_distribution<int> ui(0, 9);
     for (int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (std::is_same_v<T, bool>) p[i] = ui(rng) % 2;
-      else if constexpr (std::is_integral_v<T>) p[i] = T(ui(rng));
-      else p[i] = T(uf(rng));
+      if constexpr (std::is_same_v<T, bool>)
+        p[i] = ui(rng) % 2;
+      else if constexpr (std::is_integral_v<T>)
+        p[i] = T(ui(rng));
+      else
+        p[i] = T(uf(rng));
     }
   });
   return t;
@@ -121,10 +124,18 @@ std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -154,7 +165,8 @@ struct NodeProfile {
   bool keep_events = false;
   Clock::time_point origin = Clock::now();
 
-  void record(const Node& n, const std::string& provider, Clock::time_point t0, Clock::time_point t1) {
+  void record(const Node& n, const std::string& provider, Clock::time_point t0,
+              Clock::time_point t1) {
     auto it = index.find(&n);
     int id;
     if (it == index.end()) {
@@ -171,7 +183,8 @@ struct NodeProfile {
   }
 };
 
-void write_trace(const std::string& path, const NodeProfile& p, const std::vector<std::pair<double, double>>& runs) {
+void write_trace(const std::string& path, const NodeProfile& p,
+                 const std::vector<std::pair<double, double>>& runs) {
   std::ofstream f(path);
   if (!f) throw Error(ErrorCode::invalid_argument, "--profile: cannot write '" + path + "'");
   f << "{\"traceEvents\":[\n";
@@ -209,7 +222,8 @@ void bench(const BenchOptions& o) {
       if (used != value.size() || v < 1) throw std::invalid_argument(value);
       dims[name] = v;
     } catch (const std::exception&) {
-      throw Error(ErrorCode::invalid_argument, "--dim '" + spec + "': value must be a positive integer");
+      throw Error(ErrorCode::invalid_argument,
+                  "--dim '" + spec + "': value must be a positive integer");
     }
   }
 
@@ -245,11 +259,13 @@ void bench(const BenchOptions& o) {
                                               ", which slim cannot generate; pass --input");
     feeds[vi.name] = random_tensor(*vi.dtype, input_shape(vi, o.batch, dims), rng);
   }
-  const double compile_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
+  const double compile_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
   const auto t_first = Clock::now();
   TensorMap outs = session->run(feeds);
   const auto t_first_end = Clock::now();
-  const double first_run_ms = std::chrono::duration<double, std::milli>(t_first_end - t_first).count();
+  const double first_run_ms =
+      std::chrono::duration<double, std::milli>(t_first_end - t_first).count();
   const double cold_ms = compile_ms + first_run_ms;
 
   {
@@ -298,8 +314,10 @@ void bench(const BenchOptions& o) {
               static_cast<long long>(st.pass_rewrites), static_cast<long long>(st.nodes_out));
   std::printf("cold start:   %.2f ms (load + compile %.2f ms, first run %.2f ms)\n", cold_ms,
               compile_ms, first_run_ms);
-  std::printf("latency:      p50 %.3f ms   p90 %.3f ms   p99 %.3f ms   mean %.3f ms   (%d runs, %d warmup)\n",
-              p50, p90, p99, mean, o.iters, o.warmup);
+  std::printf(
+      "latency:      p50 %.3f ms   p90 %.3f ms   p99 %.3f ms   mean %.3f ms   (%d runs, %d "
+      "warmup)\n",
+      p50, p90, p99, mean, o.iters, o.warmup);
   std::printf("throughput:   %.2f runs/s   %.2f samples/s (batch %lld)\n", 1000.0 / p50,
               1000.0 / p50 * double(o.batch), static_cast<long long>(o.batch));
   std::printf("peak RSS:     %.1f MiB\n", rss);
@@ -315,8 +333,10 @@ void bench(const BenchOptions& o) {
   }
   const double per_run = 1.0 / double(o.iters);
   std::vector<std::pair<std::string, std::pair<double, int>>> ops(by_op.begin(), by_op.end());
-  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  std::printf("\ntime by op type (per run; %.3f ms in kernels of %.3f ms mean):\n", node_total * per_run, mean);
+  std::sort(ops.begin(), ops.end(),
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::printf("\ntime by op type (per run; %.3f ms in kernels of %.3f ms mean):\n",
+              node_total * per_run, mean);
   for (const auto& [op, e] : ops)
     std::printf("  %-32s %9.3f ms  %5.1f%%  %4d nodes\n", op.c_str(), e.first * per_run,
                 node_total > 0 ? 100.0 * e.first / node_total : 0.0, e.second);
@@ -325,8 +345,8 @@ void bench(const BenchOptions& o) {
   std::sort(slow.begin(), slow.end(), [](auto* a, auto* b) { return a->total_ms > b->total_ms; });
   std::printf("slowest nodes:\n");
   for (size_t i = 0; i < slow.size() && int(i) < o.top; ++i)
-    std::printf("  %-40s %-20s %-4s %9.3f ms  %5.1f%%\n", slow[i]->name.c_str(), slow[i]->op.c_str(),
-                slow[i]->provider.c_str(), slow[i]->total_ms * per_run,
+    std::printf("  %-40s %-20s %-4s %9.3f ms  %5.1f%%\n", slow[i]->name.c_str(),
+                slow[i]->op.c_str(), slow[i]->provider.c_str(), slow[i]->total_ms * per_run,
                 node_total > 0 ? 100.0 * slow[i]->total_ms / node_total : 0.0);
 
   if (!o.profile.empty()) {
@@ -338,7 +358,9 @@ void bench(const BenchOptions& o) {
     for (const auto& [name, t] : outs) {
       std::string file;
       for (char c : name)
-        file += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.') ? c : '_';
+        file += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')
+                    ? c
+                    : '_';
       write_npy((std::filesystem::path(o.output_dir) / (file + ".npy")).string(), t);
     }
   }
@@ -354,7 +376,8 @@ void bench(const BenchOptions& o) {
     f << "],\"ops\":[";
     for (size_t i = 0; i < ops.size(); ++i)
       f << (i ? "," : "") << "{\"op\":\"" << json_escape(ops[i].first)
-        << "\",\"ms\":" << ops[i].second.first * per_run << ",\"nodes\":" << ops[i].second.second << "}";
+        << "\",\"ms\":" << ops[i].second.first * per_run << ",\"nodes\":" << ops[i].second.second
+        << "}";
     f << "]}\n";
   }
 }
@@ -368,15 +391,23 @@ SLIM_COMMAND(13, [](CLI::App& app) {
       "Measure an ONNX model: latency percentiles, throughput, peak RSS, cold start and a "
       "per-node profile");
   cmd->add_option("MODEL", o->model, "ONNX model file")->required();
-  cmd->add_option("--batch", o->batch, "Value of a symbolic first input dim")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "Value of a symbolic first input dim")
+      ->capture_default_str();
   add_threads_option(cmd, &o->threads);
-  cmd->add_option("--warmup", o->warmup, "Untimed runs before measuring")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--iters", o->iters, "Timed runs")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--providers", o->providers, "Providers in priority order, comma-separated")->capture_default_str();
-  cmd->add_option("--profile", o->profile, "Write a Chrome trace (JSON) of every node of the timed runs");
+  cmd->add_option("--warmup", o->warmup, "Untimed runs before measuring")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iters", o->iters, "Timed runs")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--providers", o->providers, "Providers in priority order, comma-separated")
+      ->capture_default_str();
+  cmd->add_option("--profile", o->profile,
+                  "Write a Chrome trace (JSON) of every node of the timed runs");
   cmd->add_option("--input,-i", o->inputs, "NAME=FILE.npy instead of a random input (repeatable)");
   cmd->add_option("--dim", o->dims, "NAME=N for a named symbolic input dim (repeatable)");
-  cmd->add_option("--output-dir,-o", o->output_dir, "Write the last run's outputs as NAME.npy here");
+  cmd->add_option("--output-dir,-o", o->output_dir,
+                  "Write the last run's outputs as NAME.npy here");
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->add_option("--top", o->top, "Slowest nodes to list")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();

@@ -63,7 +63,8 @@ bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
   const int64_t per = m ? w->numel() / m : 0;
   for (int64_t o = 0; o < m; ++o)
     for (int64_t k = 0; k < per; ++k)
-      w2.data<float>()[o * per + k] = float(double(wc.data<float>()[o * per + k]) * affine->s[size_t(o)]);
+      w2.data<float>()[o * per + k] =
+          float(double(wc.data<float>()[o * per + k]) * affine->s[size_t(o)]);
   Tensor b2(DType::f32, {m});
   for (int64_t o = 0; o < m; ++o)
     b2.data<float>()[o] =
@@ -71,8 +72,8 @@ bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
   *fused = conv;
   fused->inputs.resize(3);
   fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
-  fused->inputs[2] = g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded",
-                                    std::move(b2));
+  fused->inputs[2] =
+      g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded", std::move(b2));
   return true;
 }
 
@@ -108,8 +109,7 @@ bool fold_into_gemm(PassGraph& g, Node& gemm, const Node& bn, Node* fused) {
     }
   Tensor c2(DType::f32, {n});
   for (int64_t j = 0; j < n; ++j)
-    c2.data<float>()[j] =
-        float(affine->s[size_t(j)] * beta * c[size_t(j)] + affine->t[size_t(j)]);
+    c2.data<float>()[j] = float(affine->s[size_t(j)] * beta * c[size_t(j)] + affine->t[size_t(j)]);
   *fused = gemm;
   fused->inputs.resize(3);
   fused->inputs[1] = g.add_constant(gemm.inputs[1] + "/bn_folded", std::move(b2));

@@ -19,7 +19,9 @@ int64_t default_opset(const PassGraph& g) {
   return it == g.opsets.end() ? 0 : it->second;
 }
 
-bool is_op(const Node* n, const char* op) { return n && n->domain.empty() && n->op_type == op; }
+bool is_op(const Node* n, const char* op) {
+  return n && n->domain.empty() && n->op_type == op;
+}
 
 // The input of a two-input node that is not `x`; "" when the node does not read x exactly once.
 std::string other_input(const Node& n, const std::string& x) {
@@ -167,26 +169,32 @@ std::optional<ActivationMatch> erf_gelu(const PassGraph& g, const UseIndex& inde
 struct Chain {
   enum class Base { conv, gemm, matmul } base;
   Node fused;
-  std::string output;            // value the chain produces so far
+  std::string output;  // value the chain produces so far
   bool has_bias = false, has_residual = false, has_activation = false;
-  int64_t channels = -1;         // Conv: M; Gemm/MatMul: N (bias length); -1 unknown
-  int64_t out_rank = -1;         // -1 unknown
-  std::vector<Node*> absorbed;   // nodes after the base that the fused node replaces
+  int64_t channels = -1;        // Conv: M; Gemm/MatMul: N (bias length); -1 unknown
+  int64_t out_rank = -1;        // -1 unknown
+  std::vector<Node*> absorbed;  // nodes after the base that the fused node replaces
 };
 
 const char* fused_name(Chain::Base b) {
   switch (b) {
-    case Chain::Base::conv: return "FusedConv";
-    case Chain::Base::gemm: return "FusedGemm";
-    case Chain::Base::matmul: return "FusedMatMul";
+    case Chain::Base::conv:
+      return "FusedConv";
+    case Chain::Base::gemm:
+      return "FusedGemm";
+    case Chain::Base::matmul:
+      return "FusedMatMul";
   }
   return "";
 }
 const char* base_name(Chain::Base b) {
   switch (b) {
-    case Chain::Base::conv: return "Conv";
-    case Chain::Base::gemm: return "Gemm";
-    case Chain::Base::matmul: return "MatMul";
+    case Chain::Base::conv:
+      return "Conv";
+    case Chain::Base::gemm:
+      return "Gemm";
+    case Chain::Base::matmul:
+      return "MatMul";
   }
   return "";
 }
@@ -202,15 +210,20 @@ std::optional<Chain> start_chain(const PassGraph& g, const Node& n) {
   if (n.outputs.size() != 1 || n.outputs[0].empty()) return std::nullopt;
   c.output = n.outputs[0];
   if (n.domain == kFusedDomain) {
-    if (n.op_type == "FusedConv") c.base = Chain::Base::conv;
-    else if (n.op_type == "FusedGemm") c.base = Chain::Base::gemm;
-    else if (n.op_type == "FusedMatMul") c.base = Chain::Base::matmul;
-    else return std::nullopt;
+    if (n.op_type == "FusedConv")
+      c.base = Chain::Base::conv;
+    else if (n.op_type == "FusedGemm")
+      c.base = Chain::Base::gemm;
+    else if (n.op_type == "FusedMatMul")
+      c.base = Chain::Base::matmul;
+    else
+      return std::nullopt;
     c.fused = n;
     c.has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
     c.has_residual = n.inputs.size() > 3 && !n.inputs[3].empty();
     c.has_activation = !n.attr_string("activation", "").empty();
-  } else if (n.domain.empty() && (n.op_type == "Conv" || n.op_type == "Gemm" || n.op_type == "MatMul")) {
+  } else if (n.domain.empty() &&
+             (n.op_type == "Conv" || n.op_type == "Gemm" || n.op_type == "MatMul")) {
     c.base = n.op_type == "Conv" ? Chain::Base::conv
                                  : (n.op_type == "Gemm" ? Chain::Base::gemm : Chain::Base::matmul);
     if (n.op_type == "Gemm" && default_opset(g) < 7) return std::nullopt;  // legacy broadcast attr
@@ -288,9 +301,8 @@ bool absorb_add(PassGraph& g, Chain& c, Node* add) {
         for (int64_t m = 0; m < c.channels; ++m) merged[size_t(m)] += oc.data<float>()[m];
       }
       if (c.fused.inputs.size() < 3) c.fused.inputs.resize(3);
-      c.fused.inputs[size_t(bias_slot)] =
-          g.add_constant(c.fused.name + "/fused_bias",
-                         Tensor::from_vector<float>({c.channels}, merged));
+      c.fused.inputs[size_t(bias_slot)] = g.add_constant(
+          c.fused.name + "/fused_bias", Tensor::from_vector<float>({c.channels}, merged));
       if (c.base == Chain::Base::gemm) {
         Attribute one;
         one.kind = Attribute::Kind::f;

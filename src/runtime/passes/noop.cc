@@ -31,7 +31,8 @@ std::string passthrough_input(const PassGraph& g, const UseIndex& index, const N
     }
     // The mask output is all true in inference; only drop the node when nobody reads it.
     for (size_t o = 1; o < n.outputs.size(); ++o)
-      if (!n.outputs[o].empty() && (index.pinned(n.outputs[o]) || !index.readers(n.outputs[o]).empty()))
+      if (!n.outputs[o].empty() &&
+          (index.pinned(n.outputs[o]) || !index.readers(n.outputs[o]).empty()))
         return "";
     return x;
   }

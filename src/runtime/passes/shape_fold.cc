@@ -21,9 +21,9 @@ namespace {
 constexpr int64_t kMaxFoldedElements = 1 << 16;
 
 bool is_nondeterministic(const Node& n) {
-  static const std::unordered_set<std::string> kOps = {
-      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-      "Bernoulli"};
+  static const std::unordered_set<std::string> kOps = {"RandomNormal",     "RandomUniform",
+                                                       "RandomNormalLike", "RandomUniformLike",
+                                                       "Multinomial",      "Bernoulli"};
   return n.domain.empty() && kOps.count(n.op_type) != 0;
 }
 

@@ -18,21 +18,23 @@ class FusedKernel final : public OpKernel {
       : base_node_(node), separate_bias_(std::string(base) == "MatMul") {
     const std::vector<float> params = node.attr_floats("activation_params");
     if (!parse_activation(node.attr_string("activation", ""), params, &activation_))
-      throw Error(ErrorCode::invalid_model,
-                  node.describe() + ": unknown activation '" + node.attr_string("activation", "") +
-                      "' or wrong number of activation_params (" + std::to_string(params.size()) +
-                      ")");
+      throw Error(ErrorCode::invalid_model, node.describe() + ": unknown activation '" +
+                                                node.attr_string("activation", "") +
+                                                "' or wrong number of activation_params (" +
+                                                std::to_string(params.size()) + ")");
     if (node.inputs.size() > 4)
-      throw Error(ErrorCode::invalid_model,
-                  node.describe() + ": takes at most 4 inputs, got " + std::to_string(node.inputs.size()));
+      throw Error(ErrorCode::invalid_model, node.describe() + ": takes at most 4 inputs, got " +
+                                                std::to_string(node.inputs.size()));
     base_node_.op_type = base;
     base_node_.domain = "";
     base_node_.attrs.erase("activation");
     base_node_.attrs.erase("activation_params");
-    if (base_node_.inputs.size() > size_t(base_inputs)) base_node_.inputs.resize(size_t(base_inputs));
+    if (base_node_.inputs.size() > size_t(base_inputs))
+      base_node_.inputs.resize(size_t(base_inputs));
     const KernelDef* def = ref_kernel_registry().find(base, "", base_opset);
     if (!def)
-      throw Error(ErrorCode::internal, node.describe() + ": no ref kernel for " + std::string(base));
+      throw Error(ErrorCode::internal,
+                  node.describe() + ": no ref kernel for " + std::string(base));
     base_kernel_ = def->factory(base_node_, base_opset);
   }
 
@@ -75,7 +77,8 @@ class FusedKernel final : public OpKernel {
 };
 
 KernelDef fused_def(const char* op, const char* base, int base_inputs, int64_t base_opset) {
-  KernelFactory f = [base, base_inputs, base_opset](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
+  KernelFactory f = [base, base_inputs, base_opset](const Node& n,
+                                                    int64_t) -> std::unique_ptr<OpKernel> {
     return std::make_unique<FusedKernel>(n, base, base_inputs, base_opset);
   };
   return KernelDef{op, kFusedDomain, kFusedOpset, INT_MAX, f, {}};
