@@ -273,8 +273,9 @@ class DnnlConvKernel final : public OpKernel {
     // Activations arrive and leave in ONNX's plain layout. oneDNN's fastest kernels want
     // channels-last or blocked activations, so the kernel normally lets oneDNN choose and
     // reorders through its own buffers; the reorders are cheap next to the convolution
-    // except for ungrouped inputs with few channels (an image), where the plain-layout
-    // kernel wins and is used unless it is only oneDNN's reference implementation.
+    // except for ungrouped inputs with few channels (an image): those are read in plain
+    // NCHW by oneDNN's first-layer kernels (an nhwc reorder of them is slow), unless
+    // only the reference implementation would take them.
     // Depthwise and grouped convolutions only have fast kernels in blocked layouts.
     memory::desc src_md, dst_md, w_md;
     auto create = [&](const memory::desc& x_md, const memory::desc& y_md) -> std::string {
@@ -306,7 +307,7 @@ class DnnlConvKernel final : public OpKernel {
     const bool plain_first = channels_in < 8 && s_.group == 1;
     if (plain_first) {
       try {
-        impl = create(plain_md(s_.x), plain_md(s_.y));
+        impl = create(plain_md(s_.x), any(s_.y));
       } catch (const dnnl::error&) {
         impl = "ref";  // no kernel for the plain layout at all
       }
