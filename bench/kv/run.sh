@@ -17,7 +17,7 @@ run() { name=$1; shift; echo "== $name: slim $*"; "$SLIM" "$@" --threads "$THREA
 # past the first document's start.
 run eval_types kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --kv-type f16,q8,q4
 run eval_policies kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --policy all --budget 0.5,0.25
-run eval_composed kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --policy snapkv,h2o --budget 0.25 --kv-type q8,q4
+run eval_composed kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --policy streaming,h2o --budget 0.25 --kv-type q8,q4
 run passkey kv-eval "$MODEL" --passkey --ctx 1024 --passkey-lengths 256,512,1024 --passkey-trials 2 --policy all --budget 0.25
 
 # Throughput: decode tokens/s over all sequences, KV peak, per setting.
