@@ -87,6 +87,16 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
   for (uint32_t t = 0; t < T_; ++t) {
     const uint32_t root = cf.tree_root()[t];
     const uint32_t depth = cf.tree_depth()[t];
+    // The next tree's node tables stream in while this one is walked: a large forest
+    // does not fit in L2, and each block of rows visits every tree once.
+    if (t + 2 < T_) {
+      const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
+      for (uint32_t i = nb; i < ne; i += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
+        if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
+      }
+    }
     __m512i idx[V];
     __mmask16 went_right[V];
     const uint32_t p0 = packed[root];
