@@ -219,6 +219,27 @@ CompiledForest compile_forest(const Forest& f, bool ranked) {
 
 namespace {
 
+// What both node checks read: the node tables, and which packed bits a split may set.
+struct NodeTables {
+  explicit NodeTables(const CompiledForest& cf)
+      : h(cf.header()),
+        ranked(h.flags & kRanked),
+        root(cf.tree_root()),
+        depth(cf.tree_depth()),
+        packed(cf.packed()),
+        left(cf.left()),
+        thr_bits(reinterpret_cast<const uint32_t*>(cf.threshold())),
+        feat_mask(ranked ? kRankedFeatureMask : kNodeFeatureMask),
+        split_bits(ranked ? (kNodeDefaultLeft | feat_mask | (kRankMask << kRankShift))
+                          : (kNodeDefaultLeft | kNodeCategorical | kNodeZeroMissing | feat_mask)) {}
+  const CompiledHeader& h;
+  bool ranked;
+  const uint32_t *root, *depth, *packed;
+  const int32_t* left;
+  const uint32_t* thr_bits;
+  uint32_t feat_mask, split_bits;
+};
+
 // Every walk must end at a leaf of its own tree within tree_depth steps. compile_forest
 // lays each tree out breadth-first with the children of the k-th split of a tree in
 // slots 1 + 2k and 2 + 2k, and a payload is accepted only in exactly that canonical
@@ -230,20 +251,12 @@ namespace {
 // second pass (explain) finds the first bad node and throws.
 template <bool kExplain>
 bool check_nodes(const CompiledForest& cf, const std::string& where) {
-  const CompiledHeader& h = cf.header();
   auto fail = [&](const std::string& what) {
     if constexpr (kExplain) throw Error(ErrorCode::invalid_model, where + ": " + what);
   };
-  const bool ranked = h.flags & kRanked;
-  const uint32_t* root = cf.tree_root();
-  const uint32_t* depth = cf.tree_depth();
-  const uint32_t* packed = cf.packed();
-  const int32_t* left = cf.left();
-  const uint32_t* thr_bits = reinterpret_cast<const uint32_t*>(cf.threshold());
+  const NodeTables nt(cf);
+  const auto& [h, ranked, root, depth, packed, left, thr_bits, feat_mask, split_bits] = nt;
   const uint32_t* bin_off = ranked ? cf.bin_offsets() : nullptr;
-  const uint32_t feat_mask = ranked ? kRankedFeatureMask : kNodeFeatureMask;
-  const uint32_t split_bits = ranked ? (kNodeDefaultLeft | feat_mask | (kRankMask << kRankShift))
-                                     : (kNodeDefaultLeft | kNodeCategorical | kNodeZeroMissing | feat_mask);
   uint32_t max_depth = 0;
   uint32_t bad = 0;
   for (uint32_t t = 0; t < h.num_trees; ++t) {
@@ -316,16 +329,8 @@ bool check_nodes(const CompiledForest& cf, const std::string& where) {
 // mask. It accepts exactly what the scalar pass accepts (tests compare the two on
 // damaged payloads).
 __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest& cf) {
-  const CompiledHeader& h = cf.header();
-  const bool ranked = h.flags & kRanked;
-  const uint32_t* root = cf.tree_root();
-  const uint32_t* depth = cf.tree_depth();
-  const uint32_t* packed = cf.packed();
-  const int32_t* left = cf.left();
-  const uint32_t* thr_bits = reinterpret_cast<const uint32_t*>(cf.threshold());
-  const uint32_t feat_mask = ranked ? kRankedFeatureMask : kNodeFeatureMask;
-  const uint32_t split_bits = ranked ? (kNodeDefaultLeft | feat_mask | (kRankMask << kRankShift))
-                                     : (kNodeDefaultLeft | kNodeCategorical | kNodeZeroMissing | feat_mask);
+  const NodeTables nt(cf);
+  const auto& [h, ranked, root, depth, packed, left, thr_bits, feat_mask, split_bits] = nt;
   std::vector<uint32_t> rank_limit;
   if (ranked) {
     const uint32_t* off = cf.bin_offsets();

@@ -92,4 +92,14 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
   return cand_[n - 1].id;
 }
 
+void log_softmax(const float* l, int n, std::vector<double>& out) {
+  double mx = l[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, double(l[i]));
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp(double(l[i]) - mx);
+  const double lse = mx + std::log(sum);
+  out.resize(size_t(n));
+  for (int i = 0; i < n; ++i) out[size_t(i)] = double(l[i]) - lse;
+}
+
 }  // namespace slim::llm

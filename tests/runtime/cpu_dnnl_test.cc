@@ -12,18 +12,13 @@ namespace {
 
 using cpu_test::expect_matches_ref;
 using cpu_test::random_f32;
+using cpu_test::spec;
 using testing::attr_float;
 using testing::attr_floats;
 using testing::attr_int;
 using testing::attr_ints;
 using testing::attr_string;
 using testing::ModelBuilder;
-
-std::vector<testing::DimSpec> spec(const Shape& s) {
-  std::vector<testing::DimSpec> out;
-  for (int64_t d : s) out.emplace_back(d);
-  return out;
-}
 
 struct ConvCase {
   Shape x, w;

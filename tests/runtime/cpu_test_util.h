@@ -16,6 +16,13 @@
 
 namespace slim::cpu_test {
 
+// Static dims of a shape, as the graph builders take them.
+inline std::vector<testing::DimSpec> spec(const Shape& s) {
+  std::vector<testing::DimSpec> out;
+  for (int64_t d : s) out.emplace_back(d);
+  return out;
+}
+
 inline Tensor random_f32(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {
   Tensor t(DType::f32, shape);
   std::mt19937_64 rng(seed);

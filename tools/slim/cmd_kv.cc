@@ -17,9 +17,12 @@
 #include "slim/llm/kv_policy.h"
 #include "slim/llm/kv_scheduler.h"
 #include "slim/llm/model.h"
+#include "slim/llm/sampler.h"
 
 namespace slim::cli {
 namespace {
+
+using llm::log_softmax;
 
 struct KvEvalArgs {
   std::string model, file;
@@ -95,16 +98,6 @@ llm::ContextOptions options_for(const Variant& v, int ctx, int threads, int q4_r
   o.kv.q8_recent = g_q8_recent;
   if (v.policy != "full") o.kv.policy = llm::make_kv_policy(v.policy, v.budget);
   return o;
-}
-
-void log_softmax(const float* l, int n, std::vector<double>& out) {
-  double mx = l[0];
-  for (int i = 1; i < n; ++i) mx = std::max(mx, double(l[i]));
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += std::exp(double(l[i]) - mx);
-  const double lse = mx + std::log(sum);
-  out.resize(size_t(n));
-  for (int i = 0; i < n; ++i) out[size_t(i)] = double(l[i]) - lse;
 }
 
 struct Score {

@@ -13,11 +13,14 @@
 #include "slim/llm/gguf_tokenizer.h"
 #include "slim/llm/model.h"
 #include "slim/llm/quantize.h"
+#include "slim/llm/sampler.h"
 #include "slim/llm/text_generator.h"
 #include "slim/text/tokenizer_loader.h"
 
 namespace slim::cli {
 namespace {
+
+using llm::log_softmax;
 
 struct GgufTokenizerRegistrar {
   GgufTokenizerRegistrar() {
@@ -134,17 +137,6 @@ struct PerplexityArgs {
   std::string model, file, kl_base;
   int ctx = 512, threads = 0, chunks = 0;
 };
-
-// log-softmax of one logits row into out; returns nothing, out holds log-probabilities.
-void log_softmax(const float* l, int n, std::vector<double>& out) {
-  double mx = l[0];
-  for (int i = 1; i < n; ++i) mx = std::max(mx, double(l[i]));
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += std::exp(double(l[i]) - mx);
-  const double lse = mx + std::log(sum);
-  out.resize(size_t(n));
-  for (int i = 0; i < n; ++i) out[size_t(i)] = double(l[i]) - lse;
-}
 
 void run_perplexity(const PerplexityArgs& a) {
   auto model = llm::LlamaModel::load(a.model);

@@ -42,4 +42,8 @@ class Sampler {
   std::vector<float> penalized_;
 };
 
+// Log-probabilities of one logits row (in double, max-subtracted): what perplexity and
+// KV-cache evaluation score tokens with.
+void log_softmax(const float* logits, int n, std::vector<double>& out);
+
 }  // namespace slim::llm
