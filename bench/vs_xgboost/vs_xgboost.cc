@@ -41,18 +41,19 @@ static double cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// Rows per second of repeated runs of fn(), each run timed over >= 20 ms: the median by
-// wall clock, and the median per CPU-second of the whole process. On a shared machine the
-// wall clock includes time other processes held the cores; CPU time does not, and with
-// one thread it is the fairer number (with two it sums both threads).
-struct Rate {
-  double wall, cpu;
+// Rows per second of XGBoost and slim, measured in alternating rounds: each round times
+// XGBoost's fn over >= 20 ms, then slim's. The ratio is the median of the rounds' own
+// ratios, so a change in the machine's speed during the run (the development machine is
+// a shared VM whose speed drifts by up to 2x within a minute) hits both sides of a ratio
+// alike. Rates are medians by wall clock and per CPU-second of the whole process; with
+// one thread the CPU number excludes time other processes held the cores, with two it
+// sums both threads (and XGBoost's OpenMP workers spin while waiting).
+struct Rates {
+  double xgb_wall, slim_wall, ratio_wall, xgb_cpu, slim_cpu, ratio_cpu;
 };
-template <typename Fn>
-static Rate rows_per_second(int64_t rows, Fn&& fn, double budget_s = 0.6) {
-  std::vector<double> wall, cpu;
-  const auto end = clock_type::now() + std::chrono::duration<double>(budget_s);
-  while (clock_type::now() < end || wall.size() < 7) {
+template <typename Fx, typename Fs>
+static Rates rows_per_second(int64_t rows, Fx&& fx, Fs&& fs, double budget_s = 1.2) {
+  auto one = [&](auto& fn, double& wall, double& cpu) {
     const auto a = clock_type::now();
     const double c = cpu_seconds();
     int reps = 0;
@@ -60,27 +61,49 @@ static Rate rows_per_second(int64_t rows, Fn&& fn, double budget_s = 0.6) {
       fn();
       ++reps;
     } while (seconds_since(a) < 0.02);
-    wall.push_back(double(rows) * reps / seconds_since(a));
-    cpu.push_back(double(rows) * reps / std::max(1e-9, cpu_seconds() - c));
+    wall = double(rows) * reps / seconds_since(a);
+    cpu = double(rows) * reps / std::max(1e-9, cpu_seconds() - c);
+  };
+  std::vector<double> xw, xc, sw, sc, rw, rc;
+  const auto end = clock_type::now() + std::chrono::duration<double>(budget_s);
+  while (clock_type::now() < end || xw.size() < 9) {
+    double a, b, c, d;
+    one(fx, a, b);
+    one(fs, c, d);
+    xw.push_back(a), xc.push_back(b), sw.push_back(c), sc.push_back(d);
+    rw.push_back(c / a), rc.push_back(d / b);
   }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(xw), median(sw), median(rw), median(xc), median(sc), median(rc)};
 }
 
 struct Latency {
   double p50, p99;
 };
-template <typename Fn>
-static Latency latency_us(int64_t calls, Fn&& fn) {
-  std::vector<double> lat(static_cast<size_t>(calls));
-  for (int64_t i = 0; i < calls; ++i) {
-    const auto a = clock_type::now();
-    fn(i);
-    lat[size_t(i)] = std::chrono::duration<double, std::micro>(clock_type::now() - a).count();
+// Single-row latencies of both engines, in alternating blocks of 500 calls (for the same
+// reason as above).
+template <typename Fx, typename Fs>
+static std::pair<Latency, Latency> latency_us(int64_t calls, Fx&& fx, Fs&& fs) {
+  std::vector<double> lx, ls;
+  auto block = [](auto& fn, int64_t i0, int64_t n, std::vector<double>& lat) {
+    for (int64_t i = i0; i < i0 + n; ++i) {
+      const auto a = clock_type::now();
+      fn(i);
+      lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - a).count());
+    }
+  };
+  for (int64_t i = 0; i < calls; i += 500) {
+    block(fx, i, std::min<int64_t>(500, calls - i), lx);
+    block(fs, i, std::min<int64_t>(500, calls - i), ls);
   }
-  std::sort(lat.begin(), lat.end());
-  return {lat[lat.size() / 2], lat[lat.size() * 99 / 100]};
+  auto pct = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return Latency{v[v.size() / 2], v[v.size() * 99 / 100]};
+  };
+  return {pct(lx), pct(ls)};
 }
 
 static std::string array_interface(const float* data, int64_t rows, int64_t cols) {
@@ -147,32 +170,36 @@ static void bench_model(const std::string& path, bool ranked) {
     for (int64_t batch : {int64_t(1), int64_t(64), int64_t(10000)}) {
       const std::string ai = array_interface(x.data(), batch, F);
       std::vector<float> out(size_t(batch) * cf.num_groups());
-      const Rate xgb = rows_per_second(batch, [&] {
-        const bst_ulong* shape;
-        bst_ulong dim;
-        const float* res;
-        XGBoosterPredictFromDense(booster, ai.c_str(), config, nullptr, &shape, &dim, &res);
-      });
-      const Rate sl = rows_per_second(batch, [&] {
-        if (batch == 1) cf.predict_row(x.data(), out.data());
-        else cf.predict(x.data(), batch, out.data(), false, &pool);
-      });
+      const Rates r = rows_per_second(
+          batch,
+          [&] {
+            const bst_ulong* shape;
+            bst_ulong dim;
+            const float* res;
+            XGBoosterPredictFromDense(booster, ai.c_str(), config, nullptr, &shape, &dim, &res);
+          },
+          [&] {
+            if (batch == 1) cf.predict_row(x.data(), out.data());
+            else cf.predict(x.data(), batch, out.data(), false, &pool);
+          });
       std::printf("  %-6lld %-7d | %14.0f %14.0f %6.1fx | %14.0f %14.0f %6.1fx\n", static_cast<long long>(batch),
-                  threads, xgb.wall, sl.wall, sl.wall / xgb.wall, xgb.cpu, sl.cpu, sl.cpu / xgb.cpu);
+                  threads, r.xgb_wall, r.slim_wall, r.ratio_wall, r.xgb_cpu, r.slim_cpu, r.ratio_cpu);
     }
   }
   XGB_CHECK(XGBoosterSetParam(booster, "nthread", "1"));
   const int64_t calls = 20000;
   std::vector<std::string> ais;
   for (int64_t i = 0; i < 1000; ++i) ais.push_back(array_interface(x.data() + i * F, 1, F));
-  const Latency lx = latency_us(calls, [&](int64_t i) {
-    const bst_ulong* shape;
-    bst_ulong dim;
-    const float* res;
-    XGBoosterPredictFromDense(booster, ais[size_t(i % 1000)].c_str(), config, nullptr, &shape, &dim, &res);
-  });
   float o[64];
-  const Latency ls = latency_us(calls, [&](int64_t i) { cf.predict_row(x.data() + (i % 1000) * F, o); });
+  const auto [lx, ls] = latency_us(
+      calls,
+      [&](int64_t i) {
+        const bst_ulong* shape;
+        bst_ulong dim;
+        const float* res;
+        XGBoosterPredictFromDense(booster, ais[size_t(i % 1000)].c_str(), config, nullptr, &shape, &dim, &res);
+      },
+      [&](int64_t i) { cf.predict_row(x.data() + (i % 1000) * F, o); });
   std::printf("  single row (1 thread, %lld calls): xgboost p50 %.2f us p99 %.2f us | slim p50 %.2f us p99 %.2f us"
               " | p50 ratio %.1fx\n",
               static_cast<long long>(calls), lx.p50, lx.p99, ls.p50, ls.p99, lx.p50 / ls.p50);

@@ -126,6 +126,8 @@ CompiledForest compile_forest(const Forest& f, bool ranked) {
     uint64_t values = 0;
     for (const auto& t : tables) values += t.size();
     h.num_bin_values = uint32_t(values);
+  } else if (!f.accumulate_double) {
+    h.flags |= kLeafInThreshold;
   }
   const uint64_t size = plan_sections(h);
 
@@ -180,9 +182,10 @@ CompiledForest compile_forest(const Forest& f, bool ranked) {
         const uint32_t li = next_leaf++;
         packed[id] = kNodeLeaf | li;
         left[id] = int32_t(id);
-        if (!ranked) thr[id] = 0.f;  // unused; zero keeps the file deterministic
         if (f.accumulate_double) leaf_d[li] = node.leaf_value;
         else leaf_f[li] = float(node.leaf_value);
+        // See kLeafInThreshold; with double leaves the slot is unused and zero.
+        if (!ranked) thr[id] = f.accumulate_double ? 0.f : leaf_f[li];
         continue;
       }
       uint32_t p = node.feature;
@@ -229,6 +232,7 @@ struct NodeTables {
         packed(cf.packed()),
         left(cf.left()),
         thr_bits(reinterpret_cast<const uint32_t*>(cf.threshold())),
+        leaf_bits((h.flags & kLeafInThreshold) ? static_cast<const uint32_t*>(cf.leaf_values()) : nullptr),
         feat_mask(ranked ? kRankedFeatureMask : kNodeFeatureMask),
         split_bits(ranked ? (kNodeDefaultLeft | feat_mask | (kRankMask << kRankShift))
                           : (kNodeDefaultLeft | kNodeCategorical | kNodeZeroMissing | feat_mask)) {}
@@ -237,6 +241,7 @@ struct NodeTables {
   const uint32_t *root, *depth, *packed;
   const int32_t* left;
   const uint32_t* thr_bits;
+  const uint32_t* leaf_bits;  // float leaves whose copies sit in the threshold slots, else null
   uint32_t feat_mask, split_bits;
 };
 
@@ -255,7 +260,7 @@ bool check_nodes(const CompiledForest& cf, const std::string& where) {
     if constexpr (kExplain) throw Error(ErrorCode::invalid_model, where + ": " + what);
   };
   const NodeTables nt(cf);
-  const auto& [h, ranked, root, depth, packed, left, thr_bits, feat_mask, split_bits] = nt;
+  const auto& [h, ranked, root, depth, packed, left, thr_bits, leaf_bits, feat_mask, split_bits] = nt;
   const uint32_t* bin_off = ranked ? cf.bin_offsets() : nullptr;
   uint32_t max_depth = 0;
   uint32_t bad = 0;
@@ -296,9 +301,15 @@ bool check_nodes(const CompiledForest& cf, const std::string& where) {
       } else if (__builtin_expect(!leaf & bool(p & kNodeCategorical), 0)) {
         fault |= uint32_t(thr_bits[i] >= h.num_category_sets);
       }
+      if (leaf_bits) {  // a leaf's threshold slot holds its value (kLeafInThreshold)
+        const uint32_t li = index < h.num_leaves ? index : 0;  // a bad index already faulted
+        fault |= lm & (thr_bits[i] ^ leaf_bits[li]);
+      }
       if constexpr (kExplain) {
         if (fault) {
           const std::string node = "node " + std::to_string(i) + ": ";
+          if (leaf && index < limit && leaf_bits && thr_bits[i] != leaf_bits[index])
+            fail(node + "leaf value copy differs from the leaf table");
           if (leaf) fail(node + "malformed leaf");
           if (index >= limit) fail(node + "feature out of range");
           if (uint32_t(left[i]) != next_child || next_child <= i) fail(node + "child outside its tree");
@@ -328,9 +339,12 @@ bool check_nodes(const CompiledForest& cf, const std::string& where) {
 // from an in-register prefix count of the splits, and level boundaries from the split
 // mask. It accepts exactly what the scalar pass accepts (tests compare the two on
 // damaged payloads).
+// GCC 12 warns falsely about the intrinsics' internal undefined source operands.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest& cf) {
   const NodeTables nt(cf);
-  const auto& [h, ranked, root, depth, packed, left, thr_bits, feat_mask, split_bits] = nt;
+  const auto& [h, ranked, root, depth, packed, left, thr_bits, leaf_bits, feat_mask, split_bits] = nt;
   std::vector<uint32_t> rank_limit;
   if (ranked) {
     const uint32_t* off = cf.bin_offsets();
@@ -344,6 +358,7 @@ __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest&
   const __m512i leaf_index_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
   const __m512i feat_mask_v = _mm512_set1_epi32(int32_t(feat_mask));
   const __m512i num_leaves = _mm512_set1_epi32(int32_t(h.num_leaves));
+  const __m512i last_leaf = _mm512_set1_epi32(int32_t(h.num_leaves ? h.num_leaves - 1 : 0));
   const __m512i num_features = _mm512_set1_epi32(int32_t(h.num_features));
   const __m512i last_feature = _mm512_set1_epi32(int32_t(h.num_features - 1));
   const __m512i cat_bit = _mm512_set1_epi32(int32_t(kNodeCategorical));
@@ -388,6 +403,11 @@ __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest&
       } else {
         const __mmask16 cat = _mm512_mask_test_epi32_mask(split, p, cat_bit);
         if (cat) bad |= _mm512_mask_cmpge_epu32_mask(cat, _mm512_maskz_loadu_epi32(cat, thr_bits + i0), num_sets);
+        if (leaf_bits) {
+          const __m512i li = _mm512_min_epu32(_mm512_and_si512(p, leaf_index_mask), last_leaf);
+          const __m512i copy = _mm512_mask_i32gather_epi32(zero, leaf, li, leaf_bits, 4);
+          bad |= _mm512_mask_cmpneq_epi32_mask(leaf, copy, _mm512_maskz_loadu_epi32(valid, thr_bits + i0));
+        }
       }
       fault |= bad;
       // Level boundaries inside this chunk: the next level ends where the splits before
@@ -406,6 +426,7 @@ __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest&
   }
   return fault == 0 && max_depth == h.max_depth;
 }
+#pragma GCC diagnostic pop
 
 }  // namespace
 
@@ -470,6 +491,9 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
   } else if (h.num_bin_values != 0) {
     throw bad("threshold tables without the ranked layout");
   }
+  if ((h.flags & kLeafInThreshold) && (ranked || h.accumulate_double))
+    throw bad("leaf values in threshold slots need the plain layout with float leaves");
+  if (h.flags & ~(kHasCategorical | kHasZeroMissing | kRanked | kLeafInThreshold)) throw bad("unknown layout flags");
   const bool fast_ok = check_level == SimdLevel::avx512 && detected_simd_level() == SimdLevel::avx512
                            ? check_nodes_avx512(cf)
                            : check_nodes<false>(cf, where);

@@ -22,10 +22,14 @@ constexpr int kInterleave = 4;
 // vector loads instead of a gather.
 constexpr int kColRows = 64;
 
-// Lanes standing on a leaf. Their packed word holds the leaf index where a split has
-// its feature, so input gathers skip them (masked gathers read nothing for those lanes).
-__attribute__((target("avx512f"))) inline __mmask16 leaf_lanes512(__m512i p) {
-  return _mm512_test_epi32_mask(p, _mm512_set1_epi32(int32_t(kNodeLeaf)));
+// Levels whose inputs are blended from whole columns instead of gathered.
+constexpr uint32_t kBlendLevels = 3;
+
+// Lanes standing on a split (not a leaf). A leaf's packed word holds its leaf index where
+// a split has its feature, so input gathers skip leaf lanes (masked gathers read nothing
+// for those lanes).
+__attribute__((target("avx512f"))) inline __mmask16 split_lanes512(__m512i p) {
+  return _mm512_testn_epi32_mask(p, _mm512_set1_epi32(int32_t(kNodeLeaf)));
 }
 __attribute__((target("avx2"))) inline __m256i leaf_lanes256(__m256i p) {
   const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
@@ -33,22 +37,28 @@ __attribute__((target("avx2"))) inline __m256i leaf_lanes256(__m256i p) {
 }
 
 // The split test of one vector of lanes: `xv` holds the lanes' inputs (floats, or bins
-// for the ranked layout R), `p` their packed words, `th` their thresholds (plain only).
-// Returns the lanes that go right (leaves never do: they point to themselves).
+// for the ranked layout R), `p` their packed words, `th` their thresholds (plain only),
+// `split` the lanes on a split. Returns the lanes that go right; leaves never do (they
+// point to themselves). Everything stays in mask registers: the masks that depend only
+// on the node are ready before the input arrives, so the input's path to the result is
+// one or two compares.
 template <bool R>
-__attribute__((target("avx512f"))) inline __mmask16 right_mask512(__m512i xv, __m512i p, __m512 th, __mmask16 leaf) {
-  const __mmask16 dl = _mm512_test_epi32_mask(p, _mm512_set1_epi32(int32_t(kNodeDefaultLeft)));
-  __mmask16 lt, nan;
+__attribute__((target("avx512f"))) inline __mmask16 right_mask512(__m512i xv, __m512i p, __m512 th, __mmask16 split) {
+  const __m512i dl_bit = _mm512_set1_epi32(int32_t(kNodeDefaultLeft));
   if constexpr (R) {
+    // Right when bin >= rank, except NaN (the bin above every rank) at default-left nodes.
     const __m512i rank = _mm512_and_si512(_mm512_srli_epi32(p, kRankShift), _mm512_set1_epi32(int32_t(kRankMask)));
-    lt = _mm512_cmplt_epi32_mask(xv, rank);
-    nan = _mm512_cmpeq_epi32_mask(xv, _mm512_set1_epi32(kNanBin));
+    const __mmask16 dl = _mm512_mask_test_epi32_mask(split, p, dl_bit);
+    const __mmask16 ge = _mm512_mask_cmpge_epi32_mask(split, xv, rank);
+    return _kandn_mask16(_mm512_mask_cmpeq_epi32_mask(dl, xv, _mm512_set1_epi32(kNanBin)), ge);
   } else {
+    // Right when !(x < t); NaN is unordered, so it goes right unless default-left, where
+    // the ordered x >= t sends it left.
+    const __mmask16 dl = _mm512_mask_test_epi32_mask(split, p, dl_bit);
+    const __mmask16 ndl = _mm512_mask_testn_epi32_mask(split, p, dl_bit);
     const __m512 xf = _mm512_castsi512_ps(xv);
-    lt = _mm512_cmp_ps_mask(xf, th, _CMP_LT_OQ);
-    nan = _mm512_cmp_ps_mask(xf, xf, _CMP_UNORD_Q);
+    return _kor_mask16(_mm512_mask_cmp_ps_mask(dl, xf, th, _CMP_GE_OQ), _mm512_mask_cmp_ps_mask(ndl, xf, th, _CMP_NLT_UQ));
   }
-  return __mmask16(~(lt | (nan & dl) | leaf));
 }
 
 template <bool R>
@@ -77,6 +87,7 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
   const float* thr = cf.threshold();
   const int32_t* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i feat_mask = _mm512_set1_epi32(int32_t(feature_mask(R)));
   const __m512i leaf_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
@@ -109,7 +120,7 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
       const __m512 th0 = R ? _mm512_setzero_ps() : _mm512_set1_ps(thr[root]);
       const __m512i l0 = _mm512_set1_epi32(left[root]);
       for (int v = 0; v < V; ++v) {
-        went_right[v] = right_mask512<R>(_mm512_loadu_si512(col + 16 * v), p0v, th0, 0);
+        went_right[v] = right_mask512<R>(_mm512_loadu_si512(col + 16 * v), p0v, th0, 0xffff);
         idx[v] = _mm512_mask_add_epi32(l0, went_right[v], l0, one);
       }
     }
@@ -128,53 +139,82 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
     const __m512i root_v = _mm512_set1_epi32(int32_t(root));
     const __m512i in_regs = _mm512_set1_epi32(int32_t(std::min<uint32_t>(size, 64)));
     const __m512i bit5 = _mm512_set1_epi32(32);
-    // Level 1 lanes stand on the root's two children: two columns, blended.
-    const uint32_t l_root = uint32_t(left[root]);
-    // (A leaf child's packed word holds its leaf index: any column will do for it.)
+    // At levels 1..kBlendLevels a lane stands on one of at most 2^d nodes, fixed by the
+    // directions it took so far: its input is one of 2^d columns, loaded whole and
+    // blended by those directions, which is shorter and cheaper than a gather.
+    // cols[d][q] is the column of the node reached by path q (bit j: right at level j);
+    // a lane standing on a leaf reads any column (its input is not used).
     auto column_of = [&](uint32_t i) {
       const uint32_t p = packed[i];
       return xt + size_t((p & kNodeLeaf) ? 0 : p & feature_mask(R)) * kColRows + local0;
     };
-    const int32_t* col_a = column_of(depth ? l_root : root);
-    const int32_t* col_b = column_of(depth ? l_root + 1 : root);
-    for (uint32_t d = 1; d < depth; ++d) {
-      for (int v = 0; v < V; ++v) {
-        const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
-        __m512i p, l;
-        __m512 th = _mm512_setzero_ps();
-        if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
-          const __mmask16 upper = _mm512_test_epi32_mask(rel, bit5);
-          p = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(p_tab[0], rel, p_tab[1]),
-                                      _mm512_permutex2var_epi32(p_tab[2], rel, p_tab[3]));
-          if constexpr (!R)
-            th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
-                                      _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
-          l = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(l_tab[0], rel, l_tab[1]),
-                                      _mm512_permutex2var_epi32(l_tab[2], rel, l_tab[3]));
-        } else {
-          p = _mm512_i32gather_epi32(idx[v], packed, 4);
-          if constexpr (!R) th = _mm512_i32gather_ps(idx[v], thr, 4);
-          l = _mm512_i32gather_epi32(idx[v], left, 4);
-        }
-        const __mmask16 leaf = leaf_lanes512(p);
-        __m512i xv;
-        if (d == 1) {
-          xv = _mm512_mask_blend_epi32(went_right[v], _mm512_loadu_si512(col_a + 16 * v),
-                                       _mm512_loadu_si512(col_b + 16 * v));
-        } else {
-          const __m512i xi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(p, feat_mask), 6), lane_v[v]);
-          xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(~leaf), xi, xt, 4);
-        }
-        idx[v] = _mm512_mask_add_epi32(l, right_mask512<R>(xv, p, th, leaf), l, one);
+    const uint32_t blend_levels = std::min<uint32_t>(kBlendLevels, depth ? depth - 1 : 0);
+    uint32_t node_at[kBlendLevels + 1][1 << kBlendLevels];
+    const int32_t* cols[kBlendLevels + 1][1 << kBlendLevels];
+    node_at[0][0] = root;
+    for (uint32_t d = 1; d <= blend_levels; ++d) {
+      for (uint32_t q = 0; q < (1u << d); ++q) {
+        const uint32_t parent = node_at[d - 1][q & ((1u << (d - 1)) - 1)];
+        const uint32_t i = (packed[parent] & kNodeLeaf) ? parent : uint32_t(left[parent]) + ((q >> (d - 1)) & 1);
+        node_at[d][q] = i;
+        cols[d][q] = column_of(i);
       }
     }
+    __mmask16 path[kBlendLevels][V];
+    for (int v = 0; v < V; ++v) path[0][v] = went_right[v];
+    // One level for every vector; D > 0 blends the input from 2^D columns, D == 0
+    // gathers it.
+    auto level = [&]<uint32_t D>() __attribute__((target("avx512f"), always_inline)) {
+#pragma GCC unroll 8
+     for (int v = 0; v < V; ++v) {
+      const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
+      __m512i p, l;
+      __m512 th = _mm512_setzero_ps();
+      if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
+        const __mmask16 upper = _mm512_test_epi32_mask(rel, bit5);
+        p = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(p_tab[0], rel, p_tab[1]),
+                                    _mm512_permutex2var_epi32(p_tab[2], rel, p_tab[3]));
+        if constexpr (!R)
+          th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
+                                    _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
+        l = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(l_tab[0], rel, l_tab[1]),
+                                    _mm512_permutex2var_epi32(l_tab[2], rel, l_tab[3]));
+      } else {
+        p = _mm512_i32gather_epi32(idx[v], packed, 4);
+        if constexpr (!R) th = _mm512_i32gather_ps(idx[v], thr, 4);
+        l = _mm512_i32gather_epi32(idx[v], left, 4);
+      }
+      const __mmask16 split = split_lanes512(p);
+      __m512i xv;
+      if constexpr (D > 0) {
+        __m512i c[1 << D];
+        for (uint32_t q = 0; q < (1u << D); ++q) c[q] = _mm512_loadu_si512(cols[D][q] + 16 * v);
+        for (uint32_t j = 0; j < D; ++j)
+          for (uint32_t q = 0; q < (1u << (D - j - 1)); ++q)
+            c[q] = _mm512_mask_blend_epi32(path[j][v], c[2 * q], c[2 * q + 1]);
+        xv = c[0];
+      } else {
+        const __m512i xi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(p, feat_mask), 6), lane_v[v]);
+        xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), split, xi, xt, 4);
+      }
+      const __mmask16 right = right_mask512<R>(xv, p, th, split);
+      if constexpr (D > 0 && D < kBlendLevels) path[D][v] = right;
+      idx[v] = _mm512_mask_add_epi32(l, right, l, one);
+     }
+    };
+    static_assert(kBlendLevels == 3);
+    if (blend_levels >= 1) level.template operator()<1>();
+    if (blend_levels >= 2) level.template operator()<2>();
+    if (blend_levels >= 3) level.template operator()<3>();
+    for (uint32_t d = blend_levels + 1; d < depth; ++d) level.template operator()<0>();
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
     for (int v = 0; v < V; ++v) {
-      const __m512i li = _mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask);
       if constexpr (std::is_same_v<T, float>) {
-        const __m512 lv = _mm512_i32gather_ps(li, leaves, 4);
+        const __m512 lv = leaf_in_thr ? _mm512_i32gather_ps(idx[v], thr, 4)
+                                      : _mm512_i32gather_ps(_mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask), leaves, 4);
         _mm512_storeu_ps(a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(a + 16 * v), lv));
       } else {
+        const __m512i li = _mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask);
         const __m512d lo = _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8);
         const __m512d hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8);
         _mm512_storeu_pd(a + 16 * v, _mm512_add_pd(_mm512_loadu_pd(a + 16 * v), lo));
@@ -215,6 +255,7 @@ __attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, 
   const float* thr = cf.threshold();
   const int* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i row_off = _mm256_mullo_epi32(lane, _mm256_set1_epi32(F));
   const __m256i feat_mask = _mm256_set1_epi32(int32_t(feature_mask(R)));
@@ -240,11 +281,12 @@ __attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, 
     }
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
     for (int v = 0; v < V; ++v) {
-      const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask);
       if constexpr (std::is_same_v<T, float>) {
-        const __m256 lv = _mm256_i32gather_ps(leaves, li, 4);
+        const __m256 lv = leaf_in_thr ? _mm256_i32gather_ps(thr, idx[v], 4)
+                                      : _mm256_i32gather_ps(leaves, _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask), 4);
         _mm256_storeu_ps(a + 8 * v, _mm256_add_ps(_mm256_loadu_ps(a + 8 * v), lv));
       } else {
+        const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask);
         const __m256d lo = _mm256_i32gather_pd(leaves, _mm256_castsi256_si128(li), 8);
         const __m256d hi = _mm256_i32gather_pd(leaves, _mm256_extracti128_si256(li, 1), 8);
         _mm256_storeu_pd(a + 8 * v, _mm256_add_pd(_mm256_loadu_pd(a + 8 * v), lo));
@@ -272,6 +314,7 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
   const float* thr = cf.threshold();
   const int32_t* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
   const uint32_t* roots = cf.tree_root();
   const uint32_t* depths = cf.tree_depth();
   const uint32_t* groups = cf.tree_group();
@@ -300,18 +343,24 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
         const __m512i p = _mm512_i32gather_epi32(idx[v], packed, 4);
         const __m512 th = R ? _mm512_setzero_ps() : _mm512_i32gather_ps(idx[v], thr, 4);
         const __m512i l = _mm512_i32gather_epi32(idx[v], left, 4);
-        const __mmask16 leaf = leaf_lanes512(p);
-        const __m512i xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(~leaf),
+        const __mmask16 split = split_lanes512(p);
+        const __m512i xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), split,
                                                        _mm512_and_si512(p, feat_mask), row, 4);
-        idx[v] = _mm512_mask_add_epi32(l, right_mask512<R>(xv, p, th, leaf), l, one);
+        idx[v] = _mm512_mask_add_epi32(l, right_mask512<R>(xv, p, th, split), l, one);
       }
     }
     for (int v = 0; v < kVecs; ++v) {
       // Lanes past the last tree walked tree 0 for a depth that is not its own, so they
       // may not stand on a leaf: they read leaf 0 instead of an arbitrary index.
+      T* out = vals + 16 * v;
+      if constexpr (std::is_same_v<T, float>) {
+        if (leaf_in_thr) {
+          _mm512_store_ps(out, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live[v], idx[v], thr, 4));
+          continue;
+        }
+      }
       const __m512i li = _mm512_and_si512(
           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[v], idx[v], packed, 4), leaf_mask);
-      T* out = vals + 16 * v;
       if constexpr (std::is_same_v<T, float>) {
         _mm512_store_ps(out, _mm512_i32gather_ps(li, leaves, 4));
       } else {
@@ -335,6 +384,7 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const in
   const float* thr = cf.threshold();
   const int* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
   const uint32_t* roots = cf.tree_root();
   const uint32_t* depths = cf.tree_depth();
   const uint32_t* groups = cf.tree_group();
@@ -363,6 +413,13 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const in
     }
     // Lanes past the last tree may stand on an internal node of tree 0: their index is
     // masked to a valid slot and never used.
+    if (leaf_in_thr) {
+      // (Lanes past the last tree read some node's slot; they are not added.)
+      alignas(32) float lv[8];
+      _mm256_store_ps(lv, _mm256_i32gather_ps(thr, idx, 4));
+      for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += lv[k];
+      continue;
+    }
     _mm256_store_si256(reinterpret_cast<__m256i*>(lidx),
                        _mm256_and_si256(_mm256_i32gather_epi32(packed, idx, 4), leaf_mask));
     for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += leaves[lidx[k]];

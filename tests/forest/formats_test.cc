@@ -198,6 +198,30 @@ TEST(ForestSlimf, PayloadWithBadChildIsRejectedEvenWithAValidChecksum) {
   EXPECT_NE(std::string(e.what()).find("child outside its tree"), std::string::npos) << e.what();
 }
 
+// Plain float forests keep a copy of each leaf's value in its threshold slot (the SIMD
+// walks read it with one gather); a copy that differs from the leaf table is rejected.
+TEST(ForestSlimf, LeafValueCopiesMustMatchTheLeafTable) {
+  CompiledForest cf = compile_forest(parse_xgboost_json_text(tiny_xgb(), "t.json"));
+  const CompiledHeader& h = cf.header();
+  ASSERT_TRUE(h.flags & kLeafInThreshold);
+  EXPECT_FALSE(compile_forest(parse_xgboost_json_text(tiny_xgb(), "t.json"), true).header().flags & kLeafInThreshold);
+  uint32_t leaf_node = 0;
+  while (!(cf.packed()[leaf_node] & kNodeLeaf)) ++leaf_node;
+  const float* leaves = static_cast<const float*>(cf.leaf_values());
+  EXPECT_EQ(cf.threshold()[leaf_node], leaves[cf.packed()[leaf_node] & kNodeFeatureMask]);
+  for (SimdLevel level : {SimdLevel::scalar, detected_simd_level()}) {
+    std::string payload(reinterpret_cast<const char*>(cf.payload()), cf.payload_size());
+    const float other = cf.threshold()[leaf_node] + 1.0f;
+    std::memcpy(&payload[h.off_threshold + 4 * leaf_node], &other, 4);
+    auto storage = Storage::allocate(payload.size());
+    std::memcpy(storage->data(), payload.data(), payload.size());
+    Error e = expect_error([&] {
+      CompiledForest::from_payload(static_cast<const uint8_t*>(storage->data()), payload.size(), storage, "p", level);
+    });
+    EXPECT_NE(std::string(e.what()).find("leaf value copy differs"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ForestCompress, QuantizationBoundsThresholdsAndLosslessIsExact) {
   const std::string dir = testing::fixture_dir("forest_xgb_fixtures.py");
   Forest f = load_forest_source(dir + "/xgb_regression.json");

@@ -77,7 +77,7 @@ TEST(ForestRobustness, DamagedPayloadsWithValidChecksums) {
 
 // The AVX-512 node check must accept exactly the payloads the scalar one accepts: both
 // run on payloads whose node tables (tree ranges, depths, packed words, children) were
-// damaged in place, with the rest intact.
+// damaged in place (leaf values and their copies included), with the rest intact.
 TEST(ForestRobustness, VectorAndScalarNodeChecksAgree) {
   if (detected_simd_level() != SimdLevel::avx512) GTEST_SKIP() << "no AVX-512 here";
   const std::string dir = testing::fixture_dir("forest_xgb_fixtures.py");
@@ -88,7 +88,7 @@ TEST(ForestRobustness, VectorAndScalarNodeChecksAgree) {
   int accepted = 0, rejected = 0;
   for (const CompiledForest& cf : forests) {
     const CompiledHeader& h = cf.header();
-    const uint64_t lo = h.off_tree_root, hi = h.off_leaf;  // roots, groups, depths, nodes
+    const uint64_t lo = h.off_tree_root, hi = h.off_category_offsets;  // roots ... nodes, leaves
     for (int it = 0; it < 3000; ++it) {
       auto storage = Storage::allocate(cf.payload_size());
       uint8_t* p = static_cast<uint8_t*>(storage->data());

@@ -39,7 +39,7 @@ struct CompiledHeader {
   uint32_t num_features, num_groups, num_trees, num_nodes, num_leaves;
   uint32_t num_category_sets, num_category_words, max_depth;
   uint8_t source, transform, accumulate_double, truncate_category_first;
-  uint32_t flags;  // kHasCategorical | kHasZeroMissing | kRanked
+  uint32_t flags;  // kHasCategorical | kHasZeroMissing | kRanked | kLeafInThreshold
   uint32_t num_bin_values;  // ranked: all features' threshold tables together
   double sigmoid_scale, average_divisor;
   uint64_t off_base_margin, off_tree_root, off_tree_group, off_tree_depth;
@@ -50,6 +50,11 @@ struct CompiledHeader {
 inline constexpr uint32_t kHasCategorical = 1;
 inline constexpr uint32_t kHasZeroMissing = 2;
 inline constexpr uint32_t kRanked = 4;
+// Plain layout with float32 leaves: a leaf's threshold slot holds its value too (equal to
+// leaf_values()[its leaf index], checked on load), so a SIMD walk reads a lane's leaf
+// value with one gather by node instead of two (leaf index, then value). Files without
+// the flag (older ones) keep zero there and take the two-gather path.
+inline constexpr uint32_t kLeafInThreshold = 8;
 
 enum class SimdLevel { scalar, avx2, avx512 };
 SimdLevel detected_simd_level();
