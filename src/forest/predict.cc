@@ -12,7 +12,7 @@
 namespace slim::forest {
 
 namespace {
-constexpr int64_t kBlockRows = 64;
+constexpr int64_t kBlockRows = 256;
 }
 
 SimdLevel detected_simd_level() {

@@ -20,7 +20,8 @@ constexpr int kInterleave = 4;
 // Rows come column-major in blocks of kColRows (xt[f * kColRows + r]), so the first two
 // levels, where every lane tests one of at most two features, read a feature with plain
 // vector loads instead of a gather.
-constexpr int kColRows = 64;
+constexpr int kColRows = 256;
+constexpr uint32_t kColShift = 8;  // log2(kColRows)
 
 // Levels whose inputs are blended from whole columns instead of gathered.
 constexpr uint32_t kBlendLevels = 3;
@@ -80,9 +81,13 @@ __attribute__((target("avx2"))) inline __m256i stay_mask256(__m256i xv, __m256i 
 
 constexpr uint32_t feature_mask(bool ranked) { return ranked ? kRankedFeatureMask : kNodeFeatureMask; }
 
-template <typename T, int V, bool R>
-__attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest& cf, const int32_t* xt,
-                                                           int64_t local0, int64_t n, int64_t r0, T* acc) {
+// One block of rows (a multiple of 16, at most kColRows, transposed into xt) through
+// every tree. Trees are the outer loop, so a tree's set-up (its top nodes loaded into
+// registers, the columns its top levels read) serves the whole block; the rows go
+// through it in groups of 16 * kInterleave, then 16.
+template <typename T, bool R>
+__attribute__((target("avx512f"))) void avx512_block(const CompiledForest& cf, const int32_t* xt, int64_t rows,
+                                                     int64_t n, int64_t r0, T* acc) {
   const uint32_t* packed = cf.packed();
   const float* thr = cf.threshold();
   const int32_t* left = cf.left();
@@ -92,8 +97,7 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
   const __m512i feat_mask = _mm512_set1_epi32(int32_t(feature_mask(R)));
   const __m512i leaf_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
   const __m512i one = _mm512_set1_epi32(1);
-  __m512i lane_v[V];
-  for (int v = 0; v < V; ++v) lane_v[v] = _mm512_add_epi32(lane, _mm512_set1_epi32(int32_t(local0 + 16 * v)));
+  const __m512i bit5 = _mm512_set1_epi32(32);
   const uint32_t T_ = cf.num_trees();
   for (uint32_t t = 0; t < T_; ++t) {
     const uint32_t root = cf.tree_root()[t];
@@ -106,22 +110,6 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
         _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
         if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
-      }
-    }
-    __m512i idx[V];
-    __mmask16 went_right[V];
-    const uint32_t p0 = packed[root];
-    if (depth == 0) {
-      for (int v = 0; v < V; ++v) idx[v] = _mm512_set1_epi32(int32_t(root));
-    } else {
-      // Level 0: every lane is at the root.
-      const int32_t* col = xt + size_t(p0 & feature_mask(R)) * kColRows + local0;
-      const __m512i p0v = _mm512_set1_epi32(int32_t(p0));
-      const __m512 th0 = R ? _mm512_setzero_ps() : _mm512_set1_ps(thr[root]);
-      const __m512i l0 = _mm512_set1_epi32(left[root]);
-      for (int v = 0; v < V; ++v) {
-        went_right[v] = right_mask512<R>(_mm512_loadu_si512(col + 16 * v), p0v, th0, 0xffff);
-        idx[v] = _mm512_mask_add_epi32(l0, went_right[v], l0, one);
       }
     }
     // The first 64 nodes of the tree (its top levels in breadth-first order) sit in
@@ -138,20 +126,20 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
     }
     const __m512i root_v = _mm512_set1_epi32(int32_t(root));
     const __m512i in_regs = _mm512_set1_epi32(int32_t(std::min<uint32_t>(size, 64)));
-    const __m512i bit5 = _mm512_set1_epi32(32);
-    // At levels 1..kBlendLevels a lane stands on one of at most 2^d nodes, fixed by the
+    // At levels 0..kBlendLevels a lane stands on one of at most 2^d nodes, fixed by the
     // directions it took so far: its input is one of 2^d columns, loaded whole and
     // blended by those directions, which is shorter and cheaper than a gather.
     // cols[d][q] is the column of the node reached by path q (bit j: right at level j);
     // a lane standing on a leaf reads any column (its input is not used).
     auto column_of = [&](uint32_t i) {
       const uint32_t p = packed[i];
-      return xt + size_t((p & kNodeLeaf) ? 0 : p & feature_mask(R)) * kColRows + local0;
+      return xt + size_t((p & kNodeLeaf) ? 0 : p & feature_mask(R)) * kColRows;
     };
     const uint32_t blend_levels = std::min<uint32_t>(kBlendLevels, depth ? depth - 1 : 0);
     uint32_t node_at[kBlendLevels + 1][1 << kBlendLevels];
     const int32_t* cols[kBlendLevels + 1][1 << kBlendLevels];
     node_at[0][0] = root;
+    cols[0][0] = column_of(root);
     for (uint32_t d = 1; d <= blend_levels; ++d) {
       for (uint32_t q = 0; q < (1u << d); ++q) {
         const uint32_t parent = node_at[d - 1][q & ((1u << (d - 1)) - 1)];
@@ -160,67 +148,89 @@ __attribute__((target("avx512f"))) inline void avx512_rows(const CompiledForest&
         cols[d][q] = column_of(i);
       }
     }
-    __mmask16 path[kBlendLevels][V];
-    for (int v = 0; v < V; ++v) path[0][v] = went_right[v];
-    // One level for every vector; D > 0 blends the input from 2^D columns, D == 0
-    // gathers it.
-    auto level = [&]<uint32_t D>() __attribute__((target("avx512f"), always_inline)) {
-#pragma GCC unroll 8
-     for (int v = 0; v < V; ++v) {
-      const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
-      __m512i p, l;
-      __m512 th = _mm512_setzero_ps();
-      if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
-        const __mmask16 upper = _mm512_test_epi32_mask(rel, bit5);
-        p = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(p_tab[0], rel, p_tab[1]),
-                                    _mm512_permutex2var_epi32(p_tab[2], rel, p_tab[3]));
-        if constexpr (!R)
-          th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
-                                    _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
-        l = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(l_tab[0], rel, l_tab[1]),
-                                    _mm512_permutex2var_epi32(l_tab[2], rel, l_tab[3]));
-      } else {
-        p = _mm512_i32gather_epi32(idx[v], packed, 4);
-        if constexpr (!R) th = _mm512_i32gather_ps(idx[v], thr, 4);
-        l = _mm512_i32gather_epi32(idx[v], left, 4);
-      }
-      const __mmask16 split = split_lanes512(p);
-      __m512i xv;
-      if constexpr (D > 0) {
-        __m512i c[1 << D];
-        for (uint32_t q = 0; q < (1u << D); ++q) c[q] = _mm512_loadu_si512(cols[D][q] + 16 * v);
-        for (uint32_t j = 0; j < D; ++j)
-          for (uint32_t q = 0; q < (1u << (D - j - 1)); ++q)
-            c[q] = _mm512_mask_blend_epi32(path[j][v], c[2 * q], c[2 * q + 1]);
-        xv = c[0];
-      } else {
-        const __m512i xi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(p, feat_mask), 6), lane_v[v]);
-        xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), split, xi, xt, 4);
-      }
-      const __mmask16 right = right_mask512<R>(xv, p, th, split);
-      if constexpr (D > 0 && D < kBlendLevels) path[D][v] = right;
-      idx[v] = _mm512_mask_add_epi32(l, right, l, one);
-     }
-    };
-    static_assert(kBlendLevels == 3);
-    if (blend_levels >= 1) level.template operator()<1>();
-    if (blend_levels >= 2) level.template operator()<2>();
-    if (blend_levels >= 3) level.template operator()<3>();
-    for (uint32_t d = blend_levels + 1; d < depth; ++d) level.template operator()<0>();
+    const uint32_t p0 = packed[root];
+    const __m512i p0v = _mm512_set1_epi32(int32_t(p0));
+    const __m512 th0 = R ? _mm512_setzero_ps() : _mm512_set1_ps(thr[root]);
+    const __m512i l0 = _mm512_set1_epi32(left[root]);
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
-    for (int v = 0; v < V; ++v) {
-      if constexpr (std::is_same_v<T, float>) {
-        const __m512 lv = leaf_in_thr ? _mm512_i32gather_ps(idx[v], thr, 4)
-                                      : _mm512_i32gather_ps(_mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask), leaves, 4);
-        _mm512_storeu_ps(a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(a + 16 * v), lv));
+
+    // V vectors of 16 rows starting at row k of the block, walked interleaved so their
+    // loads overlap.
+    auto group = [&]<int V>(int64_t k) __attribute__((target("avx512f"), always_inline)) {
+      __m512i idx[V];
+      __mmask16 path[kBlendLevels][V];
+      if (depth == 0) {
+        for (int v = 0; v < V; ++v) idx[v] = root_v;
       } else {
-        const __m512i li = _mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask);
-        const __m512d lo = _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8);
-        const __m512d hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8);
-        _mm512_storeu_pd(a + 16 * v, _mm512_add_pd(_mm512_loadu_pd(a + 16 * v), lo));
-        _mm512_storeu_pd(a + 16 * v + 8, _mm512_add_pd(_mm512_loadu_pd(a + 16 * v + 8), hi));
+        for (int v = 0; v < V; ++v) {  // level 0: every lane is at the root
+          path[0][v] = right_mask512<R>(_mm512_loadu_si512(cols[0][0] + k + 16 * v), p0v, th0, 0xffff);
+          idx[v] = _mm512_mask_add_epi32(l0, path[0][v], l0, one);
+        }
       }
-    }
+      // One level for every vector; D > 0 blends the input from 2^D columns, D == 0
+      // gathers it.
+      auto level = [&]<uint32_t D>() __attribute__((target("avx512f"), always_inline)) {
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          const __m512i rel = _mm512_sub_epi32(idx[v], root_v);
+          __m512i p, l;
+          __m512 th = _mm512_setzero_ps();
+          if (_mm512_cmplt_epu32_mask(rel, in_regs) == 0xffff) {
+            const __mmask16 upper = _mm512_test_epi32_mask(rel, bit5);
+            p = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(p_tab[0], rel, p_tab[1]),
+                                        _mm512_permutex2var_epi32(p_tab[2], rel, p_tab[3]));
+            if constexpr (!R)
+              th = _mm512_mask_blend_ps(upper, _mm512_permutex2var_ps(t_tab[0], rel, t_tab[1]),
+                                        _mm512_permutex2var_ps(t_tab[2], rel, t_tab[3]));
+            l = _mm512_mask_blend_epi32(upper, _mm512_permutex2var_epi32(l_tab[0], rel, l_tab[1]),
+                                        _mm512_permutex2var_epi32(l_tab[2], rel, l_tab[3]));
+          } else {
+            p = _mm512_i32gather_epi32(idx[v], packed, 4);
+            if constexpr (!R) th = _mm512_i32gather_ps(idx[v], thr, 4);
+            l = _mm512_i32gather_epi32(idx[v], left, 4);
+          }
+          const __mmask16 split = split_lanes512(p);
+          __m512i xv;
+          if constexpr (D > 0) {
+            __m512i c[1 << D];
+            for (uint32_t q = 0; q < (1u << D); ++q) c[q] = _mm512_loadu_si512(cols[D][q] + k + 16 * v);
+            for (uint32_t j = 0; j < D; ++j)
+              for (uint32_t q = 0; q < (1u << (D - j - 1)); ++q)
+                c[q] = _mm512_mask_blend_epi32(path[j][v], c[2 * q], c[2 * q + 1]);
+            xv = c[0];
+          } else {
+            const __m512i row = _mm512_add_epi32(lane, _mm512_set1_epi32(int32_t(k + 16 * v)));
+            const __m512i xi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(p, feat_mask), kColShift), row);
+            xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), split, xi, xt, 4);
+          }
+          const __mmask16 right = right_mask512<R>(xv, p, th, split);
+          if constexpr (D > 0 && D < kBlendLevels) path[D][v] = right;
+          idx[v] = _mm512_mask_add_epi32(l, right, l, one);
+        }
+      };
+      static_assert(kBlendLevels == 3);
+      if (blend_levels >= 1) level.template operator()<1>();
+      if (blend_levels >= 2) level.template operator()<2>();
+      if (blend_levels >= 3) level.template operator()<3>();
+      for (uint32_t d = blend_levels + 1; d < depth; ++d) level.template operator()<0>();
+      for (int v = 0; v < V; ++v) {
+        T* out = a + k + 16 * v;
+        if constexpr (std::is_same_v<T, float>) {
+          const __m512 lv = leaf_in_thr ? _mm512_i32gather_ps(idx[v], thr, 4)
+                                        : _mm512_i32gather_ps(_mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask), leaves, 4);
+          _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), lv));
+        } else {
+          const __m512i li = _mm512_and_si512(_mm512_i32gather_epi32(idx[v], packed, 4), leaf_mask);
+          const __m512d lo = _mm512_i32gather_pd(_mm512_castsi512_si256(li), leaves, 8);
+          const __m512d hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(li, 1), leaves, 8);
+          _mm512_storeu_pd(out, _mm512_add_pd(_mm512_loadu_pd(out), lo));
+          _mm512_storeu_pd(out + 8, _mm512_add_pd(_mm512_loadu_pd(out + 8), hi));
+        }
+      }
+    };
+    int64_t k = 0;
+    for (; k + 16 * kInterleave <= rows; k += 16 * kInterleave) group.template operator()<kInterleave>(k);
+    for (; k + 16 <= rows; k += 16) group.template operator()<1>(k);
   }
 }
 
@@ -238,10 +248,7 @@ __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf,
     const int64_t rows = std::min<int64_t>(kColRows, n - c0) & ~int64_t(15);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows + i)] = x[(c0 + i) * F + f];
-    int64_t k = 0;
-    for (; k + 16 * kInterleave <= rows; k += 16 * kInterleave)
-      avx512_rows<T, kInterleave, R>(cf, xt.data(), k, n, c0 + k, acc);
-    for (; k + 16 <= rows; k += 16) avx512_rows<T, 1, R>(cf, xt.data(), k, n, c0 + k, acc);
+    avx512_block<T, R>(cf, xt.data(), rows, n, c0, acc);
     r = c0 + rows;
   }
   return r;
