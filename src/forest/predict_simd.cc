@@ -329,7 +329,16 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
   const __m512i feat_mask = _mm512_set1_epi32(int32_t(feature_mask(R)));
   const __m512i leaf_mask = _mm512_set1_epi32(int32_t(kNodeFeatureMask));
   const __m512i one = _mm512_set1_epi32(1);
+  const __m512i bit5 = _mm512_set1_epi32(32);
   const uint32_t T_ = cf.num_trees();
+  // Rows of up to 64 inputs are held in four registers (a lane on a leaf permutes some
+  // input it does not use).
+  const uint32_t F = cf.num_features();
+  __m512i row_tab[4];
+  for (uint32_t k = 0; k < 4; ++k) {
+    const uint32_t lo = 16 * k;
+    row_tab[k] = _mm512_maskz_loadu_epi32(__mmask16(F >= lo + 16 ? 0xffffu : F <= lo ? 0u : (1u << (F - lo)) - 1), row + lo);
+  }
   // Two vectors (32 trees) per pass: the walks are chains of dependent loads, and more
   // independent chains in flight hide more of the cache-miss latency of large forests.
   constexpr int kVecs = 2;
@@ -351,8 +360,16 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
         const __m512 th = R ? _mm512_setzero_ps() : _mm512_i32gather_ps(idx[v], thr, 4);
         const __m512i l = _mm512_i32gather_epi32(idx[v], left, 4);
         const __mmask16 split = split_lanes512(p);
-        const __m512i xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), split,
-                                                       _mm512_and_si512(p, feat_mask), row, 4);
+        const __m512i f = _mm512_and_si512(p, feat_mask);
+        __m512i xv;
+        if (F <= 64) {  // the row sits in registers: permutes replace the input gather
+          xv = _mm512_permutex2var_epi32(row_tab[0], f, row_tab[1]);
+          if (F > 32)
+            xv = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(f, bit5), xv,
+                                         _mm512_permutex2var_epi32(row_tab[2], f, row_tab[3]));
+        } else {
+          xv = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), split, f, row, 4);
+        }
         idx[v] = _mm512_mask_add_epi32(l, right_mask512<R>(xv, p, th, split), l, one);
       }
     }

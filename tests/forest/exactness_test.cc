@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -181,6 +182,64 @@ TEST(ForestExactness, RankedBinsRouteEdgeValuesLikeFloatCompares) {
       float o;
       r.predict_row(x.data() + 2 * i, &o, true);
       ASSERT_EQ(o, float(want[size_t(i)])) << simd_level_name(level) << " row " << i;
+    }
+  }
+}
+
+// Random numeric forests over 7 to 100 features: the single-row SIMD walk holds rows of
+// up to 64 inputs in registers and gathers wider ones; batches and single rows on every
+// SIMD level, both layouts, must equal the reference evaluator.
+TEST(ForestExactness, RandomForestsOfEveryWidthMatchTheReference) {
+  std::mt19937 rng(5);
+  for (uint32_t F : {7u, 32u, 33u, 64u, 65u, 100u}) {
+    Forest f;
+    f.num_features = F;
+    f.base_margin = {0.25};
+    std::normal_distribution<float> normal;
+    for (int t = 0; t < 40; ++t) {
+      Tree tree;
+      const int depth = 1 + int(rng() % 7);
+      // Grow breadth-first: each node splits with probability 0.8 above the depth limit.
+      tree.nodes.push_back(TreeNode{});
+      std::vector<int> node_depth = {0};
+      for (size_t i = 0; i < tree.nodes.size(); ++i) {
+        if (node_depth[i] >= depth || rng() % 5 == 0) {
+          tree.nodes[i].leaf_value = double(normal(rng));
+          continue;
+        }
+        TreeNode& n = tree.nodes[i];
+        n.is_leaf = false;
+        n.feature = uint32_t(rng() % F);
+        n.threshold = normal(rng);
+        n.default_left = rng() % 2;
+        n.left = int32_t(tree.nodes.size());
+        n.right = n.left + 1;
+        const int d = node_depth[i] + 1;
+        tree.nodes.resize(tree.nodes.size() + 2);
+        node_depth.insert(node_depth.end(), {d, d});
+      }
+      f.trees.push_back(std::move(tree));
+    }
+    const int64_t n = 300;
+    std::vector<float> x(size_t(n) * F);
+    for (auto& v : x) v = rng() % 10 == 0 ? std::nanf("") : normal(rng);
+    std::vector<double> want(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) reference_margin(f, x.data() + r * F, &want[size_t(r)]);
+    for (bool ranked : {false, true}) {
+      const CompiledForest base = compile_forest(f, ranked);
+      for (SimdLevel level : levels()) {
+        CompiledForest cf = base;
+        cf.set_simd_level(level);
+        const std::string label = "F=" + std::to_string(F) + (ranked ? " ranked " : " plain ") + simd_level_name(level);
+        std::vector<double> got(static_cast<size_t>(n));
+        cf.predict_margin(x.data(), n, got.data());
+        EXPECT_EQ(got, want) << label;
+        for (int64_t r = 0; r < n; ++r) {
+          float o;
+          cf.predict_row(x.data() + r * F, &o, true);
+          ASSERT_EQ(o, float(want[size_t(r)])) << label << " row " << r;
+        }
+      }
     }
   }
 }
