@@ -605,29 +605,6 @@ void tile_q4_0_vnni_t(int64_t nb, const uint8_t* w, int64_t ws, const uint8_t* x
                       int64_t ldy) {
   tile_q_vnni_t<NR, NT, true, true>(nb, w, ws, x, xs, y, ldy);
 }
-// F16 weights x F16 activations, NR x NT per pass: each converted vector feeds NT or NR
-// FMAs instead of one, which is what limits the single dot (one conversion per FMA). One
-// accumulator per (row, token) in the same order whatever the tile shape; a masked load
-// zero-fills the last partial vector.
-template <int NR, int NT>
-void tile_f16_avx512_t(int64_t n, const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, float* y,
-                       int64_t ldy) {
-  __m512 acc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-    __m512 xv[NT];
-    for (int t = 0; t < NT; ++t) xv[t] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + t * xs + 2 * i));
-    for (int r = 0; r < NR; ++r) {
-      const __m512 wv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + r * ws + 2 * i));
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-    }
-  }
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
 #define SLIM_TILE_SWITCH(fn)                                                         \
   switch (nr * 8 + nt) {                                                             \
     case 8 + 1: return fn<1, 1>(nb, w, ws, x, xs, y, ldy);                           \
@@ -659,11 +636,6 @@ void tile_q4_0_vnni(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8
                     float* y, int64_t ldy) {
   const int64_t nb = n / 32;
   SLIM_TILE_SWITCH(tile_q4_0_vnni_t)
-}
-void tile_f16_avx512(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,
-                     float* y, int64_t ldy) {
-  const int64_t nb = n;  // the switch passes nb; F16 tiles take the element count
-  SLIM_TILE_SWITCH(tile_f16_avx512_t)
 }
 #undef SLIM_TILE_SWITCH
 
@@ -770,7 +742,6 @@ KernelSet make_vnni() {
   k.tile_q8_0 = tile_q8_0_vnni;
   k.tile_q4_0 = tile_q4_0_vnni;
   k.unpack_q8_0 = unpack_q8_0_vnni;
-  k.tile_f16 = tile_f16_avx512;
   return k;
 }
 
@@ -821,7 +792,6 @@ TileFn tile_fn(const KernelSet& k, GgmlType weight) {
   switch (weight) {
     case GgmlType::q8_0: return k.tile_q8_0;
     case GgmlType::q4_0: return k.tile_q4_0;
-    case GgmlType::f16: return k.tile_f16;
     default: return nullptr;
   }
 }

@@ -484,7 +484,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       s.act_src = src;
       s.act_type = at;
     }
-    TileFn tile = w.type == GgmlType::q8_0 ? s.k->tile_q8_0 : w.type == GgmlType::q4_0 ? s.k->tile_q4_0 : nullptr;
+    TileFn tile = tile_fn(*s.k, w.type);
     MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, dot_fn(*s.k, w.type), tile, T};
     const MatmulJob* jp = &job;
     pool.parallel_for(T, [jp](int64_t b, int64_t e) {

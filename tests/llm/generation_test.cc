@@ -220,7 +220,9 @@ TEST(Generator, StopsOnStopTokenStringCallbackAndContext) {
   GenerationRequest eos = req;
   eos.stop_at_eos = true;
   r = gen.generate(eos, {});
-  if (std::find(free_run.begin(), free_run.end(), 2) == free_run.end()) EXPECT_EQ(r.tokens, free_run);
+  if (std::find(free_run.begin(), free_run.end(), 2) == free_run.end()) {
+    EXPECT_EQ(r.tokens, free_run);
+  }
 
   GenerationRequest longer = req;
   longer.max_tokens = 100;

@@ -39,9 +39,6 @@ struct KernelSet {
   void (*axpy_f16)(int64_t n, float a, const uint16_t* x, float* y);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int64_t n);
   TileFn tile_q8_0 = nullptr, tile_q4_0 = nullptr;  // where the ISA has a tiled kernel
-  // F16 tiles agree with dot_f16 to rounding only (their summation order differs), but
-  // like the others give the same bits for a (row, token) pair whatever the tile shape.
-  TileFn tile_f16 = nullptr;
   // Writes the tiles' copy of n values of Q8_0 blocks (see ActType); null where unused.
   void (*unpack_q8_0)(const void* blocks, void* dst, int64_t n) = nullptr;
 };
