@@ -24,10 +24,21 @@ ActType act_type_for(GgmlType weight) {
   throw Error(ErrorCode::unsupported, "no kernel for weight type " + ggml_type_name(uint32_t(weight)));
 }
 
+int64_t f16_copy_offset(int64_t n) { return (n * 2 + 63) / 64 * 64; }
+
+int64_t max_act_row_bytes(int64_t n) {
+  int64_t m = 0;
+  for (ActType t : {ActType::f32, ActType::f16, ActType::bf16, ActType::q8_0, ActType::q8_k})
+    m = std::max(m, act_row_bytes(t, n));
+  return m;
+}
+
 int64_t act_row_bytes(ActType type, int64_t n) {
   switch (type) {
     case ActType::f32: return n * 4;
-    case ActType::f16: case ActType::bf16: return n * 2;
+    case ActType::bf16: return n * 2;
+    // The f16 row, then room for the f32 copy that kernel sets with F16 tiles append.
+    case ActType::f16: return f16_copy_offset(n) + n * 4;
     // The blocks, then room for the unpacked copy that tiled kernel sets append.
     case ActType::q8_0: return n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192;
     case ActType::q8_k: return n / 256 * int64_t(sizeof(BlockQ8K));
@@ -662,6 +673,55 @@ float dot_f16_avx512(int64_t n, const void* vw, const void* vx) {
   return s;
 }
 
+// F16 weights against NT activation rows read from their f32 copies (widen_f16): each
+// weight vector is converted once for all NT tokens and the activations not at all. Per
+// (row, token) the arithmetic is exactly dot_f16_avx512's (its four accumulators, its
+// order, its reduction and tail; the copies hold the f16 values exactly), so results are
+// bit-identical to it, whatever the tile shape.
+template <int NT>
+void row_f16_avx512(int64_t n, const uint16_t* w, const float* const* x, float* y, int64_t ldy) {
+  __m512 a[NT][4];
+  for (int t = 0; t < NT; ++t)
+    for (int q = 0; q < 4; ++q) a[t][q] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int q = 0; q < 4; ++q) {
+      const __m512 wv = load_f16x16(w + i + 16 * q);
+      for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i + 16 * q), a[t][q]);
+    }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 wv = load_f16x16(w + i);
+    for (int t = 0; t < NT; ++t) a[t][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i), a[t][0]);
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+    for (int64_t j = i; j < n; ++j) s += _cvtsh_ss(w[j]) * x[t][j];
+    y[t * ldy] = s;
+  }
+}
+
+void tile_f16_avx512(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,
+                     float* y, int64_t ldy) {
+  const float* xf[4];
+  for (int t = 0; t < nt; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
+  for (int r = 0; r < nr; ++r) {
+    const uint16_t* wr = reinterpret_cast<const uint16_t*>(w + r * ws);
+    switch (nt) {
+      case 1: row_f16_avx512<1>(n, wr, xf, y + r, ldy); break;
+      case 2: row_f16_avx512<2>(n, wr, xf, y + r, ldy); break;
+      case 3: row_f16_avx512<3>(n, wr, xf, y + r, ldy); break;
+      case 4: row_f16_avx512<4>(n, wr, xf, y + r, ldy); break;
+      default: return;
+    }
+  }
+}
+
+void widen_f16_avx512(const uint16_t* h, float* f, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, load_f16x16(h + i));
+  for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
+}
+
 float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
   float y;
   tile_q_vnni_t<1, 1, false, false>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0,
@@ -742,6 +802,8 @@ KernelSet make_vnni() {
   k.tile_q8_0 = tile_q8_0_vnni;
   k.tile_q4_0 = tile_q4_0_vnni;
   k.unpack_q8_0 = unpack_q8_0_vnni;
+  k.tile_f16 = tile_f16_avx512;
+  k.widen_f16 = widen_f16_avx512;
   return k;
 }
 
@@ -792,6 +854,7 @@ TileFn tile_fn(const KernelSet& k, GgmlType weight) {
   switch (weight) {
     case GgmlType::q8_0: return k.tile_q8_0;
     case GgmlType::q4_0: return k.tile_q4_0;
+    case GgmlType::f16: return k.tile_f16;
     default: return nullptr;
   }
 }
@@ -799,7 +862,11 @@ TileFn tile_fn(const KernelSet& k, GgmlType weight) {
 void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n) {
   switch (type) {
     case ActType::f32: std::memcpy(dst, x, size_t(n) * 4); return;
-    case ActType::f16: k.f32_to_f16_row(x, static_cast<uint16_t*>(dst), n); return;
+    case ActType::f16:
+      k.f32_to_f16_row(x, static_cast<uint16_t*>(dst), n);
+      if (k.widen_f16)
+        k.widen_f16(static_cast<uint16_t*>(dst), reinterpret_cast<float*>(static_cast<uint8_t*>(dst) + f16_copy_offset(n)), n);
+      return;
     case ActType::bf16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(x[i]);

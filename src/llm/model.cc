@@ -232,7 +232,7 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   s.logits.allocate(std::max<size_t>(options.all_logits ? nb : 1, paged ? size_t(options.kv.max_seqs) : 1) *
                     size_t(c.n_vocab));
   const int64_t max_cols = std::max<int64_t>({c.n_embd, c.n_ff, s.q_dim});
-  s.act_stride = 4 * max_cols;  // f32 is the widest activation format
+  s.act_stride = max_act_row_bytes(max_cols);
   s.act.allocate(nb * size_t(s.act_stride));
   s.kv_elem = options.f16_kv ? 2 : 4;
   if (paged) {

@@ -129,7 +129,8 @@ TEST(Kernels, SimdMatchesScalar) {
       quantize_act_row(fast, at, x.data(), xa.data(), n);
       quantize_act_row(ref, at, x.data(), xb.data(), n);
       // Q8_0 rows: the blocks are ggml's; the unpacked copy after them is the tiles' own.
-      const size_t common = at == ActType::q8_0 ? size_t(n / 32 * 34) : xa.size();
+      // F16 rows: likewise the f16 values, then the tiles' f32 copy.
+      const size_t common = at == ActType::q8_0 ? size_t(n / 32 * 34) : at == ActType::f16 ? size_t(2 * n) : xa.size();
       ASSERT_EQ(0, std::memcmp(xa.data(), xb.data(), common)) << "activation conversion " << int(at);
       const float a = dot_fn(fast, t)(n, wq.data(), xa.data());
       const float b = dot_fn(ref, t)(n, wq.data(), xb.data());
@@ -187,6 +188,28 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
               EXPECT_EQ(y[c * 4 + r], dot_fn(*k, t)(n, wr, xc)) << k->isa << " tile " << nr << "x" << nt << " n " << n;
             }
         }
+    }
+  }
+}
+
+// F16 tiles read the f32 copy that their kernel set's quantize_act_row appends; at
+// lengths off the vector width (masked steps and scalar tails) they still give exactly
+// the single dot's bits.
+TEST(Kernels, F16TilesEqualTheDotAtAnyLength) {
+  for (const KernelSet* k : available_kernel_sets()) {
+    if (!k->tile_f16) continue;
+    for (const int64_t n : {int64_t(7), int64_t(40), int64_t(100), int64_t(200)}) {
+      const int64_t wb = ggml_row_bytes(GgmlType::f16, n), xb = act_row_bytes(ActType::f16, n);
+      std::vector<uint8_t> w(size_t(3 * wb)), x(size_t(4 * xb));
+      for (int r = 0; r < 3; ++r)
+        quantize_row(GgmlType::f16, random_floats(size_t(n), 9 + r).data(), w.data() + r * wb, n);
+      for (int t = 0; t < 4; ++t)
+        quantize_act_row(*k, ActType::f16, random_floats(size_t(n), 20 + t).data(), x.data() + t * xb, n);
+      float y[4 * 3];
+      k->tile_f16(n, w.data(), wb, 3, x.data(), xb, 4, y, 3);
+      for (int r = 0; r < 3; ++r)
+        for (int t = 0; t < 4; ++t)
+          EXPECT_EQ(y[t * 3 + r], k->dot_f16(n, w.data() + r * wb, x.data() + t * xb)) << k->isa << " n " << n;
     }
   }
 }

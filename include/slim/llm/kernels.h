@@ -13,13 +13,18 @@ namespace slim::llm {
 // The format activations are converted to before a dot product with a weight type:
 // the same pairing ggml uses, so results track llama.cpp's. A q8_0 row is BlockQ8_0
 // blocks followed by space for an unpacked copy of them that kernel sets with Q8_0/Q4_0
-// tiles fill in (quantize_act_row) and read: the dot functions read the blocks only, the
-// tile functions need rows converted by quantize_act_row of their own kernel set.
+// tiles fill in (quantize_act_row) and read; likewise an f16 row is followed by room for
+// its f32 copy, which F16 tiles read. The dot functions read the blocks or the f16 row
+// only; the tile functions need rows converted by quantize_act_row of their own kernel set.
 enum class ActType { f32, f16, bf16, q8_0, q8_k };
 
 ActType act_type_for(GgmlType weight);
-// Bytes of one converted row of n values; never more than 4 * n (the f32 row).
+// Bytes of one converted row of n values.
 int64_t act_row_bytes(ActType type, int64_t n);
+// The widest of them (activation buffers hold any format).
+int64_t max_act_row_bytes(int64_t n);
+// Where an f16 activation row's f32 copy starts (see KernelSet::widen_f16).
+int64_t f16_copy_offset(int64_t n);
 
 // Dot product of n weights (a row of the weight's type) with n activations.
 using DotFn = float (*)(int64_t n, const void* w, const void* x);
@@ -41,6 +46,10 @@ struct KernelSet {
   TileFn tile_q8_0 = nullptr, tile_q4_0 = nullptr;  // where the ISA has a tiled kernel
   // Writes the tiles' copy of n values of Q8_0 blocks (see ActType); null where unused.
   void (*unpack_q8_0)(const void* blocks, void* dst, int64_t n) = nullptr;
+  // Appends to an f16 activation row its values as f32 (at f16_copy_offset), which the
+  // F16 tiles read; null where unused.
+  void (*widen_f16)(const uint16_t* h, float* f, int64_t n) = nullptr;
+  TileFn tile_f16 = nullptr;
 };
 
 const KernelSet& kernels();              // best for this CPU
