@@ -162,9 +162,9 @@ int64_t GgufTensorInfo::elements() const {
   return n;
 }
 
-std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
+std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path, bool resident) {
   std::shared_ptr<GgufFile> f(new GgufFile());
-  f->file_ = MappedFile::open(path);
+  f->file_ = resident ? MappedFile::read_resident(path) : MappedFile::open(path);
   f->parse();
   return f;
 }

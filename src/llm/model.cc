@@ -15,9 +15,9 @@ namespace slim::llm {
 
 class ModelLoader {
  public:
-  static std::shared_ptr<const LlamaModel> load(const std::string& path) {
+  static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map) {
     std::shared_ptr<LlamaModel> m(new LlamaModel());
-    m->gguf_ = GgufFile::open(path);
+    m->gguf_ = GgufFile::open(path, !map);
     const GgufFile& g = *m->gguf_;
     LlamaConfig& c = m->config_;
     c.arch = g.get_string("general.architecture");
@@ -140,7 +140,9 @@ class ModelLoader {
   }
 };
 
-std::shared_ptr<const LlamaModel> LlamaModel::load(const std::string& path) { return ModelLoader::load(path); }
+std::shared_ptr<const LlamaModel> LlamaModel::load(const std::string& path, bool map) {
+  return ModelLoader::load(path, map);
+}
 
 int64_t LlamaModel::n_params() const {
   int64_t n = token_embd_.rows * token_embd_.cols + (config_.tied_output ? 0 : output_.rows * output_.cols);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <limits>
 
 #include "slim/core/half.h"
+#include "slim/core/mapped_file.h"
 #include "slim/core/npy.h"
 #include "slim/core/tensor.h"
 #include "slim/core/thread_pool.h"
@@ -120,4 +122,41 @@ TEST(ThreadPool, CoversRangeOnceAndPropagatesErrors) {
     (void)b; (void)e;
   });
   EXPECT_EQ(total.load(), 10 * std::min<int>(8, pool.num_threads()));
+}
+
+// The resident copy reads the same bytes as the mapping, for sizes on and off the 2 MiB
+// rounding, and missing files or directories fail with the mapping's errors.
+TEST(MappedFile, ResidentCopyEqualsTheMapping) {
+  const auto dir = std::filesystem::temp_directory_path();
+  for (size_t size : {size_t(0), size_t(1), size_t(4096), size_t(3) << 20}) {
+    std::string bytes(size, '\0');
+    for (size_t i = 0; i < size; ++i) bytes[i] = char((i * 131 + 7) & 0xff);
+    const std::string path = (dir / ("slim_resident_" + std::to_string(size) + ".bin")).string();
+    {
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      ASSERT_TRUE(f);
+      if (size) {
+        ASSERT_EQ(std::fwrite(bytes.data(), 1, size, f), size);
+      }
+      std::fclose(f);
+    }
+    auto mapped = MappedFile::open(path);
+    auto resident = MappedFile::read_resident(path);
+    ASSERT_EQ(resident->size(), size);
+    EXPECT_EQ(resident->view(), mapped->view());
+    EXPECT_EQ(resident->path(), path);
+    std::filesystem::remove(path);
+  }
+  try {
+    MappedFile::read_resident((dir / "slim_no_such_file.bin").string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+  }
+  try {
+    MappedFile::read_resident(dir.string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  }
 }

@@ -28,7 +28,7 @@ struct KvEvalArgs {
   std::string model, file;
   int ctx = 1024, prefill = 0, chunks = 1, threads = 0, q4_recent = 2, skip = 0;
   std::string policy = "full", budget = "0.25", kv_type = "f16", k_type, v_type;
-  bool passkey = false, q8_no_recent = false;
+  bool passkey = false, q8_no_recent = false, mmap = false;
   std::string passkey_lengths = "256,512,1024";
   int passkey_trials = 2;
 };
@@ -304,9 +304,10 @@ void add_kv_eval(CLI::App& app) {
   cmd->add_flag("--passkey", a->passkey, "Run the passkey-retrieval grid instead of the text comparison");
   cmd->add_option("--passkey-lengths", a->passkey_lengths, "Prompt lengths of the passkey grid (comma list)");
   cmd->add_option("--passkey-trials", a->passkey_trials, "Keys per grid cell")->check(CLI::PositiveNumber);
+  add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   cmd->callback([a] {
-    auto model = llm::LlamaModel::load(a->model);
+    auto model = llm::LlamaModel::load(a->model, a->mmap);
     auto tok = llm::load_gguf_tokenizer(model->gguf());
     const std::vector<Variant> vars = variants_of(*a);
     g_q8_recent = !a->q8_no_recent;
@@ -322,7 +323,7 @@ void add_kv_eval(CLI::App& app) {
 struct KvBenchArgs {
   std::string model, file, seqs = "1,8,32", ctxs = "512,2048", policy = "full", budget = "0.5,0.25", kv_type = "f16";
   int decode = 16, threads = 0, slack = 16, repeats = 1;
-  bool scheduler = false;
+  bool scheduler = false, mmap = false;
 };
 
 std::vector<int> int_list(const std::string& s, const char* what) {
@@ -344,7 +345,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // prefilled with its own text, then `decode` steps run one token of every sequence per
 // forward pass. The KV peak is the pool's peak block count (plus q4 recent windows).
 void run_kv_bench(const KvBenchArgs& a) {
-  auto model = llm::LlamaModel::load(a.model);
+  auto model = llm::LlamaModel::load(a.model, a.mmap);
   KvEvalArgs ea;
   ea.policy = a.policy;
   ea.budget = a.budget;
@@ -436,7 +437,7 @@ void run_kv_bench(const KvBenchArgs& a) {
 // Continuous batching end to end: the same requests through the scheduler and one after
 // another, both timed from submission to the last token.
 void run_kv_bench_scheduler(const KvBenchArgs& a) {
-  auto model = llm::LlamaModel::load(a.model);
+  auto model = llm::LlamaModel::load(a.model, a.mmap);
   const std::vector<int> seqs = int_list(a.seqs, "sequence count"), ctxs = int_list(a.ctxs, "context");
   const int nv = model->config().n_vocab;
   std::printf("%6s %5s %14s %14s %8s\n", "prompt", "seqs", "batched t/s", "sequential t/s", "ratio");
@@ -495,6 +496,7 @@ void add_kv_bench(CLI::App& app) {
   cmd->add_option("--slack", a->slack, "Tokens a stream may exceed its budget before eviction")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--scheduler", a->scheduler,
                 "Instead: requests through the continuous-batching scheduler vs one after another (prefill included)");
+  add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   cmd->callback([a] {
     if (a->scheduler) run_kv_bench_scheduler(*a);

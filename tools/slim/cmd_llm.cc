@@ -61,11 +61,11 @@ struct GenerateArgs {
   int n = 128, threads = 0, ctx = 0, batch = 512;
   llm::SamplerOptions sampling;
   std::vector<std::string> stop;
-  bool ignore_eos = false, ids = false, f32_kv = false;
+  bool ignore_eos = false, ids = false, f32_kv = false, mmap = false;
 };
 
 void run_generate(const GenerateArgs& a) {
-  auto model = llm::LlamaModel::load(a.model);
+  auto model = llm::LlamaModel::load(a.model, a.mmap);
   std::unique_ptr<text::Tokenizer> tok;
   std::vector<int32_t> prompt;
   if (!a.tokens.empty() || !a.tokens_file.empty()) {
@@ -129,6 +129,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag("--ids", a->ids, "Print token IDs instead of text");
   cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
+  add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   cmd->callback([a] { run_generate(*a); });
 }
@@ -136,10 +137,11 @@ void add_generate(CLI::App& app) {
 struct PerplexityArgs {
   std::string model, file, kl_base;
   int ctx = 512, threads = 0, chunks = 0;
+  bool mmap = false;
 };
 
 void run_perplexity(const PerplexityArgs& a) {
-  auto model = llm::LlamaModel::load(a.model);
+  auto model = llm::LlamaModel::load(a.model, a.mmap);
   auto tok = llm::load_gguf_tokenizer(model->gguf());
   const std::string textdata = read_text_file(a.file);
   text::EncodeOptions eo;
@@ -161,7 +163,7 @@ void run_perplexity(const PerplexityArgs& a) {
   std::unique_ptr<llm::LlamaContext> base_ctx;
   std::shared_ptr<const llm::LlamaModel> base;
   if (!a.kl_base.empty()) {
-    base = llm::LlamaModel::load(a.kl_base);
+    base = llm::LlamaModel::load(a.kl_base, a.mmap);
     if (base->config().n_vocab != model->config().n_vocab)
       throw Error(ErrorCode::invalid_argument, "perplexity: --kl-base has a different vocabulary");
     base_ctx = std::make_unique<llm::LlamaContext>(base, co);
@@ -228,6 +230,7 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("--ctx", a->ctx, "Chunk length in tokens")->check(CLI::PositiveNumber);
   cmd->add_option("--chunks", a->chunks, "Score at most this many chunks (0 = all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--kl-base", a->kl_base, "Reference model (e.g. the F16 original): also report KL divergence");
+  add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   cmd->callback([a] { run_perplexity(*a); });
 }

