@@ -43,6 +43,8 @@ class Storage {
   Storage(void* data, size_t bytes, bool owned, std::shared_ptr<const void> owner)
       : data_(data), bytes_(bytes), owned_(owned), owner_(std::move(owner)) {}
   void* data_;
+  size_t mapped_ = 0;  // large owned buffers: bytes of their own mapping (see allocate)
+  void* map_base_ = nullptr;
   size_t bytes_;
   bool owned_;
   std::shared_ptr<const void> owner_;

@@ -21,6 +21,12 @@ dnnl::memory::desc plain_md(const Shape& dims) {
   return strided_md(dims, contiguous_strides(dims));
 }
 
+dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
+                          std::vector<std::shared_ptr<Storage>>& keep) {
+  keep.push_back(Storage::allocate(md.get_size()));
+  return dnnl::memory(md, eng, keep.back()->data());
+}
+
 dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides) {
   return dnnl::memory::desc(to_dims(dims), dnnl::memory::data_type::f32, to_dims(strides));
 }

@@ -32,6 +32,12 @@ dnnl::memory::dims to_dims(const Shape& s);
 // A plain f32 memory descriptor: row-major, or with explicit element strides.
 dnnl::memory::desc plain_md(const Shape& dims);
 dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides);
+// A memory of this layout in a tensor buffer of slim's own (Storage::allocate: large
+// buffers on huge pages, reused after free), kept alive by `keep`, instead of oneDNN's
+// allocator: the packed weights and private layouts a kernel owns are activation- or
+// weight-sized, and faulting them in 4 KiB at a time dominated compile time.
+dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
+                          std::vector<std::shared_ptr<Storage>>& keep);
 
 // The fused activation of a slim:Fused* node; throws invalid_model naming the node.
 ActivationSpec fused_activation(const Node& node);

@@ -316,7 +316,7 @@ class DnnlConvKernel final : public OpKernel {
     (void)nd;
     // Weights: packed into the primitive's layout, once when they are constant; the
     // kernel owns the packed copy.
-    weights_ = memory(w_md, eng);
+    weights_ = owned_memory(w_md, eng, buffers_);
     if (weights) {
       memory w_user(w_user_md, eng, weights->raw_data());
       dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
@@ -334,13 +334,13 @@ class DnnlConvKernel final : public OpKernel {
     src_md_ = src_md;
     dst_md_ = dst_md;
     if (reorder_src_) {
-      src_mem_ = memory(src_md, eng);
+      src_mem_ = owned_memory(src_md, eng, buffers_);
       src_reorder_ = dnnl::reorder(src_user_, src_mem_);
     } else {
       src_mem_ = src_user_;
     }
     if (reorder_dst_) {
-      dst_mem_ = memory(dst_md, eng);
+      dst_mem_ = owned_memory(dst_md, eng, buffers_);
       dst_reorder_ = dnnl::reorder(dst_mem_, dst_user_);
       if (s_.has_z) {
         z_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
@@ -356,6 +356,7 @@ class DnnlConvKernel final : public OpKernel {
   dnnl::primitive prim_;
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
   mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_;
+  std::vector<std::shared_ptr<Storage>> buffers_;  // behind weights_, src_mem_, dst_mem_
   bool reorder_src_ = false, reorder_dst_ = false;
   bool private_src_ = false, private_dst_ = false, private_z_ = false;
   memory::desc src_md_, dst_md_;

@@ -218,7 +218,7 @@ class DnnlMatMulKernel final : public OpKernel {
     a_mem_ = memory(a_md, eng, DNNL_MEMORY_NONE);
     y_mem_ = memory(y_md, eng, DNNL_MEMORY_NONE);
     if (s_.b_constant) {
-      b_mem_ = memory(pd.weights_desc(), eng);
+      b_mem_ = owned_memory(pd.weights_desc(), eng, buffers_);
       memory user(b_user_md, eng, info.input(1).constant->raw_data());
       dnnl::reorder(user, b_mem_).execute(stream_, user, b_mem_);
       stream_.wait();
@@ -242,6 +242,7 @@ class DnnlMatMulKernel final : public OpKernel {
   MatMulSetup s_;
   dnnl::primitive prim_;
   mutable memory a_mem_, b_mem_, y_mem_, c_mem_, z_mem_;
+  std::vector<std::shared_ptr<Storage>> buffers_;  // behind b_mem_
   int c_arg_ = 0, z_arg_ = 0;
   Tensor c_value_;
   mutable dnnl::stream stream_;
