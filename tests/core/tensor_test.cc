@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,21 @@ TEST(Tensor, OwnedIsAlignedZeroedContiguous) {
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(t.strides(), (Shape{15, 5, 1}));
   for (int i = 0; i < 30; ++i) EXPECT_EQ(t.data<float>()[i], 0.f);
+}
+
+// Buffers of 2 MiB and more come from mappings of their own that are reused after free:
+// a reused buffer must be zeroed again, and all are aligned.
+TEST(Tensor, LargeBuffersAreZeroedWhenReused) {
+  for (int round = 0; round < 3; ++round) {
+    for (int64_t n : {int64_t(1) << 19, (int64_t(3) << 19) + 5, int64_t(1) << 21}) {  // 2 MiB, ~6 MiB, 8 MiB of f32
+      Tensor t(DType::f32, {n});
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % kTensorAlignment, 0u);
+      float* p = t.data<float>();
+      for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(p[i], 0.f) << "round " << round << " n " << n << " at " << i;
+      ASSERT_EQ(p[n - 1], 0.f);
+      std::fill(p, p + n, 3.5f);  // dirty it for the next round's reuse
+    }
+  }
 }
 
 TEST(Tensor, PermuteSliceAndContiguousCopy) {
