@@ -428,6 +428,50 @@ __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest&
 }
 #pragma GCC diagnostic pop
 
+// The per-feature search trees of CompiledForest::BinTree, from the (checked) sorted
+// threshold tables. At most 65,535 thresholds per feature make at most 4 levels.
+std::shared_ptr<const CompiledForest::BinTree> build_bin_tree(const CompiledForest& cf) {
+  auto tree = std::make_shared<CompiledForest::BinTree>();
+  const uint32_t F = cf.num_features();
+  const uint32_t* off = cf.bin_offsets();
+  const float* val = cf.bin_values();
+  tree->features.resize(F);
+  std::vector<float> keys;
+  for (uint32_t f = 0; f < F; ++f) {
+    std::vector<std::vector<float>> levels{std::vector<float>(val + off[f], val + off[f + 1])};
+    while (levels.back().size() > 16) {
+      const auto& below = levels.back();
+      std::vector<float> up;
+      for (size_t j = 16; j < below.size(); j += 16) up.push_back(below[j]);
+      levels.push_back(std::move(up));
+    }
+    auto& feat = tree->features[f];
+    feat.levels = levels.front().empty() ? 0 : uint32_t(levels.size());
+    for (uint32_t k = 0; k < feat.levels; ++k) {
+      const auto& lv = levels[levels.size() - 1 - k];  // top first
+      feat.level_start[k] = uint32_t(keys.size());
+      keys.insert(keys.end(), lv.begin(), lv.end());
+      keys.resize(keys.size() + (16 - lv.size() % 16) % 16, std::nanf(""));
+    }
+  }
+  // Every feature gets the same number of levels (a fixed-length descent has no
+  // mispredicted loop exits): shallower ones start with all-NaN blocks, in which no key
+  // is <= x, so the descent stays at block 0 until their own top level.
+  uint32_t depth = 0;
+  for (const auto& feat : tree->features) depth = std::max(depth, feat.levels);
+  const uint32_t nan_block = uint32_t(keys.size());
+  keys.resize(keys.size() + 16, std::nanf(""));
+  for (auto& feat : tree->features) {
+    const uint32_t pad = depth - feat.levels;
+    for (uint32_t k = feat.levels; k-- > 0;) feat.level_start[k + pad] = feat.level_start[k];
+    for (uint32_t k = 0; k < pad; ++k) feat.level_start[k] = nan_block;
+    feat.levels = depth;
+  }
+  tree->depth = depth;
+  tree->keys = std::move(keys);
+  return tree;
+}
+
 }  // namespace
 
 CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
@@ -501,6 +545,7 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
     check_nodes<true>(cf, where);
     throw bad("inconsistent node tables");
   }
+  if (ranked) cf.bin_tree_ = build_bin_tree(cf);
   cf.simd_ = detected_simd_level();
   return cf;
 }

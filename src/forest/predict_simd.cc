@@ -7,7 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <bit>
+#include <cmath>
 #include <vector>
 
 #include "forest/walk.h"
@@ -450,96 +450,44 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const in
   }
 }
 
-// Bins for the ranked layout: the branch-free binary search of bin_of in vector lanes,
-// each step one gather from the threshold tables. The steps of one search depend on each
-// other, so several independent searches run interleaved to overlap the gathers' latency.
-
-// Many rows: lanes are 16 rows of one feature; four such vectors (64 rows) at once.
-__attribute__((target("avx512f"))) void bin_64_rows(const CompiledForest& cf, const float* x, int32_t* bins) {
-  const int32_t F = int32_t(cf.num_features());
-  const uint32_t* off = cf.bin_offsets();
-  const float* val = cf.bin_values();
-  const __m512i stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(F));
-  const __m512i nan_bin = _mm512_set1_epi32(kNanBin), one = _mm512_set1_epi32(1);
-  const __m512 inf = _mm512_set1_ps(__builtin_inff());
-  constexpr int V = 4;
-  for (int32_t f = 0; f < F; ++f) {
-    const uint32_t m = off[f + 1] - off[f];
-    const float* t = val + off[f];
-    const __m512i mv = _mm512_set1_epi32(int32_t(m));
-    __m512 xv[V];
-    __m512i lo[V];
-    for (int v = 0; v < V; ++v) {
-      xv[v] = _mm512_i32gather_ps(stride, x + int64_t(16 * v) * F + f, 4);
-      lo[v] = _mm512_setzero_si512();
-    }
-    for (uint32_t step = std::bit_floor(m); step; step >>= 1) {
-      const __m512i sv = _mm512_set1_epi32(int32_t(step));
-      for (int v = 0; v < V; ++v) {
-        const __m512i c = _mm512_add_epi32(lo[v], sv);
-        const __mmask16 in = _mm512_cmple_epi32_mask(c, mv);
-        const __m512 tv = _mm512_mask_i32gather_ps(inf, in, _mm512_sub_epi32(c, one), t, 4);
-        lo[v] = _mm512_mask_mov_epi32(lo[v], in & _mm512_cmp_ps_mask(tv, xv[v], _CMP_LE_OQ), c);
+// Bins for the ranked layout: per value, a descent of the feature's search tree
+// (CompiledForest::BinTree) that compares the value with a whole 16-key block per level,
+// so a value takes one or two block compares for up to 272 thresholds.
+template <uint32_t L>
+__attribute__((target("avx512f,popcnt"))) void bin_rows_t(const CompiledForest::BinTree& bt, int64_t F,
+                                                          const float* x, int64_t n, int32_t* bins) {
+  const float* keys = bt.keys.data();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = x + r * F;
+    int32_t* out = bins + r * F;
+    for (int64_t f = 0; f < F; ++f) {
+      const float v = row[f];
+      const auto& feat = bt.features[size_t(f)];
+      const __m512 xv = _mm512_set1_ps(v);
+      uint32_t b = 0;
+      for (uint32_t k = 0; k < L; ++k) {
+        const __m512 blk = _mm512_loadu_ps(keys + feat.level_start[k] + 16 * b);
+        b = 16 * b + uint32_t(__builtin_popcount(_mm512_cmp_ps_mask(blk, xv, _CMP_LE_OQ)));
       }
-    }
-    for (int v = 0; v < V; ++v) {
-      lo[v] = _mm512_mask_mov_epi32(lo[v], _mm512_cmp_ps_mask(xv[v], xv[v], _CMP_UNORD_Q), nan_bin);
-      _mm512_i32scatter_epi32(bins + int64_t(16 * v) * F + f, stride, lo[v], 4);
-    }
-  }
-}
-
-// One row: lanes are 16 features (each with its own table), all feature vectors at once.
-__attribute__((target("avx512f"))) void bin_one_row(const CompiledForest& cf, const float* x, int32_t* bins) {
-  const int32_t F = int32_t(cf.num_features());
-  const uint32_t* off = cf.bin_offsets();
-  const float* val = cf.bin_values();
-  const __m512i nan_bin = _mm512_set1_epi32(kNanBin), one = _mm512_set1_epi32(1);
-  const __m512 inf = _mm512_set1_ps(__builtin_inff());
-  constexpr int V = 4;  // features per pass: 64
-  for (int32_t f0 = 0; f0 < F; f0 += 16 * V) {
-    __m512 xv[V];
-    __m512i lo[V], start[V], count[V];
-    __mmask16 live[V];
-    uint32_t widest = 0;
-    for (int v = 0; v < V; ++v) {
-      const int32_t fb = f0 + 16 * v;
-      const int32_t n = std::max(0, std::min(16, F - fb));
-      live[v] = __mmask16(n == 16 ? 0xffffu : (1u << n) - 1u);
-      xv[v] = _mm512_maskz_loadu_ps(live[v], x + fb);
-      start[v] = _mm512_maskz_loadu_epi32(live[v], off + fb);
-      const __m512i stop = _mm512_mask_loadu_epi32(start[v], live[v], off + fb + 1);
-      count[v] = _mm512_sub_epi32(stop, start[v]);
-      lo[v] = _mm512_setzero_si512();
-      alignas(64) uint32_t c[16];
-      _mm512_store_si512(c, count[v]);
-      for (int k = 0; k < n; ++k) widest = std::max(widest, c[k]);
-    }
-    for (uint32_t step = std::bit_floor(widest); step; step >>= 1) {
-      const __m512i sv = _mm512_set1_epi32(int32_t(step));
-      for (int v = 0; v < V; ++v) {
-        const __m512i c = _mm512_add_epi32(lo[v], sv);
-        const __mmask16 in = live[v] & _mm512_cmple_epi32_mask(c, count[v]);
-        const __m512i at = _mm512_add_epi32(start[v], _mm512_sub_epi32(c, one));
-        const __m512 tv = _mm512_mask_i32gather_ps(inf, in, at, val, 4);
-        lo[v] = _mm512_mask_mov_epi32(lo[v], in & _mm512_cmp_ps_mask(tv, xv[v], _CMP_LE_OQ), c);
-      }
-    }
-    for (int v = 0; v < V; ++v) {
-      lo[v] = _mm512_mask_mov_epi32(lo[v], _mm512_cmp_ps_mask(xv[v], xv[v], _CMP_UNORD_Q), nan_bin);
-      _mm512_mask_storeu_epi32(bins + f0 + 16 * v, live[v], lo[v]);
+      out[f] = std::isnan(v) ? kNanBin : int32_t(b);  // NaN compares false: b is 0 there
     }
   }
 }
 
 int64_t bin_rows_impl(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
+  const CompiledForest::BinTree* bt = cf.bin_tree();
+  if (!bt) return 0;
   const int64_t F = cf.num_features();
-  if (F * 64 >= (int64_t(1) << 31)) return 0;
-  int64_t r = 0;
-  for (; r + 64 <= n; r += 64) bin_64_rows(cf, x + r * F, bins + r * F);
-  for (; r < n; ++r) bin_one_row(cf, x + r * F, bins + r * F);
-  return n;
+  switch (bt->depth) {
+    case 0:  // no feature has a threshold
+      for (int64_t i = 0; i < n * F; ++i) bins[i] = std::isnan(x[i]) ? kNanBin : 0;
+      return n;
+    case 1: bin_rows_t<1>(*bt, F, x, n, bins); return n;
+    case 2: bin_rows_t<2>(*bt, F, x, n, bins); return n;
+    case 3: bin_rows_t<3>(*bt, F, x, n, bins); return n;
+    case 4: bin_rows_t<4>(*bt, F, x, n, bins); return n;
+    default: return 0;
+  }
 }
 
 // Picks the ranked or plain instance; both read the row data as 32-bit lanes.

@@ -118,6 +118,26 @@ class CompiledForest {
   // Ranked layout: bins of n rows (row-major n x num_features, kNanBin for NaN).
   void bin_rows(const float* x, int64_t n, int32_t* bins) const;
 
+  // Ranked layout: each feature's thresholds as a static search tree of 16-key blocks
+  // (built on load from the threshold tables; the AVX-512 binning compares a value with
+  // a whole block at once). Level 0 is the single top block, the last level holds every
+  // threshold in order, NaN-padded; the keys of a level are the first keys of the blocks
+  // of the level below, except the first block's. Descending, a block's count of keys
+  // <= x picks the block below (b = 16 b + count), and at the last level b is the bin.
+  struct BinTree {
+    std::vector<float> keys;  // all blocks of all features
+    struct Feature {
+      uint32_t levels = 0;
+      uint32_t level_start[4] = {0, 0, 0, 0};  // first key of each level, in `keys`
+    };
+    std::vector<Feature> features;
+    uint32_t depth = 0;  // levels of every feature (shallower ones are padded at the top)
+    const float* block(uint32_t f, uint32_t level, uint32_t b) const {
+      return keys.data() + features[f].level_start[level] + 16 * b;
+    }
+  };
+  const BinTree* bin_tree() const { return bin_tree_.get(); }
+
  private:
   const uint32_t* u32(uint64_t off) const { return reinterpret_cast<const uint32_t*>(base_ + off); }
   void margin_block(const float* x, int64_t n, double* out) const;
@@ -127,6 +147,7 @@ class CompiledForest {
   size_t size_ = 0;
   const CompiledHeader* h_ = nullptr;
   SimdLevel simd_ = SimdLevel::scalar;
+  std::shared_ptr<const BinTree> bin_tree_;  // ranked layout only
 };
 
 // Lays the loaded forest out as a compiled payload (breadth-first per tree). `ranked`
