@@ -244,6 +244,56 @@ TEST(ForestExactness, RandomForestsOfEveryWidthMatchTheReference) {
   }
 }
 
+// A feature with 5,000 distinct thresholds (a four-level binning tree) and one with 17
+// (two levels, the second block nearly empty): bins of values on, between and beyond the
+// thresholds route like the float compares on every SIMD level.
+TEST(ForestExactness, RankedBinningOfManyThresholds) {
+  Forest f;
+  f.num_features = 2;
+  f.base_margin = {0.0};
+  std::vector<float> thresholds[2];
+  for (int i = 0; i < 5000; ++i) thresholds[0].push_back(float(i) * 0.37f - 900.0f);
+  for (int i = 0; i < 17; ++i) thresholds[1].push_back(float(i * i) - 50.0f);
+  for (uint32_t feat = 0; feat < 2; ++feat)
+    for (size_t i = 0; i < thresholds[feat].size(); ++i) {
+      Tree tree;
+      TreeNode root;
+      root.is_leaf = false;
+      root.feature = feat;
+      root.threshold = thresholds[feat][i];
+      root.default_left = i % 2;
+      root.left = 1;
+      root.right = 2;
+      TreeNode l, r;
+      l.leaf_value = 1.0 / double(1 + i % 7);
+      r.leaf_value = -0.5 / double(1 + i % 5);
+      tree.nodes = {root, l, r};
+      f.trees.push_back(tree);
+    }
+  std::mt19937 rng(3);
+  std::vector<float> x;
+  for (int k = 0; k < 400; ++k) {
+    const float a = thresholds[0][rng() % 5000], b = thresholds[1][rng() % 17];
+    const int how = k % 5;
+    x.push_back(how == 0 ? a : how == 1 ? std::nextafter(a, 1e9f) : how == 2 ? std::nextafter(a, -1e9f)
+                : how == 3 ? float(int(rng() % 4000) - 2000) : std::nanf(""));
+    x.push_back(how == 4 ? std::numeric_limits<float>::infinity() : how == 3 ? -1e9f : b);
+  }
+  const int64_t n = int64_t(x.size() / 2);
+  CompiledForest plain = compile_forest(f);
+  plain.set_simd_level(SimdLevel::scalar);
+  std::vector<double> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  plain.predict_margin(x.data(), n, want.data());
+  const CompiledForest ranked = compile_forest(f, true);
+  ASSERT_TRUE(ranked.ranked());
+  for (SimdLevel level : levels()) {
+    CompiledForest r = ranked;
+    r.set_simd_level(level);
+    r.predict_margin(x.data(), n, got.data());
+    EXPECT_EQ(got, want) << simd_level_name(level);
+  }
+}
+
 TEST(ForestExactness, XGBoostMatchesItsOwnPredictions) {
   const std::string dir = fixture_dir("forest_xgb_fixtures.py");
   const auto names = fixture_names(dir);
