@@ -436,6 +436,7 @@ std::shared_ptr<const CompiledForest::BinTree> build_bin_tree(const CompiledFore
   const uint32_t* off = cf.bin_offsets();
   const float* val = cf.bin_values();
   tree->features.resize(F);
+  std::vector<uint32_t> own_levels(F, 0);
   std::vector<float> keys;
   for (uint32_t f = 0; f < F; ++f) {
     std::vector<std::vector<float>> levels{std::vector<float>(val + off[f], val + off[f + 1])};
@@ -446,8 +447,8 @@ std::shared_ptr<const CompiledForest::BinTree> build_bin_tree(const CompiledFore
       levels.push_back(std::move(up));
     }
     auto& feat = tree->features[f];
-    feat.levels = levels.front().empty() ? 0 : uint32_t(levels.size());
-    for (uint32_t k = 0; k < feat.levels; ++k) {
+    own_levels[f] = levels.front().empty() ? 0 : uint32_t(levels.size());
+    for (uint32_t k = 0; k < own_levels[f]; ++k) {
       const auto& lv = levels[levels.size() - 1 - k];  // top first
       feat.level_start[k] = uint32_t(keys.size());
       keys.insert(keys.end(), lv.begin(), lv.end());
@@ -457,15 +458,14 @@ std::shared_ptr<const CompiledForest::BinTree> build_bin_tree(const CompiledFore
   // Every feature gets the same number of levels (a fixed-length descent has no
   // mispredicted loop exits): shallower ones start with all-NaN blocks, in which no key
   // is <= x, so the descent stays at block 0 until their own top level.
-  uint32_t depth = 0;
-  for (const auto& feat : tree->features) depth = std::max(depth, feat.levels);
+  const uint32_t depth = *std::max_element(own_levels.begin(), own_levels.end());
   const uint32_t nan_block = uint32_t(keys.size());
   keys.resize(keys.size() + 16, std::nanf(""));
-  for (auto& feat : tree->features) {
-    const uint32_t pad = depth - feat.levels;
-    for (uint32_t k = feat.levels; k-- > 0;) feat.level_start[k + pad] = feat.level_start[k];
+  for (uint32_t f = 0; f < F; ++f) {
+    auto& feat = tree->features[f];
+    const uint32_t pad = depth - own_levels[f];
+    for (uint32_t k = own_levels[f]; k-- > 0;) feat.level_start[k + pad] = feat.level_start[k];
     for (uint32_t k = 0; k < pad; ++k) feat.level_start[k] = nan_block;
-    feat.levels = depth;
   }
   tree->depth = depth;
   tree->keys = std::move(keys);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "slim/llm/ggml_blocks.h"
 #include "slim/core/error.h"
@@ -654,32 +655,22 @@ inline __m512 load_f16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// 64 products per step in four independent 16-lane accumulators (ggml's F16 step on
-// AVX-512), so the FMA latency is hidden.
-float dot_f16_avx512(int64_t n, const void* vw, const void* vx) {
-  const uint16_t* w = static_cast<const uint16_t*>(vw);
-  const uint16_t* x = static_cast<const uint16_t*>(vx);
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), a0);
-    a1 = _mm512_fmadd_ps(load_f16x16(w + i + 16), load_f16x16(x + i + 16), a1);
-    a2 = _mm512_fmadd_ps(load_f16x16(w + i + 32), load_f16x16(x + i + 32), a2);
-    a3 = _mm512_fmadd_ps(load_f16x16(w + i + 48), load_f16x16(x + i + 48), a3);
-  }
-  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), a0);
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  for (; i < n; ++i) s += _cvtsh_ss(w[i]) * _cvtsh_ss(x[i]);
-  return s;
+// F16 weights against NT activation rows, 64 products per step in four independent
+// 16-lane accumulators per row (ggml's F16 step on AVX-512), so the FMA latency is hidden.
+// X = uint16_t reads f16 activations (the single dot); X = float reads their f32 copies
+// (widen_f16), so each weight vector is converted once for all NT tokens and the
+// activations not at all. Either way every (row, token) pair sees the same operations in
+// the same order, so the F16 tiles are bit-identical to the dot whatever their shape.
+template <typename X>
+inline __m512 load_x16(const X* p) {
+  if constexpr (std::is_same_v<X, float>) return _mm512_loadu_ps(p);
+  else return load_f16x16(p);
 }
+inline float x_value(const float* p) { return *p; }
+inline float x_value(const uint16_t* p) { return _cvtsh_ss(*p); }
 
-// F16 weights against NT activation rows read from their f32 copies (widen_f16): each
-// weight vector is converted once for all NT tokens and the activations not at all. Per
-// (row, token) the arithmetic is exactly dot_f16_avx512's (its four accumulators, its
-// order, its reduction and tail; the copies hold the f16 values exactly), so results are
-// bit-identical to it, whatever the tile shape.
-template <int NT>
-void row_f16_avx512(int64_t n, const uint16_t* w, const float* const* x, float* y, int64_t ldy) {
+template <int NT, typename X>
+void row_f16_avx512(int64_t n, const uint16_t* w, const X* const* x, float* y, int64_t ldy) {
   __m512 a[NT][4];
   for (int t = 0; t < NT; ++t)
     for (int q = 0; q < 4; ++q) a[t][q] = _mm512_setzero_ps();
@@ -687,17 +678,24 @@ void row_f16_avx512(int64_t n, const uint16_t* w, const float* const* x, float* 
   for (; i + 64 <= n; i += 64)
     for (int q = 0; q < 4; ++q) {
       const __m512 wv = load_f16x16(w + i + 16 * q);
-      for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i + 16 * q), a[t][q]);
+      for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, load_x16(x[t] + i + 16 * q), a[t][q]);
     }
   for (; i + 16 <= n; i += 16) {
     const __m512 wv = load_f16x16(w + i);
-    for (int t = 0; t < NT; ++t) a[t][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i), a[t][0]);
+    for (int t = 0; t < NT; ++t) a[t][0] = _mm512_fmadd_ps(wv, load_x16(x[t] + i), a[t][0]);
   }
   for (int t = 0; t < NT; ++t) {
     float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
-    for (int64_t j = i; j < n; ++j) s += _cvtsh_ss(w[j]) * x[t][j];
+    for (int64_t j = i; j < n; ++j) s += _cvtsh_ss(w[j]) * x_value(x[t] + j);
     y[t * ldy] = s;
   }
+}
+
+float dot_f16_avx512(int64_t n, const void* vw, const void* vx) {
+  const uint16_t* x[1] = {static_cast<const uint16_t*>(vx)};
+  float y;
+  row_f16_avx512<1>(n, static_cast<const uint16_t*>(vw), x, &y, 0);
+  return y;
 }
 
 void tile_f16_avx512(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,

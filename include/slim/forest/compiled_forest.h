@@ -127,14 +127,10 @@ class CompiledForest {
   struct BinTree {
     std::vector<float> keys;  // all blocks of all features
     struct Feature {
-      uint32_t levels = 0;
       uint32_t level_start[4] = {0, 0, 0, 0};  // first key of each level, in `keys`
     };
     std::vector<Feature> features;
     uint32_t depth = 0;  // levels of every feature (shallower ones are padded at the top)
-    const float* block(uint32_t f, uint32_t level, uint32_t b) const {
-      return keys.data() + features[f].level_start[level] + 16 * b;
-    }
   };
   const BinTree* bin_tree() const { return bin_tree_.get(); }
 
