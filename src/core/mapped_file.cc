@@ -48,7 +48,8 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, bool
   return std::shared_ptr<const MappedFile>(new MappedFile(path, data, size, size));
 }
 
-std::shared_ptr<const MappedFile> MappedFile::read_resident(const std::string& path) {
+std::shared_ptr<const MappedFile> MappedFile::read_resident(
+    const std::string& path, const std::function<void(const MappedFile& file, uint8_t* data)>& prepare) {
   size_t size = 0;
   const int fd = open_regular_file(path, &size);
   if (size == 0) {
@@ -80,8 +81,10 @@ std::shared_ptr<const MappedFile> MappedFile::read_resident(const std::string& p
     done += size_t(r);
   }
   ::close(fd);
+  std::shared_ptr<const MappedFile> file(new MappedFile(path, static_cast<const uint8_t*>(p), size, mapped));
+  if (prepare) prepare(*file, static_cast<uint8_t*>(p));
   ::mprotect(p, mapped, PROT_READ);
-  return std::shared_ptr<const MappedFile>(new MappedFile(path, static_cast<const uint8_t*>(p), size, mapped));
+  return file;
 }
 
 MappedFile::~MappedFile() {

@@ -162,17 +162,28 @@ int64_t GgufTensorInfo::elements() const {
   return n;
 }
 
-std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path, bool resident) {
+std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path, bool resident, const TensorRewrite& rewrite) {
   std::shared_ptr<GgufFile> f(new GgufFile());
-  f->file_ = resident ? MappedFile::read_resident(path) : MappedFile::open(path);
-  f->parse();
+  if (!resident) {
+    f->file_ = MappedFile::open(path);
+    f->parse(*f->file_);
+    return f;
+  }
+  bool parsed = false;
+  f->file_ = MappedFile::read_resident(path, [&](const MappedFile& m, uint8_t* data) {
+    f->parse(m);
+    parsed = true;
+    if (rewrite)
+      for (const GgufTensorInfo& t : f->tensors_) rewrite(t, data + (f->data_ - m.data()) + t.offset);
+  });
+  if (!parsed) f->parse(*f->file_);  // an empty file: parse reports it
   return f;
 }
 
-void GgufFile::parse() {
-  const std::string& p = file_->path();
-  Cursor c(p, file_->data(), file_->size());
-  if (file_->size() < 24 || c.read<uint32_t>("magic") != kGgufMagic)
+void GgufFile::parse(const MappedFile& m) {
+  const std::string& p = m.path();
+  Cursor c(p, m.data(), m.size());
+  if (m.size() < 24 || c.read<uint32_t>("magic") != kGgufMagic)
     throw Error(ErrorCode::invalid_model, p + ": not a GGUF file (bad magic)");
   version_ = c.read<uint32_t>("version");
   if (version_ != 2 && version_ != 3)
@@ -247,10 +258,10 @@ void GgufFile::parse() {
   }
 
   const uint64_t data_start = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
-  if (data_start > file_->size() && n_tensors > 0)
+  if (data_start > m.size() && n_tensors > 0)
     throw Error(ErrorCode::invalid_model, p + ": tensor data section starts past the end of the file");
-  const uint64_t data_size = data_start <= file_->size() ? file_->size() - data_start : 0;
-  data_ = file_->data() + std::min<uint64_t>(data_start, file_->size());
+  const uint64_t data_size = data_start <= m.size() ? m.size() - data_start : 0;
+  data_ = m.data() + std::min<uint64_t>(data_start, m.size());
   for (const auto& t : tensors_) {
     if (t.offset > data_size || t.size > data_size - t.offset)
       throw Error(ErrorCode::invalid_model, p + ": tensor '" + t.name + "' (" + std::to_string(t.size) +

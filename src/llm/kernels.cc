@@ -27,6 +27,21 @@ ActType act_type_for(GgmlType weight) {
 
 int64_t f16_copy_offset(int64_t n) { return (n * 2 + 63) / 64 * 64; }
 
+int64_t q8_0_aux_offset(int64_t n) { return (n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192 + 7) / 8 * 8; }
+
+void repack_q4_0x16(uint8_t* rows16, int64_t n) {
+  const int64_t nb = n / 32, row_bytes = nb * int64_t(sizeof(BlockQ4_0));
+  std::vector<uint8_t> src(rows16, rows16 + 16 * row_bytes);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* o = rows16 + b * kQ4x16ColumnBytes;
+    for (int r = 0; r < 16; ++r) {
+      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(src.data() + r * row_bytes) + b;
+      std::memcpy(o + 2 * r, &blk->d, 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(o + 32 + 64 * k + 4 * r, blk->qs + 4 * k, 4);
+    }
+  }
+}
+
 int64_t max_act_row_bytes(int64_t n) {
   int64_t m = 0;
   for (ActType t : {ActType::f32, ActType::f16, ActType::bf16, ActType::q8_0, ActType::q8_k})
@@ -40,8 +55,8 @@ int64_t act_row_bytes(ActType type, int64_t n) {
     case ActType::bf16: return n * 2;
     // The f16 row, then room for the f32 copy that kernel sets with F16 tiles append.
     case ActType::f16: return f16_copy_offset(n) + n * 4;
-    // The blocks, then room for the unpacked copy that tiled kernel sets append.
-    case ActType::q8_0: return n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192;
+    // The blocks, room for the unpacked copy that tiled kernel sets append, the Q8Aux.
+    case ActType::q8_0: return q8_0_aux_offset(n) + n / 32 * int64_t(sizeof(Q8Aux));
     case ActType::q8_k: return n / 256 * int64_t(sizeof(BlockQ8K));
   }
   return 0;
@@ -147,6 +162,31 @@ float dot_q6_k_scalar(int64_t n, const void* vw, const void* vx) {
     s += x[i].d * f16_to_f32(w[i].d) * float(sumi);
   }
   return s;
+}
+
+void tile_q4_0x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                         int64_t ldy) {
+  const int64_t nb = n / 32;
+  for (int t = 0; t < nt; ++t) {
+    const auto* xb = reinterpret_cast<const BlockQ8_0*>(x + t * xs);
+    const auto* aux = reinterpret_cast<const Q8Aux*>(x + t * xs + q8_0_aux_offset(n));
+    for (int r = 0; r < nr; ++r) {
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* col = w + b * kQ4x16ColumnBytes;
+        uint16_t d;
+        std::memcpy(&d, col + 2 * r, 2);
+        int32_t s = aux[b].q4_bias;
+        for (int k = 0; k < 4; ++k)
+          for (int j = 0; j < 4; ++j) {
+            const uint8_t c = col[32 + 64 * k + 4 * r + j];
+            s += int(c & 0xF) * xb[b].qs[4 * k + j] + int(c >> 4) * xb[b].qs[16 + 4 * k + j];
+          }
+        acc = std::fma(float(s), f16_to_f32(d) * aux[b].d, acc);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
 }
 
 // Activations: ggml's x86 Q8_0 path (scale amax/127, round half to even).
@@ -651,6 +691,69 @@ void tile_q4_0_vnni(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8
 }
 #undef SLIM_TILE_SWITCH
 
+// Repacked Q4_0 (repack_q4_0x16): int32 lane r is row r of the group, so a block's dot
+// for 16 rows is eight dpbusd of the unpacked code vectors with one activation dword
+// broadcast from memory each, and needs no horizontal sums. The codes of a column are
+// unpacked once for all NT tokens.
+template <int NT>
+void tile_q4_0x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y,
+                         int64_t ldy) {
+  const int64_t nb = n / 32, aux_off = q8_0_aux_offset(n);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* col = w + b * kQ4x16ColumnBytes;
+    for (int64_t o = 0; o < kQ4x16ColumnBytes; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + 4 * kQ4x16ColumnBytes + o), _MM_HINT_T0);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+    __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i c = _mm512_loadu_si512(col + 32 + 64 * k);
+      lo[k] = _mm512_and_si512(c, m4);
+      hi[k] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* xt = x + t * xs;
+      const int8_t* q = reinterpret_cast<const BlockQ8_0*>(xt)[b].qs;
+      const Q8Aux* aux = reinterpret_cast<const Q8Aux*>(xt + aux_off) + b;
+      __m512i s = _mm512_set1_epi32(aux->q4_bias);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        int32_t v;
+        std::memcpy(&v, q + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(v));
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        int32_t v;
+        std::memcpy(&v, q + 16 + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, hi[k], _mm512_set1_epi32(v));
+      }
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(aux->d)), acc[t]);
+    }
+  }
+  const __mmask16 m = __mmask16((1u << nr) - 1);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, acc[t]);
+}
+
+void tile_q4_0x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                       int64_t ldy) {
+  switch (nt) {
+    case 1: return tile_q4_0x16_vnni_t<1>(n, w, nr, x, xs, y, ldy);
+    case 2: return tile_q4_0x16_vnni_t<2>(n, w, nr, x, xs, y, ldy);
+    case 3: return tile_q4_0x16_vnni_t<3>(n, w, nr, x, xs, y, ldy);
+    case 4: return tile_q4_0x16_vnni_t<4>(n, w, nr, x, xs, y, ldy);
+    case 5: return tile_q4_0x16_vnni_t<5>(n, w, nr, x, xs, y, ldy);
+    case 6: return tile_q4_0x16_vnni_t<6>(n, w, nr, x, xs, y, ldy);
+    case 7: return tile_q4_0x16_vnni_t<7>(n, w, nr, x, xs, y, ldy);
+    case 8: return tile_q4_0x16_vnni_t<8>(n, w, nr, x, xs, y, ldy);
+    default: return;
+  }
+}
+
 inline __m512 load_f16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -772,7 +875,7 @@ namespace {
 KernelSet make_scalar() {
   return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
           dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
-          f32_to_f16_row_scalar};
+          f32_to_f16_row_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, tile_q4_0x16_scalar};
 }
 
 bool cpu_has_avx2() {
@@ -802,6 +905,7 @@ KernelSet make_vnni() {
   k.unpack_q8_0 = unpack_q8_0_vnni;
   k.tile_f16 = tile_f16_avx512;
   k.widen_f16 = widen_f16_avx512;
+  k.tile_q4_0x16 = tile_q4_0x16_vnni;
   return k;
 }
 
@@ -870,10 +974,19 @@ void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* ds
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(x[i]);
       return;
     }
-    case ActType::q8_0:
+    case ActType::q8_0: {
       k.quantize_q8_0(x, dst, n);
-      if (k.unpack_q8_0) k.unpack_q8_0(dst, static_cast<uint8_t*>(dst) + n / 32 * int64_t(sizeof(BlockQ8_0)), n);
+      uint8_t* row = static_cast<uint8_t*>(dst);
+      if (k.unpack_q8_0) k.unpack_q8_0(dst, row + n / 32 * int64_t(sizeof(BlockQ8_0)), n);
+      const auto* blocks = static_cast<const BlockQ8_0*>(dst);
+      auto* aux = reinterpret_cast<Q8Aux*>(row + q8_0_aux_offset(n));
+      for (int64_t b = 0; b < n / 32; ++b) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) sum += blocks[b].qs[j];
+        aux[b] = {f16_to_f32(blocks[b].d), -8 * sum};
+      }
       return;
+    }
     case ActType::q8_k: k.quantize_q8_k(x, dst, n); return;
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "slim/llm/kernels.h"
 #include "slim/llm/kv_attention.h"
@@ -17,7 +18,18 @@ class ModelLoader {
  public:
   static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map) {
     std::shared_ptr<LlamaModel> m(new LlamaModel());
-    m->gguf_ = GgufFile::open(path, !map);
+    // Matmul weights in Q4_0 are repacked for the 16-row tiles as the file is read.
+    std::set<std::string> repacked;
+    GgufFile::TensorRewrite rewrite;
+    if (kernels().tile_q4_0x16)
+      rewrite = [&repacked](const GgufTensorInfo& t, uint8_t* data) {
+        const bool matmul_weight = t.name == "output.weight" || t.name.rfind("blk.", 0) == 0;
+        if (!matmul_weight || t.type() != GgmlType::q4_0 || t.dims.size() != 2 || t.dims[1] % 16 != 0) return;
+        const int64_t row_bytes = ggml_row_bytes(t.type(), t.dims[0]);
+        for (int64_t r = 0; r < t.dims[1]; r += 16) repack_q4_0x16(data + r * row_bytes, t.dims[0]);
+        repacked.insert(t.name);
+      };
+    m->gguf_ = GgufFile::open(path, !map, rewrite);
     const GgufFile& g = *m->gguf_;
     LlamaConfig& c = m->config_;
     c.arch = g.get_string("general.architecture");
@@ -69,9 +81,9 @@ class ModelLoader {
         throw Error(ErrorCode::invalid_model, path + ": tokenizer.ggml.tokens has " + std::to_string(toks->array_size) +
                                                   " entries but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
     }
-    m->token_embd_ = matrix(g, "token_embd.weight", c.n_vocab, c.n_embd);
+    m->token_embd_ = matrix(g, "token_embd.weight", c.n_vocab, c.n_embd, repacked);
     if (g.find_tensor("output.weight")) {
-      m->output_ = matrix(g, "output.weight", c.n_vocab, c.n_embd);
+      m->output_ = matrix(g, "output.weight", c.n_vocab, c.n_embd, repacked);
     } else {
       c.tied_output = true;
       m->output_ = m->token_embd_;
@@ -84,13 +96,13 @@ class ModelLoader {
       LayerWeights& L = m->layers_[size_t(i)];
       L.attn_norm = m->store(vec(g, p + "attn_norm.weight", c.n_embd));
       L.ffn_norm = m->store(vec(g, p + "ffn_norm.weight", c.n_embd));
-      L.wq = matrix(g, p + "attn_q.weight", q_dim, c.n_embd);
-      L.wk = matrix(g, p + "attn_k.weight", kv_dim, c.n_embd);
-      L.wv = matrix(g, p + "attn_v.weight", kv_dim, c.n_embd);
-      L.wo = matrix(g, p + "attn_output.weight", c.n_embd, q_dim);
-      L.w_gate = matrix(g, p + "ffn_gate.weight", c.n_ff, c.n_embd);
-      L.w_up = matrix(g, p + "ffn_up.weight", c.n_ff, c.n_embd);
-      L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, c.n_ff);
+      L.wq = matrix(g, p + "attn_q.weight", q_dim, c.n_embd, repacked);
+      L.wk = matrix(g, p + "attn_k.weight", kv_dim, c.n_embd, repacked);
+      L.wv = matrix(g, p + "attn_v.weight", kv_dim, c.n_embd, repacked);
+      L.wo = matrix(g, p + "attn_output.weight", c.n_embd, q_dim, repacked);
+      L.w_gate = matrix(g, p + "ffn_gate.weight", c.n_ff, c.n_embd, repacked);
+      L.w_up = matrix(g, p + "ffn_up.weight", c.n_ff, c.n_embd, repacked);
+      L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, c.n_ff, repacked);
       if (c.qkv_bias) {
         L.bq = m->store(vec(g, p + "attn_q.bias", q_dim));
         L.bk = m->store(vec(g, p + "attn_k.bias", kv_dim));
@@ -110,7 +122,8 @@ class ModelLoader {
   }
 
  private:
-  static WeightMatrix matrix(const GgufFile& g, const std::string& name, int64_t rows, int64_t cols) {
+  static WeightMatrix matrix(const GgufFile& g, const std::string& name, int64_t rows, int64_t cols,
+                             const std::set<std::string>& repacked) {
     const GgufTensorInfo& t = g.tensor(name);
     if (t.dims.size() != 2 || t.dims[0] != cols || t.dims[1] != rows)
       throw Error(ErrorCode::invalid_model, g.path() + ": tensor '" + name + "' has shape " + dims_str(t.dims) +
@@ -119,7 +132,7 @@ class ModelLoader {
     if (!info->computable)
       throw Error(ErrorCode::unsupported, g.path() + ": tensor '" + name + "' has type " + std::string(info->name) +
                                               " (slim computes with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)");
-    return {t.type(), g.tensor_data(t), rows, cols, ggml_row_bytes(t.type(), cols), name};
+    return {t.type(), g.tensor_data(t), rows, cols, ggml_row_bytes(t.type(), cols), name, repacked.count(name) > 0};
   }
   static std::vector<float> vec(const GgufFile& g, const std::string& name, int64_t n) {
     const GgufTensorInfo& t = g.tensor(name);
@@ -393,11 +406,22 @@ struct MatmulJob {
   int64_t ldy;
   DotFn dot;
   TileFn tile;
+  decltype(KernelSet::tile_q4_0x16) tile16;
   int threads;
 };
 
 void run_matmul_slot(const MatmulJob& j, int slot) {
   int64_t r0, r1;
+  if (j.w->x16) {
+    // Each group of 16 rows (a few KB per 1,000 columns) stays in L1 while the tokens
+    // pass it 8 at a time.
+    split_range(j.w->rows, j.threads, slot, 16, &r0, &r1);
+    for (int64_t r = r0; r < r1; r += 16)
+      for (int t = 0; t < j.n; t += 8)
+        j.tile16(j.w->cols, j.w->data + r * j.w->row_bytes, int(std::min<int64_t>(16, r1 - r)), j.act + t * j.act_stride,
+                 j.act_stride, std::min(8, j.n - t), j.y + t * j.ldy + r, j.ldy);
+    return;
+  }
   split_range(j.w->rows, j.threads, slot, 4, &r0, &r1);
   if (j.tile) {
     // 16 rows stay in L1 while every token passes them in tiles of 4 x 4.
@@ -487,7 +511,8 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       s.act_type = at;
     }
     TileFn tile = tile_fn(*s.k, w.type);
-    MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, dot_fn(*s.k, w.type), tile, T};
+    MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, w.x16 ? nullptr : dot_fn(*s.k, w.type), tile,
+                  s.k->tile_q4_0x16, T};
     const MatmulJob* jp = &job;
     pool.parallel_for(T, [jp](int64_t b, int64_t e) {
       for (int64_t slot = b; slot < e; ++slot) run_matmul_slot(*jp, int(slot));

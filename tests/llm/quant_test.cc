@@ -192,6 +192,58 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
   }
 }
 
+// Repacked Q4_0 tiles: every set's tile_q4_0x16 gives, for each (row, token) pair, the
+// bits of a block-by-block fused multiply-add computed here from the GGUF blocks (so the
+// repacking is checked too), whatever the tile's row and token counts, and agrees with
+// the GGUF-layout dot.
+TEST(Kernels, RepackedQ4_0TilesMatchTheBlockByBlockReference) {
+  for (const int64_t n : {int64_t(32), int64_t(32 * 7), int64_t(2048 + 32)}) {
+    const int64_t wb = ggml_row_bytes(GgmlType::q4_0, n), xb = act_row_bytes(ActType::q8_0, n);
+    std::vector<uint8_t> gguf(size_t(16 * wb));
+    for (int r = 0; r < 16; ++r)
+      quantize_row(GgmlType::q4_0, random_floats(size_t(n), 300 + r, 0.2f).data(), gguf.data() + r * wb, n);
+    std::vector<uint8_t> packed = gguf;
+    repack_q4_0x16(packed.data(), n);
+    EXPECT_NE(packed, gguf);
+    for (const KernelSet* k : available_kernel_sets()) {
+      if (!k->tile_q4_0x16) continue;
+      std::vector<uint8_t> x(size_t(8 * xb));
+      for (int t = 0; t < 8; ++t)
+        quantize_act_row(*k, ActType::q8_0, random_floats(size_t(n), 400 + t).data(), x.data() + t * xb, n);
+      float want[8][16];
+      for (int t = 0; t < 8; ++t)
+        for (int r = 0; r < 16; ++r) {
+          const auto* w = reinterpret_cast<const BlockQ4_0*>(gguf.data() + r * wb);
+          const auto* a = reinterpret_cast<const BlockQ8_0*>(x.data() + t * xb);
+          float acc = 0;
+          for (int64_t b = 0; b < n / 32; ++b) {
+            int s = 0;
+            for (int j = 0; j < 16; ++j)
+              s += (int(w[b].qs[j] & 0xF) - 8) * a[b].qs[j] + (int(w[b].qs[j] >> 4) - 8) * a[b].qs[j + 16];
+            acc = std::fma(float(s), f16_to_f32(w[b].d) * f16_to_f32(a[b].d), acc);
+          }
+          want[t][r] = acc;
+          const float dot = k->dot_q4_0(n, w, x.data() + t * xb);
+          EXPECT_NEAR(acc, dot, 1e-5 * (std::fabs(dot) + 1.0)) << k->isa << " n " << n;
+        }
+      for (const int nr : {16, 5, 1})
+        for (int nt = 1; nt <= 8; ++nt) {
+          float y[8][16];
+          for (auto& row : y)
+            for (float& v : row) v = -1234.5f;
+          k->tile_q4_0x16(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
+          for (int t = 0; t < 8; ++t)
+            for (int r = 0; r < 16; ++r) {
+              if (t < nt && r < nr)
+                EXPECT_EQ(y[t][r], want[t][r]) << k->isa << " n " << n << " rows " << nr << " tokens " << nt;
+              else
+                EXPECT_EQ(y[t][r], -1234.5f) << k->isa << " wrote outside the tile: row " << r << " token " << t;
+            }
+        }
+    }
+  }
+}
+
 // F16 tiles read the f32 copy that their kernel set's quantize_act_row appends; at
 // lengths off the vector width (masked steps and scalar tails) they still give exactly
 // the single dot's bits.

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,7 +22,10 @@ class MappedFile {
   // on every token: with 4 KiB file pages each 4 KiB of a weight stream costs a TLB miss,
   // which slowed LLM decode by 13-19% against 2 MiB pages. Costs a read of the file at
   // load and memory outside the page cache.
-  static std::shared_ptr<const MappedFile> read_resident(const std::string& path);
+  // `prepare`, when given, may rewrite the copy in place before it is made read-only (the
+  // LLM loader repacks weights for its kernels this way, without a second copy).
+  static std::shared_ptr<const MappedFile> read_resident(
+      const std::string& path, const std::function<void(const MappedFile& file, uint8_t* data)>& prepare = {});
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

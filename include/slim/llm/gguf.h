@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -53,8 +54,12 @@ class GgufFile {
   // Throws not_found for a missing file and invalid_model (naming the file and the field)
   // for anything malformed.
   // `resident` reads the file into huge-page-backed memory (MappedFile::read_resident)
-  // instead of mapping it: for weights read on every token.
-  static std::shared_ptr<const GgufFile> open(const std::string& path, bool resident = false);
+  // instead of mapping it: for weights read on every token. `rewrite` (resident only) is
+  // called once per tensor with its bytes in the copy, after the whole file has been
+  // validated, and may change them in place: tensor_data() then returns what it wrote.
+  using TensorRewrite = std::function<void(const GgufTensorInfo& t, uint8_t* data)>;
+  static std::shared_ptr<const GgufFile> open(const std::string& path, bool resident = false,
+                                              const TensorRewrite& rewrite = {});
 
   const std::string& path() const { return file_->path(); }
   uint32_t version() const { return version_; }
@@ -82,7 +87,7 @@ class GgufFile {
 
  private:
   GgufFile() = default;
-  void parse();
+  void parse(const MappedFile& m);
 
   std::shared_ptr<const MappedFile> file_;
   uint32_t version_ = 0;

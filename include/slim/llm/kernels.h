@@ -13,8 +13,9 @@ namespace slim::llm {
 // The format activations are converted to before a dot product with a weight type:
 // the same pairing ggml uses, so results track llama.cpp's. A q8_0 row is BlockQ8_0
 // blocks followed by space for an unpacked copy of them that kernel sets with Q8_0/Q4_0
-// tiles fill in (quantize_act_row) and read; likewise an f16 row is followed by room for
-// its f32 copy, which F16 tiles read. The dot functions read the blocks or the f16 row
+// tiles fill in (quantize_act_row) and read, then by one Q8Aux per block (every kernel
+// set fills it in; the repacked Q4_0 tiles read it); likewise an f16 row is followed by
+// room for its f32 copy, which F16 tiles read. The dot functions read the blocks or the f16 row
 // only; the tile functions need rows converted by quantize_act_row of their own kernel set.
 enum class ActType { f32, f16, bf16, q8_0, q8_k };
 
@@ -25,6 +26,23 @@ int64_t act_row_bytes(ActType type, int64_t n);
 int64_t max_act_row_bytes(int64_t n);
 // Where an f16 activation row's f32 copy starts (see KernelSet::widen_f16).
 int64_t f16_copy_offset(int64_t n);
+
+// Per Q8_0 activation block: its scale as f32 and -8 x the sum of its codes, the term
+// that turns a dot with unsigned Q4_0 codes (0..15) into one with the codes minus 8.
+struct Q8Aux {
+  float d;
+  int32_t q4_bias;
+};
+// Where the Q8Aux array of a q8_0 activation row of n values starts.
+int64_t q8_0_aux_offset(int64_t n);
+
+// Q4_0 weights repacked 16 rows at a time, for tiles that keep one row per int32 lane
+// (KernelSet::tile_q4_0x16): per column of blocks b, the 16 rows' f16 scales (32 bytes),
+// then their codes as four 64-byte vectors, vector k holding bytes 4k..4k+3 of every
+// row's block (row r at bytes 4r..4r+3). That is 288 bytes per column of 16 blocks,
+// exactly the GGUF size, so a matrix is repacked in place, 16 rows of n values at a time.
+constexpr int64_t kQ4x16ColumnBytes = 288;
+void repack_q4_0x16(uint8_t* rows16, int64_t n);
 
 // Dot product of n weights (a row of the weight's type) with n activations.
 using DotFn = float (*)(int64_t n, const void* w, const void* x);
@@ -50,6 +68,14 @@ struct KernelSet {
   // F16 tiles read; null where unused.
   void (*widen_f16)(const uint16_t* h, float* f, int64_t n) = nullptr;
   TileFn tile_f16 = nullptr;
+  // y[t * ldy + r] for r < nr <= 16 and t < nt <= 8: a group of 16 repacked Q4_0 rows
+  // (repack_q4_0x16) against q8_0 activation rows. Every (row, token) pair adds
+  // float(block dot) x (weight scale x activation scale) block by block with one fused
+  // multiply-add, so results do not depend on nt and the scalar set's version is the
+  // exact reference for the others. Null where the set has none (the weights then stay in
+  // the GGUF layout).
+  void (*tile_q4_0x16)(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                       int64_t ldy) = nullptr;
 };
 
 const KernelSet& kernels();              // best for this CPU
