@@ -29,15 +29,21 @@ int64_t f16_copy_offset(int64_t n) { return (n * 2 + 63) / 64 * 64; }
 
 int64_t q8_0_aux_offset(int64_t n) { return (n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192 + 7) / 8 * 8; }
 
-void repack_q4_0x16(uint8_t* rows16, int64_t n) {
-  const int64_t nb = n / 32, row_bytes = nb * int64_t(sizeof(BlockQ4_0));
+bool repackable_x16(GgmlType type) { return type == GgmlType::q8_0 || type == GgmlType::q4_0; }
+
+void repack_x16(GgmlType type, uint8_t* rows16, int64_t n) {
+  if (!repackable_x16(type)) throw Error(ErrorCode::unsupported, "no 16-row layout for " + ggml_type_name(uint32_t(type)));
+  const bool q8 = type == GgmlType::q8_0;
+  const int64_t nb = n / 32, block = q8 ? int64_t(sizeof(BlockQ8_0)) : int64_t(sizeof(BlockQ4_0));
+  const int64_t row_bytes = nb * block, codes = block - 2;
   std::vector<uint8_t> src(rows16, rows16 + 16 * row_bytes);
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* o = rows16 + b * kQ4x16ColumnBytes;
+    uint8_t* o = rows16 + b * 16 * block;
     for (int r = 0; r < 16; ++r) {
-      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(src.data() + r * row_bytes) + b;
-      std::memcpy(o + 2 * r, &blk->d, 2);
-      for (int k = 0; k < 4; ++k) std::memcpy(o + 32 + 64 * k + 4 * r, blk->qs + 4 * k, 4);
+      const uint8_t* blk = src.data() + r * row_bytes + b * block;  // f16 scale, then the codes
+      std::memcpy(o + 2 * r, blk, 2);
+      for (int64_t k = 0; k < codes / 4; ++k)
+        for (int j = 0; j < 4; ++j) o[32 + 64 * k + 4 * r + j] = uint8_t(blk[2 + 4 * k + j] ^ (q8 ? 0x80 : 0));
     }
   }
 }
@@ -164,23 +170,29 @@ float dot_q6_k_scalar(int64_t n, const void* vw, const void* vx) {
   return s;
 }
 
-void tile_q4_0x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
-                         int64_t ldy) {
-  const int64_t nb = n / 32;
+template <bool Q8>
+void tile_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                     int64_t ldy) {
+  const int64_t nb = n / 32, column = Q8 ? 16 * int64_t(sizeof(BlockQ8_0)) : 16 * int64_t(sizeof(BlockQ4_0));
   for (int t = 0; t < nt; ++t) {
     const auto* xb = reinterpret_cast<const BlockQ8_0*>(x + t * xs);
     const auto* aux = reinterpret_cast<const Q8Aux*>(x + t * xs + q8_0_aux_offset(n));
     for (int r = 0; r < nr; ++r) {
       float acc = 0;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* col = w + b * kQ4x16ColumnBytes;
+        const uint8_t* col = w + b * column;
         uint16_t d;
         std::memcpy(&d, col + 2 * r, 2);
-        int32_t s = aux[b].q4_bias;
+        // Unsigned codes: Q8_0 offset by 128, Q4_0 as stored (its values are codes - 8).
+        int32_t s = (Q8 ? -128 : -8) * aux[b].sum;
         for (int k = 0; k < 4; ++k)
           for (int j = 0; j < 4; ++j) {
             const uint8_t c = col[32 + 64 * k + 4 * r + j];
-            s += int(c & 0xF) * xb[b].qs[4 * k + j] + int(c >> 4) * xb[b].qs[16 + 4 * k + j];
+            if constexpr (Q8) {
+              s += int(c) * xb[b].qs[4 * k + j] + int(col[32 + 64 * (k + 4) + 4 * r + j]) * xb[b].qs[16 + 4 * k + j];
+            } else {
+              s += int(c & 0xF) * xb[b].qs[4 * k + j] + int(c >> 4) * xb[b].qs[16 + 4 * k + j];
+            }
           }
         acc = std::fma(float(s), f16_to_f32(d) * aux[b].d, acc);
       }
@@ -691,46 +703,45 @@ void tile_q4_0_vnni(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8
 }
 #undef SLIM_TILE_SWITCH
 
-// Repacked Q4_0 (repack_q4_0x16): int32 lane r is row r of the group, so a block's dot
-// for 16 rows is eight dpbusd of the unpacked code vectors with one activation dword
-// broadcast from memory each, and needs no horizontal sums. The codes of a column are
-// unpacked once for all NT tokens.
-template <int NT>
-void tile_q4_0x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y,
-                         int64_t ldy) {
+// Repacked weights (repack_x16): int32 lane r is row r of the group, so a block's dot for
+// 16 rows is eight dpbusd of code vectors with one activation dword broadcast from memory
+// each, and needs no horizontal sums. The codes of a column are loaded (and for Q4_0
+// split into nibbles) once for all NT tokens.
+template <int NT, bool Q8>
+void tile_x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+  constexpr int64_t kColumn = Q8 ? 16 * int64_t(sizeof(BlockQ8_0)) : 16 * int64_t(sizeof(BlockQ4_0));
   const int64_t nb = n / 32, aux_off = q8_0_aux_offset(n);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* col = w + b * kQ4x16ColumnBytes;
-    for (int64_t o = 0; o < kQ4x16ColumnBytes; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(col + 4 * kQ4x16ColumnBytes + o), _MM_HINT_T0);
+    const uint8_t* col = w + b * kColumn;
+    for (int64_t o = 0; o < kColumn; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + 4 * kColumn + o), _MM_HINT_T0);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
-    __m512i lo[4], hi[4];
+    __m512i c[8];  // codes 4k..4k+3 of every row in vector k
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      const __m512i c = _mm512_loadu_si512(col + 32 + 64 * k);
-      lo[k] = _mm512_and_si512(c, m4);
-      hi[k] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+      const __m512i v = _mm512_loadu_si512(col + 32 + 64 * k);
+      if constexpr (Q8) {
+        c[k] = v;
+        c[k + 4] = _mm512_loadu_si512(col + 32 + 64 * (k + 4));
+      } else {
+        c[k] = _mm512_and_si512(v, m4);
+        c[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const uint8_t* xt = x + t * xs;
       const int8_t* q = reinterpret_cast<const BlockQ8_0*>(xt)[b].qs;
       const Q8Aux* aux = reinterpret_cast<const Q8Aux*>(xt + aux_off) + b;
-      __m512i s = _mm512_set1_epi32(aux->q4_bias);
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
+      __m512i s = _mm512_set1_epi32((Q8 ? -128 : -8) * aux->sum);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
         int32_t v;
         std::memcpy(&v, q + 4 * k, 4);
-        s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(v));
-      }
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        int32_t v;
-        std::memcpy(&v, q + 16 + 4 * k, 4);
-        s = _mm512_dpbusd_epi32(s, hi[k], _mm512_set1_epi32(v));
+        s = _mm512_dpbusd_epi32(s, c[k], _mm512_set1_epi32(v));
       }
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(aux->d)), acc[t]);
     }
@@ -739,17 +750,18 @@ void tile_q4_0x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, 
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, acc[t]);
 }
 
-void tile_q4_0x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
-                       int64_t ldy) {
+template <bool Q8>
+void tile_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                   int64_t ldy) {
   switch (nt) {
-    case 1: return tile_q4_0x16_vnni_t<1>(n, w, nr, x, xs, y, ldy);
-    case 2: return tile_q4_0x16_vnni_t<2>(n, w, nr, x, xs, y, ldy);
-    case 3: return tile_q4_0x16_vnni_t<3>(n, w, nr, x, xs, y, ldy);
-    case 4: return tile_q4_0x16_vnni_t<4>(n, w, nr, x, xs, y, ldy);
-    case 5: return tile_q4_0x16_vnni_t<5>(n, w, nr, x, xs, y, ldy);
-    case 6: return tile_q4_0x16_vnni_t<6>(n, w, nr, x, xs, y, ldy);
-    case 7: return tile_q4_0x16_vnni_t<7>(n, w, nr, x, xs, y, ldy);
-    case 8: return tile_q4_0x16_vnni_t<8>(n, w, nr, x, xs, y, ldy);
+    case 1: return tile_x16_vnni_t<1, Q8>(n, w, nr, x, xs, y, ldy);
+    case 2: return tile_x16_vnni_t<2, Q8>(n, w, nr, x, xs, y, ldy);
+    case 3: return tile_x16_vnni_t<3, Q8>(n, w, nr, x, xs, y, ldy);
+    case 4: return tile_x16_vnni_t<4, Q8>(n, w, nr, x, xs, y, ldy);
+    case 5: return tile_x16_vnni_t<5, Q8>(n, w, nr, x, xs, y, ldy);
+    case 6: return tile_x16_vnni_t<6, Q8>(n, w, nr, x, xs, y, ldy);
+    case 7: return tile_x16_vnni_t<7, Q8>(n, w, nr, x, xs, y, ldy);
+    case 8: return tile_x16_vnni_t<8, Q8>(n, w, nr, x, xs, y, ldy);
     default: return;
   }
 }
@@ -875,7 +887,8 @@ namespace {
 KernelSet make_scalar() {
   return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
           dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
-          f32_to_f16_row_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, tile_q4_0x16_scalar};
+          f32_to_f16_row_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, tile_x16_scalar<true>,
+          tile_x16_scalar<false>};
 }
 
 bool cpu_has_avx2() {
@@ -905,7 +918,8 @@ KernelSet make_vnni() {
   k.unpack_q8_0 = unpack_q8_0_vnni;
   k.tile_f16 = tile_f16_avx512;
   k.widen_f16 = widen_f16_avx512;
-  k.tile_q4_0x16 = tile_q4_0x16_vnni;
+  k.tile_q8_0x16 = tile_x16_vnni<true>;
+  k.tile_q4_0x16 = tile_x16_vnni<false>;
   return k;
 }
 
@@ -961,6 +975,14 @@ TileFn tile_fn(const KernelSet& k, GgmlType weight) {
   }
 }
 
+Tile16Fn tile16_fn(const KernelSet& k, GgmlType weight) {
+  switch (weight) {
+    case GgmlType::q8_0: return k.tile_q8_0x16;
+    case GgmlType::q4_0: return k.tile_q4_0x16;
+    default: return nullptr;
+  }
+}
+
 void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n) {
   switch (type) {
     case ActType::f32: std::memcpy(dst, x, size_t(n) * 4); return;
@@ -983,7 +1005,7 @@ void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* ds
       for (int64_t b = 0; b < n / 32; ++b) {
         int32_t sum = 0;
         for (int j = 0; j < 32; ++j) sum += blocks[b].qs[j];
-        aux[b] = {f16_to_f32(blocks[b].d), -8 * sum};
+        aux[b] = {f16_to_f32(blocks[b].d), sum};
       }
       return;
     }

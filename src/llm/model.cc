@@ -18,17 +18,17 @@ class ModelLoader {
  public:
   static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map) {
     std::shared_ptr<LlamaModel> m(new LlamaModel());
-    // Matmul weights in Q4_0 are repacked for the 16-row tiles as the file is read.
+    // Matmul weights are repacked for the kernels' 16-row tiles as the file is read.
     std::set<std::string> repacked;
-    GgufFile::TensorRewrite rewrite;
-    if (kernels().tile_q4_0x16)
-      rewrite = [&repacked](const GgufTensorInfo& t, uint8_t* data) {
-        const bool matmul_weight = t.name == "output.weight" || t.name.rfind("blk.", 0) == 0;
-        if (!matmul_weight || t.type() != GgmlType::q4_0 || t.dims.size() != 2 || t.dims[1] % 16 != 0) return;
-        const int64_t row_bytes = ggml_row_bytes(t.type(), t.dims[0]);
-        for (int64_t r = 0; r < t.dims[1]; r += 16) repack_q4_0x16(data + r * row_bytes, t.dims[0]);
-        repacked.insert(t.name);
-      };
+    const GgufFile::TensorRewrite rewrite = [&repacked](const GgufTensorInfo& t, uint8_t* data) {
+      const bool matmul_weight = t.name == "output.weight" || t.name.rfind("blk.", 0) == 0;
+      if (!matmul_weight || !repackable_x16(t.type()) || !tile16_fn(kernels(), t.type()) || t.dims.size() != 2 ||
+          t.dims[1] % 16 != 0)
+        return;
+      const int64_t row_bytes = ggml_row_bytes(t.type(), t.dims[0]);
+      for (int64_t r = 0; r < t.dims[1]; r += 16) repack_x16(t.type(), data + r * row_bytes, t.dims[0]);
+      repacked.insert(t.name);
+    };
     m->gguf_ = GgufFile::open(path, !map, rewrite);
     const GgufFile& g = *m->gguf_;
     LlamaConfig& c = m->config_;
@@ -406,7 +406,7 @@ struct MatmulJob {
   int64_t ldy;
   DotFn dot;
   TileFn tile;
-  decltype(KernelSet::tile_q4_0x16) tile16;
+  Tile16Fn tile16;
   int threads;
 };
 
@@ -512,7 +512,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     }
     TileFn tile = tile_fn(*s.k, w.type);
     MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, w.x16 ? nullptr : dot_fn(*s.k, w.type), tile,
-                  s.k->tile_q4_0x16, T};
+                  tile16_fn(*s.k, w.type), T};
     const MatmulJob* jp = &job;
     pool.parallel_for(T, [jp](int64_t b, int64_t e) {
       for (int64_t slot = b; slot < e; ++slot) run_matmul_slot(*jp, int(slot));

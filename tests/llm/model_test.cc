@@ -103,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
-  for (const char* name : {"llama_q4_k", "qwen2_f32", "llama_f16", "llama_q4_0"}) {
+  for (const char* name : {"llama_q4_k", "qwen2_f32", "llama_f16", "llama_q4_0", "llama_q8_0"}) {
     Reference ref = load_reference(name);
     auto model = LlamaModel::load(fixture(std::string(name) + ".gguf"));
     std::vector<float> batched = run_all(name, ref.tokens, exact_options());
@@ -119,32 +119,34 @@ TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
   }
 }
 
-// Resident Q4_0 matrices with rows in multiples of 16 are repacked for the 16-row tiles
-// (the 300-row output matrix is not); a mapped model keeps the GGUF layout. Both give the
-// logits of the reference computation, up to summation order.
-TEST(Forward, Q4_0RepackedAndMappedLayoutsAgree) {
-  const std::string path = fixture("llama_q4_0.gguf");
-  auto resident = LlamaModel::load(path), mapped = LlamaModel::load(path, true);
-  const bool repacks = kernels().tile_q4_0x16 != nullptr;
-  EXPECT_EQ(resident->layer(0).wq.x16, repacks);
-  EXPECT_EQ(resident->layer(1).w_down.x16, repacks);
-  EXPECT_FALSE(resident->output().x16);
-  EXPECT_FALSE(resident->token_embd().x16);
-  EXPECT_FALSE(mapped->layer(0).wq.x16);
-  Reference ref = load_reference("llama_q4_0");
-  ContextOptions o = exact_options();
-  o.all_logits = true;
-  const int nv = resident->config().n_vocab;
-  LlamaContext a(resident, o), b(mapped, o);
-  a.eval(ref.tokens);
-  b.eval(ref.tokens);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.tokens.size(); ++i)
-    for (int v = 0; v < nv; ++v) {
-      num = std::max(num, double(std::fabs(a.logits(int(i))[v] - b.logits(int(i))[v])));
-      den = std::max(den, double(std::fabs(b.logits(int(i))[v])));
-    }
-  EXPECT_LT(num / den, 1e-5);
+// Resident Q8_0 and Q4_0 matrices with rows in multiples of 16 are repacked for the
+// 16-row tiles (the 300-row output matrix is not); a mapped model keeps the GGUF layout.
+// Both give the logits of the reference computation, up to summation order.
+TEST(Forward, RepackedAndMappedLayoutsAgree) {
+  for (const char* name : {"llama_q8_0", "llama_q4_0"}) {
+    const std::string path = fixture(std::string(name) + ".gguf");
+    auto resident = LlamaModel::load(path), mapped = LlamaModel::load(path, true);
+    const bool repacks = tile16_fn(kernels(), resident->layer(0).wq.type) != nullptr;
+    EXPECT_EQ(resident->layer(0).wq.x16, repacks) << name;
+    EXPECT_EQ(resident->layer(1).w_down.x16, repacks) << name;
+    EXPECT_FALSE(resident->output().x16) << name;
+    EXPECT_FALSE(resident->token_embd().x16) << name;
+    EXPECT_FALSE(mapped->layer(0).wq.x16) << name;
+    Reference ref = load_reference(name);
+    ContextOptions o = exact_options();
+    o.all_logits = true;
+    const int nv = resident->config().n_vocab;
+    LlamaContext a(resident, o), b(mapped, o);
+    a.eval(ref.tokens);
+    b.eval(ref.tokens);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.tokens.size(); ++i)
+      for (int v = 0; v < nv; ++v) {
+        num = std::max(num, double(std::fabs(a.logits(int(i))[v] - b.logits(int(i))[v])));
+        den = std::max(den, double(std::fabs(b.logits(int(i))[v])));
+      }
+    EXPECT_LT(num / den, 1e-5) << name;
+  }
 }
 
 TEST(Forward, ThreadCountDoesNotChangeResults) {

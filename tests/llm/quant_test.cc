@@ -192,38 +192,48 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
   }
 }
 
-// Repacked Q4_0 tiles: every set's tile_q4_0x16 gives, for each (row, token) pair, the
-// bits of a block-by-block fused multiply-add computed here from the GGUF blocks (so the
-// repacking is checked too), whatever the tile's row and token counts, and agrees with
-// the GGUF-layout dot.
-TEST(Kernels, RepackedQ4_0TilesMatchTheBlockByBlockReference) {
+// Repacked tiles: every set's 16-row tile gives, for each (row, token) pair, the bits of
+// a block-by-block fused multiply-add computed here from the GGUF blocks (so the repacking
+// is checked too), whatever the tile's row and token counts, and agrees with the
+// GGUF-layout dot.
+TEST(Kernels, RepackedTilesMatchTheBlockByBlockReference) {
+  for (const GgmlType type : {GgmlType::q8_0, GgmlType::q4_0})
   for (const int64_t n : {int64_t(32), int64_t(32 * 7), int64_t(2048 + 32)}) {
-    const int64_t wb = ggml_row_bytes(GgmlType::q4_0, n), xb = act_row_bytes(ActType::q8_0, n);
+    const int64_t wb = ggml_row_bytes(type, n), xb = act_row_bytes(ActType::q8_0, n);
     std::vector<uint8_t> gguf(size_t(16 * wb));
-    for (int r = 0; r < 16; ++r)
-      quantize_row(GgmlType::q4_0, random_floats(size_t(n), 300 + r, 0.2f).data(), gguf.data() + r * wb, n);
+    for (int r = 0; r < 16; ++r) quantize_row(type, random_floats(size_t(n), 300 + r, 0.2f).data(), gguf.data() + r * wb, n);
     std::vector<uint8_t> packed = gguf;
-    repack_q4_0x16(packed.data(), n);
+    repack_x16(type, packed.data(), n);
     EXPECT_NE(packed, gguf);
+    // The codes of row r, element j of block b, as signed values.
+    auto code = [&](int r, int64_t b, int j) {
+      if (type == GgmlType::q8_0) return int(reinterpret_cast<const BlockQ8_0*>(gguf.data() + r * wb)[b].qs[j]);
+      const uint8_t q = reinterpret_cast<const BlockQ4_0*>(gguf.data() + r * wb)[b].qs[j % 16];
+      return int(j < 16 ? q & 0xF : q >> 4) - 8;
+    };
+    auto scale = [&](int r, int64_t b) {
+      uint16_t d;
+      std::memcpy(&d, gguf.data() + r * wb + b * (wb / (n / 32)), 2);
+      return f16_to_f32(d);
+    };
     for (const KernelSet* k : available_kernel_sets()) {
-      if (!k->tile_q4_0x16) continue;
+      const Tile16Fn tile = tile16_fn(*k, type);
+      if (!tile) continue;
       std::vector<uint8_t> x(size_t(8 * xb));
       for (int t = 0; t < 8; ++t)
         quantize_act_row(*k, ActType::q8_0, random_floats(size_t(n), 400 + t).data(), x.data() + t * xb, n);
       float want[8][16];
       for (int t = 0; t < 8; ++t)
         for (int r = 0; r < 16; ++r) {
-          const auto* w = reinterpret_cast<const BlockQ4_0*>(gguf.data() + r * wb);
           const auto* a = reinterpret_cast<const BlockQ8_0*>(x.data() + t * xb);
           float acc = 0;
           for (int64_t b = 0; b < n / 32; ++b) {
             int s = 0;
-            for (int j = 0; j < 16; ++j)
-              s += (int(w[b].qs[j] & 0xF) - 8) * a[b].qs[j] + (int(w[b].qs[j] >> 4) - 8) * a[b].qs[j + 16];
-            acc = std::fma(float(s), f16_to_f32(w[b].d) * f16_to_f32(a[b].d), acc);
+            for (int j = 0; j < 32; ++j) s += code(r, b, j) * a[b].qs[j];
+            acc = std::fma(float(s), scale(r, b) * f16_to_f32(a[b].d), acc);
           }
           want[t][r] = acc;
-          const float dot = k->dot_q4_0(n, w, x.data() + t * xb);
+          const float dot = dot_fn(*k, type)(n, gguf.data() + r * wb, x.data() + t * xb);
           EXPECT_NEAR(acc, dot, 1e-5 * (std::fabs(dot) + 1.0)) << k->isa << " n " << n;
         }
       for (const int nr : {16, 5, 1})
@@ -231,13 +241,15 @@ TEST(Kernels, RepackedQ4_0TilesMatchTheBlockByBlockReference) {
           float y[8][16];
           for (auto& row : y)
             for (float& v : row) v = -1234.5f;
-          k->tile_q4_0x16(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
+          tile(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
           for (int t = 0; t < 8; ++t)
             for (int r = 0; r < 16; ++r) {
+              const std::string where = std::string(k->isa) + " " + ggml_type_name(uint32_t(type)) + " n " +
+                                        std::to_string(n) + " rows " + std::to_string(nr) + " tokens " + std::to_string(nt);
               if (t < nt && r < nr)
-                EXPECT_EQ(y[t][r], want[t][r]) << k->isa << " n " << n << " rows " << nr << " tokens " << nt;
+                EXPECT_EQ(y[t][r], want[t][r]) << where;
               else
-                EXPECT_EQ(y[t][r], -1234.5f) << k->isa << " wrote outside the tile: row " << r << " token " << t;
+                EXPECT_EQ(y[t][r], -1234.5f) << where << ": wrote outside the tile at row " << r << " token " << t;
             }
         }
     }

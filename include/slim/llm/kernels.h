@@ -27,22 +27,24 @@ int64_t max_act_row_bytes(int64_t n);
 // Where an f16 activation row's f32 copy starts (see KernelSet::widen_f16).
 int64_t f16_copy_offset(int64_t n);
 
-// Per Q8_0 activation block: its scale as f32 and -8 x the sum of its codes, the term
-// that turns a dot with unsigned Q4_0 codes (0..15) into one with the codes minus 8.
+// Per Q8_0 activation block: its scale as f32 and the sum of its codes, which corrects
+// the dot products of the repacked tiles for their unsigned weight codes.
 struct Q8Aux {
   float d;
-  int32_t q4_bias;
+  int32_t sum;
 };
 // Where the Q8Aux array of a q8_0 activation row of n values starts.
 int64_t q8_0_aux_offset(int64_t n);
 
-// Q4_0 weights repacked 16 rows at a time, for tiles that keep one row per int32 lane
-// (KernelSet::tile_q4_0x16): per column of blocks b, the 16 rows' f16 scales (32 bytes),
-// then their codes as four 64-byte vectors, vector k holding bytes 4k..4k+3 of every
-// row's block (row r at bytes 4r..4r+3). That is 288 bytes per column of 16 blocks,
-// exactly the GGUF size, so a matrix is repacked in place, 16 rows of n values at a time.
-constexpr int64_t kQ4x16ColumnBytes = 288;
-void repack_q4_0x16(uint8_t* rows16, int64_t n);
+// Q8_0 and Q4_0 weights repacked 16 rows at a time, for tiles that keep one row per int32
+// lane (KernelSet::tile_q8_0x16 / tile_q4_0x16). Per column of blocks b: the 16 rows' f16
+// scales (32 bytes), then their codes as 64-byte vectors, vector k holding bytes
+// 4k..4k+3 of every row's codes (row r at bytes 4r..4r+3): eight vectors of Q8_0 codes
+// offset by 128 (unsigned), four of Q4_0 code bytes (two 4-bit codes each). A column is
+// exactly the size of the 16 GGUF blocks it replaces, so a matrix is repacked in place,
+// 16 rows of n values at a time.
+bool repackable_x16(GgmlType type);
+void repack_x16(GgmlType type, uint8_t* rows16, int64_t n);
 
 // Dot product of n weights (a row of the weight's type) with n activations.
 using DotFn = float (*)(int64_t n, const void* w, const void* x);
@@ -52,6 +54,9 @@ using DotFn = float (*)(int64_t n, const void* w, const void* x);
 // to the single dot of the same kernel set.
 using TileFn = void (*)(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint8_t* x, int64_t xs, int nt,
                         float* y, int64_t ldy);
+
+using Tile16Fn = void (*)(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                          int64_t ldy);
 
 struct KernelSet {
   const char* isa;
@@ -68,14 +73,13 @@ struct KernelSet {
   // F16 tiles read; null where unused.
   void (*widen_f16)(const uint16_t* h, float* f, int64_t n) = nullptr;
   TileFn tile_f16 = nullptr;
-  // y[t * ldy + r] for r < nr <= 16 and t < nt <= 8: a group of 16 repacked Q4_0 rows
-  // (repack_q4_0x16) against q8_0 activation rows. Every (row, token) pair adds
+  // y[t * ldy + r] for r < nr <= 16 and t < nt <= 8: a group of 16 repacked rows
+  // (repack_x16) against q8_0 activation rows. Every (row, token) pair adds
   // float(block dot) x (weight scale x activation scale) block by block with one fused
   // multiply-add, so results do not depend on nt and the scalar set's version is the
   // exact reference for the others. Null where the set has none (the weights then stay in
   // the GGUF layout).
-  void (*tile_q4_0x16)(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
-                       int64_t ldy) = nullptr;
+  Tile16Fn tile_q8_0x16 = nullptr, tile_q4_0x16 = nullptr;
 };
 
 const KernelSet& kernels();              // best for this CPU
@@ -86,6 +90,8 @@ DotFn dot_fn(const KernelSet& k, GgmlType weight);
 // The tiled matmul kernel for a weight type, or nullptr where the set has none (then use
 // dot_fn per row and token).
 TileFn tile_fn(const KernelSet& k, GgmlType weight);
+// The tile for repack_x16 weights of a type, or nullptr (then the weights stay as they are).
+Tile16Fn tile16_fn(const KernelSet& k, GgmlType weight);
 void quantize_act_row(const KernelSet& k, ActType type, const float* x, void* dst, int64_t n);
 
 }  // namespace slim::llm

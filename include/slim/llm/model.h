@@ -32,8 +32,8 @@ struct WeightMatrix {
   const uint8_t* data = nullptr;
   int64_t rows = 0, cols = 0, row_bytes = 0;
   std::string name;
-  // Q4_0 rows repacked at load, 16 at a time, for KernelSet::tile_q4_0x16
-  // (repack_q4_0x16); otherwise rows are in the GGUF layout.
+  // Rows repacked at load, 16 at a time, for the kernel set's 16-row tile (repack_x16,
+  // tile16_fn); otherwise rows are in the GGUF layout.
   bool x16 = false;
 };
 
@@ -50,8 +50,8 @@ class LlamaModel {
   // The weights are read into huge-page-backed memory (decode streams them on every
   // token; 2 MiB pages make that 13-19% faster than the file's 4 KiB pages); `map` uses
   // them in place from the file's page cache instead (less memory, faster load).
-  // Resident Q4_0 matrices (not the token embeddings) with rows in multiples of 16 are
-  // repacked in place for the kernel set's tile_q4_0x16 where it has one.
+  // Resident Q8_0 and Q4_0 matrices (not the token embeddings) with rows in multiples of
+  // 16 are repacked in place for the kernel set's 16-row tiles where it has them.
   static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map = false);
 
   const LlamaConfig& config() const { return config_; }
