@@ -1,6 +1,7 @@
 // The llama.cpp side of bench/vs_llamacpp (node-llama-cpp's prebuilt CPU build).
 //   speed MODEL THREADS TOKENS_JSON DECODE_N REPEATS -> JSON {prefill_tps: [...], decode_tps: [...]}
-//   greedy MODEL PROMPT N                            -> JSON {prompt: [...], tokens: [...]}
+//   greedy MODEL PROMPT N [FLASH]                    -> JSON {prompt: [...], tokens: [...]}
+//     FLASH: "on", "off" or "auto" (llama.cpp's default) flash attention
 import {getLlama} from "node-llama-cpp";
 import {readFileSync} from "node:fs";
 import {performance} from "node:perf_hooks";
@@ -37,7 +38,8 @@ if (mode === "speed") {
 } else if (mode === "greedy") {
   const prompt = model.tokenize(args[0]);
   const n = Number(args[1]);
-  const ctx = await model.createContext({contextSize: 512, threads: 1, sequences: 1});
+  const flash = {on: true, off: false, auto: "auto"}[args[2] ?? "auto"];
+  const ctx = await model.createContext({contextSize: 512, threads: 1, sequences: 1, flashAttention: flash});
   const seq = ctx.getSequence();
   const tokens = [];
   for await (const tok of seq.evaluate(prompt, {temperature: 0})) {
