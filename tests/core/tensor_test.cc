@@ -161,6 +161,16 @@ TEST(MappedFile, ResidentCopyEqualsTheMapping) {
     ASSERT_EQ(resident->size(), size);
     EXPECT_EQ(resident->view(), mapped->view());
     EXPECT_EQ(resident->path(), path);
+    // `prepare` sees the whole copy and may rewrite it before it becomes read-only.
+    bool called = false;
+    auto rewritten = MappedFile::read_resident(path, [&](const MappedFile& m, uint8_t* data) {
+      called = true;
+      EXPECT_EQ(m.size(), size);
+      EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(data), size), mapped->view());
+      for (size_t i = 0; i < size; ++i) data[i] = uint8_t(~data[i]);
+    });
+    EXPECT_EQ(called, size > 0);
+    for (size_t i = 0; i < size; i += 997) EXPECT_EQ(rewritten->data()[i], uint8_t(~uint8_t(bytes[i])));
     std::filesystem::remove(path);
   }
   try {
