@@ -764,7 +764,7 @@ void Session::Impl::negotiate_private_layouts() {
         all = all && steps[size_t(s)].kernel->accepts_private_input(k, layout);
       if (!all) continue;
       step.kernel->use_private_output(o);
-      for (const auto& [s, k] : readers[size_t(id)]) steps[size_t(s)].kernel->use_private_input(k);
+      for (const auto& [s, k] : readers[size_t(id)]) steps[size_t(s)].kernel->use_private_input(k, layout);
     }
   }
 }

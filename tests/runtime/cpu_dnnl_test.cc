@@ -448,5 +448,54 @@ TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
   }
 }
 
+// SqueezeNet's fire modules: the convolutions' outputs reach Concat and MaxPool in
+// oneDNN's layout (channels-last, or nChw16c), which they copy or pool in place; where a
+// value is also a graph output, or a Concat input comes from elsewhere, the kernels
+// reorder to plain instead. Every variant matches ref.
+TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
+  for (const int64_t e : {16, 24}) {
+    for (const bool expose : {false, true}) {
+      SCOPED_TRACE("expand channels " + std::to_string(e) + (expose ? ", concat also a graph output" : ""));
+      ModelBuilder b;
+      b.input("x", DType::f32, spec({2, 3, 33, 33})).input("side", DType::f32, spec({2, 8, 4, 4})).output("y");
+      if (expose) b.output("cat1");
+      b.initializer("w0", random_f32({32, 3, 3, 3}, 1)).initializer("b0", random_f32({32}, 2));
+      b.node("Conv", {"x", "w0", "b0"}, {"c0"}, "conv0").attrs["strides"] = attr_ints({2, 2});
+      b.node("Relu", {"c0"}, {"r0"}, "relu0");
+      Node& mp = b.node("MaxPool", {"r0"}, {"p0"}, "pool0");
+      mp.attrs["kernel_shape"] = attr_ints({3, 3});
+      mp.attrs["strides"] = attr_ints({2, 2});
+      mp.attrs["ceil_mode"] = attr_int(1);
+      std::string in = "p0";
+      int64_t c = 32;
+      for (int f = 1; f <= 2; ++f) {
+        const std::string k = std::to_string(f);
+        b.initializer("ws" + k, random_f32({16, c, 1, 1}, 10 * f));
+        b.initializer("we1" + k, random_f32({e, 16, 1, 1}, 10 * f + 1));
+        b.initializer("we3" + k, random_f32({e, 16, 3, 3}, 10 * f + 2));
+        b.node("Conv", {in, "ws" + k}, {"s" + k}, "squeeze" + k);
+        b.node("Relu", {"s" + k}, {"sr" + k}, "squeeze_relu" + k);
+        b.node("Conv", {"sr" + k, "we1" + k}, {"e1" + k}, "expand1_" + k);
+        b.node("Conv", {"sr" + k, "we3" + k}, {"e3" + k}, "expand3_" + k).attrs["pads"] = attr_ints({1, 1, 1, 1});
+        b.node("Relu", {"e1" + k}, {"er1" + k}, "relu_e1_" + k);
+        b.node("Relu", {"e3" + k}, {"er3" + k}, "relu_e3_" + k);
+        b.node("Concat", {"er1" + k, "er3" + k}, {"cat" + k}, "concat" + k).attrs["axis"] = attr_int(1);
+        in = "cat" + k;
+        c = 2 * e;
+      }
+      Node& mp2 = b.node("MaxPool", {in}, {"p2"}, "pool2");
+      mp2.attrs["kernel_shape"] = attr_ints({2, 2});
+      mp2.attrs["strides"] = attr_ints({2, 2});
+      // A concat of a convolution's output and a graph input: mixed layouts.
+      b.initializer("wm", random_f32({8, c, 1, 1}, 40));
+      b.node("Conv", {"p2", "wm"}, {"m"}, "conv_mixed");
+      b.node("Concat", {"m", "side"}, {"mixed"}, "concat_mixed").attrs["axis"] = attr_int(1);
+      b.node("GlobalAveragePool", {"mixed"}, {"y"}, "gap");
+      expect_matches_ref(b.build(), {{"x", random_f32({2, 3, 33, 33}, 7)}, {"side", random_f32({2, 8, 4, 4}, 8)}},
+                         "gap", "cpu", 1e-5, 1e-4);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace slim

@@ -68,7 +68,7 @@ class OpKernel {
   virtual uint64_t private_output_layout(int i) const { return 0; }
   virtual bool accepts_private_input(int i, uint64_t layout) const { return false; }
   virtual void use_private_output(int i) {}
-  virtual void use_private_input(int i) {}
+  virtual void use_private_input(int i, uint64_t layout) {}
 };
 
 // Builds the kernel of one node; `opset` is the node's domain version in the model.

@@ -90,4 +90,24 @@ void check_input_shape(const KernelContext& ctx, int i, const Shape& expected) {
                                       " f32" + shape_str(expected) + " but got " + t.describe());
 }
 
+// Names a oneDNN memory layout: a hash of its descriptor (shape, strides, blocking).
+uint64_t layout_tag(const dnnl::memory::desc& md) {
+  const auto* p = reinterpret_cast<const unsigned char*>(&md.data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof md.data; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h | 1;  // never 0, which means "no private layout"
+}
+
+dnnl::memory::desc f32_md(const Shape& s, dnnl::memory::format_tag f) {
+  return dnnl::memory::desc(to_dims(s), dnnl::memory::data_type::f32, f);
+}
+
+std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t layout) {
+  if (s.size() != 4) return std::nullopt;
+  if (layout == layout_tag(f32_md(s, dnnl::memory::format_tag::nhwc))) return dnnl::memory::format_tag::nhwc;
+  if (s[1] % 16 == 0 && layout == layout_tag(f32_md(s, dnnl::memory::format_tag::nChw16c)))
+    return dnnl::memory::format_tag::nChw16c;
+  return std::nullopt;
+}
+
 }  // namespace slim::cpu

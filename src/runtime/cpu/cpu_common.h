@@ -39,6 +39,15 @@ dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides);
 dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
                           std::vector<std::shared_ptr<Storage>>& keep);
 
+// Names a oneDNN memory layout for OpKernel::private_output_layout: a hash of its
+// descriptor (shape, strides, blocking), never 0.
+uint64_t layout_tag(const dnnl::memory::desc& md);
+// The oneDNN format a private layout of a 4-D f32 value of shape s is, when it is one that
+// layout-agnostic kernels (Concat, pooling) read: channels-last (nhwc) or, when the
+// channels are a multiple of 16, nChw16c.
+std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t layout);
+dnnl::memory::desc f32_md(const Shape& s, dnnl::memory::format_tag f);
+
 // The fused activation of a slim:Fused* node; throws invalid_model naming the node.
 ActivationSpec fused_activation(const Node& node);
 // Adds the activation as an eltwise post-op (none adds nothing).

@@ -143,14 +143,6 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   return std::nullopt;
 }
 
-// Names a oneDNN memory layout: a hash of its descriptor (shape, strides, blocking).
-uint64_t layout_tag(const memory::desc& md) {
-  const auto* p = reinterpret_cast<const unsigned char*>(&md.data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < sizeof md.data; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h | 1;  // never 0, which means "no private layout"
-}
-
 class DnnlConvKernel final : public OpKernel {
  public:
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
@@ -222,7 +214,7 @@ class DnnlConvKernel final : public OpKernel {
     private_dst_ = true;
     dst_priv_ = memory(dst_md_, dnnl_engine(), DNNL_MEMORY_NONE);
   }
-  void use_private_input(int i) override {
+  void use_private_input(int i, uint64_t layout) override {
     if (i == 0) {
       private_src_ = true;
       src_priv_ = memory(src_md_, dnnl_engine(), DNNL_MEMORY_NONE);

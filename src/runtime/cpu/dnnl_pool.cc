@@ -88,22 +88,30 @@ std::optional<std::string> pool_setup(const KernelBuildInfo& info, PoolKind kind
   return std::nullopt;
 }
 
+// The input may arrive channels-last or in nChw16c from a convolution (a private layout,
+// OpKernel); the pooling then runs in that layout, and its output stays in it when every
+// reader takes it, or is reordered to plain.
 class DnnlPoolKernel final : public OpKernel {
  public:
-  DnnlPoolKernel(const Node& node, PoolSetup s) : s_(std::move(s)) {
+  DnnlPoolKernel(const Node& node, PoolSetup s) : s_(std::move(s)), node_(node.describe()) {
     dnnl_call(node, "pooling setup", [&] {
-      const auto& eng = dnnl_engine();
-      stream_ = dnnl::stream(eng);
-      const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
-      dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, s_.alg, x_md, y_md,
-                                       to_dims(s_.stride), to_dims(s_.k), to_dims(s_.dil),
-                                       to_dims(s_.pad_l), to_dims(s_.pad_r));
-      dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
-      prim_ = dnnl::pooling_v2_forward(pd);
-      x_mem_ = memory(x_md, eng, DNNL_MEMORY_NONE);
-      y_mem_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+      stream_ = dnnl::stream(dnnl_engine());
+      build();
       return 0;
     });
+  }
+
+  uint64_t private_output_layout(int i) const override {
+    return in_fmt_ != memory::format_tag::undef ? layout_tag(f32_md(s_.y, in_fmt_)) : 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override { return channel_layout(s_.x, layout).has_value(); }
+  void use_private_input(int i, uint64_t layout) override {
+    in_fmt_ = *channel_layout(s_.x, layout);
+    rebuild();
+  }
+  void use_private_output(int i) override {
+    private_out_ = true;
+    rebuild();
   }
 
   void compute(KernelContext& ctx) const override {
@@ -113,16 +121,55 @@ class DnnlPoolKernel final : public OpKernel {
     dnnl_call(ctx.node(), "pooling", [&] {
       x_mem_.set_data_handle(ctx.required_input(0).raw_data());
       y_mem_.set_data_handle(y.raw_data());
-      prim_.execute(stream_, {{DNNL_ARG_SRC, x_mem_}, {DNNL_ARG_DST, y_mem_}});
+      if (to_plain_) {
+        prim_.execute(stream_, {{DNNL_ARG_SRC, x_mem_}, {DNNL_ARG_DST, tmp_}});
+        reorder_.execute(stream_, tmp_, y_mem_);
+      } else {
+        prim_.execute(stream_, {{DNNL_ARG_SRC, x_mem_}, {DNNL_ARG_DST, y_mem_}});
+      }
       stream_.wait();
       return 0;
     });
   }
 
  private:
+  void rebuild() {
+    try {
+      build();
+    } catch (const dnnl::error& e) {
+      throw Error(ErrorCode::internal, node_ + ": oneDNN pooling setup failed: " + e.what());
+    }
+  }
+  // Plain in and out, or the input's private layout in and out (reordered to a plain y
+  // when the output is not private).
+  void build() {
+    const auto& eng = dnnl_engine();
+    const bool priv = in_fmt_ != memory::format_tag::undef;
+    const memory::desc x_md = priv ? f32_md(s_.x, in_fmt_) : plain_md(s_.x);
+    const memory::desc run_md = priv ? f32_md(s_.y, in_fmt_) : plain_md(s_.y);
+    dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, s_.alg, x_md, run_md,
+                                     to_dims(s_.stride), to_dims(s_.k), to_dims(s_.dil),
+                                     to_dims(s_.pad_l), to_dims(s_.pad_r));
+    dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
+    prim_ = dnnl::pooling_v2_forward(pd);
+    x_mem_ = memory(x_md, eng, DNNL_MEMORY_NONE);
+    to_plain_ = priv && !private_out_;
+    y_mem_ = memory(to_plain_ ? plain_md(s_.y) : run_md, eng, DNNL_MEMORY_NONE);
+    buffers_.clear();
+    if (to_plain_) {
+      tmp_ = owned_memory(run_md, eng, buffers_);
+      reorder_ = dnnl::reorder(tmp_, y_mem_);
+    }
+  }
+
   PoolSetup s_;
+  std::string node_;
+  memory::format_tag in_fmt_ = memory::format_tag::undef;  // undef: plain input
+  bool private_out_ = false, to_plain_ = false;
   dnnl::primitive prim_;
-  mutable memory x_mem_, y_mem_;
+  dnnl::reorder reorder_;
+  std::vector<std::shared_ptr<Storage>> buffers_;
+  mutable memory x_mem_, y_mem_, tmp_;
   mutable dnnl::stream stream_;
 };
 

@@ -261,29 +261,98 @@ std::optional<std::string> concat_plan(const KernelBuildInfo& info, ConcatPlan* 
   return std::nullopt;
 }
 
+// Along the channels of 4-D f32 tensors, the inputs may arrive in a layout of oneDNN's from
+// the convolutions before it (channels-last, or nChw16c when every channel count is a
+// multiple of 16), and the output may stay in it for the convolution after (SqueezeNet's
+// fire modules). In both layouts the channels of an input are contiguous runs (per pixel,
+// or per image), so the concatenation stays a copy of runs. When the inputs' layouts
+// differ or the output is plain, oneDNN reorders each input into its part of the output.
 class ConcatKernel final : public OpKernel {
  public:
-  ConcatKernel(ConcatPlan p, DType dt) : p_(std::move(p)), dt_(dt) {}
+  ConcatKernel(ConcatPlan p, DType dt, std::vector<Shape> in) : p_(std::move(p)), dt_(dt), in_(std::move(in)) {
+    channels_ = dt_ == DType::f32 && p_.y.size() == 4 && p_.outer == p_.y[0];
+    for (const Shape& s : in_) channels_ = channels_ && s.size() == 4;
+    in_fmt_.assign(in_.size(), dnnl::memory::format_tag::nchw);
+  }
+
+  uint64_t private_output_layout(int i) const override {
+    const auto f = in_fmt_[0];
+    const bool same = f != dnnl::memory::format_tag::nchw &&
+                      std::all_of(in_fmt_.begin(), in_fmt_.end(), [&](auto g) { return g == f; });
+    return i == 0 && same ? layout_tag(f32_md(p_.y, f)) : 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return channels_ && channel_layout(in_[size_t(i)], layout).has_value();
+  }
+  void use_private_output(int i) override { out_fmt_ = in_fmt_[0]; }
+  void use_private_input(int i, uint64_t layout) override { in_fmt_[size_t(i)] = *channel_layout(in_[size_t(i)], layout); }
+
   void compute(KernelContext& ctx) const override {
     Tensor& y = ctx.output(0, dt_, p_.y);
     if (y.numel() == 0) return;
-    std::vector<const char*> src(p_.chunk_bytes.size());
+    const bool any_private = std::any_of(in_fmt_.begin(), in_fmt_.end(), [](auto f) { return f != dnnl::memory::format_tag::nchw; });
+    if (any_private && out_fmt_ == dnnl::memory::format_tag::nchw) return compute_reorders(ctx, y);
+    // Plain, or nChw16c (per image, each input's channel blocks are one run): runs of
+    // chunk_bytes per outer index; channels-last: runs of C_i values per pixel.
+    const bool nhwc = out_fmt_ == dnnl::memory::format_tag::nhwc;
+    const int64_t outer = nhwc ? p_.outer * p_.y[2] * p_.y[3] : p_.outer;
+    std::vector<int64_t> chunk = p_.chunk_bytes;
+    if (nhwc)
+      for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = in_[i][1] * 4;
+    const int64_t row = nhwc ? p_.y[1] * 4 : p_.row_bytes;
+    std::vector<const char*> src(chunk.size());
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<const char*>(ctx.required_input(int(i)).raw_data());
     char* out = static_cast<char*>(y.raw_data());
-    parallel_rows(ctx, p_.outer, p_.row_bytes, [&](int64_t b, int64_t e) {
+    parallel_rows(ctx, outer, row, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
-        char* dst = out + r * p_.row_bytes;
+        char* dst = out + r * row;
         for (size_t i = 0; i < src.size(); ++i) {
-          std::memcpy(dst, src[i] + r * p_.chunk_bytes[i], size_t(p_.chunk_bytes[i]));
-          dst += p_.chunk_bytes[i];
+          std::memcpy(dst, src[i] + r * chunk[i], size_t(chunk[i]));
+          dst += chunk[i];
         }
       }
     });
   }
 
  private:
+  // Inputs in private layouts, the output plain or the inputs' layouts mixed: one oneDNN
+  // reorder per input into its channels of the output (built on the first run, after the
+  // layouts were negotiated).
+  void compute_reorders(KernelContext& ctx, Tensor& y) const {
+    limit_dnnl_threads(ctx);
+    dnnl_call(ctx.node(), "concat reorder", [&] {
+      const auto& eng = dnnl_engine();
+      if (reorders_.empty()) {
+        stream_ = dnnl::stream(eng);
+        const dnnl::memory::desc y_md = plain_md(p_.y);
+        int64_t c0 = 0;
+        for (size_t i = 0; i < in_.size(); ++i) {
+          const dnnl::memory::desc part = y_md.submemory_desc(to_dims(in_[i]), {0, c0, 0, 0});
+          src_.push_back(dnnl::memory(f32_md(in_[i], in_fmt_[i]), eng, DNNL_MEMORY_NONE));
+          dst_.push_back(dnnl::memory(part, eng, DNNL_MEMORY_NONE));
+          reorders_.push_back(dnnl::reorder(src_.back(), dst_.back()));
+          c0 += in_[i][1];
+        }
+      }
+      for (size_t i = 0; i < in_.size(); ++i) {
+        src_[i].set_data_handle(const_cast<void*>(ctx.required_input(int(i)).raw_data()));
+        dst_[i].set_data_handle(y.raw_data());
+        reorders_[i].execute(stream_, src_[i], dst_[i]);
+      }
+      stream_.wait();
+      return 0;
+    });
+  }
+
   ConcatPlan p_;
   DType dt_;
+  std::vector<Shape> in_;
+  bool channels_ = false;  // 4-D f32 along axis 1: private layouts possible
+  std::vector<dnnl::memory::format_tag> in_fmt_;  // nchw = plain
+  dnnl::memory::format_tag out_fmt_ = dnnl::memory::format_tag::nchw;
+  mutable dnnl::stream stream_;
+  mutable std::vector<dnnl::memory> src_, dst_;
+  mutable std::vector<dnnl::reorder> reorders_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -387,7 +456,9 @@ void register_tensor_kernels(KernelRegistry& r) {
   r.add(plan_def<StridedCopy>("Slice", 10, slice_plan, copy));
   r.add(plan_def<ConcatPlan>("Concat", 4, concat_plan, [](ConcatPlan p, const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     const DType dt = *info.input(0).dtype;
-    return std::make_unique<ConcatKernel>(std::move(p), dt);
+    std::vector<Shape> in;
+    for (int i = 0; i < int(info.inputs.size()); ++i) in.push_back(*info.input(i).shape);
+    return std::make_unique<ConcatKernel>(std::move(p), dt, std::move(in));
   }));
   r.add(plan_def<GatherPlan>("Gather", 1, gather_plan, [](GatherPlan p, const KernelBuildInfo&) -> std::unique_ptr<OpKernel> {
     return std::make_unique<GatherKernel>(std::move(p));
