@@ -3,7 +3,10 @@
 // nodes the provider does not cover (with a reason for `slim inspect --partition`).
 #pragma once
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
 
 #include <optional>
 #include <string>
@@ -27,6 +30,26 @@ const dnnl::engine& dnnl_engine();
 // the size of slim's pool (SessionOptions::num_threads), so the two never run more
 // threads than asked for; slim's pool is idle while a oneDNN primitive runs.
 void limit_dnnl_threads(const KernelContext& ctx);
+
+// Calls fn(begin, end) over [0, n) items of `cost` units each (bytes or elements: tasks
+// of fewer than `grain` units are not worth a thread), split over the session's thread
+// count. The provider's own kernels run on the same OpenMP threads as oneDNN's
+// primitives: on slim's pool they competed with OpenMP workers still spinning after the
+// primitive before them, and two threads were slower than one.
+template <typename Fn>
+void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, int64_t grain, Fn&& fn) {
+  const int threads = int(std::min<int64_t>(ctx.pool().num_threads(), n * std::max<int64_t>(cost, 1) / grain));
+  if (threads < 2 || n < 2) {
+    fn(int64_t(0), n);
+    return;
+  }
+  limit_dnnl_threads(ctx);
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    fn(n * t / nt, n * (t + 1) / nt);
+  }
+}
 
 dnnl::memory::dims to_dims(const Shape& s);
 // A plain f32 memory descriptor: row-major, or with explicit element strides.

@@ -77,16 +77,9 @@ namespace {
 // Elements per task below which splitting over threads costs more than it saves.
 constexpr int64_t kParallelGrain = 1 << 15;
 
-// Calls fn(begin, end) over [0, n) items of `cost` elements each, in parallel when large.
 template <typename Fn>
 void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) {
-  const int64_t total = n * std::max<int64_t>(cost, 1);
-  if (total < 2 * kParallelGrain || ctx.pool().num_threads() == 1 || n < 2) {
-    fn(int64_t(0), n);
-    return;
-  }
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cost, 1));
-  ctx.pool().parallel_for(n, [&](int64_t b, int64_t e) { fn(b, e); }, grain);
+  cpu::parallel_items(ctx, n, cost, kParallelGrain, fn);
 }
 
 // ---------------------------------------------------------------------------------------

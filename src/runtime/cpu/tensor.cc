@@ -14,12 +14,7 @@ constexpr int64_t kCopyGrain = 1 << 16;  // bytes per task worth a thread hand-o
 
 template <typename Fn>
 void parallel_rows(const KernelContext& ctx, int64_t rows, int64_t row_bytes, Fn&& fn) {
-  if (rows < 2 || rows * row_bytes < 2 * kCopyGrain || ctx.pool().num_threads() == 1) {
-    fn(int64_t(0), rows);
-    return;
-  }
-  const int64_t grain = std::max<int64_t>(1, kCopyGrain / std::max<int64_t>(row_bytes, 1));
-  ctx.pool().parallel_for(rows, [&](int64_t b, int64_t e) { fn(b, e); }, grain);
+  parallel_items(ctx, rows, row_bytes, kCopyGrain, fn);
 }
 
 std::optional<std::string> need_static_dtype(const KernelBuildInfo& info, int i) {
