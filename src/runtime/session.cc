@@ -585,7 +585,23 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     const bool shape_only = node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
     const bool fold = options.fold_constants && !subgraph && !is_nondeterministic(node) &&
                       (all_constant || (shape_only && all_known));
-    const bool probe = !reused && !subgraph && all_known && shape_inputs_constant;
+    bool probe = !reused && !subgraph && all_known && shape_inputs_constant;
+    if (probe && !fold) {
+      // Kernels that fixed their output shapes at build time need no probe run.
+      std::vector<std::pair<DType, Shape>> known(node.outputs.size());
+      bool all_static = true;
+      for (size_t i = 0; i < node.outputs.size() && all_static; ++i)
+        all_static = node.outputs[i].empty() || kernel->static_output(int(i), &known[i].first, &known[i].second);
+      if (all_static) {
+        for (size_t i = 0; i < node.outputs.size(); ++i) {
+          if (node.outputs[i].empty()) continue;
+          ValueSlot& v = values[size_t(value_id(node.outputs[i]))];
+          v.dtype = known[i].first;
+          v.shape = known[i].second;
+        }
+        probe = false;
+      }
+    }
 
     if (fold || probe) {
       std::vector<Tensor> probe_inputs;
@@ -603,6 +619,7 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
       for (const auto& t : probe_inputs) ins.push_back(t.defined() ? &t : nullptr);
       std::vector<Tensor> outs(node.outputs.size());
       bool ok = true;
+      if (!fold) ++stats.probed_nodes;
       try {
         KernelContext ctx(node, ins, &outs, nullptr, &default_thread_pool());
         kernel->compute(ctx);

@@ -60,6 +60,12 @@ class OpKernel {
   // (or ctx.set_output()). Errors name the node through ctx.fail().
   virtual void compute(KernelContext& ctx) const = 0;
 
+  // The dtype and shape of output i when the kernel fixed them at build time (static
+  // shapes), written as a fresh tensor (never a view of an input). When a kernel knows all
+  // its outputs, compile takes them from here instead of running the node once on probe
+  // inputs, a run that touched every activation of the model a second time.
+  virtual bool static_output(int i, DType* dtype, Shape* shape) const { return false; }
+
   // Private layouts. A kernel that could write output i in a layout of its own (same
   // byte size, e.g. oneDNN's channels-last) returns a nonzero tag naming that layout; a
   // kernel that could read input i in it says so. When every reader of a value accepts

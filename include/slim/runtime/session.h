@@ -46,6 +46,9 @@ struct MemoryPlanStats {
 struct CompileStats {
   int64_t nodes_in = 0, nodes_out = 0;
   int64_t folded_nodes = 0, dead_nodes = 0;
+  // Nodes run once on probe inputs at compile to learn their output shapes (kernels that
+  // report them, OpKernel::static_output, are not).
+  int64_t probed_nodes = 0;
   int64_t pass_rewrites = 0;  // rewrites the graph passes made (SessionOptions::optimize)
   MemoryPlanStats memory;
 };

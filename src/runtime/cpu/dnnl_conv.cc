@@ -145,6 +145,11 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
 
 class DnnlConvKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = s_.y;
+    return i == 0;
+  }
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
     dnnl_call(node, "convolution setup", [&] { setup(weights); return 0; });
   }

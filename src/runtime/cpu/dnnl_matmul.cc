@@ -147,6 +147,11 @@ Tensor prescaled_c(const Tensor& c, float beta, const Shape& dims) {
 
 class DnnlMatMulKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = s_.y;
+    return i == 0;
+  }
   DnnlMatMulKernel(const KernelBuildInfo& info, MatMulSetup s) : s_(std::move(s)) {
     dnnl_call(info.node, "matmul setup", [&] { setup(info); return 0; });
   }

@@ -93,6 +93,11 @@ std::optional<std::string> pool_setup(const KernelBuildInfo& info, PoolKind kind
 // reader takes it, or is reordered to plain.
 class DnnlPoolKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = s_.y;
+    return i == 0;
+  }
   DnnlPoolKernel(const Node& node, PoolSetup s) : s_(std::move(s)), node_(node.describe()) {
     dnnl_call(node, "pooling setup", [&] {
       stream_ = dnnl::stream(dnnl_engine());

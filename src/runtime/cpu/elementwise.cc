@@ -341,6 +341,11 @@ std::optional<BroadcastPlan> plan_broadcast(const Shape& a, const Shape& b) {
 
 class BinaryKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = p_.y;
+    return i == 0;
+  }
   BinaryKernel(Binary op, BroadcastPlan plan) : op_(op), p_(std::move(plan)) {}
   void compute(KernelContext& ctx) const override {
     const Tensor& a = ctx.required_input(0);
@@ -536,6 +541,11 @@ void split_rows(const Shape& s, int axis, int64_t* rows, int64_t* n) {
 
 class SoftmaxKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
   SoftmaxKernel(Shape shape, int axis, bool log) : shape_(std::move(shape)), log_(log) {
     split_rows(shape_, axis, &rows_, &n_);
   }
@@ -598,6 +608,11 @@ KernelDef softmax_def(const std::string& op, bool log) {
 
 class LayerNormKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
   LayerNormKernel(Shape shape, int axis, float eps, bool bias) : shape_(std::move(shape)), eps_(eps), bias_(bias) {
     split_rows(shape_, axis, &rows_, &n_);
   }
@@ -723,6 +738,11 @@ std::optional<std::string> reduce_plan(const KernelBuildInfo& info, bool mean, R
 
 class ReduceKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = p_.y;
+    return i == 0;
+  }
   explicit ReduceKernel(ReducePlan p) : p_(std::move(p)) {}
   void compute(KernelContext& ctx) const override {
     const float* x = ctx.required_input(0).data<float>();

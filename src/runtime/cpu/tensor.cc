@@ -264,6 +264,11 @@ std::optional<std::string> concat_plan(const KernelBuildInfo& info, ConcatPlan* 
 // differ or the output is plain, oneDNN reorders each input into its part of the output.
 class ConcatKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = dt_;
+    *shape = p_.y;
+    return i == 0;
+  }
   ConcatKernel(ConcatPlan p, DType dt, std::vector<Shape> in) : p_(std::move(p)), dt_(dt), in_(std::move(in)) {
     channels_ = dt_ == DType::f32 && p_.y.size() == 4 && p_.outer == p_.y[0];
     for (const Shape& s : in_) channels_ = channels_ && s.size() == 4;
@@ -388,6 +393,11 @@ std::optional<std::string> gather_plan(const KernelBuildInfo& info, GatherPlan* 
 
 class GatherKernel final : public OpKernel {
  public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = p_.dt;
+    *shape = p_.y;
+    return i == 0;
+  }
   explicit GatherKernel(GatherPlan p) : p_(std::move(p)) { scratch_.resize(size_t(p_.n_idx)); }
   void compute(KernelContext& ctx) const override {
     const Tensor& data = ctx.required_input(0);
