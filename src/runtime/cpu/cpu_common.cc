@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include "slim/core/thread_pool.h"
+
 namespace slim::cpu {
 
 const dnnl::engine& dnnl_engine() {
@@ -12,6 +14,11 @@ const dnnl::engine& dnnl_engine() {
 void limit_dnnl_threads(const KernelContext& ctx) {
   const int n = ctx.pool().num_threads();
   // omp_set_num_threads sets the calling thread's value; skip the call when unchanged.
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+void limit_dnnl_threads_at_build() {
+  const int n = num_threads();
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 

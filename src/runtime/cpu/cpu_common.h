@@ -30,6 +30,10 @@ const dnnl::engine& dnnl_engine();
 // the size of slim's pool (SessionOptions::num_threads), so the two never run more
 // threads than asked for; slim's pool is idle while a oneDNN primitive runs.
 void limit_dnnl_threads(const KernelContext& ctx);
+// oneDNN plans a primitive's threads when the primitive is created, from OpenMP's thread
+// count at that moment: kernels call this before creating primitives, so they plan for
+// the compiling session's count (Session::compile sets slim's pool to it).
+void limit_dnnl_threads_at_build();
 
 // Calls fn(begin, end) over [0, n) items of `cost` units each (bytes or elements: tasks
 // of fewer than `grain` units are not worth a thread), split over the session's thread

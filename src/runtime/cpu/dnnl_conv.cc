@@ -151,6 +151,7 @@ class DnnlConvKernel final : public OpKernel {
     return i == 0;
   }
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
+    limit_dnnl_threads_at_build();
     dnnl_call(node, "convolution setup", [&] { setup(weights); return 0; });
   }
 

@@ -153,6 +153,7 @@ class DnnlMatMulKernel final : public OpKernel {
     return i == 0;
   }
   DnnlMatMulKernel(const KernelBuildInfo& info, MatMulSetup s) : s_(std::move(s)) {
+    limit_dnnl_threads_at_build();
     dnnl_call(info.node, "matmul setup", [&] { setup(info); return 0; });
   }
 

@@ -148,6 +148,7 @@ class DnnlPoolKernel final : public OpKernel {
   // Plain in and out, or the input's private layout in and out (reordered to a plain y
   // when the output is not private).
   void build() {
+    limit_dnnl_threads_at_build();
     const auto& eng = dnnl_engine();
     const bool priv = in_fmt_ != memory::format_tag::undef;
     const memory::desc x_md = priv ? f32_md(s_.x, in_fmt_) : plain_md(s_.x);
