@@ -774,13 +774,27 @@ void Session::Impl::negotiate_private_layouts() {
       if (id < 0 || values[size_t(id)].graph_output || plain_only[size_t(id)] ||
           readers[size_t(id)].empty() || values[size_t(id)].alias_of >= 0)
         continue;
-      const uint64_t layout = step.kernel->private_output_layout(o);
-      if (!layout) continue;
-      bool all = true;
+      uint64_t layout = step.kernel->private_output_layout(o);
+      bool all = layout != 0;
       for (const auto& [s, k] : readers[size_t(id)])
         all = all && steps[size_t(s)].kernel->accepts_private_input(k, layout);
-      if (!all) continue;
-      step.kernel->use_private_output(o);
+      if (!all) {
+        // The readers' own layout, when they all want the same one and it can be written.
+        layout = 0;
+        for (const auto& [s, k] : readers[size_t(id)]) {
+          const uint64_t want = steps[size_t(s)].kernel->wanted_input_layout(k);
+          if (!want || (layout && want != layout)) {
+            layout = 0;
+            break;
+          }
+          layout = want;
+        }
+        if (!layout || !step.kernel->can_write_output_in(o, layout)) continue;
+        for (const auto& [s, k] : readers[size_t(id)])
+          if (!steps[size_t(s)].kernel->accepts_private_input(k, layout)) layout = 0;
+        if (!layout) continue;
+      }
+      step.kernel->use_private_output(o, layout);
       for (const auto& [s, k] : readers[size_t(id)]) steps[size_t(s)].kernel->use_private_input(k, layout);
     }
   }

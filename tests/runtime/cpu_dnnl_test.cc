@@ -448,6 +448,26 @@ TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
   }
 }
 
+// MobileNetV2's stem: a convolution of 3 input channels (run from plain NCHW, writing
+// oneDNN's blocked layout) feeds a depthwise convolution that runs channels-last; the
+// stem converts its output once, into the depthwise convolution's layout, instead of to
+// plain and back. Either way the result matches ref.
+TEST(CpuDnnl, StemWritesTheLayoutItsReaderWantsAndMatchesRef) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec({2, 3, 24, 24})).output("y");
+  b.initializer("w0", random_f32({32, 3, 3, 3}, 1)).initializer("w1", random_f32({32, 1, 3, 3}, 2));
+  b.initializer("w2", random_f32({16, 32, 1, 1}, 3));
+  Node& stem = b.node("Conv", {"x", "w0"}, {"c0"}, "stem");
+  stem.attrs["strides"] = attr_ints({2, 2});
+  stem.attrs["pads"] = attr_ints({1, 1, 1, 1});
+  b.node("Clip", {"c0"}, {"r0"}, "relu6");  // no min/max: identity, kept as a node
+  Node& dw = b.node("Conv", {"r0", "w1"}, {"c1"}, "depthwise");
+  dw.attrs["group"] = attr_int(32);
+  dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
+  b.node("Conv", {"c1", "w2"}, {"y"}, "project");
+  expect_matches_ref(b.build(), {{"x", random_f32({2, 3, 24, 24}, 4)}}, "depthwise", "cpu", 1e-5, 1e-4);
+}
+
 // SqueezeNet's fire modules: the convolutions' outputs reach Concat and MaxPool in
 // oneDNN's layout (channels-last, or nChw16c), which they copy or pool in place; where a
 // value is also a graph output, or a Concat input comes from elsewhere, the kernels

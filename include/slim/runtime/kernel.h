@@ -70,10 +70,15 @@ class OpKernel {
   // byte size, e.g. oneDNN's channels-last) returns a nonzero tag naming that layout; a
   // kernel that could read input i in it says so. When every reader of a value accepts
   // its producer's tag, compile switches them all over, so consecutive kernels skip the
-  // conversions; graph outputs and values read by other kernels stay plain.
+  // conversions; graph outputs and values read by other kernels stay plain. Otherwise,
+  // when every reader would convert the value into the same layout of its own
+  // (wanted_input_layout) and the producer can write that one (can_write_output_in), the
+  // producer converts once into it instead of to plain and the readers back.
   virtual uint64_t private_output_layout(int i) const { return 0; }
   virtual bool accepts_private_input(int i, uint64_t layout) const { return false; }
-  virtual void use_private_output(int i) {}
+  virtual uint64_t wanted_input_layout(int i) const { return 0; }
+  virtual bool can_write_output_in(int i, uint64_t layout) const { return false; }
+  virtual void use_private_output(int i, uint64_t layout) {}
   virtual void use_private_input(int i, uint64_t layout) {}
 };
 

@@ -215,10 +215,23 @@ class DnnlConvKernel final : public OpKernel {
              layout_tag(dst_md_) == layout;
     return false;
   }
-  void use_private_output(int i) override {
+  uint64_t wanted_input_layout(int i) const override {
+    return i == 0 && reorder_src_ && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 ? layout_tag(src_md_) : 0;
+  }
+  // Another kernel's channels-last or nChw16c: the reorder after the primitive, which
+  // otherwise goes to plain, writes that layout instead.
+  bool can_write_output_in(int i, uint64_t layout) const override {
+    return i == 0 && reorder_dst_ && channel_layout(s_.y, layout).has_value();
+  }
+  void use_private_output(int i, uint64_t layout) override {
     if (i != 0) return;
-    private_dst_ = true;
-    dst_priv_ = memory(dst_md_, dnnl_engine(), DNNL_MEMORY_NONE);
+    if (layout == layout_tag(dst_md_)) {
+      private_dst_ = true;
+      dst_priv_ = memory(dst_md_, dnnl_engine(), DNNL_MEMORY_NONE);
+      return;
+    }
+    dst_user_ = memory(f32_md(s_.y, *channel_layout(s_.y, layout)), dnnl_engine(), DNNL_MEMORY_NONE);
+    dst_reorder_ = dnnl::reorder(dst_mem_, dst_user_);
   }
   void use_private_input(int i, uint64_t layout) override {
     if (i == 0) {

@@ -114,7 +114,7 @@ class DnnlPoolKernel final : public OpKernel {
     in_fmt_ = *channel_layout(s_.x, layout);
     rebuild();
   }
-  void use_private_output(int i) override {
+  void use_private_output(int i, uint64_t layout) override {
     private_out_ = true;
     rebuild();
   }

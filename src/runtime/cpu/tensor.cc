@@ -284,7 +284,7 @@ class ConcatKernel final : public OpKernel {
   bool accepts_private_input(int i, uint64_t layout) const override {
     return channels_ && channel_layout(in_[size_t(i)], layout).has_value();
   }
-  void use_private_output(int i) override { out_fmt_ = in_fmt_[0]; }
+  void use_private_output(int i, uint64_t layout) override { out_fmt_ = in_fmt_[0]; }
   void use_private_input(int i, uint64_t layout) override { in_fmt_[size_t(i)] = *channel_layout(in_[size_t(i)], layout); }
 
   void compute(KernelContext& ctx) const override {
