@@ -205,7 +205,7 @@ struct LlamaContext::State {
   std::vector<AlignedBuffer<uint8_t>> k_cache, v_cache;  // per layer [n_ctx][kv_dim]
   size_t kv_elem = 2;
   AlignedBuffer<float> rope_cos, rope_sin;  // [n_ctx][n_rot/2]
-  // Per-thread attention scratch: scores [n_ctx].
+  // Per-thread attention scratch: scores [query heads per KV head][n_ctx].
   AlignedBuffer<float> scores;
   int64_t scores_stride = 0;
   // Paged cache: the cache, and per row of a pass its position and whether the eviction
@@ -295,7 +295,7 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
     }
   }
   s.scores_stride = (n_ctx_ + 15) / 16 * 16 + 2 * c.head_dim;
-  s.scores.allocate(size_t(s.n_threads) * s.scores_stride);
+  s.scores.allocate(size_t(s.n_threads) * s.scores_stride * size_t(c.n_head / c.n_head_kv));
 }
 
 LlamaContext::~LlamaContext() = default;
@@ -612,8 +612,10 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           cache->append(e.seq, l, s.row_pos[size_t(t)], s.kbuf.data() + t * s.kv_dim, s.vbuf.data() + t * s.kv_dim);
       attend_paged(l);
     } else {
-    // Causal attention, one (token, head) pair per item, items dealt round-robin so the
-    // longer rows of late tokens spread over the threads.
+    // Causal attention, one (token, KV head) pair per item with the query heads that
+    // share the KV head (grouped-query attention), so each key and value row is read and
+    // converted once for all of them; items are dealt round-robin so the longer rows of
+    // late tokens spread over the threads.
     struct AttnJob {
       LlamaContext::State* s;
       const LlamaConfig* c;
@@ -624,53 +626,53 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     pool.parallel_for(T, [ap](int64_t b, int64_t e) {
       const AttnJob& j = *ap;
       State& st = *j.s;
-      const int hd = j.c->head_dim;
+      const int hd = j.c->head_dim, g = j.group;
+      const int64_t ls = st.scores_stride;
       for (int64_t slot = b; slot < e; ++slot) {
-        float* scores = st.scores.data() + slot * st.scores_stride;
-        const int items = j.n * j.c->n_head;
+        float* scores = st.scores.data() + slot * ls * g;
+        const int items = j.n * j.c->n_head_kv;
         for (int it = int(slot); it < items; it += j.T) {
-          const int t = it / j.c->n_head, h = it % j.c->n_head;
-          const int kvh = h / j.group;
+          const int t = it / j.c->n_head_kv, kvh = it % j.c->n_head_kv;
           const int len = j.p0 + t + 1;
-          const float* q = st.q.data() + t * st.q_dim + int64_t(h) * hd;
-          float* out = st.attn.data() + t * st.q_dim + int64_t(h) * hd;
+          const float* q = st.q.data() + t * st.q_dim + int64_t(kvh) * g * hd;
+          float* out = st.attn.data() + t * st.q_dim + int64_t(kvh) * g * hd;
           const uint8_t* kc = st.k_cache[size_t(j.layer)].data();
           const uint8_t* vc = st.v_cache[size_t(j.layer)].data();
           const size_t row = size_t(st.kv_dim) * st.kv_elem;
           const size_t off = size_t(kvh) * hd * st.kv_elem;
-          float mx = -INFINITY;
           // f16 rows go through the same kernels as the paged cache, so a paged cache
-          // that keeps everything reproduces this one bit for bit.
+          // that keeps everything reproduces this one bit for bit (a query's result does
+          // not depend on how many share the call).
           const KvAttentionKernels& ak = kv_attention_kernels();
-          if (st.kv_elem == 2) {
-            ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, 1, hd, scores, 0);
+          if (st.kv_elem == 2) ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, g, hd, scores, ls);
+          for (int qh = 0; qh < g; ++qh) {
+            float* sc = scores + qh * ls;
+            float mx = -INFINITY;
             for (int p = 0; p < len; ++p) {
-              scores[p] *= j.scale;
-              mx = std::max(mx, scores[p]);
+              sc[p] = st.kv_elem == 2 ? sc[p] * j.scale
+                                      : st.k->dot_f32(hd, kc + p * row + off, q + qh * hd) * j.scale;
+              mx = std::max(mx, sc[p]);
             }
-          } else {
+            double sum = 0;
             for (int p = 0; p < len; ++p) {
-              scores[p] = st.k->dot_f32(hd, kc + p * row + off, q) * j.scale;
-              mx = std::max(mx, scores[p]);
+              sc[p] = std::exp(sc[p] - mx);
+              sum += sc[p];
             }
-          }
-          double sum = 0;
-          for (int p = 0; p < len; ++p) {
-            scores[p] = std::exp(scores[p] - mx);
-            sum += scores[p];
-          }
-          const float inv = float(1.0 / sum);
-          std::fill(out, out + hd, 0.f);
-          if (st.kv_elem == 2) {
-            for (int p = 0; p < len; ++p) scores[p] *= inv;
-            ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, 0, 1, hd, out);
-          } else {
-            for (int p = 0; p < len; ++p) {
-              const float* v = reinterpret_cast<const float*>(vc + p * row + off);
-              const float a = scores[p] * inv;
-              for (int i = 0; i < hd; ++i) out[i] += a * v[i];
+            const float inv = float(1.0 / sum);
+            float* o = out + qh * hd;
+            std::fill(o, o + hd, 0.f);
+            if (st.kv_elem == 2) {
+              for (int p = 0; p < len; ++p) sc[p] *= inv;
+            } else {
+              for (int p = 0; p < len; ++p) {
+                const float* v = reinterpret_cast<const float*>(vc + p * row + off);
+                const float a = sc[p] * inv;
+                for (int i = 0; i < hd; ++i) o[i] += a * v[i];
+              }
             }
           }
+          if (st.kv_elem == 2)
+            ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, ls, g, hd, out);
         }
       }
     });
