@@ -184,6 +184,96 @@ void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, 
 
 #pragma GCC pop_options
 
+// AVX-512: f16 rows of a multiple of 16 values, 16 per step; other widths go to the AVX2
+// kernels. As there, a query's sums do not depend on how many queries share the call.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f")
+
+namespace {
+
+inline __m512 load_half16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Raw dot products of G queries with n f16 rows, 4 rows at a time: each (row, query)
+// accumulates 16 lanes, folded to 8 and summed four rows at once.
+template <int G>
+void scores_g512(const uint16_t* k, int64_t stride, int n, const float* q, int hd, float* out, int64_t ldo) {
+  auto fold = [](__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))); };
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m512 acc[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int r = 0; r < 4; ++r) acc[j][r] = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c += 16)
+      for (int r = 0; r < 4; ++r) {
+        const __m512 kv = load_half16(k + (i + r) * stride + c);
+        for (int j = 0; j < G; ++j) acc[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), kv, acc[j][r]);
+      }
+    for (int j = 0; j < G; ++j)
+      _mm_storeu_ps(out + j * ldo + i, hsum4(fold(acc[j][0]), fold(acc[j][1]), fold(acc[j][2]), fold(acc[j][3])));
+  }
+  for (; i < n; ++i) {
+    __m512 acc[G];
+    for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c += 16) {
+      const __m512 kv = load_half16(k + i * stride + c);
+      for (int j = 0; j < G; ++j) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), kv, acc[j]);
+    }
+    for (int j = 0; j < G; ++j) out[j * ldo + i] = hsum(fold(acc[j]));
+  }
+}
+
+void scores_f16_avx512(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out,
+                       int64_t ldo) {
+  if (hd % 16 != 0) return scores_f16_avx2(k, stride, n, q, g, hd, out, ldo);
+  for (int j = 0; j < g; j += 3) {
+    switch (g - j < 3 ? g - j : 3) {
+      case 1: scores_g512<1>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); break;
+      case 2: scores_g512<2>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); break;
+      default: scores_g512<3>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); break;
+    }
+  }
+}
+
+// out_j += sum_i p_j(i) * row_i, 64 columns of G outputs held in registers across rows.
+template <int G>
+void accumulate_g512(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int hd, float* out) {
+  for (int c0 = 0; c0 < hd; c0 += 64) {
+    const int blocks = (hd - c0 < 64 ? hd - c0 : 64) / 16;
+    __m512 o[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int b = 0; b < blocks; ++b) o[j][b] = _mm512_loadu_ps(out + j * hd + c0 + 16 * b);
+    for (int i = 0; i < n; ++i) {
+      __m512 a[G];
+      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(p[j * ldp + i]);
+      for (int b = 0; b < blocks; ++b) {
+        const __m512 x = load_half16(v + i * stride + c0 + 16 * b);
+        for (int j = 0; j < G; ++j) o[j][b] = _mm512_fmadd_ps(a[j], x, o[j][b]);
+      }
+    }
+    for (int j = 0; j < G; ++j)
+      for (int b = 0; b < blocks; ++b) _mm512_storeu_ps(out + j * hd + c0 + 16 * b, o[j][b]);
+  }
+}
+
+void accumulate_f16_avx512(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
+                           float* out) {
+  if (hd % 16 != 0) return accumulate_f16_avx2(v, stride, n, p, ldp, g, hd, out);
+  for (int j = 0; j < g; j += 4) {
+    switch (g - j < 4 ? g - j : 4) {
+      case 1: accumulate_g512<1>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
+      case 2: accumulate_g512<2>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
+      case 3: accumulate_g512<3>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
+      default: accumulate_g512<4>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
+    }
+  }
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
 const KvAttentionKernels& kv_attention_kernels_scalar() {
   static const KvAttentionKernels k{"scalar", scores_f16_scalar, accumulate_f16_scalar, scores_q8_scalar,
                                     accumulate_q8_scalar};
@@ -193,6 +283,11 @@ const KvAttentionKernels& kv_attention_kernels_scalar() {
 const KvAttentionKernels& kv_attention_kernels() {
   static const KvAttentionKernels* best = [] {
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      static const KvAttentionKernels k{"avx512", scores_f16_avx512, accumulate_f16_avx512, scores_q8_avx2,
+                                        accumulate_q8_avx2};
+      return &k;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       static const KvAttentionKernels k{"avx2", scores_f16_avx2, accumulate_f16_avx2, scores_q8_avx2, accumulate_q8_avx2};
       return &k;

@@ -300,7 +300,7 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
       for (auto& e : v) e = f32_to_f16(nd(rng));
       for (auto& e : x) e = int8_t(int(rng() % 255) - 127);
       for (auto& e : d) e = std::fabs(nd(rng)) * 0.01f;
-      for (int g : {1, 3, 4}) {
+      for (int g : {1, 3, 4, 8}) {
         // g queries, scores n apart (ldo = n + 1), probabilities likewise.
         const int64_t ld = n + 1;
         std::vector<float> qg(size_t(g) * hd), pg(size_t(g) * ld);
