@@ -2,6 +2,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "slim/core/half.h"
 
 namespace slim::llm {
@@ -35,6 +38,21 @@ void scores_q8_scalar(const int8_t* x, const float* d, int n, const float* q, in
       for (int c = 0; c < hd; ++c) s += q[j * hd + c] * float(r[c]);
       out[j * ldo + i] = s * d[i];
     }
+}
+
+void softmax_scalar(float* x, int n, float scale) {
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    x[i] *= scale;
+    mx = std::max(mx, x[i]);
+  }
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = float(1.0 / sum);
+  for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
 void accumulate_q8_scalar(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
@@ -187,7 +205,7 @@ void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, 
 // AVX-512: f16 rows of a multiple of 16 values, 16 per step; other widths go to the AVX2
 // kernels. As there, a query's sums do not depend on how many queries share the call.
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq")
 
 namespace {
 
@@ -270,13 +288,63 @@ void accumulate_f16_avx512(const uint16_t* v, int64_t stride, int n, const float
   }
 }
 
+// exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r with |r| <= ln2 / 2,
+// exp(r) by its Taylor polynomial to r^7 (relative error below 2e-8), times 2^n. Below
+// -103 the result underflows to 0.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-103.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+void softmax_avx512(float* x, int n, float scale) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vs);
+    _mm512_storeu_ps(x + i, v);
+    vmax = _mm512_max_ps(vmax, v);
+  }
+  float mx = _mm512_reduce_max_ps(vmax);
+  for (; i < n; ++i) {
+    x[i] *= scale;
+    mx = std::max(mx, x[i]);
+  }
+  const __m512 vm = _mm512_set1_ps(mx);
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  for (i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm)));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  const __m512 inv = _mm512_set1_ps(float(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(s0, s1))));
+  for (i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+  }
+}
+
 }  // namespace
 
 #pragma GCC pop_options
 
 const KvAttentionKernels& kv_attention_kernels_scalar() {
   static const KvAttentionKernels k{"scalar", scores_f16_scalar, accumulate_f16_scalar, scores_q8_scalar,
-                                    accumulate_q8_scalar};
+                                    accumulate_q8_scalar, softmax_scalar};
   return k;
 }
 
@@ -285,11 +353,12 @@ const KvAttentionKernels& kv_attention_kernels() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       static const KvAttentionKernels k{"avx512", scores_f16_avx512, accumulate_f16_avx512, scores_q8_avx2,
-                                        accumulate_q8_avx2};
+                                        accumulate_q8_avx2, softmax_avx512};
       return &k;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      static const KvAttentionKernels k{"avx2", scores_f16_avx2, accumulate_f16_avx2, scores_q8_avx2, accumulate_q8_avx2};
+      static const KvAttentionKernels k{"avx2", scores_f16_avx2, accumulate_f16_avx2, scores_q8_avx2, accumulate_q8_avx2,
+                                        softmax_scalar};
       return &k;
     }
     return &kv_attention_kernels_scalar();

@@ -723,19 +723,7 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     }
     if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
     for (int j = 0; j < G; ++j) {
-      float* sc = scratch + j * sp;
-      float mx = -INFINITY;
-      for (int i = 0; i < len; ++i) {
-        sc[i] *= scale;
-        mx = std::max(mx, sc[i]);
-      }
-      double sum = 0;
-      for (int i = 0; i < len; ++i) {
-        sc[i] = std::exp(sc[i] - mx);
-        sum += sc[i];
-      }
-      const float inv = float(1.0 / sum);
-      for (int i = 0; i < len; ++i) sc[i] *= inv;
+      ak.softmax(scratch + j * sp, len, scale);
       std::fill(o + j * hd, o + (j + 1) * hd, 0.f);
     }
     for (int i = 0; i < nb_tok; i += kKvBlockTokens) {

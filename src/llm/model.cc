@@ -647,29 +647,16 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           if (st.kv_elem == 2) ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, g, hd, scores, ls);
           for (int qh = 0; qh < g; ++qh) {
             float* sc = scores + qh * ls;
-            float mx = -INFINITY;
-            for (int p = 0; p < len; ++p) {
-              sc[p] = st.kv_elem == 2 ? sc[p] * j.scale
-                                      : st.k->dot_f32(hd, kc + p * row + off, q + qh * hd) * j.scale;
-              mx = std::max(mx, sc[p]);
-            }
-            double sum = 0;
-            for (int p = 0; p < len; ++p) {
-              sc[p] = std::exp(sc[p] - mx);
-              sum += sc[p];
-            }
-            const float inv = float(1.0 / sum);
+            if (st.kv_elem != 2)
+              for (int p = 0; p < len; ++p) sc[p] = st.k->dot_f32(hd, kc + p * row + off, q + qh * hd);
+            ak.softmax(sc, len, j.scale);
             float* o = out + qh * hd;
             std::fill(o, o + hd, 0.f);
-            if (st.kv_elem == 2) {
-              for (int p = 0; p < len; ++p) sc[p] *= inv;
-            } else {
+            if (st.kv_elem != 2)
               for (int p = 0; p < len; ++p) {
                 const float* v = reinterpret_cast<const float*>(vc + p * row + off);
-                const float a = sc[p] * inv;
-                for (int i = 0; i < hd; ++i) o[i] += a * v[i];
+                for (int i = 0; i < hd; ++i) o[i] += sc[p] * v[i];
               }
-            }
           }
           if (st.kv_elem == 2)
             ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, ls, g, hd, out);

@@ -335,6 +335,32 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
     }
 }
 
+// The attention softmax against the scalar one (std::exp, double sum): every length
+// around the vector width, scores spread far enough that some underflow, a row of equal
+// scores, and a single score.
+TEST(KvAttentionKernels, SoftmaxMatchesScalar) {
+  const KvAttentionKernels& best = kv_attention_kernels();
+  const KvAttentionKernels& ref = kv_attention_kernels_scalar();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int n : {1, 5, 16, 17, 33, 100, 2048})
+    for (float spread : {0.f, 1.f, 40.f}) {
+      std::vector<float> a(static_cast<size_t>(n)), b;
+      for (auto& e : a) e = spread * nd(rng);
+      b = a;
+      best.softmax(a.data(), n, 0.125f);
+      ref.softmax(b.data(), n, 0.125f);
+      double total = 0;
+      for (int i = 0; i < n; ++i) {
+        EXPECT_NEAR(a[size_t(i)], b[size_t(i)], 1e-6 * b[size_t(i)] + 1e-30) << n << " " << spread << " " << i;
+        EXPECT_GE(a[size_t(i)], 0.f);
+        total += a[size_t(i)];
+      }
+      EXPECT_NEAR(total, 1.0, 1e-5) << n << " " << spread;
+      if (spread == 0.f) EXPECT_FLOAT_EQ(a[0], 1.f / float(n));
+    }
+}
+
 TEST(KvCache, KeepCompactsExactlyAndFreesBlocks) {
   for (KvType type : {KvType::f16, KvType::q8}) {
     KvCache cache(layout(type, type, 1, 1, 64), 1, 64, 0);

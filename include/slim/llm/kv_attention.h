@@ -24,6 +24,9 @@ struct KvAttentionKernels {
   void (*scores_q8)(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo);
   // out_j += sum_i p[j * ldp + i] * d[i] * x_i.
   void (*accumulate_q8)(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out);
+  // The attention softmax of n raw scores, in place: x_i = exp(s_i - max_k s_k) / sum, with
+  // s_i = scale * x_i. Both KV caches call it, so they agree bit for bit.
+  void (*softmax)(float* x, int n, float scale);
 };
 
 const KvAttentionKernels& kv_attention_kernels();         // best for this CPU
