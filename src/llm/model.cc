@@ -22,7 +22,7 @@ class ModelLoader {
     std::set<std::string> repacked;
     const GgufFile::TensorRewrite rewrite = [&repacked](const GgufTensorInfo& t, uint8_t* data) {
       const bool matmul_weight = t.name == "output.weight" || t.name.rfind("blk.", 0) == 0;
-      if (!matmul_weight || !repackable_x16(t.type()) || !tile16_fn(kernels(), t.type()) || t.dims.size() != 2 ||
+      if (!matmul_weight || !tile16_fn(kernels(), t.type()) || t.dims.size() != 2 ||
           t.dims[1] % 16 != 0)
         return;
       const int64_t row_bytes = ggml_row_bytes(t.type(), t.dims[0]);

@@ -14,7 +14,7 @@ namespace slim::llm {
 // the same pairing ggml uses, so results track llama.cpp's. A q8_0 row is BlockQ8_0
 // blocks followed by space for an unpacked copy of them that kernel sets with Q8_0/Q4_0
 // tiles fill in (quantize_act_row) and read, then by one Q8Aux per block (every kernel
-// set fills it in; the repacked Q4_0 tiles read it); likewise an f16 row is followed by
+// set fills it in; the repacked Q8_0/Q4_0 tiles read it); likewise an f16 row is followed by
 // room for its f32 copy, which F16 tiles read. The dot functions read the blocks or the f16 row
 // only; the tile functions need rows converted by quantize_act_row of their own kernel set.
 enum class ActType { f32, f16, bf16, q8_0, q8_k };
