@@ -29,10 +29,35 @@ int64_t f16_copy_offset(int64_t n) { return (n * 2 + 63) / 64 * 64; }
 
 int64_t q8_0_aux_offset(int64_t n) { return (n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192 + 7) / 8 * 8; }
 
-bool repackable_x16(GgmlType type) { return type == GgmlType::q8_0 || type == GgmlType::q4_0; }
+bool repackable_x16(GgmlType type) {
+  return type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_k;
+}
+
+namespace {
+
+// Q4_K: per column of super-blocks, the 16 rows' d (32 bytes) and dmin (32), their 12
+// scale bytes byte-major (byte k of row r at 64 + 16k + r), then the 128 code bytes as 32
+// vectors (vector v holds bytes 4v..4v+3 of every row, row r at 4r): 2,304 bytes.
+void repack_q4_k_x16(uint8_t* rows16, int64_t n) {
+  const int64_t nb = n / 256, row_bytes = nb * int64_t(sizeof(BlockQ4K));
+  std::vector<uint8_t> src(rows16, rows16 + 16 * row_bytes);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* o = rows16 + b * 16 * int64_t(sizeof(BlockQ4K));
+    for (int r = 0; r < 16; ++r) {
+      const auto* blk = reinterpret_cast<const BlockQ4K*>(src.data() + r * row_bytes) + b;
+      std::memcpy(o + 2 * r, &blk->d, 2);
+      std::memcpy(o + 32 + 2 * r, &blk->dmin, 2);
+      for (int k = 0; k < 12; ++k) o[64 + 16 * k + r] = blk->scales[k];
+      for (int v = 0; v < 32; ++v) std::memcpy(o + 256 + 64 * v + 4 * r, blk->qs + 4 * v, 4);
+    }
+  }
+}
+
+}  // namespace
 
 void repack_x16(GgmlType type, uint8_t* rows16, int64_t n) {
   if (!repackable_x16(type)) throw Error(ErrorCode::unsupported, "no 16-row layout for " + ggml_type_name(uint32_t(type)));
+  if (type == GgmlType::q4_k) return repack_q4_k_x16(rows16, n);
   const bool q8 = type == GgmlType::q8_0;
   const int64_t nb = n / 32, block = q8 ? int64_t(sizeof(BlockQ8_0)) : int64_t(sizeof(BlockQ4_0));
   const int64_t row_bytes = nb * block, codes = block - 2;
@@ -195,6 +220,44 @@ void tile_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int6
             }
           }
         acc = std::fma(float(s), f16_to_f32(d) * aux[b].d, acc);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
+// Repacked Q4_K against Q8_K activations: per (row, token), block by block,
+// acc = fma(float(sum of sc_j x dot_j), d x dx, acc), then acc = fma(-float(sum of
+// m_j x bsums_j), dmin x dx, acc).
+void tile_q4_k_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                          int64_t ldy) {
+  const int64_t nb = n / 256, column = 16 * int64_t(sizeof(BlockQ4K));
+  for (int t = 0; t < nt; ++t) {
+    const auto* xb = reinterpret_cast<const BlockQ8K*>(x + t * xs);
+    for (int r = 0; r < nr; ++r) {
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* col = w + b * column;
+        uint16_t d, dmin;
+        std::memcpy(&d, col + 2 * r, 2);
+        std::memcpy(&dmin, col + 32 + 2 * r, 2);
+        uint8_t scales[12];
+        for (int k = 0; k < 12; ++k) scales[k] = col[64 + 16 * k + r];
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          q4k_scale_min(j, scales, &sc, &m);
+          int32_t dot = 0;
+          for (int i = 0; i < 32; ++i) {
+            const int v = 8 * (j / 2) + i / 4;
+            const uint8_t c = col[256 + 64 * v + 4 * r + i % 4];
+            dot += int((j & 1) ? (c >> 4) : (c & 0xF)) * xb[b].qs[32 * j + i];
+          }
+          sumi += int32_t(sc) * dot;
+          summ += int32_t(m) * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
+        }
+        acc = std::fma(float(sumi), f16_to_f32(d) * xb[b].d, acc);
+        acc = std::fma(-float(summ), f16_to_f32(dmin) * xb[b].d, acc);
       }
       y[t * ldy + r] = acc;
     }
@@ -766,6 +829,88 @@ void tile_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_
   }
 }
 
+// Repacked Q4_K (repack_x16): lane r is row r. Per column the 16 rows' sub-block scales
+// and mins are unpacked once into int32 vectors; each token's sub-block dot is 4 dpbusd
+// (32 codes per row), weighted by its scale, and the mins term comes from the
+// activation block's sums.
+template <int NT>
+void tile_q4_k_x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y,
+                          int64_t ldy) {
+  constexpr int64_t kColumn = 16 * int64_t(sizeof(BlockQ4K));
+  const int64_t nb = n / 256;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi32(63), m4d = _mm512_set1_epi32(0xF);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* col = w + b * kColumn;
+    for (int64_t o = 0; o < kColumn; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + 2 * kColumn + o), _MM_HINT_T0);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32)));
+    __m512i S[12];
+    for (int k = 0; k < 12; ++k)
+      S[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 64 + 16 * k)));
+    __m512i sc[8], mn[8];
+    for (int j = 0; j < 4; ++j) {
+      sc[j] = _mm512_and_si512(S[j], m6);
+      mn[j] = _mm512_and_si512(S[j + 4], m6);
+      sc[j + 4] = _mm512_or_si512(_mm512_and_si512(S[j + 8], m4d), _mm512_slli_epi32(_mm512_srli_epi32(S[j], 6), 4));
+      mn[j + 4] = _mm512_or_si512(_mm512_srli_epi32(S[j + 8], 4), _mm512_slli_epi32(_mm512_srli_epi32(S[j + 4], 6), 4));
+    }
+    __m512i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo[8], hi[8];
+#pragma GCC unroll 8
+      for (int v = 0; v < 8; ++v) {
+        const __m512i q = _mm512_loadu_si512(col + 256 + 64 * (8 * c + v));
+        lo[v] = _mm512_and_si512(q, m4);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* qx = reinterpret_cast<const BlockQ8K*>(x + t * xs)[b].qs + 64 * c;
+        __m512i dl = _mm512_setzero_si512(), dh = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; ++v) {
+          int32_t a, h;
+          std::memcpy(&a, qx + 4 * v, 4);
+          std::memcpy(&h, qx + 32 + 4 * v, 4);
+          dl = _mm512_dpbusd_epi32(dl, lo[v], _mm512_set1_epi32(a));
+          dh = _mm512_dpbusd_epi32(dh, hi[v], _mm512_set1_epi32(h));
+        }
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(dl, sc[2 * c]),
+                                                             _mm512_mullo_epi32(dh, sc[2 * c + 1])));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8K& xb = reinterpret_cast<const BlockQ8K*>(x + t * xs)[b];
+      __m512i summ = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j)
+        summ = _mm512_add_epi32(summ, _mm512_mullo_epi32(mn[j], _mm512_set1_epi32(xb.bsums[2 * j] + xb.bsums[2 * j + 1])));
+      const __m512 dx = _mm512_set1_ps(xb.d);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(dw, dx), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dmin, dx), acc[t]);
+    }
+  }
+  const __mmask16 m = __mmask16((1u << nr) - 1);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, acc[t]);
+}
+
+void tile_q4_k_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                        int64_t ldy) {
+  for (int t0 = 0; t0 < nt; t0 += 4) {
+    const uint8_t* xt = x + t0 * xs;
+    float* yt = y + t0 * ldy;
+    switch (std::min(4, nt - t0)) {
+      case 1: tile_q4_k_x16_vnni_t<1>(n, w, nr, xt, xs, yt, ldy); break;
+      case 2: tile_q4_k_x16_vnni_t<2>(n, w, nr, xt, xs, yt, ldy); break;
+      case 3: tile_q4_k_x16_vnni_t<3>(n, w, nr, xt, xs, yt, ldy); break;
+      default: tile_q4_k_x16_vnni_t<4>(n, w, nr, xt, xs, yt, ldy); break;
+    }
+  }
+}
+
 inline __m512 load_f16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -888,7 +1033,7 @@ KernelSet make_scalar() {
   return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
           dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
           f32_to_f16_row_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, tile_x16_scalar<true>,
-          tile_x16_scalar<false>};
+          tile_x16_scalar<false>, tile_q4_k_x16_scalar};
 }
 
 bool cpu_has_avx2() {
@@ -920,6 +1065,7 @@ KernelSet make_vnni() {
   k.widen_f16 = widen_f16_avx512;
   k.tile_q8_0x16 = tile_x16_vnni<true>;
   k.tile_q4_0x16 = tile_x16_vnni<false>;
+  k.tile_q4_kx16 = tile_q4_k_x16_vnni;
   return k;
 }
 
@@ -979,6 +1125,7 @@ Tile16Fn tile16_fn(const KernelSet& k, GgmlType weight) {
   switch (weight) {
     case GgmlType::q8_0: return k.tile_q8_0x16;
     case GgmlType::q4_0: return k.tile_q4_0x16;
+    case GgmlType::q4_k: return k.tile_q4_kx16;
     default: return nullptr;
   }
 }

@@ -119,11 +119,11 @@ TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
   }
 }
 
-// Resident Q8_0 and Q4_0 matrices with rows in multiples of 16 are repacked for the
+// Resident Q8_0, Q4_0 and Q4_K matrices with rows in multiples of 16 are repacked for the
 // 16-row tiles (the 300-row output matrix is not); a mapped model keeps the GGUF layout.
 // Both give the logits of the reference computation, up to summation order.
 TEST(Forward, RepackedAndMappedLayoutsAgree) {
-  for (const char* name : {"llama_q8_0", "llama_q4_0"}) {
+  for (const char* name : {"llama_q8_0", "llama_q4_0", "llama_q4_k"}) {
     const std::string path = fixture(std::string(name) + ".gguf");
     auto resident = LlamaModel::load(path), mapped = LlamaModel::load(path, true);
     const bool repacks = tile16_fn(kernels(), resident->layer(0).wq.type) != nullptr;

@@ -256,6 +256,64 @@ TEST(Kernels, RepackedTilesMatchTheBlockByBlockReference) {
   }
 }
 
+// Repacked Q4_K tiles against Q8_K activations: the same contract, with the reference
+// computed from the GGUF super-blocks (sub-block scales and mins, activation sums).
+TEST(Kernels, RepackedQ4KTilesMatchTheBlockByBlockReference) {
+  for (const int64_t n : {int64_t(256), int64_t(256 * 3)}) {
+    const int64_t wb = ggml_row_bytes(GgmlType::q4_k, n), xb = act_row_bytes(ActType::q8_k, n);
+    std::vector<uint8_t> gguf(size_t(16 * wb));
+    for (int r = 0; r < 16; ++r)
+      quantize_row(GgmlType::q4_k, random_floats(size_t(n), 500 + r, 0.2f).data(), gguf.data() + r * wb, n);
+    std::vector<uint8_t> packed = gguf;
+    repack_x16(GgmlType::q4_k, packed.data(), n);
+    EXPECT_NE(packed, gguf);
+    for (const KernelSet* k : available_kernel_sets()) {
+      const Tile16Fn tile = tile16_fn(*k, GgmlType::q4_k);
+      if (!tile) continue;
+      std::vector<uint8_t> x(size_t(8 * xb));
+      for (int t = 0; t < 8; ++t)
+        quantize_act_row(*k, ActType::q8_k, random_floats(size_t(n), 600 + t).data(), x.data() + t * xb, n);
+      float want[8][16];
+      for (int t = 0; t < 8; ++t)
+        for (int r = 0; r < 16; ++r) {
+          const auto* w = reinterpret_cast<const BlockQ4K*>(gguf.data() + r * wb);
+          const auto* a = reinterpret_cast<const BlockQ8K*>(x.data() + t * xb);
+          float acc = 0;
+          for (int64_t b = 0; b < n / 256; ++b) {
+            int sumi = 0, summ = 0;
+            for (int j = 0; j < 8; ++j) {
+              uint8_t sc, m;
+              q4k_scale_min(j, w[b].scales, &sc, &m);
+              int dot = 0;
+              for (int i = 0; i < 32; ++i) {
+                const uint8_t q = w[b].qs[32 * (j / 2) + i];
+                dot += int((j & 1) ? q >> 4 : q & 0xF) * a[b].qs[32 * j + i];
+              }
+              sumi += sc * dot;
+              summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+            }
+            acc = std::fma(float(sumi), f16_to_f32(w[b].d) * a[b].d, acc);
+            acc = std::fma(-float(summ), f16_to_f32(w[b].dmin) * a[b].d, acc);
+          }
+          want[t][r] = acc;
+          const float dot = k->dot_q4_k(n, w, x.data() + t * xb);
+          EXPECT_NEAR(acc, dot, 1e-5 * (std::fabs(dot) + 1.0)) << k->isa << " n " << n;
+        }
+      for (const int nr : {16, 5})
+        for (int nt = 1; nt <= 8; ++nt) {
+          float y[8][16];
+          for (auto& row : y)
+            for (float& v : row) v = -1234.5f;
+          tile(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
+          for (int t = 0; t < 8; ++t)
+            for (int r = 0; r < 16; ++r)
+              EXPECT_EQ(y[t][r], t < nt && r < nr ? want[t][r] : -1234.5f)
+                  << k->isa << " n " << n << " rows " << nr << " tokens " << nt << " at " << r << "," << t;
+        }
+    }
+  }
+}
+
 // F16 tiles read the f32 copy that their kernel set's quantize_act_row appends; at
 // lengths off the vector width (masked steps and scalar tails) they still give exactly
 // the single dot's bits.

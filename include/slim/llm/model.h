@@ -50,8 +50,9 @@ class LlamaModel {
   // The weights are read into huge-page-backed memory (decode streams them on every
   // token; 2 MiB pages make that 13-19% faster than the file's 4 KiB pages); `map` uses
   // them in place from the file's page cache instead (less memory, faster load).
-  // Resident Q8_0 and Q4_0 matrices (not the token embeddings) with rows in multiples of
-  // 16 are repacked in place for the kernel set's 16-row tiles where it has them.
+  // Resident Q8_0, Q4_0 and Q4_K matrices (not the token embeddings) with rows in
+  // multiples of 16 are repacked in place for the kernel set's 16-row tiles where it has
+  // them.
   static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map = false);
 
   const LlamaConfig& config() const { return config_; }
