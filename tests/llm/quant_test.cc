@@ -192,126 +192,99 @@ TEST(Kernels, EveryAvailableIsaMatchesScalar) {
   }
 }
 
-// Repacked tiles: every set's 16-row tile gives, for each (row, token) pair, the bits of
-// a block-by-block fused multiply-add computed here from the GGUF blocks (so the repacking
-// is checked too), whatever the tile's row and token counts, and agrees with the
-// GGUF-layout dot.
-TEST(Kernels, RepackedTilesMatchTheBlockByBlockReference) {
-  for (const GgmlType type : {GgmlType::q8_0, GgmlType::q4_0})
-  for (const int64_t n : {int64_t(32), int64_t(32 * 7), int64_t(2048 + 32)}) {
-    const int64_t wb = ggml_row_bytes(type, n), xb = act_row_bytes(ActType::q8_0, n);
-    std::vector<uint8_t> gguf(size_t(16 * wb));
-    for (int r = 0; r < 16; ++r) quantize_row(type, random_floats(size_t(n), 300 + r, 0.2f).data(), gguf.data() + r * wb, n);
-    std::vector<uint8_t> packed = gguf;
-    repack_x16(type, packed.data(), n);
-    EXPECT_NE(packed, gguf);
-    // The codes of row r, element j of block b, as signed values.
-    auto code = [&](int r, int64_t b, int j) {
-      if (type == GgmlType::q8_0) return int(reinterpret_cast<const BlockQ8_0*>(gguf.data() + r * wb)[b].qs[j]);
-      const uint8_t q = reinterpret_cast<const BlockQ4_0*>(gguf.data() + r * wb)[b].qs[j % 16];
-      return int(j < 16 ? q & 0xF : q >> 4) - 8;
-    };
-    auto scale = [&](int r, int64_t b) {
-      uint16_t d;
-      std::memcpy(&d, gguf.data() + r * wb + b * (wb / (n / 32)), 2);
-      return f16_to_f32(d);
-    };
-    for (const KernelSet* k : available_kernel_sets()) {
-      const Tile16Fn tile = tile16_fn(*k, type);
-      if (!tile) continue;
-      std::vector<uint8_t> x(size_t(8 * xb));
-      for (int t = 0; t < 8; ++t)
-        quantize_act_row(*k, ActType::q8_0, random_floats(size_t(n), 400 + t).data(), x.data() + t * xb, n);
-      float want[8][16];
-      for (int t = 0; t < 8; ++t)
-        for (int r = 0; r < 16; ++r) {
-          const auto* a = reinterpret_cast<const BlockQ8_0*>(x.data() + t * xb);
-          float acc = 0;
-          for (int64_t b = 0; b < n / 32; ++b) {
-            int s = 0;
-            for (int j = 0; j < 32; ++j) s += code(r, b, j) * a[b].qs[j];
-            acc = std::fma(float(s), scale(r, b) * f16_to_f32(a[b].d), acc);
-          }
-          want[t][r] = acc;
-          const float dot = dot_fn(*k, type)(n, gguf.data() + r * wb, x.data() + t * xb);
-          EXPECT_NEAR(acc, dot, 1e-5 * (std::fabs(dot) + 1.0)) << k->isa << " n " << n;
-        }
-      for (const int nr : {16, 5, 1})
-        for (int nt = 1; nt <= 8; ++nt) {
-          float y[8][16];
-          for (auto& row : y)
-            for (float& v : row) v = -1234.5f;
-          tile(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
-          for (int t = 0; t < 8; ++t)
-            for (int r = 0; r < 16; ++r) {
-              const std::string where = std::string(k->isa) + " " + ggml_type_name(uint32_t(type)) + " n " +
-                                        std::to_string(n) + " rows " + std::to_string(nr) + " tokens " + std::to_string(nt);
-              if (t < nt && r < nr)
-                EXPECT_EQ(y[t][r], want[t][r]) << where;
-              else
-                EXPECT_EQ(y[t][r], -1234.5f) << where << ": wrote outside the tile at row " << r << " token " << t;
-            }
-        }
-    }
+// For every kernel set with a 16-row tile for `type`: 16 random GGUF rows of n values,
+// repacked, against 8 activation rows. `reference(row, activation)` computes a pair's
+// block-by-block sum from the GGUF blocks, so the repacking is checked too. The tile must
+// give exactly its bits whatever its row and token counts, write nothing outside the
+// tile, and agree with the GGUF-layout dot.
+template <typename Ref>
+void check_repacked_tiles(GgmlType type, int64_t n, Ref reference) {
+  const ActType at = act_type_for(type);
+  const int64_t wb = ggml_row_bytes(type, n), xb = act_row_bytes(at, n);
+  std::vector<uint8_t> gguf(size_t(16 * wb));
+  for (int r = 0; r < 16; ++r) quantize_row(type, random_floats(size_t(n), 300 + r, 0.2f).data(), gguf.data() + r * wb, n);
+  std::vector<uint8_t> packed = gguf;
+  repack_x16(type, packed.data(), n);
+  EXPECT_NE(packed, gguf);
+  for (const KernelSet* k : available_kernel_sets()) {
+    const Tile16Fn tile = tile16_fn(*k, type);
+    if (!tile) continue;
+    const std::string what = std::string(k->isa) + " " + ggml_type_name(uint32_t(type)) + " n " + std::to_string(n);
+    std::vector<uint8_t> x(size_t(8 * xb));
+    for (int t = 0; t < 8; ++t) quantize_act_row(*k, at, random_floats(size_t(n), 400 + t).data(), x.data() + t * xb, n);
+    float want[8][16];
+    for (int t = 0; t < 8; ++t)
+      for (int r = 0; r < 16; ++r) {
+        want[t][r] = reference(gguf.data() + r * wb, x.data() + t * xb);
+        const float dot = dot_fn(*k, type)(n, gguf.data() + r * wb, x.data() + t * xb);
+        EXPECT_NEAR(want[t][r], dot, 1e-5 * (std::fabs(dot) + 1.0)) << what;
+      }
+    for (const int nr : {16, 5, 1})
+      for (int nt = 1; nt <= 8; ++nt) {
+        float y[8][16];
+        for (auto& row : y)
+          for (float& v : row) v = -1234.5f;
+        tile(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
+        for (int t = 0; t < 8; ++t)
+          for (int r = 0; r < 16; ++r)
+            EXPECT_EQ(y[t][r], t < nt && r < nr ? want[t][r] : -1234.5f)
+                << what << " rows " << nr << " tokens " << nt << " at row " << r << " token " << t;
+      }
   }
 }
 
-// Repacked Q4_K tiles against Q8_K activations: the same contract, with the reference
-// computed from the GGUF super-blocks (sub-block scales and mins, activation sums).
-TEST(Kernels, RepackedQ4KTilesMatchTheBlockByBlockReference) {
-  for (const int64_t n : {int64_t(256), int64_t(256 * 3)}) {
-    const int64_t wb = ggml_row_bytes(GgmlType::q4_k, n), xb = act_row_bytes(ActType::q8_k, n);
-    std::vector<uint8_t> gguf(size_t(16 * wb));
-    for (int r = 0; r < 16; ++r)
-      quantize_row(GgmlType::q4_k, random_floats(size_t(n), 500 + r, 0.2f).data(), gguf.data() + r * wb, n);
-    std::vector<uint8_t> packed = gguf;
-    repack_x16(GgmlType::q4_k, packed.data(), n);
-    EXPECT_NE(packed, gguf);
-    for (const KernelSet* k : available_kernel_sets()) {
-      const Tile16Fn tile = tile16_fn(*k, GgmlType::q4_k);
-      if (!tile) continue;
-      std::vector<uint8_t> x(size_t(8 * xb));
-      for (int t = 0; t < 8; ++t)
-        quantize_act_row(*k, ActType::q8_k, random_floats(size_t(n), 600 + t).data(), x.data() + t * xb, n);
-      float want[8][16];
-      for (int t = 0; t < 8; ++t)
-        for (int r = 0; r < 16; ++r) {
-          const auto* w = reinterpret_cast<const BlockQ4K*>(gguf.data() + r * wb);
-          const auto* a = reinterpret_cast<const BlockQ8K*>(x.data() + t * xb);
-          float acc = 0;
-          for (int64_t b = 0; b < n / 256; ++b) {
-            int sumi = 0, summ = 0;
-            for (int j = 0; j < 8; ++j) {
-              uint8_t sc, m;
-              q4k_scale_min(j, w[b].scales, &sc, &m);
-              int dot = 0;
-              for (int i = 0; i < 32; ++i) {
-                const uint8_t q = w[b].qs[32 * (j / 2) + i];
-                dot += int((j & 1) ? q >> 4 : q & 0xF) * a[b].qs[32 * j + i];
-              }
-              sumi += sc * dot;
-              summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-            }
-            acc = std::fma(float(sumi), f16_to_f32(w[b].d) * a[b].d, acc);
-            acc = std::fma(-float(summ), f16_to_f32(w[b].dmin) * a[b].d, acc);
+// Q8_0 and Q4_0: acc = fma(float(block dot), d_w x d_x, acc) block by block.
+TEST(Kernels, RepackedTilesMatchTheBlockByBlockReference) {
+  for (const GgmlType type : {GgmlType::q8_0, GgmlType::q4_0})
+    for (const int64_t n : {int64_t(32), int64_t(32 * 7), int64_t(2048 + 32)})
+      check_repacked_tiles(type, n, [&](const uint8_t* w, const uint8_t* x) {
+        const auto* a = reinterpret_cast<const BlockQ8_0*>(x);
+        float acc = 0;
+        for (int64_t b = 0; b < n / 32; ++b) {
+          int s = 0;
+          uint16_t d;
+          if (type == GgmlType::q8_0) {
+            const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
+            for (int j = 0; j < 32; ++j) s += blk.qs[j] * a[b].qs[j];
+            d = blk.d;
+          } else {
+            const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(w)[b];
+            for (int j = 0; j < 16; ++j)
+              s += (int(blk.qs[j] & 0xF) - 8) * a[b].qs[j] + (int(blk.qs[j] >> 4) - 8) * a[b].qs[j + 16];
+            d = blk.d;
           }
-          want[t][r] = acc;
-          const float dot = k->dot_q4_k(n, w, x.data() + t * xb);
-          EXPECT_NEAR(acc, dot, 1e-5 * (std::fabs(dot) + 1.0)) << k->isa << " n " << n;
+          acc = std::fma(float(s), f16_to_f32(d) * f16_to_f32(a[b].d), acc);
         }
-      for (const int nr : {16, 5})
-        for (int nt = 1; nt <= 8; ++nt) {
-          float y[8][16];
-          for (auto& row : y)
-            for (float& v : row) v = -1234.5f;
-          tile(n, packed.data(), nr, x.data(), xb, nt, &y[0][0], 16);
-          for (int t = 0; t < 8; ++t)
-            for (int r = 0; r < 16; ++r)
-              EXPECT_EQ(y[t][r], t < nt && r < nr ? want[t][r] : -1234.5f)
-                  << k->isa << " n " << n << " rows " << nr << " tokens " << nt << " at " << r << "," << t;
+        return acc;
+      });
+}
+
+// Q4_K against Q8_K activations: per super-block, the sub-block dots weighted by their
+// scales in one FMA, the mins term (from the activation sums) in a second.
+TEST(Kernels, RepackedQ4KTilesMatchTheBlockByBlockReference) {
+  for (const int64_t n : {int64_t(256), int64_t(256 * 3)})
+    check_repacked_tiles(GgmlType::q4_k, n, [&](const uint8_t* wr, const uint8_t* x) {
+      const auto* w = reinterpret_cast<const BlockQ4K*>(wr);
+      const auto* a = reinterpret_cast<const BlockQ8K*>(x);
+      float acc = 0;
+      for (int64_t b = 0; b < n / 256; ++b) {
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          q4k_scale_min(j, w[b].scales, &sc, &m);
+          int dot = 0;
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t q = w[b].qs[32 * (j / 2) + i];
+            dot += int((j & 1) ? q >> 4 : q & 0xF) * a[b].qs[32 * j + i];
+          }
+          sumi += sc * dot;
+          summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
         }
-    }
-  }
+        acc = std::fma(float(sumi), f16_to_f32(w[b].d) * a[b].d, acc);
+        acc = std::fma(-float(summ), f16_to_f32(w[b].dmin) * a[b].d, acc);
+      }
+      return acc;
+    });
 }
 
 // F16 tiles read the f32 copy that their kernel set's quantize_act_row appends; at
