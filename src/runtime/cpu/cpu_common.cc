@@ -11,16 +11,16 @@ const dnnl::engine& dnnl_engine() {
   return engine;
 }
 
-void limit_dnnl_threads(const KernelContext& ctx) {
-  const int n = ctx.pool().num_threads();
-  // omp_set_num_threads sets the calling thread's value; skip the call when unchanged.
+namespace {
+// omp_set_num_threads sets the calling thread's value; skip the call when unchanged.
+void limit_openmp(int n) {
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
+}  // namespace
 
-void limit_dnnl_threads_at_build() {
-  const int n = num_threads();
-  if (omp_get_max_threads() != n) omp_set_num_threads(n);
-}
+void limit_dnnl_threads(const KernelContext& ctx) { limit_openmp(ctx.pool().num_threads()); }
+
+void limit_dnnl_threads_at_build() { limit_openmp(num_threads()); }
 
 dnnl::memory::dims to_dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
 

@@ -222,6 +222,7 @@ std::optional<std::string> slice_plan(const KernelBuildInfo& info, StridedCopy* 
 
 struct ConcatPlan {
   Shape y;
+  int64_t axis = 0;  // non-negative
   int64_t outer = 1;
   std::vector<int64_t> chunk_bytes;  // per input: bytes of one outer row
   int64_t row_bytes = 0;
@@ -238,6 +239,7 @@ std::optional<std::string> concat_plan(const KernelBuildInfo& info, ConcatPlan* 
   int64_t axis = info.node.attr_int("axis", 1);
   if (axis < -rank || axis >= rank) return std::string("axis out of range");
   if (axis < 0) axis += rank;
+  p->axis = axis;
   p->y = s0;
   p->y[size_t(axis)] = 0;
   for (int d = 0; d < axis; ++d) p->outer *= s0[size_t(d)];
@@ -270,7 +272,7 @@ class ConcatKernel final : public OpKernel {
     return i == 0;
   }
   ConcatKernel(ConcatPlan p, DType dt, std::vector<Shape> in) : p_(std::move(p)), dt_(dt), in_(std::move(in)) {
-    channels_ = dt_ == DType::f32 && p_.y.size() == 4 && p_.outer == p_.y[0];
+    channels_ = dt_ == DType::f32 && p_.y.size() == 4 && p_.axis == 1;
     for (const Shape& s : in_) channels_ = channels_ && s.size() == 4;
     in_fmt_.assign(in_.size(), dnnl::memory::format_tag::nchw);
   }
