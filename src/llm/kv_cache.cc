@@ -691,6 +691,18 @@ int64_t KvCache::scratch_floats(int n_group) const {
   return (int64_t(max_tokens_) + 15) / 16 * 16 * std::max(1, n_group) + layout_.head_dim + 16;
 }
 
+namespace {
+
+// Blocks come from anywhere in the pool, so the hardware prefetcher, which follows
+// streams within a page, cannot run ahead of attention from one block to the next: fetch
+// the part kAttendAhead blocks ahead while the current one is computed.
+constexpr int kAttendAhead = 4;
+inline void prefetch_part(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+}  // namespace
+
 void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride, int n_q, int n_group,
                      const int* n_visible, const uint8_t* observe, const KvObserver& obs, float scale, float* out,
                      int64_t out_stride, float* scratch) const {
@@ -708,8 +720,12 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     const int len = n_visible[r];
     if (len <= 0 || len > s.n) throw Error(ErrorCode::internal, "KV attention: visible length out of range");
     const int nb_tok = std::min(len, in_blocks);
+    const int nblk = (nb_tok + kKvBlockTokens - 1) / kKvBlockTokens;
+    for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]), kb);
     for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
-      const uint8_t* part = pool_->data(s.blocks[size_t(i / kKvBlockTokens)]);
+      const int b = i / kKvBlockTokens;
+      if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]), kb);
+      const uint8_t* part = pool_->data(s.blocks[size_t(b)]);
       const int cnt = std::min(kKvBlockTokens, nb_tok - i);
       // f16 and q8 rows serve the whole query group per load; the others go query by query.
       if (kt == KvType::f16) {
@@ -722,12 +738,16 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
       }
     }
     if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
+    const int64_t vb = v_bytes(layer);
+    for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]) + kb, vb);
     for (int j = 0; j < G; ++j) {
       ak.softmax(scratch + j * sp, len, scale);
       std::fill(o + j * hd, o + (j + 1) * hd, 0.f);
     }
     for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
-      const uint8_t* part = pool_->data(s.blocks[size_t(i / kKvBlockTokens)]) + kb;
+      const int b = i / kKvBlockTokens;
+      if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]) + kb, vb);
+      const uint8_t* part = pool_->data(s.blocks[size_t(b)]) + kb;
       const int cnt = std::min(kKvBlockTokens, nb_tok - i);
       if (vt == KvType::f16) {
         ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, cnt, scratch + i, sp, G, hd, o);

@@ -169,6 +169,7 @@ class KvCache {
     std::vector<KvStream> streams;  // [layer * n_head_kv + head]
   };
   int64_t k_bytes(int layer) const { return k_bytes_[size_t(layer)]; }
+  int64_t v_bytes(int layer) const { return v_bytes_[size_t(layer)]; }
   void write_token(int layer, uint8_t* block, int slot, const float* k, const float* v);
   void flush_stage(int layer, KvStream& s);
   void make_private(KvStream& s, size_t block_index);
