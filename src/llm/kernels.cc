@@ -30,7 +30,7 @@ int64_t f16_copy_offset(int64_t n) { return (n * 2 + 63) / 64 * 64; }
 int64_t q8_0_aux_offset(int64_t n) { return (n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192 + 7) / 8 * 8; }
 
 bool repackable_x16(GgmlType type) {
-  return type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_k;
+  return type == GgmlType::f16 || type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_k;
 }
 
 namespace {
@@ -53,11 +53,21 @@ void repack_q4_k_x16(uint8_t* rows16, int64_t n) {
   }
 }
 
+// F16: column c holds the 16 rows' values (value of row r at 16c + r).
+void repack_f16_x16(uint8_t* rows16, int64_t n) {
+  std::vector<uint16_t> src(size_t(16 * n));
+  std::memcpy(src.data(), rows16, src.size() * 2);
+  auto* o = reinterpret_cast<uint16_t*>(rows16);
+  for (int64_t c = 0; c < n; ++c)
+    for (int r = 0; r < 16; ++r) o[16 * c + r] = src[size_t(r * n + c)];
+}
+
 }  // namespace
 
 void repack_x16(GgmlType type, uint8_t* rows16, int64_t n) {
   if (!repackable_x16(type)) throw Error(ErrorCode::unsupported, "no 16-row layout for " + ggml_type_name(uint32_t(type)));
   if (type == GgmlType::q4_k) return repack_q4_k_x16(rows16, n);
+  if (type == GgmlType::f16) return repack_f16_x16(rows16, n);
   const bool q8 = type == GgmlType::q8_0;
   const int64_t nb = n / 32, block = q8 ? int64_t(sizeof(BlockQ8_0)) : int64_t(sizeof(BlockQ4_0));
   const int64_t row_bytes = nb * block, codes = block - 2;
@@ -222,6 +232,21 @@ void tile_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int6
         acc = std::fma(float(s), f16_to_f32(d) * aux[b].d, acc);
       }
       y[t * ldy + r] = acc;
+    }
+  }
+}
+
+// Repacked F16 against f16 activations: per (row, token) four running sums, column c
+// going to sum c mod 4 with one fused multiply-add, then (s0 + s1) + (s2 + s3).
+void tile_f16_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                         int64_t ldy) {
+  const auto* wh = reinterpret_cast<const uint16_t*>(w);
+  for (int t = 0; t < nt; ++t) {
+    const auto* xh = reinterpret_cast<const uint16_t*>(x + t * xs);
+    for (int r = 0; r < nr; ++r) {
+      float a[4] = {0, 0, 0, 0};
+      for (int64_t c = 0; c < n; ++c) a[c % 4] = std::fma(f16_to_f32(wh[16 * c + r]), f16_to_f32(xh[c]), a[c % 4]);
+      y[t * ldy + r] = (a[0] + a[1]) + (a[2] + a[3]);
     }
   }
 }
@@ -980,6 +1005,53 @@ void widen_f16_avx512(const uint16_t* h, float* f, int64_t n) {
   for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
 }
 
+// Repacked F16 (repack_x16): lane r is row r, so each column is one conversion and one
+// FMA per token with the token's value broadcast (from its f32 copy, see widen_f16), and
+// no horizontal sums; four accumulators per token (column c to c mod 4) hide the FMA
+// latency. Same operations per (row, token) as the scalar tile whatever NT is.
+template <int NT>
+void tile_f16_x16_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+  const auto* wh = reinterpret_cast<const uint16_t*>(w);
+  const float* xf[NT];
+  for (int t = 0; t < NT; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
+  __m512 a[NT][4];
+  for (int t = 0; t < NT; ++t)
+    for (int q = 0; q < 4; ++q) a[t][q] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4) {
+    _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + 32)), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + 34)), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      const __m512 wv = load_f16x16(wh + 16 * (c + q));
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c + q]), a[t][q]);
+    }
+  }
+  for (; c < n; ++c) {
+    const __m512 wv = load_f16x16(wh + 16 * c);
+    for (int t = 0; t < NT; ++t) a[t][c % 4] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c]), a[t][c % 4]);
+  }
+  const __mmask16 m = __mmask16((1u << nr) - 1);
+  for (int t = 0; t < NT; ++t)
+    _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+}
+
+void tile_f16_x16_avx512(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                         int64_t ldy) {
+  switch (nt) {
+    case 1: return tile_f16_x16_t<1>(n, w, nr, x, xs, y, ldy);
+    case 2: return tile_f16_x16_t<2>(n, w, nr, x, xs, y, ldy);
+    case 3: return tile_f16_x16_t<3>(n, w, nr, x, xs, y, ldy);
+    case 4: return tile_f16_x16_t<4>(n, w, nr, x, xs, y, ldy);
+    case 5: return tile_f16_x16_t<5>(n, w, nr, x, xs, y, ldy);
+    case 6: return tile_f16_x16_t<6>(n, w, nr, x, xs, y, ldy);
+    case 7: return tile_f16_x16_t<7>(n, w, nr, x, xs, y, ldy);
+    case 8: return tile_f16_x16_t<8>(n, w, nr, x, xs, y, ldy);
+    default: return;
+  }
+}
+
 float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
   float y;
   tile_q_vnni_t<1, 1, false, false>(n / 32, static_cast<const uint8_t*>(vw), 0, static_cast<const uint8_t*>(vx), 0,
@@ -1033,7 +1105,7 @@ KernelSet make_scalar() {
   return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
           dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
           f32_to_f16_row_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, tile_x16_scalar<true>,
-          tile_x16_scalar<false>, tile_q4_k_x16_scalar};
+          tile_x16_scalar<false>, tile_q4_k_x16_scalar, tile_f16_x16_scalar};
 }
 
 bool cpu_has_avx2() {
@@ -1066,6 +1138,7 @@ KernelSet make_vnni() {
   k.tile_q8_0x16 = tile_x16_vnni<true>;
   k.tile_q4_0x16 = tile_x16_vnni<false>;
   k.tile_q4_kx16 = tile_q4_k_x16_vnni;
+  k.tile_f16x16 = tile_f16_x16_avx512;
   return k;
 }
 
@@ -1126,6 +1199,7 @@ Tile16Fn tile16_fn(const KernelSet& k, GgmlType weight) {
     case GgmlType::q8_0: return k.tile_q8_0x16;
     case GgmlType::q4_0: return k.tile_q4_0x16;
     case GgmlType::q4_k: return k.tile_q4_kx16;
+    case GgmlType::f16: return k.tile_f16x16;
     default: return nullptr;
   }
 }

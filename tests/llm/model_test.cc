@@ -119,11 +119,12 @@ TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
   }
 }
 
-// Resident Q8_0, Q4_0 and Q4_K matrices with rows in multiples of 16 are repacked for the
+// Resident F16, Q8_0, Q4_0 and Q4_K matrices with rows in multiples of 16 are repacked for the
 // 16-row tiles (the 300-row output matrix is not); a mapped model keeps the GGUF layout.
-// Both give the logits of the reference computation, up to summation order.
+// Both give the logits of the reference computation, up to summation order (which F16
+// models amplify: a last-bit difference can round an f16 activation the other way).
 TEST(Forward, RepackedAndMappedLayoutsAgree) {
-  for (const char* name : {"llama_q8_0", "llama_q4_0", "llama_q4_k"}) {
+  for (const char* name : {"llama_f16", "llama_q8_0", "llama_q4_0", "llama_q4_k"}) {
     const std::string path = fixture(std::string(name) + ".gguf");
     auto resident = LlamaModel::load(path), mapped = LlamaModel::load(path, true);
     const bool repacks = tile16_fn(kernels(), resident->layer(0).wq.type) != nullptr;
@@ -145,7 +146,7 @@ TEST(Forward, RepackedAndMappedLayoutsAgree) {
         num = std::max(num, double(std::fabs(a.logits(int(i))[v] - b.logits(int(i))[v])));
         den = std::max(den, double(std::fabs(b.logits(int(i))[v])));
       }
-    EXPECT_LT(num / den, 1e-5) << name;
+    EXPECT_LT(num / den, std::string(name) == "llama_f16" ? 2e-3 : 1e-5) << name;
   }
 }
 

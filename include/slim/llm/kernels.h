@@ -36,15 +36,16 @@ struct Q8Aux {
 // Where the Q8Aux array of a q8_0 activation row of n values starts.
 int64_t q8_0_aux_offset(int64_t n);
 
-// Q8_0, Q4_0 and Q4_K weights repacked 16 rows at a time, for tiles that keep one row per
-// int32 lane (KernelSet::tile_q8_0x16 / tile_q4_0x16 / tile_q4_kx16). Per column of blocks b: the 16 rows' f16
+// F16, Q8_0, Q4_0 and Q4_K weights repacked 16 rows at a time, for tiles that keep one row
+// per 32-bit lane (KernelSet::tile_f16x16 / tile_q8_0x16 / tile_q4_0x16 / tile_q4_kx16).
+// F16: column c is the 16 rows' values (row r at 16c + r). Per column of blocks b: the 16 rows' f16
 // scales (32 bytes), then their codes as 64-byte vectors, vector k holding bytes
 // 4k..4k+3 of every row's codes (row r at bytes 4r..4r+3): eight vectors of Q8_0 codes
 // offset by 128 (unsigned), four of Q4_0 code bytes (two 4-bit codes each). A column is
 // exactly the size of the 16 GGUF blocks it replaces, so a matrix is repacked in place,
 // 16 rows of n values at a time. Q4_K columns hold 16 super-blocks: the rows' d, dmin,
 // their 12 scale bytes byte-major, then 32 code vectors (2,304 bytes). Q4_K tiles read
-// Q8_K activations; the others read Q8_0.
+// Q8_K activations, F16 tiles f16 ones (their f32 copy); the others read Q8_0.
 bool repackable_x16(GgmlType type);
 void repack_x16(GgmlType type, uint8_t* rows16, int64_t n);
 
@@ -78,10 +79,11 @@ struct KernelSet {
   // y[t * ldy + r] for r < nr <= 16 and t < nt <= 8: a group of 16 repacked rows
   // (repack_x16) against activation rows of the type's ActType. Every (row, token) pair
   // adds float(block dot) x (weight scale x activation scale) block by block with one
-  // fused multiply-add (Q4_K: a second one subtracts the mins term), so results do not
-  // depend on nt and the scalar set's version is the exact reference for the others. Null where the set has none (the weights then stay in
-  // the GGUF layout).
-  Tile16Fn tile_q8_0x16 = nullptr, tile_q4_0x16 = nullptr, tile_q4_kx16 = nullptr;
+  // fused multiply-add (Q4_K: a second one subtracts the mins term; F16: one FMA per
+  // column into running sum c mod 4, then (s0 + s1) + (s2 + s3)), so results do not
+  // depend on nt and the scalar set's version is the exact reference for the others.
+  // Null where the set has none (the weights then stay in the GGUF layout).
+  Tile16Fn tile_q8_0x16 = nullptr, tile_q4_0x16 = nullptr, tile_q4_kx16 = nullptr, tile_f16x16 = nullptr;
 };
 
 const KernelSet& kernels();              // best for this CPU
