@@ -64,6 +64,43 @@ void accumulate_q8_scalar(const int8_t* x, const float* d, int n, const float* p
     }
 }
 
+// k_ic = m_c + d_c * code_ic, so q.k_i = sum_c q_c m_c + sum_c (q_c d_c) code_ic: one
+// multiply per element, as for q8.
+void scores_q4_scalar(const uint8_t* x, const uint16_t* dm, int n, const float* q, int g, int hd, float* out,
+                      int64_t ldo) {
+  for (int j = 0; j < g; ++j) {
+    const float* qj = q + j * hd;
+    float base = 0;
+    for (int c = 0; c < hd; ++c) base += qj[c] * f16_to_f32(dm[hd + c]);
+    for (int i = 0; i < n; ++i) {
+      const uint8_t* r = x + int64_t(i) * hd / 2;
+      float s = 0;
+      for (int c = 0; c < hd; c += 2)
+        s += qj[c] * f16_to_f32(dm[c]) * float(r[c / 2] & 15) + qj[c + 1] * f16_to_f32(dm[c + 1]) * float(r[c / 2] >> 4);
+      out[j * ldo + i] = base + s;
+    }
+  }
+}
+
+// v_ic = m_i + d_i * code_ic: out_c += sum_i p_i d_i code_ic, plus sum_i p_i m_i for every c.
+void accumulate_q4_scalar(const uint8_t* x, const uint16_t* dm, int n, const float* p, int64_t ldp, int g, int hd,
+                          float* out) {
+  for (int j = 0; j < g; ++j) {
+    float* o = out + j * hd;
+    float base = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint8_t* r = x + int64_t(i) * hd / 2;
+      const float a = p[j * ldp + i] * f16_to_f32(dm[i]);
+      base += p[j * ldp + i] * f16_to_f32(dm[kKvBlockTokens + i]);
+      for (int c = 0; c < hd; c += 2) {
+        o[c] += a * float(r[c / 2] & 15);
+        o[c + 1] += a * float(r[c / 2] >> 4);
+      }
+    }
+    for (int c = 0; c < hd; ++c) o[c] += base;
+  }
+}
+
 }  // namespace
 
 #pragma GCC push_options
@@ -205,7 +242,7 @@ void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, 
 // AVX-512: f16 rows of a multiple of 16 values, 16 per step; other widths go to the AVX2
 // kernels. As there, a query's sums do not depend on how many queries share the call.
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")
 
 namespace {
 
@@ -338,27 +375,161 @@ void softmax_avx512(float* x, int n, float scale) {
   }
 }
 
+// 4-bit rows of a multiple of 32 values: 16 code bytes widen to 16 int32 lanes, whose low
+// nibbles are channels 0, 2, .., 30 of the chunk and high nibbles channels 1, 3, .., 31.
+inline void q4_codes16(const uint8_t* p, __m512* even, __m512* odd) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  *even = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+  *odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+}
+
+constexpr int kQ4MaxHd = 256;
+
+// Keys quantized per channel: the queries' q_c d_c are split into even and odd channels
+// once, then each row costs one widening per 32 channels and one FMA per 16 channels and
+// query; rows go 4 at a time into the same folded sums as the f16 scores.
+template <int G>
+void scores_q4_g512(const uint8_t* x, const uint16_t* dm, int n, const float* q, int hd, float* out, int64_t ldo) {
+  alignas(64) float qe[G][kQ4MaxHd / 2], qo[G][kQ4MaxHd / 2];
+  float base[G];
+  const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  for (int j = 0; j < G; ++j) {
+    __m512 b = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c += 32) {
+      const __m512 q0 = _mm512_loadu_ps(q + j * hd + c), q1 = _mm512_loadu_ps(q + j * hd + c + 16);
+      const __m512 a0 = _mm512_mul_ps(q0, load_half16(dm + c)), a1 = _mm512_mul_ps(q1, load_half16(dm + c + 16));
+      _mm512_store_ps(qe[j] + c / 2, _mm512_permutex2var_ps(a0, ev, a1));
+      _mm512_store_ps(qo[j] + c / 2, _mm512_permutex2var_ps(a0, od, a1));
+      b = _mm512_fmadd_ps(q1, load_half16(dm + hd + c + 16), _mm512_fmadd_ps(q0, load_half16(dm + hd + c), b));
+    }
+    base[j] = _mm512_reduce_add_ps(b);
+  }
+  auto fold = [](__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))); };
+  const int rb = hd / 2;  // bytes per row
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m512 acc[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int r = 0; r < 4; ++r) acc[j][r] = _mm512_setzero_ps();
+    for (int b = 0; b < rb; b += 16)
+      for (int r = 0; r < 4; ++r) {
+        __m512 e, o;
+        q4_codes16(x + int64_t(i + r) * rb + b, &e, &o);
+        for (int j = 0; j < G; ++j)
+          acc[j][r] = _mm512_fmadd_ps(_mm512_load_ps(qo[j] + b), o, _mm512_fmadd_ps(_mm512_load_ps(qe[j] + b), e, acc[j][r]));
+      }
+    for (int j = 0; j < G; ++j)
+      _mm_storeu_ps(out + j * ldo + i, _mm_add_ps(_mm_set1_ps(base[j]), hsum4(fold(acc[j][0]), fold(acc[j][1]), fold(acc[j][2]), fold(acc[j][3]))));
+  }
+  for (; i < n; ++i) {
+    __m512 acc[G];
+    for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < rb; b += 16) {
+      __m512 e, o;
+      q4_codes16(x + int64_t(i) * rb + b, &e, &o);
+      for (int j = 0; j < G; ++j)
+        acc[j] = _mm512_fmadd_ps(_mm512_load_ps(qo[j] + b), o, _mm512_fmadd_ps(_mm512_load_ps(qe[j] + b), e, acc[j]));
+    }
+    for (int j = 0; j < G; ++j) out[j * ldo + i] = base[j] + hsum(fold(acc[j]));
+  }
+}
+
+void scores_q4_avx512(const uint8_t* x, const uint16_t* dm, int n, const float* q, int g, int hd, float* out,
+                      int64_t ldo) {
+  if (hd % 32 != 0 || hd > kQ4MaxHd) return scores_q4_scalar(x, dm, n, q, g, hd, out, ldo);
+  for (int j = 0; j < g; j += 3) {
+    switch (g - j < 3 ? g - j : 3) {
+      case 1: scores_q4_g512<1>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); break;
+      case 2: scores_q4_g512<2>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); break;
+      default: scores_q4_g512<3>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); break;
+    }
+  }
+}
+
+// Values quantized per token: out_j gathers p_j(i) d_i x codes in even- and odd-channel
+// registers (up to 128 channels per pass), interleaved back into channel order at the end,
+// plus sum_i p_j(i) m_i in every channel.
+template <int G>
+void accumulate_q4_g512(const uint8_t* x, const uint16_t* dm, int n, const float* p, int64_t ldp, int hd, float* out) {
+  const int rb = hd / 2;
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  // Per row and query p d (for the codes) and p m (summed), n <= kKvBlockTokens rows.
+  const __mmask16 rows = __mmask16((1u << n) - 1);
+  const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(rows, dm));
+  const __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(rows, dm + kKvBlockTokens));
+  alignas(64) float pd[G][kKvBlockTokens];
+  float base[G];
+  for (int j = 0; j < G; ++j) {
+    const __m512 pj = _mm512_maskz_loadu_ps(rows, p + j * ldp);
+    _mm512_store_ps(pd[j], _mm512_mul_ps(pj, d));
+    base[j] = _mm512_reduce_add_ps(_mm512_mul_ps(pj, m));
+  }
+  for (int b0 = 0; b0 < rb; b0 += 64) {  // 64 code bytes = 128 channels per pass
+    const int chunks = (rb - b0 < 64 ? rb - b0 : 64) / 16;
+    __m512 e[G][4], o[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int k = 0; k < chunks; ++k) e[j][k] = o[j][k] = _mm512_setzero_ps();
+    for (int i = 0; i < n; ++i) {
+      __m512 a[G];
+      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(pd[j][i]);
+      for (int k = 0; k < chunks; ++k) {
+        __m512 ce, co;
+        q4_codes16(x + int64_t(i) * rb + b0 + 16 * k, &ce, &co);
+        for (int j = 0; j < G; ++j) {
+          e[j][k] = _mm512_fmadd_ps(a[j], ce, e[j][k]);
+          o[j][k] = _mm512_fmadd_ps(a[j], co, o[j][k]);
+        }
+      }
+    }
+    for (int j = 0; j < G; ++j) {
+      const __m512 bj = _mm512_set1_ps(base[j]);
+      for (int k = 0; k < chunks; ++k) {
+        float* oc = out + j * hd + 2 * (b0 + 16 * k);
+        _mm512_storeu_ps(oc, _mm512_add_ps(_mm512_loadu_ps(oc), _mm512_add_ps(_mm512_permutex2var_ps(e[j][k], lo, o[j][k]), bj)));
+        _mm512_storeu_ps(oc + 16, _mm512_add_ps(_mm512_loadu_ps(oc + 16), _mm512_add_ps(_mm512_permutex2var_ps(e[j][k], hi, o[j][k]), bj)));
+      }
+    }
+  }
+}
+
+void accumulate_q4_avx512(const uint8_t* x, const uint16_t* dm, int n, const float* p, int64_t ldp, int g, int hd,
+                          float* out) {
+  if (hd % 32 != 0 || n > kKvBlockTokens) return accumulate_q4_scalar(x, dm, n, p, ldp, g, hd, out);
+  for (int j = 0; j < g; j += 3) {
+    switch (g - j < 3 ? g - j : 3) {
+      case 1: accumulate_q4_g512<1>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); break;
+      case 2: accumulate_q4_g512<2>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); break;
+      default: accumulate_q4_g512<3>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); break;
+    }
+  }
+}
+
 }  // namespace
 
 #pragma GCC pop_options
 
 const KvAttentionKernels& kv_attention_kernels_scalar() {
-  static const KvAttentionKernels k{"scalar", scores_f16_scalar, accumulate_f16_scalar, scores_q8_scalar,
-                                    accumulate_q8_scalar, softmax_scalar};
+  static const KvAttentionKernels k{"scalar",          scores_f16_scalar, accumulate_f16_scalar, scores_q8_scalar,
+                                    accumulate_q8_scalar, scores_q4_scalar,  accumulate_q4_scalar,  softmax_scalar};
   return k;
 }
 
 const KvAttentionKernels& kv_attention_kernels() {
   static const KvAttentionKernels* best = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      static const KvAttentionKernels k{"avx512", scores_f16_avx512, accumulate_f16_avx512, scores_q8_avx2,
-                                        accumulate_q8_avx2, softmax_avx512};
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      static const KvAttentionKernels k{"avx512",          scores_f16_avx512,    accumulate_f16_avx512,
+                                        scores_q8_avx2,    accumulate_q8_avx2,   scores_q4_avx512,
+                                        accumulate_q4_avx512, softmax_avx512};
       return &k;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      static const KvAttentionKernels k{"avx2", scores_f16_avx2, accumulate_f16_avx2, scores_q8_avx2, accumulate_q8_avx2,
-                                        softmax_scalar};
+      static const KvAttentionKernels k{"avx2",           scores_f16_avx2,      accumulate_f16_avx2,
+                                        scores_q8_avx2,   accumulate_q8_avx2,   scores_q4_scalar,
+                                        accumulate_q4_scalar, softmax_scalar};
       return &k;
     }
     return &kv_attention_kernels_scalar();

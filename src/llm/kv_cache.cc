@@ -214,75 +214,52 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
   }
 }
 
-// Scores of n keys of one block part against a query.
-//   f16 rows use the same kernels as the contiguous cache, so a paged cache that keeps
-//   everything reproduces it bit for bit; tmp: head_dim floats.
+// Scores of n keys of one block part against g queries (hd apart), query j's at
+// out + j * ldo. f16 rows use the same kernels as the contiguous cache, so a paged cache
+// that keeps everything reproduces it bit for bit.
 void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* q,
-                float* tmp, int hd, float* out) {
+                int g, int hd, float* out, int64_t ldo) {
   switch (t) {
     case KvType::f32:
-      for (int i = 0; i < n; ++i) out[i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q);
+      for (int j = 0; j < g; ++j)
+        for (int i = 0; i < n; ++i) out[j * ldo + i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q + j * hd);
       return;
     case KvType::f16:
-      ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, 1, hd, out, 0);
+      ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, g, hd, out, ldo);
       return;
     case KvType::q8:
       ak.scores_q8(reinterpret_cast<const int8_t*>(part), reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd),
-                   n, q, 1, hd, out, 0);
+                   n, q, g, hd, out, ldo);
       return;
-    case KvType::q4: {
-      // k = min_c + d_c * code, so q.k = sum q_c min_c + sum (q_c d_c) code: one multiply
-      // per element, as for q8.
-      const uint16_t* sm = reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
-      float base = 0;
-      for (int c = 0; c < hd; ++c) {
-        tmp[c] = q[c] * f16_to_f32(sm[c]);
-        base += q[c] * f16_to_f32(sm[hd + c]);
-      }
-      for (int i = 0; i < n; ++i) {
-        const uint8_t* x = part + int64_t(i) * hd / 2;
-        float s = 0;
-        for (int c = 0; c < hd; c += 2) s += tmp[c] * float(x[c / 2] & 15) + tmp[c + 1] * float(x[c / 2] >> 4);
-        out[i] = base + s;
-      }
+    case KvType::q4:
+      ak.scores_q4(part, reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2), n, q, g, hd, out, ldo);
       return;
-    }
   }
 }
 
-// out += sum_i p[i] * v_i over n values of one block part.
-void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* p, int hd,
-                       float* out) {
+// out_j += sum_i p[j * ldp + i] * v_i over n values of one block part; out_j = out + j * hd.
+void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* p, int64_t ldp,
+                       int g, int hd, float* out) {
   switch (t) {
     case KvType::f32:
-      for (int i = 0; i < n; ++i) {
-        const float* v = reinterpret_cast<const float*>(part) + int64_t(i) * hd;
-        const float a = p[i];
-        for (int c = 0; c < hd; ++c) out[c] += a * v[c];
-      }
+      for (int j = 0; j < g; ++j)
+        for (int i = 0; i < n; ++i) {
+          const float* v = reinterpret_cast<const float*>(part) + int64_t(i) * hd;
+          const float a = p[j * ldp + i];
+          for (int c = 0; c < hd; ++c) out[j * hd + c] += a * v[c];
+        }
       return;
     case KvType::f16:
-      ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, n, p, 0, 1, hd, out);
+      ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, n, p, ldp, g, hd, out);
       return;
     case KvType::q8:
       ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
-                       reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), n, p, 0, 1, hd, out);
+                       reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), n, p, ldp, g, hd, out);
       return;
-    case KvType::q4: {
-      const uint16_t* sm = reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
-      float base = 0;
-      for (int i = 0; i < n; ++i) {
-        const uint8_t* x = part + int64_t(i) * hd / 2;
-        const float a = p[i] * f16_to_f32(sm[i]);
-        base += p[i] * f16_to_f32(sm[kKvBlockTokens + i]);
-        for (int c = 0; c < hd; c += 2) {
-          out[c] += a * float(x[c / 2] & 15);
-          out[c + 1] += a * float(x[c / 2] >> 4);
-        }
-      }
-      for (int c = 0; c < hd; ++c) out[c] += base;
+    case KvType::q4:
+      ak.accumulate_q4(part, reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2), n, p, ldp, g, hd,
+                       out);
       return;
-    }
   }
 }
 
@@ -688,7 +665,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
 }
 
 int64_t KvCache::scratch_floats(int n_group) const {
-  return (int64_t(max_tokens_) + 15) / 16 * 16 * std::max(1, n_group) + layout_.head_dim + 16;
+  return (int64_t(max_tokens_) + 15) / 16 * 16 * std::max(1, n_group);
 }
 
 namespace {
@@ -711,7 +688,6 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
   const KvType kt = layout_.k_type[size_t(layer)], vt = layout_.v_type[size_t(layer)];
   const int64_t kb = k_bytes(layer);
   const int64_t sp = (int64_t(max_tokens_) + 15) / 16 * 16;  // scores of one query
-  float* tmp = scratch + sp * G;
   const KvAttentionKernels& ak = kv_attention_kernels();
   const int in_blocks = s.n - s.n_staged;
   for (int r = 0; r < n_q; ++r) {
@@ -726,16 +702,7 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
       const int b = i / kKvBlockTokens;
       if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]), kb);
       const uint8_t* part = pool_->data(s.blocks[size_t(b)]);
-      const int cnt = std::min(kKvBlockTokens, nb_tok - i);
-      // f16 and q8 rows serve the whole query group per load; the others go query by query.
-      if (kt == KvType::f16) {
-        ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, cnt, qr, G, hd, scratch + i, sp);
-      } else if (kt == KvType::q8) {
-        ak.scores_q8(reinterpret_cast<const int8_t*>(part),
-                     reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), cnt, qr, G, hd, scratch + i, sp);
-      } else {
-        for (int j = 0; j < G; ++j) key_scores(*k_, ak, kt, part, cnt, qr + j * hd, tmp, hd, scratch + j * sp + i);
-      }
+      key_scores(*k_, ak, kt, part, std::min(kKvBlockTokens, nb_tok - i), qr, G, hd, scratch + i, sp);
     }
     if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
     const int64_t vb = v_bytes(layer);
@@ -748,15 +715,7 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
       const int b = i / kKvBlockTokens;
       if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]) + kb, vb);
       const uint8_t* part = pool_->data(s.blocks[size_t(b)]) + kb;
-      const int cnt = std::min(kKvBlockTokens, nb_tok - i);
-      if (vt == KvType::f16) {
-        ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, cnt, scratch + i, sp, G, hd, o);
-      } else if (vt == KvType::q8) {
-        ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
-                         reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), cnt, scratch + i, sp, G, hd, o);
-      } else {
-        for (int j = 0; j < G; ++j) accumulate_values(ak, vt, part, cnt, scratch + j * sp + i, hd, o + j * hd);
-      }
+      accumulate_values(ak, vt, part, std::min(kKvBlockTokens, nb_tok - i), scratch + i, sp, G, hd, o);
     }
     if (len > nb_tok) ak.accumulate_f16(s.stage_v, hd, len - nb_tok, scratch + nb_tok, sp, G, hd, o);
     if (observe && observe[r]) {

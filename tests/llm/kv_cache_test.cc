@@ -300,6 +300,11 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
       for (auto& e : v) e = f32_to_f16(nd(rng));
       for (auto& e : x) e = int8_t(int(rng() % 255) - 127);
       for (auto& e : d) e = std::fabs(nd(rng)) * 0.01f;
+      std::vector<uint8_t> x4(size_t(n) * hd / 2);
+      std::vector<uint16_t> dmk(2 * size_t(hd)), dmv(2 * size_t(kKvBlockTokens));
+      for (auto& e : x4) e = uint8_t(rng() & 0xFF);
+      for (auto* dm : {&dmk, &dmv})
+        for (size_t i = 0; i < dm->size(); ++i) (*dm)[i] = f32_to_f16(i < dm->size() / 2 ? std::fabs(nd(rng)) * 0.1f : nd(rng));
       for (int g : {1, 3, 4, 8}) {
         // g queries, scores n apart (ldo = n + 1), probabilities likewise.
         const int64_t ld = n + 1;
@@ -331,6 +336,20 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
         best.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, oa.data());
         ref.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, ob.data());
         for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-3 * n) << hd;
+        // 4-bit keys (per-channel scale and minimum) and values (per row, at most a block).
+        best.scores_q4(x4.data(), dmk.data(), n, qg.data(), g, hd, a.data(), ld);
+        ref.scores_q4(x4.data(), dmk.data(), n, qg.data(), g, hd, b.data(), ld);
+        for (int j = 0; j < g; ++j) {
+          best.scores_q4(x4.data(), dmk.data(), n, qg.data() + j * hd, 1, hd, one.data(), 0);
+          for (int i = 0; i < n; ++i) {
+            EXPECT_NEAR(a[size_t(j * ld + i)], b[size_t(j * ld + i)], 1e-4 * std::sqrt(double(hd))) << "q4 " << hd << " " << n;
+            EXPECT_EQ(a[size_t(j * ld + i)], one[size_t(i)]);
+          }
+        }
+        const int nv = std::min(n, kKvBlockTokens);
+        best.accumulate_q4(x4.data(), dmv.data(), nv, pg.data(), ld, g, hd, oa.data());
+        ref.accumulate_q4(x4.data(), dmv.data(), nv, pg.data(), ld, g, hd, ob.data());
+        for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-3 * n) << "q4 " << hd;
       }
     }
 }

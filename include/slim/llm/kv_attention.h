@@ -1,6 +1,6 @@
 // Attention kernels over runs of KV rows (a block of the paged cache, or the contiguous
 // cache): scores of many keys against one query and the probability-weighted sum of many
-// values, for f16 and q8 rows. AVX-512 (f16 rows of a multiple of 16 values) and AVX2
+// values, for f16, q8 and 4-bit rows. AVX-512 (f16 rows of a multiple of 16 values) and AVX2
 // versions are picked at startup when the CPU has them;
 // the scalar versions are the reference the tests hold them to.
 #pragma once
@@ -8,6 +8,10 @@
 #include <cstdint>
 
 namespace slim::llm {
+
+// Tokens per block of the paged KV cache (a block of 4-bit values stores this many per-row
+// scales, then as many minimums).
+constexpr int kKvBlockTokens = 16;
 
 // Every kernel takes g queries at once (the query heads that share a KV head under
 // grouped-query attention), so each key and value row is loaded and converted once for
@@ -24,6 +28,14 @@ struct KvAttentionKernels {
   void (*scores_q8)(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo);
   // out_j += sum_i p[j * ldp + i] * d[i] * x_i.
   void (*accumulate_q8)(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out);
+  // 4-bit keys of a block (KIVI: per channel): codes at x + i * hd / 2, two per byte
+  // (channel 2k in the low nibble of byte k), dm = hd f16 scales then hd f16 minimums;
+  // out[j * ldo + i] = dot(q_j, m + d * codes_i).
+  void (*scores_q4)(const uint8_t* x, const uint16_t* dm, int n, const float* q, int g, int hd, float* out, int64_t ldo);
+  // 4-bit values of a block (per token): codes as for keys, dm = kKvBlockTokens f16 scales
+  // then kKvBlockTokens f16 minimums, one per row; out_j += sum_i p[j * ldp + i] * (m_i + d_i * codes_i).
+  void (*accumulate_q4)(const uint8_t* x, const uint16_t* dm, int n, const float* p, int64_t ldp, int g, int hd,
+                        float* out);
   // The attention softmax of n raw scores, in place: x_i = exp(s_i - max_k s_k) / sum, with
   // s_i = scale * x_i. Both KV caches call it, so they agree bit for bit.
   void (*softmax)(float* x, int n, float scale);

@@ -13,10 +13,9 @@
 #include <vector>
 
 #include "slim/llm/kernels.h"
+#include "slim/llm/kv_attention.h"
 
 namespace slim::llm {
-
-constexpr int kKvBlockTokens = 16;
 
 // Storage format of keys or values of one layer.
 //   f32, f16: plain rows.
