@@ -722,6 +722,8 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
       // The stream is only read here; its policy bookkeeping is written by one item at a
       // time (the caller gives each (sequence, KV head) to one thread).
       KvStream& ms = const_cast<KvStream&>(s);
+      if (obs.accumulate && obs.decay != 1.f)
+        for (int i = 0; i < len; ++i) ms.score[size_t(i)] *= obs.decay;
       for (int j = 0; j < G; ++j) {
         const float* sc = scratch + j * sp;
         if (obs.accumulate)

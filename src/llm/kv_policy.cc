@@ -214,6 +214,40 @@ class EntropyPolicy : public SnapPolicy {
   double min_share_;
 };
 
+// Decayed heavy hitters plus sinks and a recent window, with budgets rising with depth.
+class LayeredPolicy : public KvPolicy {
+ public:
+  LayeredPolicy(KvBudget b, double bottom, double recent, int sinks, float decay)
+      : KvPolicy(b), bottom_(bottom), recent_(recent), sinks_(sinks), decay_(decay) {}
+  std::string name() const override { return "layered"; }
+  int observe_window() const override { return -1; }
+  KvObserver observer() const override {
+    KvObserver o{true, false};
+    o.decay = decay_;
+    return o;
+  }
+  void budgets(const KvSelectInput& in, std::vector<int>& out) const override {
+    const KvLayout& L = in.cache->layout();
+    const double b = budget_.for_length(in.n_past);
+    out.resize(size_t(L.n_layer) * L.n_head_kv);
+    for (int l = 0; l < L.n_layer; ++l) {
+      const double f = L.n_layer > 1 ? double(l) / double(L.n_layer - 1) : 0.5;
+      const double share = bottom_ + (2.0 - 2.0 * bottom_) * f;
+      for (int h = 0; h < L.n_head_kv; ++h) out[size_t(l) * L.n_head_kv + h] = std::max(1, int(std::floor(b * share)));
+    }
+  }
+  void select(const KvSelectInput& in, int l, int h, int budget, std::vector<int32_t>& keep) const override {
+    const KvStream& s = in.cache->stream(in.seq, l, h);
+    const int recent = int(std::lround(recent_ * budget_.for_length(in.n_past)));
+    keep_ends_and_top(s.n, budget, sinks_, recent, s.score.data(), keep);
+  }
+
+ private:
+  double bottom_, recent_;
+  int sinks_;
+  float decay_;
+};
+
 }  // namespace
 
 std::unique_ptr<KvPolicy> make_full_policy() { return std::make_unique<FullPolicy>(); }
@@ -245,8 +279,17 @@ std::unique_ptr<KvPolicy> make_entropy_policy(KvBudget budget, double min_share,
   return std::make_unique<EntropyPolicy>(budget, min_share, window, kernel);
 }
 
+std::unique_ptr<KvPolicy> make_layered_policy(KvBudget budget, double bottom_share, double recent_share, int sinks,
+                                              double decay) {
+  check(bottom_share > 0 && bottom_share <= 1, ErrorCode::invalid_argument, "layered: bottom share must be within (0, 1]");
+  check(recent_share >= 0 && recent_share <= 1, ErrorCode::invalid_argument, "layered: recent share must be within 0..1");
+  check(sinks >= 0, ErrorCode::invalid_argument, "layered: sink count must be >= 0");
+  check(decay > 0 && decay <= 1, ErrorCode::invalid_argument, "layered: decay must be within (0, 1]");
+  return std::make_unique<LayeredPolicy>(budget, bottom_share, recent_share, sinks, float(decay));
+}
+
 const std::vector<std::string>& kv_policy_names() {
-  static const std::vector<std::string> names = {"full", "streaming", "h2o", "snapkv", "pyramid", "entropy"};
+  static const std::vector<std::string> names = {"full", "streaming", "h2o", "snapkv", "pyramid", "entropy", "layered"};
   return names;
 }
 
@@ -257,8 +300,9 @@ std::unique_ptr<KvPolicy> make_kv_policy(const std::string& name, KvBudget budge
   if (name == "snapkv") return make_snapkv_policy(budget);
   if (name == "pyramid" || name == "pyramidkv") return make_pyramid_policy(budget);
   if (name == "entropy") return make_entropy_policy(budget);
+  if (name == "layered") return make_layered_policy(budget);
   throw Error(ErrorCode::invalid_argument, "unknown KV policy '" + name +
-                                               "' (full, streaming, h2o, snapkv, pyramid, entropy)");
+                                               "' (full, streaming, h2o, snapkv, pyramid, entropy, layered)");
 }
 
 }  // namespace slim::llm

@@ -106,6 +106,36 @@ TEST(KvPolicy, H2oKeepsHeavyHittersAndRecent) {
   EXPECT_EQ(f.stream().score[1], 5.f);
 }
 
+TEST(KvPolicy, LayeredKeepsSinksRecentAndDecayedHeavyHittersWithDepthBudgets) {
+  Fixture f(40, 3, 1);
+  for (int l = 0; l < 3; ++l) {
+    KvStream& s = f.stream(l);
+    for (int i = 0; i < 40; ++i) s.score[size_t(i)] = 0.01f * float(i % 3);
+    s.score[7] = 5;
+    s.score[19] = 4;
+    s.score[12] = 3;
+    s.score[2] = 9;   // a sink anyway
+    s.score[38] = 9;  // recent anyway
+  }
+  auto p = make_layered_policy(KvBudget::parse("12"), 0.5, 0.5, 4, 0.9);
+  EXPECT_EQ(p->name(), "layered");
+  EXPECT_EQ(p->observe_window(), -1);
+  EXPECT_TRUE(p->observer().accumulate);
+  EXPECT_FLOAT_EQ(p->observer().decay, 0.9f);
+  // Budgets rise with depth: 0.5, 1 and 1.5 times 12 (same mean).
+  KvSelectInput in{f.cache.get(), f.seq, 40};
+  std::vector<int> b;
+  p->budgets(in, b);
+  EXPECT_EQ(b, (std::vector<int>{6, 12, 18}));
+  p->apply(*f.cache, f.seq);
+  // Layer 0: 4 sinks, then what is left of the 6-token recent window (its 2 latest tokens).
+  EXPECT_EQ(f.kept_positions(0), (std::vector<int32_t>{0, 1, 2, 3, 38, 39}));
+  // Layer 1: sinks, the 6 latest, and the two heaviest of 4..33 (7 and 19).
+  EXPECT_EQ(f.kept_positions(1), (std::vector<int32_t>{0, 1, 2, 3, 7, 19, 34, 35, 36, 37, 38, 39}));
+  // Layer 2: room for 8 heavy hitters: 7, 19, 12, then the five latest scoring 0.02.
+  EXPECT_EQ(f.kept_positions(2), (std::vector<int32_t>{0, 1, 2, 3, 7, 12, 19, 20, 23, 26, 29, 32, 34, 35, 36, 37, 38, 39}));
+}
+
 TEST(KvPolicy, SnapKvPoolsNeighboursOfObservedPeaks) {
   Fixture f(64);
   KvStream& s = f.stream();
@@ -203,10 +233,10 @@ TEST(KvPolicyInModel, BudgetsHoldThroughPrefillAndDecode) {
           const KvStream& s = c.stream(0, l, h);
           kept += s.n;
           EXPECT_EQ(s.pos.back(), 79) << name;  // the newest token always stays
-          if (name != "pyramid" && name != "entropy") {
+          if (name != "pyramid" && name != "entropy" && name != "layered") {
             EXPECT_EQ(s.n, 20) << name;
           }
-          if (name == "h2o" || name == "snapkv") {
+          if (name == "h2o" || name == "snapkv" || name == "layered") {
             double sum = 0;
             for (float x : s.score) sum += x;
             EXPECT_GT(sum, 0.0) << name;

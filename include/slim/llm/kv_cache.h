@@ -106,6 +106,7 @@ struct KvCacheStats {
 struct KvObserver {
   bool accumulate = false;  // add each observed row's probabilities to stream.score
   bool entropy = false;     // add each observed row's entropy to stream.entropy_sum
+  float decay = 1.f;        // with accumulate: stream.score is scaled by this before each observed row
 };
 
 class KvCache {
