@@ -301,8 +301,9 @@ std::unique_ptr<KvPolicy> make_kv_policy(const std::string& name, KvBudget budge
   if (name == "pyramid" || name == "pyramidkv") return make_pyramid_policy(budget);
   if (name == "entropy") return make_entropy_policy(budget);
   if (name == "layered") return make_layered_policy(budget);
-  throw Error(ErrorCode::invalid_argument, "unknown KV policy '" + name +
-                                               "' (full, streaming, h2o, snapkv, pyramid, entropy, layered)");
+  std::string known;
+  for (const std::string& n : kv_policy_names()) known += (known.empty() ? "" : ", ") + n;
+  throw Error(ErrorCode::invalid_argument, "unknown KV policy '" + name + "' (" + known + ")");
 }
 
 }  // namespace slim::llm

@@ -293,8 +293,9 @@ void add_kv_eval(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--chunks", a->chunks, "Chunks of the text to score")->check(CLI::PositiveNumber);
   cmd->add_option("--skip", a->skip, "Tokens of the text to skip first")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--policy", a->policy,
-                  "Eviction policy, or a comma list: full, streaming, h2o, snapkv, pyramid, entropy, layered, or all");
+  std::string names;
+  for (const std::string& n : llm::kv_policy_names()) names += n + ", ";
+  cmd->add_option("--policy", a->policy, "Eviction policy, or a comma list: " + names + "or all");
   cmd->add_option("--budget", a->budget, "KV budget per stream: ratio (0.25), percentage (25%) or tokens (512); comma list");
   cmd->add_option("--kv-type", a->kv_type, "K and V format: f16, q8, q4 (KIVI 4-bit), f32; comma list");
   cmd->add_option("--k-type", a->k_type, "Key format (overrides --kv-type)");
