@@ -1,15 +1,29 @@
 #include "slim/core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 namespace slim {
 
 namespace {
 thread_local bool t_in_parallel = false;
-}
 
-ThreadPool::ThreadPool(int num_threads) {
+// Polls `done` (with a pause between polls) for up to `us` microseconds.
+template <typename F>
+void spin_until(F done, int us) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (int i = 1;; ++i) {
+    if (done()) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= end) return;
+  }
+}
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads, int spin_us) : spin_us_(std::max(0, spin_us)) {
   for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
@@ -17,6 +31,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    posted_.fetch_add(1, std::memory_order_release);
   }
   work_cv_.notify_all();
   for (auto& w : workers_) w.join();
@@ -26,6 +41,14 @@ void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
+    if (!stop_ && !(generation_ != seen && next_chunk_ < num_chunks_)) {
+      seen = generation_;  // nothing (left) to take: wait for the next job
+      if (spin_us_ > 0) {
+        lock.unlock();
+        spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; }, spin_us_);
+        lock.lock();
+      }
+    }
     work_cv_.wait(lock, [&] { return stop_ || (generation_ != seen && next_chunk_ < num_chunks_); });
     if (stop_) return;
     seen = generation_;
@@ -44,7 +67,8 @@ void ThreadPool::worker_loop() {
       t_in_parallel = false;
       lock.lock();
       if (err && !error_) error_ = err;
-      if (++chunks_done_ == num_chunks_) done_cv_.notify_all();
+      done_.store(++chunks_done_, std::memory_order_release);
+      if (chunks_done_ == num_chunks_) done_cv_.notify_all();
     }
   }
 }
@@ -68,7 +92,9 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   next_chunk_ = 0;
   chunks_done_ = 0;
   error_ = nullptr;
+  done_.store(0, std::memory_order_relaxed);
   ++generation_;
+  posted_.store(generation_, std::memory_order_release);
   work_cv_.notify_all();
   // The caller takes chunks too.
   while (next_chunk_ < num_chunks_) {
@@ -85,7 +111,13 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     t_in_parallel = false;
     lock.lock();
     if (err && !error_) error_ = err;
-    ++chunks_done_;
+    done_.store(++chunks_done_, std::memory_order_release);
+  }
+  if (spin_us_ > 0 && chunks_done_ != num_chunks_) {
+    const int64_t all = num_chunks_;
+    lock.unlock();
+    spin_until([&] { return done_.load(std::memory_order_acquire) == all; }, spin_us_);
+    lock.lock();
   }
   done_cv_.wait(lock, [&] { return chunks_done_ == num_chunks_; });
   job_ = nullptr;

@@ -225,7 +225,9 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   if (n_ctx_ > (1 << 20)) throw Error(ErrorCode::invalid_argument, "context size " + std::to_string(n_ctx_) + " is too large");
   if (options.n_batch <= 0) throw Error(ErrorCode::invalid_argument, "batch size must be positive");
   int threads = options.n_threads > 0 ? options.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<ThreadPool>(threads);
+  // A forward pass is dozens of short parallel sections (one per matmul and attention):
+  // workers poll for the next for up to a millisecond instead of sleeping between them.
+  pool_ = std::make_unique<ThreadPool>(threads, 1000);
   State& s = *s_;
   s.k = &kernels();
   s.n_threads = pool_->num_threads();

@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "slim/core/half.h"
 #include "slim/core/mapped_file.h"
@@ -138,6 +140,33 @@ TEST(ThreadPool, CoversRangeOnceAndPropagatesErrors) {
     (void)b; (void)e;
   });
   EXPECT_EQ(total.load(), 10 * std::min<int>(8, pool.num_threads()));
+}
+
+// A pool whose idle threads poll for work: thousands of short jobs back to back (each
+// sees every index once, none sees another job's function), errors, jobs after the
+// workers have gone to sleep, and destruction while they poll.
+TEST(ThreadPool, SpinningPoolRunsBackToBackJobsExactly) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads, 500);
+    std::vector<int> hits(64, 0);
+    for (int job = 0; job < 3000; ++job) {
+      const int n = 1 + job % 64;
+      pool.parallel_for(n, [&, job](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)] += job;
+      });
+      if (job % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // workers fall asleep
+    }
+    for (int i = 0; i < 64; ++i) {
+      int64_t want = 0;
+      for (int job = 0; job < 3000; ++job)
+        if (i < 1 + job % 64) want += job;
+      EXPECT_EQ(hits[size_t(i)], want) << i;
+    }
+    EXPECT_THROW(pool.parallel_for(10, [](int64_t, int64_t) { throw Error(ErrorCode::internal, "x"); }), Error);
+    int after = 0;
+    pool.parallel_for(1, [&](int64_t, int64_t) { ++after; });
+    EXPECT_EQ(after, 1);
+  }
 }
 
 // The resident copy reads the same bytes as the mapping, for sizes on and off the 2 MiB

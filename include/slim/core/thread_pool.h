@@ -3,6 +3,7 @@
 // from inside a parallel region never deadlocks or oversubscribes the machine.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -14,8 +15,12 @@ namespace slim {
 
 class ThreadPool {
  public:
-  // num_threads counts the calling thread: a pool of 1 runs everything inline.
-  explicit ThreadPool(int num_threads);
+  // num_threads counts the calling thread: a pool of 1 runs everything inline. With
+  // spin_us > 0 an idle worker polls for the next job that long before it sleeps, and the
+  // caller polls for the last chunk before it sleeps: for callers that issue many short
+  // parallel_for calls back to back (a language model's decode step), where waking
+  // sleeping threads would cost more than the work.
+  explicit ThreadPool(int num_threads, int spin_us = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -37,6 +42,11 @@ class ThreadPool {
   int64_t job_n_ = 0, job_chunk_ = 0, next_chunk_ = 0, num_chunks_ = 0, chunks_done_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;
+  // Copies of generation_ (bumped on stop too) and chunks_done_ that spinning threads
+  // poll without the lock.
+  std::atomic<uint64_t> posted_{0};
+  std::atomic<int64_t> done_{0};
+  int spin_us_ = 0;
   std::exception_ptr error_;
   std::mutex run_mu_;  // one parallel_for at a time per pool
 };
