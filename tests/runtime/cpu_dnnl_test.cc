@@ -469,9 +469,10 @@ TEST(CpuDnnl, StemWritesTheLayoutItsReaderWantsAndMatchesRef) {
 }
 
 // SqueezeNet's fire modules: the convolutions' outputs reach Concat and MaxPool in
-// oneDNN's layout (channels-last, or nChw16c), which they copy or pool in place; where a
-// value is also a graph output, or a Concat input comes from elsewhere, the kernels
-// reorder to plain instead. Every variant matches ref.
+// oneDNN's layout (channels-last, or nChw16c), which they copy or pool in place; the
+// first pool, run in the stem's nChw16c, writes the channels-last its squeeze convolution
+// reads with one reorder; where a value is also a graph output, or a Concat input comes
+// from elsewhere, the kernels reorder to plain instead. Every variant matches ref.
 TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
   for (const int64_t e : {16, 24}) {
     for (const bool expose : {false, true}) {

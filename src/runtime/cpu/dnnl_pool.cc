@@ -90,7 +90,8 @@ std::optional<std::string> pool_setup(const KernelBuildInfo& info, PoolKind kind
 
 // The input may arrive channels-last or in nChw16c from a convolution (a private layout,
 // OpKernel); the pooling then runs in that layout, and its output stays in it when every
-// reader takes it, or is reordered to plain.
+// reader takes it, is reordered once into the layout its readers want (a convolution's
+// channels-last after an nChw16c stem), or is reordered to plain.
 class DnnlPoolKernel final : public OpKernel {
  public:
   bool static_output(int i, DType* dtype, Shape* shape) const override {
@@ -114,8 +115,11 @@ class DnnlPoolKernel final : public OpKernel {
     in_fmt_ = *channel_layout(s_.x, layout);
     rebuild();
   }
+  bool can_write_output_in(int i, uint64_t layout) const override {
+    return i == 0 && channel_layout(s_.y, layout).has_value();
+  }
   void use_private_output(int i, uint64_t layout) override {
-    private_out_ = true;
+    out_fmt_ = *channel_layout(s_.y, layout);
     rebuild();
   }
 
@@ -126,7 +130,7 @@ class DnnlPoolKernel final : public OpKernel {
     dnnl_call(ctx.node(), "pooling", [&] {
       x_mem_.set_data_handle(ctx.required_input(0).raw_data());
       y_mem_.set_data_handle(y.raw_data());
-      if (to_plain_) {
+      if (reorder_out_) {
         prim_.execute(stream_, {{DNNL_ARG_SRC, x_mem_}, {DNNL_ARG_DST, tmp_}});
         reorder_.execute(stream_, tmp_, y_mem_);
       } else {
@@ -145,8 +149,8 @@ class DnnlPoolKernel final : public OpKernel {
       throw Error(ErrorCode::internal, node_ + ": oneDNN pooling setup failed: " + e.what());
     }
   }
-  // Plain in and out, or the input's private layout in and out (reordered to a plain y
-  // when the output is not private).
+  // Runs plain, or in the input's private layout; y is written plain or in the layout
+  // use_private_output chose, through a reorder when that is not the run layout.
   void build() {
     limit_dnnl_threads_at_build();
     const auto& eng = dnnl_engine();
@@ -159,10 +163,11 @@ class DnnlPoolKernel final : public OpKernel {
     dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
     prim_ = dnnl::pooling_v2_forward(pd);
     x_mem_ = memory(x_md, eng, DNNL_MEMORY_NONE);
-    to_plain_ = priv && !private_out_;
-    y_mem_ = memory(to_plain_ ? plain_md(s_.y) : run_md, eng, DNNL_MEMORY_NONE);
+    const memory::desc out_md = out_fmt_ != memory::format_tag::undef ? f32_md(s_.y, out_fmt_) : plain_md(s_.y);
+    reorder_out_ = out_md != run_md;
+    y_mem_ = memory(out_md, eng, DNNL_MEMORY_NONE);
     buffers_.clear();
-    if (to_plain_) {
+    if (reorder_out_) {
       tmp_ = owned_memory(run_md, eng, buffers_);
       reorder_ = dnnl::reorder(tmp_, y_mem_);
     }
@@ -170,8 +175,9 @@ class DnnlPoolKernel final : public OpKernel {
 
   PoolSetup s_;
   std::string node_;
-  memory::format_tag in_fmt_ = memory::format_tag::undef;  // undef: plain input
-  bool private_out_ = false, to_plain_ = false;
+  memory::format_tag in_fmt_ = memory::format_tag::undef;   // undef: plain input
+  memory::format_tag out_fmt_ = memory::format_tag::undef;  // undef: plain output
+  bool reorder_out_ = false;
   dnnl::primitive prim_;
   dnnl::reorder reorder_;
   std::vector<std::shared_ptr<Storage>> buffers_;
