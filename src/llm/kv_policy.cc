@@ -96,6 +96,21 @@ void keep_ends_and_top(int n, int budget, int first, int last, const float* scor
   for (int i = mid_e; i < n; ++i) keep.push_back(i);
 }
 
+// Per-layer budgets on a line: first x the budget at layer 0, (2 - first) x at the last
+// layer (the mean stays the budget), rounded to nearest or down, at least 1.
+void linear_layer_budgets(const KvSelectInput& in, const KvBudget& budget, double first, bool nearest,
+                          std::vector<int>& out) {
+  const KvLayout& L = in.cache->layout();
+  const double b = budget.for_length(in.n_past);
+  out.resize(size_t(L.n_layer) * L.n_head_kv);
+  for (int l = 0; l < L.n_layer; ++l) {
+    const double f = L.n_layer > 1 ? double(l) / double(L.n_layer - 1) : 0.5;
+    const double v = b * (first + (2.0 - 2.0 * first) * f);
+    for (int h = 0; h < L.n_head_kv; ++h)
+      out[size_t(l) * L.n_head_kv + h] = std::max(1, int(nearest ? std::lround(v) : std::floor(v)));
+  }
+}
+
 class FullPolicy : public KvPolicy {
  public:
   FullPolicy() : KvPolicy(KvBudget{}) {}
@@ -168,14 +183,7 @@ class PyramidPolicy : public SnapPolicy {
   PyramidPolicy(KvBudget b, double top, int window, int kernel) : SnapPolicy(b, window, kernel), top_(top) {}
   std::string name() const override { return "pyramid"; }
   void budgets(const KvSelectInput& in, std::vector<int>& out) const override {
-    const KvLayout& L = in.cache->layout();
-    const double b = budget_.for_length(in.n_past);
-    out.resize(size_t(L.n_layer) * L.n_head_kv);
-    for (int l = 0; l < L.n_layer; ++l) {
-      const double f = L.n_layer > 1 ? double(l) / double(L.n_layer - 1) : 0.5;
-      const double share = (2.0 - top_) + (top_ - (2.0 - top_)) * f;
-      for (int h = 0; h < L.n_head_kv; ++h) out[size_t(l) * L.n_head_kv + h] = std::max(1, int(std::lround(b * share)));
-    }
+    linear_layer_budgets(in, budget_, 2.0 - top_, true, out);
   }
 
  private:
@@ -227,14 +235,7 @@ class LayeredPolicy : public KvPolicy {
     return o;
   }
   void budgets(const KvSelectInput& in, std::vector<int>& out) const override {
-    const KvLayout& L = in.cache->layout();
-    const double b = budget_.for_length(in.n_past);
-    out.resize(size_t(L.n_layer) * L.n_head_kv);
-    for (int l = 0; l < L.n_layer; ++l) {
-      const double f = L.n_layer > 1 ? double(l) / double(L.n_layer - 1) : 0.5;
-      const double share = bottom_ + (2.0 - 2.0 * bottom_) * f;
-      for (int h = 0; h < L.n_head_kv; ++h) out[size_t(l) * L.n_head_kv + h] = std::max(1, int(std::floor(b * share)));
-    }
+    linear_layer_budgets(in, budget_, bottom_, false, out);
   }
   void select(const KvSelectInput& in, int l, int h, int budget, std::vector<int32_t>& keep) const override {
     const KvStream& s = in.cache->stream(in.seq, l, h);
