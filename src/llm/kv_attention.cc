@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 #include "slim/core/half.h"
 
@@ -103,6 +105,18 @@ void accumulate_q4_scalar(const uint8_t* x, const uint16_t* dm, int n, const flo
 
 }  // namespace
 
+// Runs f(std::integral_constant<int, G>{}, j) for the queries j .. j + G - 1, in groups
+// of up to M: the kernels are instantiated per group size.
+template <int M, typename F>
+void for_query_groups(int g, F&& f) {
+  for (int j = 0; j < g; j += M) {
+    const int size = std::min(M, g - j);
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((size == I + 1 ? (f(std::integral_constant<int, I + 1>{}, j), 0) : 0), ...);
+    }(std::make_integer_sequence<int, M>{});
+  }
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
@@ -188,15 +202,7 @@ void accumulate_g(const Rows& rows, int n, Weight w, int hd, float* out) {
 
 template <typename Rows>
 void scores_any(const Rows& rows, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
-  for (int j = 0; j < g; j += 3) {
-    const float* qj = q + j * hd;
-    float* oj = out + j * ldo;
-    switch (g - j < 3 ? g - j : 3) {
-      case 1: scores_g<1>(rows, n, qj, hd, oj, ldo); break;
-      case 2: scores_g<2>(rows, n, qj, hd, oj, ldo); break;
-      default: scores_g<3>(rows, n, qj, hd, oj, ldo); break;
-    }
-  }
+  for_query_groups<3>(g, [&](auto G, int j) { scores_g<G.value>(rows, n, q + j * hd, hd, out + j * ldo, ldo); });
 }
 
 void scores_f16_avx2(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
@@ -213,15 +219,9 @@ void scores_q8_avx2(const int8_t* x, const float* d, int n, const float* q, int 
 
 template <typename Rows, typename Weight>
 void accumulate_any(const Rows& rows, int n, Weight w, int g, int hd, float* out) {
-  for (int j = 0; j < g; j += 3) {
-    auto wj = [&](int jj, int i) { return w(j + jj, i); };
-    float* oj = out + j * hd;
-    switch (g - j < 3 ? g - j : 3) {
-      case 1: accumulate_g<1>(rows, n, wj, hd, oj); break;
-      case 2: accumulate_g<2>(rows, n, wj, hd, oj); break;
-      default: accumulate_g<3>(rows, n, wj, hd, oj); break;
-    }
-  }
+  for_query_groups<3>(g, [&](auto G, int j) {
+    accumulate_g<G.value>(rows, n, [&](int jj, int i) { return w(j + jj, i); }, hd, out + j * hd);
+  });
 }
 
 void accumulate_f16_avx2(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
@@ -282,13 +282,7 @@ void scores_g512(const uint16_t* k, int64_t stride, int n, const float* q, int h
 void scores_f16_avx512(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out,
                        int64_t ldo) {
   if (hd % 16 != 0) return scores_f16_avx2(k, stride, n, q, g, hd, out, ldo);
-  for (int j = 0; j < g; j += 3) {
-    switch (g - j < 3 ? g - j : 3) {
-      case 1: scores_g512<1>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); break;
-      case 2: scores_g512<2>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); break;
-      default: scores_g512<3>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); break;
-    }
-  }
+  for_query_groups<3>(g, [&](auto G, int j) { scores_g512<G.value>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); });
 }
 
 // out_j += sum_i p_j(i) * row_i, 64 columns of G outputs held in registers across rows.
@@ -315,14 +309,7 @@ void accumulate_g512(const uint16_t* v, int64_t stride, int n, const float* p, i
 void accumulate_f16_avx512(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
                            float* out) {
   if (hd % 16 != 0) return accumulate_f16_avx2(v, stride, n, p, ldp, g, hd, out);
-  for (int j = 0; j < g; j += 4) {
-    switch (g - j < 4 ? g - j : 4) {
-      case 1: accumulate_g512<1>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
-      case 2: accumulate_g512<2>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
-      case 3: accumulate_g512<3>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
-      default: accumulate_g512<4>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); break;
-    }
-  }
+  for_query_groups<4>(g, [&](auto G, int j) { accumulate_g512<G.value>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); });
 }
 
 // exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r with |r| <= ln2 / 2,
@@ -438,13 +425,7 @@ void scores_q4_g512(const uint8_t* x, const uint16_t* dm, int n, const float* q,
 void scores_q4_avx512(const uint8_t* x, const uint16_t* dm, int n, const float* q, int g, int hd, float* out,
                       int64_t ldo) {
   if (hd % 32 != 0 || hd > kQ4MaxHd) return scores_q4_scalar(x, dm, n, q, g, hd, out, ldo);
-  for (int j = 0; j < g; j += 3) {
-    switch (g - j < 3 ? g - j : 3) {
-      case 1: scores_q4_g512<1>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); break;
-      case 2: scores_q4_g512<2>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); break;
-      default: scores_q4_g512<3>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); break;
-    }
-  }
+  for_query_groups<3>(g, [&](auto G, int j) { scores_q4_g512<G.value>(x, dm, n, q + j * hd, hd, out + j * ldo, ldo); });
 }
 
 // Values quantized per token: out_j gathers p_j(i) d_i x codes in even- and odd-channel
@@ -497,13 +478,7 @@ void accumulate_q4_g512(const uint8_t* x, const uint16_t* dm, int n, const float
 void accumulate_q4_avx512(const uint8_t* x, const uint16_t* dm, int n, const float* p, int64_t ldp, int g, int hd,
                           float* out) {
   if (hd % 32 != 0 || n > kKvBlockTokens) return accumulate_q4_scalar(x, dm, n, p, ldp, g, hd, out);
-  for (int j = 0; j < g; j += 3) {
-    switch (g - j < 3 ? g - j : 3) {
-      case 1: accumulate_q4_g512<1>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); break;
-      case 2: accumulate_q4_g512<2>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); break;
-      default: accumulate_q4_g512<3>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); break;
-    }
-  }
+  for_query_groups<3>(g, [&](auto G, int j) { accumulate_q4_g512<G.value>(x, dm, n, p + j * ldp, ldp, hd, out + j * hd); });
 }
 
 }  // namespace
