@@ -239,7 +239,7 @@ void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, 
 
 #pragma GCC pop_options
 
-// AVX-512: f16 rows of a multiple of 16 values, 16 per step; other widths go to the AVX2
+// AVX-512: f16 and q8 rows of a multiple of 16 values, 16 per step; other widths go to the AVX2
 // kernels. As there, a query's sums do not depend on how many queries share the call.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")
@@ -250,10 +250,27 @@ inline __m512 load_half16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Raw dot products of G queries with n f16 rows, 4 rows at a time: each (row, query)
+// 16 values of row i from column c, as f32: f16 rows (stride in elements) and q8 rows
+// (hd int8 codes each; the caller applies the row scales).
+struct Half16Rows {
+  const uint16_t* base;
+  int64_t stride;
+  __m512 load(int i, int c) const { return load_half16(base + i * stride + c); }
+};
+
+struct Q8x16Rows {
+  const int8_t* base;
+  int hd;
+  __m512 load(int i, int c) const {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + int64_t(i) * hd + c))));
+  }
+};
+
+// Raw dot products of G queries with n rows, 4 rows at a time: each (row, query)
 // accumulates 16 lanes, folded to 8 and summed four rows at once.
-template <int G>
-void scores_g512(const uint16_t* k, int64_t stride, int n, const float* q, int hd, float* out, int64_t ldo) {
+template <int G, typename Rows>
+void scores_g512(const Rows& rows, int n, const float* q, int hd, float* out, int64_t ldo) {
   auto fold = [](__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))); };
   int i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -262,7 +279,7 @@ void scores_g512(const uint16_t* k, int64_t stride, int n, const float* q, int h
       for (int r = 0; r < 4; ++r) acc[j][r] = _mm512_setzero_ps();
     for (int c = 0; c < hd; c += 16)
       for (int r = 0; r < 4; ++r) {
-        const __m512 kv = load_half16(k + (i + r) * stride + c);
+        const __m512 kv = rows.load(i + r, c);
         for (int j = 0; j < G; ++j) acc[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), kv, acc[j][r]);
       }
     for (int j = 0; j < G; ++j)
@@ -272,7 +289,7 @@ void scores_g512(const uint16_t* k, int64_t stride, int n, const float* q, int h
     __m512 acc[G];
     for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
     for (int c = 0; c < hd; c += 16) {
-      const __m512 kv = load_half16(k + i * stride + c);
+      const __m512 kv = rows.load(i, c);
       for (int j = 0; j < G; ++j) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), kv, acc[j]);
     }
     for (int j = 0; j < G; ++j) out[j * ldo + i] = hsum(fold(acc[j]));
@@ -282,12 +299,23 @@ void scores_g512(const uint16_t* k, int64_t stride, int n, const float* q, int h
 void scores_f16_avx512(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out,
                        int64_t ldo) {
   if (hd % 16 != 0) return scores_f16_avx2(k, stride, n, q, g, hd, out, ldo);
-  for_query_groups<3>(g, [&](auto G, int j) { scores_g512<G.value>(k, stride, n, q + j * hd, hd, out + j * ldo, ldo); });
+  for_query_groups<3>(g, [&](auto G, int j) {
+    scores_g512<G.value>(Half16Rows{k, stride}, n, q + j * hd, hd, out + j * ldo, ldo);
+  });
 }
 
-// out_j += sum_i p_j(i) * row_i, 64 columns of G outputs held in registers across rows.
-template <int G>
-void accumulate_g512(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int hd, float* out) {
+void scores_q8_avx512(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  if (hd % 16 != 0) return scores_q8_avx2(x, d, n, q, g, hd, out, ldo);
+  for_query_groups<3>(g, [&](auto G, int j) {
+    scores_g512<G.value>(Q8x16Rows{x, hd}, n, q + j * hd, hd, out + j * ldo, ldo);
+  });
+  for (int j = 0; j < g; ++j)
+    for (int i = 0; i < n; ++i) out[j * ldo + i] *= d[i];
+}
+
+// out_j += sum_i w(j, i) * row_i, 64 columns of G outputs held in registers across rows.
+template <int G, typename Rows, typename Weight>
+void accumulate_g512(const Rows& rows, int n, Weight w, int hd, float* out) {
   for (int c0 = 0; c0 < hd; c0 += 64) {
     const int blocks = (hd - c0 < 64 ? hd - c0 : 64) / 16;
     __m512 o[G][4];
@@ -295,9 +323,9 @@ void accumulate_g512(const uint16_t* v, int64_t stride, int n, const float* p, i
       for (int b = 0; b < blocks; ++b) o[j][b] = _mm512_loadu_ps(out + j * hd + c0 + 16 * b);
     for (int i = 0; i < n; ++i) {
       __m512 a[G];
-      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(p[j * ldp + i]);
+      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(w(j, i));
       for (int b = 0; b < blocks; ++b) {
-        const __m512 x = load_half16(v + i * stride + c0 + 16 * b);
+        const __m512 x = rows.load(i, c0 + 16 * b);
         for (int j = 0; j < G; ++j) o[j][b] = _mm512_fmadd_ps(a[j], x, o[j][b]);
       }
     }
@@ -309,7 +337,19 @@ void accumulate_g512(const uint16_t* v, int64_t stride, int n, const float* p, i
 void accumulate_f16_avx512(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
                            float* out) {
   if (hd % 16 != 0) return accumulate_f16_avx2(v, stride, n, p, ldp, g, hd, out);
-  for_query_groups<4>(g, [&](auto G, int j) { accumulate_g512<G.value>(v, stride, n, p + j * ldp, ldp, hd, out + j * hd); });
+  for_query_groups<4>(g, [&](auto G, int j) {
+    accumulate_g512<G.value>(Half16Rows{v, stride}, n, [&](int jj, int i) { return p[(j + jj) * ldp + i]; }, hd,
+                             out + j * hd);
+  });
+}
+
+void accumulate_q8_avx512(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd,
+                          float* out) {
+  if (hd % 16 != 0) return accumulate_q8_avx2(x, d, n, p, ldp, g, hd, out);
+  for_query_groups<4>(g, [&](auto G, int j) {
+    accumulate_g512<G.value>(Q8x16Rows{x, hd}, n, [&](int jj, int i) { return p[(j + jj) * ldp + i] * d[i]; }, hd,
+                             out + j * hd);
+  });
 }
 
 // exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r with |r| <= ln2 / 2,
@@ -497,7 +537,7 @@ const KvAttentionKernels& kv_attention_kernels() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       static const KvAttentionKernels k{"avx512",          scores_f16_avx512,    accumulate_f16_avx512,
-                                        scores_q8_avx2,    accumulate_q8_avx2,   scores_q4_avx512,
+                                        scores_q8_avx512,  accumulate_q8_avx512, scores_q4_avx512,
                                         accumulate_q4_avx512, softmax_avx512};
       return &k;
     }
