@@ -101,6 +101,17 @@ double KvBlockPool::reuse_rate() const {
 
 namespace {
 
+// Where a block part's per-token (q8) or per-channel/per-token (q4) scales start: after
+// the codes of its kKvBlockTokens rows.
+template <typename T, typename P>
+T* q8_scales(P* part, int hd) {
+  return reinterpret_cast<T*>(part + int64_t(kKvBlockTokens) * hd);
+}
+template <typename T, typename P>
+T* q4_scales(P* part, int hd) {
+  return reinterpret_cast<T*>(part + int64_t(kKvBlockTokens) * hd / 2);
+}
+
 // Per-token rows of a block part: where token `slot` lives and how to (de)code it.
 void encode_row(KvType t, uint8_t* part, int slot, const float* x, int hd) {
   switch (t) {
@@ -116,7 +127,7 @@ void encode_row(KvType t, uint8_t* part, int slot, const float* x, int hd) {
       const float d = amax / 127.f, id = d > 0 ? 1.f / d : 0.f;
       int8_t* y = reinterpret_cast<int8_t*>(part) + int64_t(slot) * hd;
       for (int i = 0; i < hd; ++i) y[i] = int8_t(std::lrint(std::clamp(x[i] * id, -127.f, 127.f)));
-      reinterpret_cast<float*>(part + int64_t(kKvBlockTokens) * hd)[slot] = d;
+      q8_scales<float>(part, hd)[slot] = d;
       return;
     }
     case KvType::q4: {  // values: one scale and minimum per token
@@ -130,7 +141,7 @@ void encode_row(KvType t, uint8_t* part, int slot, const float* x, int hd) {
         const int b = std::clamp(int(std::lrint((x[i + 1] - m) * id)), 0, 15);
         y[i / 2] = uint8_t(a | (b << 4));
       }
-      uint16_t* sm = reinterpret_cast<uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
+      uint16_t* sm = q4_scales<uint16_t>(part, hd);
       sm[slot] = d16;
       sm[kKvBlockTokens + slot] = m16;
       return;
@@ -141,7 +152,7 @@ void encode_row(KvType t, uint8_t* part, int slot, const float* x, int hd) {
 // Keys of a whole block quantized per channel: each channel's 16 values share a scale
 // and minimum, which follows the outlier channels keys have (KIVI).
 void encode_q4_keys(uint8_t* part, const float* x, int hd) {
-  uint16_t* sm = reinterpret_cast<uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
+  uint16_t* sm = q4_scales<uint16_t>(part, hd);
   // Grown once per thread: flushing runs on the decode path.
   thread_local std::vector<float> d, id, m;
   d.resize(static_cast<size_t>(hd));
@@ -177,13 +188,13 @@ void decode_row(KvType t, bool is_key, const uint8_t* part, int slot, float* y, 
     }
     case KvType::q8: {
       const int8_t* x = reinterpret_cast<const int8_t*>(part) + int64_t(slot) * hd;
-      const float d = reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd)[slot];
+      const float d = q8_scales<const float>(part, hd)[slot];
       for (int i = 0; i < hd; ++i) y[i] = d * float(x[i]);
       return;
     }
     case KvType::q4: {
       const uint8_t* x = part + int64_t(slot) * hd / 2;
-      const uint16_t* sm = reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2);
+      const uint16_t* sm = q4_scales<const uint16_t>(part, hd);
       for (int i = 0; i < hd; i += 2) {
         const int a = x[i / 2] & 15, b = x[i / 2] >> 4;
         if (is_key) {
@@ -207,8 +218,8 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
     case KvType::f16: std::memmove(dst + int64_t(d) * hd * 2, src + int64_t(s) * hd * 2, size_t(hd) * 2); return;
     case KvType::q8:
       std::memmove(dst + int64_t(d) * hd, src + int64_t(s) * hd, size_t(hd));
-      reinterpret_cast<float*>(dst + int64_t(kKvBlockTokens) * hd)[d] =
-          reinterpret_cast<const float*>(src + int64_t(kKvBlockTokens) * hd)[s];
+      q8_scales<float>(dst, hd)[d] =
+          q8_scales<const float>(src, hd)[s];
       return;
     case KvType::q4: throw Error(ErrorCode::internal, "KV cache: q4 rows are not copied one by one");
   }
@@ -228,11 +239,11 @@ void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, cons
       ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, g, hd, out, ldo);
       return;
     case KvType::q8:
-      ak.scores_q8(reinterpret_cast<const int8_t*>(part), reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd),
+      ak.scores_q8(reinterpret_cast<const int8_t*>(part), q8_scales<const float>(part, hd),
                    n, q, g, hd, out, ldo);
       return;
     case KvType::q4:
-      ak.scores_q4(part, reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2), n, q, g, hd, out, ldo);
+      ak.scores_q4(part, q4_scales<const uint16_t>(part, hd), n, q, g, hd, out, ldo);
       return;
   }
 }
@@ -254,10 +265,10 @@ void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* pa
       return;
     case KvType::q8:
       ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
-                       reinterpret_cast<const float*>(part + int64_t(kKvBlockTokens) * hd), n, p, ldp, g, hd, out);
+                       q8_scales<const float>(part, hd), n, p, ldp, g, hd, out);
       return;
     case KvType::q4:
-      ak.accumulate_q4(part, reinterpret_cast<const uint16_t*>(part + int64_t(kKvBlockTokens) * hd / 2), n, p, ldp, g, hd,
+      ak.accumulate_q4(part, q4_scales<const uint16_t>(part, hd), n, p, ldp, g, hd,
                        out);
       return;
   }
