@@ -534,6 +534,7 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     // Partitioning: providers see what is known about the inputs by now (earlier nodes
     // were folded or probed in order) and claim or decline the node.
     KernelBuildInfo info{node, opset, {}};
+    info.winograd = options.winograd;
     info.inputs.resize(node.inputs.size());
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k].empty()) continue;

@@ -40,6 +40,7 @@ struct BenchOptions {
   std::string output_dir;
   std::string json;
   bool no_optimize = false;
+  bool no_winograd = false;
   int top = 15;
   uint64_t seed = 1;
 };
@@ -231,6 +232,7 @@ void bench(const BenchOptions& o) {
   so.providers = split(o.providers, ',');
   so.num_threads = o.threads;
   so.optimize = !o.no_optimize;
+  so.winograd = !o.no_winograd;
 
   // Cold start: load and compile, then the first run, as a serving process would.
   const auto t_load = Clock::now();
@@ -412,6 +414,7 @@ SLIM_COMMAND(13, [](CLI::App& app) {
   cmd->add_option("--top", o->top, "Slowest nodes to list")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
   cmd->add_flag("--no-optimize", o->no_optimize, "Compile without the graph optimization passes");
+  cmd->add_flag("--no-winograd", o->no_winograd, "Run 3x3 convolutions as direct sums (no Winograd)");
   cmd->callback([o] { bench(*o); });
 });
 

@@ -191,6 +191,7 @@ struct RunOptions {
   uint64_t seed = 0;
   bool argmax = false;
   int repeat = 1;
+  bool no_winograd = false;
   std::vector<std::string> providers = {"cpu", "ref"};
 };
 
@@ -198,6 +199,7 @@ void run(const RunOptions& o) {
   SessionOptions so;
   so.num_threads = o.threads;
   so.providers = o.providers;
+  so.winograd = !o.no_winograd;
   TensorMap feeds;
   for (const auto& spec : o.inputs) {
     const auto eq = spec.find('=');
@@ -278,6 +280,7 @@ SLIM_COMMAND(11, [](CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
   cmd->add_option("--repeat", o->repeat, "Run this many times and report the median time")->check(CLI::PositiveNumber);
   cmd->add_flag("--argmax", o->argmax, "Also print the argmax of each output row (classifiers)");
+  cmd->add_flag("--no-winograd", o->no_winograd, "Run 3x3 convolutions as direct sums (no Winograd)");
   cmd->add_option("--providers", *providers, "Providers in priority order, comma-separated")->capture_default_str();
   cmd->callback([o, providers] {
     o->providers = split_commas(*providers);

@@ -100,6 +100,8 @@ struct KernelBuildInfo {
   const Node& node;
   int64_t opset = 0;
   std::vector<NodeInputInfo> inputs;
+  // SessionOptions::winograd: 3x3 convolutions may use Winograd's algorithm.
+  bool winograd = true;
   // The input, or a shared absent one past the node's inputs.
   const NodeInputInfo& input(int i) const;
   bool has_input(int i) const { return input(i).present; }

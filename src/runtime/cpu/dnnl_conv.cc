@@ -4,7 +4,9 @@
 // are graph inputs are reordered at each run into the buffer the kernel owns), and bias,
 // residual and activation ride along as post-ops. Activations arrive and leave in ONNX's
 // plain NCHW; when oneDNN prefers a blocked layout the kernel reorders through buffers
-// it allocated at compile time.
+// it allocated at compile time, unless the neighbours agreed on a private layout.
+// Ungrouped 3x3 stride-1 convolutions of 16+ channels run Winograd's algorithm
+// (SessionOptions::winograd).
 #include <cstring>
 
 #include "runtime/cpu/cpu_common.h"
@@ -22,6 +24,7 @@ struct ConvSetup {
   Shape stride, dil, pad_l, pad_r;  // dil in oneDNN's convention (0 = dense)
   bool has_bias = false, has_z = false;
   bool weights_constant = true;
+  bool winograd = false;  // try oneDNN's Winograd kernels first
   ActivationSpec act;
 };
 
@@ -140,6 +143,10 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   } else if (info.inputs.size() > 3) {
     return std::string("too many inputs");
   }
+  // Winograd F(2x2|4x4, 3x3) does about half a direct 3x3 convolution's multiplications;
+  // below 16 channels a convolution is too small for it to matter.
+  s->winograd = info.winograd && !transposed && s->group == 1 && nd == 2 && k == Shape{3, 3} &&
+                s->stride == Shape{1, 1} && dilations == Shape{1, 1} && c >= 16 && m >= 16;
   return std::nullopt;
 }
 
@@ -209,7 +216,9 @@ class DnnlConvKernel final : public OpKernel {
   }
   bool accepts_private_input(int i, uint64_t layout) const override {
     if (i == 0)
-      return reorder_src_ && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 && layout_tag(src_md_) == layout;
+      return (reorder_src_ && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 &&
+              layout_tag(src_md_) == layout) ||
+             (can_switch_to_blocked() && channel_layout(s_.x, layout) == memory::format_tag::nChw16c);
     if (i == 3)
       return s_.has_z && reorder_dst_ && dst_md_.get_size() == size_t(shape_numel(s_.y)) * 4 &&
              layout_tag(dst_md_) == layout;
@@ -235,6 +244,12 @@ class DnnlConvKernel final : public OpKernel {
   }
   void use_private_input(int i, uint64_t layout) override {
     if (i == 0) {
+      if (layout != layout_tag(src_md_) && !switch_to_blocked()) {
+        // No nChw16c kernel after all: the reorder before the primitive reads nChw16c.
+        src_user_ = memory(f32_md(s_.x, memory::format_tag::nChw16c), dnnl_engine(), DNNL_MEMORY_NONE);
+        src_reorder_ = dnnl::reorder(src_user_, src_mem_);
+        return;
+      }
       private_src_ = true;
       src_priv_ = memory(src_md_, dnnl_engine(), DNNL_MEMORY_NONE);
     }
@@ -242,23 +257,32 @@ class DnnlConvKernel final : public OpKernel {
   }
 
  private:
+  // oneDNN's direct kernels run an ungrouped 2-D convolution in channels-last or in
+  // nChw16c at about the same speed, and pick channels-last; Winograd and pooling run in
+  // nChw16c. When the input arrives in nChw16c (from a Winograd convolution, say), the
+  // kernel rebuilds its primitive in nChw16c instead of reordering the activations on
+  // both sides. Only before its residual input's layout was settled, which follows dst.
+  bool can_switch_to_blocked() const {
+    return !s_.transposed && !s_.winograd && s_.group == 1 && s_.x.size() == 4 && s_.x[1] % 16 == 0 &&
+           s_.y[1] % 16 == 0 && reorder_src_ && !private_src_ && !private_z_;
+  }
+
   void setup(const Tensor* weights) {
     const auto& eng = dnnl_engine();
     stream_ = dnnl::stream(eng);
-    const size_t nd = s_.x.size() - 2;
     const int64_t g = s_.group;
     const int64_t m = s_.y[1], c = s_.x[1];
     Shape k(s_.w.begin() + 2, s_.w.end());
     // Weights as ONNX stores them, described in oneDNN's logical order: conv
     // [(G,) OC, IC, k...]; ConvTranspose's file order is [IC, OC/G, k...] per group.
-    Shape wdims, wstrides;
+    Shape wstrides;
     const int64_t ksize = shape_numel(k);
     const Shape kstr = contiguous_strides(k);
     const int64_t ocg = m / g, icg = c / g;
-    if (g > 1) wdims.push_back(g);
-    wdims.push_back(ocg);
-    wdims.push_back(icg);
-    wdims.insert(wdims.end(), k.begin(), k.end());
+    if (g > 1) wdims_.push_back(g);
+    wdims_.push_back(ocg);
+    wdims_.push_back(icg);
+    wdims_.insert(wdims_.end(), k.begin(), k.end());
     if (!s_.transposed) {
       if (g > 1) wstrides.push_back(ocg * icg * ksize);
       wstrides.push_back(icg * ksize);
@@ -269,17 +293,13 @@ class DnnlConvKernel final : public OpKernel {
       wstrides.push_back(ocg * ksize);
     }
     wstrides.insert(wstrides.end(), kstr.begin(), kstr.end());
-    const memory::desc w_user_md = strided_md(wdims, wstrides);
-    auto any = [](const Shape& d) {
-      return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any);
-    };
-    const memory::desc bias_md = s_.has_bias ? plain_md({m}) : memory::desc();
+    w_user_md_ = strided_md(wdims_, wstrides);
+    bias_md_ = s_.has_bias ? plain_md({m}) : memory::desc();
 
     dnnl::post_ops ops;
     if (s_.has_z) ops.append_sum(1.f);
     append_activation(ops, s_.act);
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(ops);
+    attr_.set_post_ops(ops);
 
     // Activations arrive and leave in ONNX's plain layout. oneDNN's fastest kernels want
     // channels-last or blocked activations, so the kernel normally lets oneDNN choose and
@@ -288,70 +308,83 @@ class DnnlConvKernel final : public OpKernel {
     // NCHW by oneDNN's first-layer kernels (an nhwc reorder of them is slow), unless
     // only the reference implementation would take them.
     // Depthwise and grouped convolutions only have fast kernels in blocked layouts.
-    memory::desc src_md, dst_md, w_md;
-    auto create = [&](const memory::desc& x_md, const memory::desc& y_md) -> std::string {
-      if (!s_.transposed) {
-        dnnl::convolution_forward::desc d(
-            dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, x_md,
-            any(wdims), bias_md, y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
-            to_dims(s_.pad_r));
-        dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
-        src_md = pd.src_desc();
-        dst_md = pd.dst_desc();
-        w_md = pd.weights_desc();
-        prim_ = dnnl::convolution_forward(pd);
-        return pd.impl_info_str();
-      }
-      dnnl::deconvolution_forward::desc d(
-          dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, x_md,
-          any(wdims), bias_md, y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
-          to_dims(s_.pad_r));
-      dnnl::deconvolution_forward::primitive_desc pd(d, attr, eng);
-      src_md = pd.src_desc();
-      dst_md = pd.dst_desc();
-      w_md = pd.weights_desc();
-      prim_ = dnnl::deconvolution_forward(pd);
-      return pd.impl_info_str();
-    };
     const int64_t channels_in = s_.x[1] / s_.group;
     std::string impl;
     const bool plain_first = channels_in < 8 && s_.group == 1;
-    if (plain_first) {
+    if (s_.winograd) {
+      try {
+        impl = create(any(s_.x), any(s_.y), dnnl::algorithm::convolution_winograd);
+      } catch (const dnnl::error&) {
+        s_.winograd = false;  // this CPU or shape has no Winograd kernel: the direct one below
+      }
+    } else if (plain_first) {
       try {
         impl = create(plain_md(s_.x), any(s_.y));
       } catch (const dnnl::error&) {
         impl = "ref";  // no kernel for the plain layout at all
       }
     }
-    if (!plain_first || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
-    (void)nd;
+    if (impl.empty() || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
     // Weights: packed into the primitive's layout, once when they are constant; the
     // kernel owns the packed copy.
-    weights_ = owned_memory(w_md, eng, buffers_);
+    weights_ = owned_memory(w_md_, eng, buffers_);
     if (weights) {
-      memory w_user(w_user_md, eng, weights->raw_data());
+      memory w_user(w_user_md_, eng, weights->raw_data());
       dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
       stream_.wait();
     } else {
-      w_user_ = memory(w_user_md, eng, DNNL_MEMORY_NONE);
+      w_user_ = memory(w_user_md_, eng, DNNL_MEMORY_NONE);
       w_reorder_ = dnnl::reorder(w_user_, weights_);
     }
+    bind_activations();
+  }
 
+  static memory::desc any(const Shape& d) {
+    return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any);
+  }
+
+  // The primitive for activations in x_md / y_md (format_tag::any: oneDNN's choice).
+  std::string create(const memory::desc& x_md, const memory::desc& y_md,
+                     dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct) {
+    const auto& eng = dnnl_engine();
+    if (!s_.transposed) {
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm, x_md, any(wdims_),
+                                        bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil),
+                                        to_dims(s_.pad_l), to_dims(s_.pad_r));
+      dnnl::convolution_forward::primitive_desc pd(d, attr_, eng);
+      src_md_ = pd.src_desc();
+      dst_md_ = pd.dst_desc();
+      w_md_ = pd.weights_desc();
+      prim_ = dnnl::convolution_forward(pd);
+      return pd.impl_info_str();
+    }
+    dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
+                                        x_md, any(wdims_), bias_md_, y_md, to_dims(s_.stride),
+                                        to_dims(s_.dil), to_dims(s_.pad_l), to_dims(s_.pad_r));
+    dnnl::deconvolution_forward::primitive_desc pd(d, attr_, eng);
+    src_md_ = pd.src_desc();
+    dst_md_ = pd.dst_desc();
+    w_md_ = pd.weights_desc();
+    prim_ = dnnl::deconvolution_forward(pd);
+    return pd.impl_info_str();
+  }
+
+  // The user-side memories and the reorders between them and the primitive's layouts.
+  void bind_activations() {
+    const auto& eng = dnnl_engine();
     const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
     src_user_ = memory(x_md, eng, DNNL_MEMORY_NONE);
     dst_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
-    reorder_src_ = src_md != x_md;
-    reorder_dst_ = dst_md != y_md;
-    src_md_ = src_md;
-    dst_md_ = dst_md;
+    reorder_src_ = src_md_ != x_md;
+    reorder_dst_ = dst_md_ != y_md;
     if (reorder_src_) {
-      src_mem_ = owned_memory(src_md, eng, buffers_);
+      src_mem_ = owned_memory(src_md_, eng, buffers_);
       src_reorder_ = dnnl::reorder(src_user_, src_mem_);
     } else {
       src_mem_ = src_user_;
     }
     if (reorder_dst_) {
-      dst_mem_ = owned_memory(dst_md, eng, buffers_);
+      dst_mem_ = owned_memory(dst_md_, eng, buffers_);
       dst_reorder_ = dnnl::reorder(dst_mem_, dst_user_);
       if (s_.has_z) {
         z_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
@@ -360,10 +393,43 @@ class DnnlConvKernel final : public OpKernel {
     } else {
       dst_mem_ = dst_user_;
     }
-    if (s_.has_bias) bias_ = memory(bias_md, eng, DNNL_MEMORY_NONE);
+    if (s_.has_bias) bias_ = memory(bias_md_, eng, DNNL_MEMORY_NONE);
+  }
+
+  // Rebuilds the primitive with nChw16c activations; the packed weights are reordered
+  // into the new primitive's weight layout and the old buffers released. False (and
+  // nothing changed) when oneDNN has no kernel for it.
+  bool switch_to_blocked() {
+    const auto& eng = dnnl_engine();
+    const dnnl::primitive old_prim = prim_;
+    const memory::desc old_src = src_md_, old_dst = dst_md_, old_w = w_md_;
+    try {
+      create(f32_md(s_.x, memory::format_tag::nChw16c), f32_md(s_.y, memory::format_tag::nChw16c));
+    } catch (const dnnl::error&) {
+      prim_ = old_prim;
+      src_md_ = old_src;
+      dst_md_ = old_dst;
+      w_md_ = old_w;
+      return false;
+    }
+    std::vector<std::shared_ptr<Storage>> old = std::move(buffers_);
+    buffers_.clear();
+    memory old_weights = weights_;
+    weights_ = owned_memory(w_md_, eng, buffers_);
+    if (s_.weights_constant) {
+      dnnl::reorder(old_weights, weights_).execute(stream_, old_weights, weights_);
+      stream_.wait();
+    } else {
+      w_reorder_ = dnnl::reorder(w_user_, weights_);
+    }
+    bind_activations();
+    return true;
   }
 
   ConvSetup s_;
+  Shape wdims_;
+  memory::desc w_user_md_, bias_md_, w_md_;
+  dnnl::primitive_attr attr_;
   dnnl::primitive prim_;
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
   mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_;
