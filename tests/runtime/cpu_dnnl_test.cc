@@ -444,7 +444,8 @@ TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
     dw.attrs["group"] = attr_int(16);
     dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
     b.node("Sigmoid", {"c4"}, {"y"}, "sig");
-    expect_matches_ref(b.build(), {{"x", random_f32({2, 16, 10, 10}, 7)}}, "conv4", "cpu", 1e-5, 1e-4);
+    // conv3 and the depthwise conv4 become one slim:FusedConvDw, named conv3.
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 16, 10, 10}, 7)}}, "conv3", "cpu", 1e-5, 1e-4);
   }
 }
 
@@ -532,14 +533,14 @@ TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
 namespace slim {
 namespace {
 
-// ResNet-style layers: 3x3 convolutions of 16+ channels run Winograd's algorithm (in
+// ResNet-style layers: 3x3 convolutions of 16+ channels (and 3,000+ output positions) run Winograd's algorithm (in
 // nChw16c), and the 1x1 convolutions reading their outputs rebuild themselves in nChw16c
 // instead of reordering (their packed weights move to the new primitive's layout). The
 // results match ref within rounding with Winograd on and off, and differ from each other
 // in the last bits where oneDNN has a Winograd kernel (AVX-512).
 TEST(CpuDnnl, WinogradConvolutionsAndTheirBlockedNeighboursMatchRef) {
   ModelBuilder b;
-  b.input("x", DType::f32, spec({2, 16, 14, 14})).output("y");
+  b.input("x", DType::f32, spec({2, 16, 40, 40})).output("y");
   b.initializer("w0", random_f32({32, 16, 3, 3}, 1, -0.3f, 0.3f)).initializer("b0", random_f32({32}, 2));
   b.initializer("w1", random_f32({32, 32, 1, 1}, 3, -0.3f, 0.3f));
   b.initializer("w2", random_f32({32, 32, 3, 3}, 4, -0.2f, 0.2f)).initializer("b2", random_f32({32}, 5));
@@ -552,7 +553,7 @@ TEST(CpuDnnl, WinogradConvolutionsAndTheirBlockedNeighboursMatchRef) {
   b.node("Relu", {"s2"}, {"r2"}, "relu2");
   b.node("Conv", {"r2", "w3"}, {"y"}, "pointwise3").attrs["strides"] = attr_ints({2, 2});
   const Model m = b.build();
-  const TensorMap in = {{"x", random_f32({2, 16, 14, 14}, 7)}};
+  const TensorMap in = {{"x", random_f32({2, 16, 40, 40}, 7)}};
   expect_matches_ref(m, in, "wino2", "cpu", 1e-5, 1e-4);
   auto run = [&](bool winograd) {
     SessionOptions o;
@@ -561,8 +562,67 @@ TEST(CpuDnnl, WinogradConvolutionsAndTheirBlockedNeighboursMatchRef) {
   };
   const Tensor wino = run(true), direct = run(false);
   EXPECT_LT(cpu_test::worst_error(wino, direct, 1e-5, 1e-4), 1.0);
-  if (cpu_isa() == "avx512")
+  if (cpu_isa() == "avx512") {
     EXPECT_NE(std::memcmp(wino.raw_data(), direct.raw_data(), wino.nbytes()), 0) << "Winograd did not run";
+  }
+}
+
+}  // namespace
+}  // namespace slim
+
+namespace slim {
+namespace {
+
+// slim:FusedConvDw on oneDNN (the depthwise convolution as a post-op of the pointwise
+// one, channels-last) against ref's two convolutions: strides 1 and 2, even and odd
+// sizes, channel counts that are and are not multiples of 16, with and without biases,
+// and several activations on either part.
+TEST(CpuDnnl, FusedPointwiseDepthwiseMatchesRef) {
+  struct Case {
+    Shape x;
+    int64_t m, stride;
+    bool bias, dw_bias;
+    const char *act, *dw_act;
+  };
+  const std::vector<Case> cases = {
+      {{2, 16, 14, 14}, 96, 2, true, true, "Clip", "Clip"},
+      {{1, 24, 9, 9}, 144, 1, true, true, "Clip", "Clip"},
+      {{2, 8, 11, 7}, 24, 2, false, false, "Relu", ""},
+      {{1, 32, 5, 5}, 48, 1, true, false, "", "HardSwish"},
+      {{3, 16, 13, 13}, 32, 2, false, true, "Relu", "Relu"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE("case " + std::to_string(i));
+    ModelBuilder b;
+    b.input("x", DType::f32, spec(c.x)).output("y");
+    b.initializer("w", random_f32({c.m, c.x[1], 1, 1}, 10 * i + 1, -0.5f, 0.5f));
+    b.initializer("wd", random_f32({c.m, 1, 3, 3}, 10 * i + 2, -0.5f, 0.5f));
+    b.initializer("b", random_f32({c.m}, 10 * i + 3)).initializer("bd", random_f32({c.m}, 10 * i + 4));
+    b.initializer("lo", Tensor::scalar<float>(0.f)).initializer("hi", Tensor::scalar<float>(6.f));
+    auto activation = [&](const std::string& act, const std::string& from, const std::string& to) {
+      if (act.empty()) b.node("Identity", {from}, {to});
+      else if (act == "Clip") b.node("Clip", {from, "lo", "hi"}, {to});
+      else b.node(act, {from}, {to});
+    };
+    b.node("Conv", c.bias ? std::vector<std::string>{"x", "w", "b"} : std::vector<std::string>{"x", "w"}, {"e"},
+           "expand");
+    activation(c.act, "e", "er");
+    Node& dw = b.node("Conv", c.dw_bias ? std::vector<std::string>{"er", "wd", "bd"} : std::vector<std::string>{"er", "wd"},
+                      {"d"}, "depthwise");
+    dw.attrs["group"] = attr_int(c.m);
+    dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
+    dw.attrs["strides"] = attr_ints({c.stride, c.stride});
+    activation(c.dw_act, "d", "y");
+    // "expand" is the fused node; the cpu provider must have taken it.
+    const Model m = b.build();
+    expect_matches_ref(m, {{"x", random_f32(c.x, 10 * i + 5)}}, "expand", "cpu", 1e-5, 1e-4);
+    std::string op;
+    const auto session = Session::compile(m);
+    for (const auto& a : session->partition())
+      if (a.node == "expand") op = a.op;
+    EXPECT_EQ(op, "slim:FusedConvDw");
+  }
 }
 
 }  // namespace

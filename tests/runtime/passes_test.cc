@@ -413,6 +413,103 @@ TEST(Passes, NoFusionWhenTheProviderOfTheBaseOpLacksTheFusedOp) {
   EXPECT_EQ(g.opsets.at(kFusedDomain), kFusedOpset);
 }
 
+// ---------------------------------------------------------------------------------------
+// fuse_pointwise_depthwise
+
+namespace {
+
+// MobileNetV2's expand and depthwise layers: x [2,8,9,9] -> 1x1 Conv (+ bias, Clip 0..6)
+// -> depthwise 3x3 Conv (pads 1, `stride`, + BatchNorm, Clip) -> y.
+ModelBuilder pointwise_depthwise_model(int64_t stride) {
+  ModelBuilder b(17);
+  b.input("x", DType::f32, {{2, 8, 9, 9}});
+  b.initializer("w", random_f32({24, 8, 1, 1}, 1, -0.5f, 0.5f)).initializer("b", random_f32({24}, 2));
+  b.initializer("wd", random_f32({24, 1, 3, 3}, 3, -0.5f, 0.5f));
+  b.initializer("lo", Tensor::scalar<float>(0.f)).initializer("hi", Tensor::scalar<float>(6.f));
+  b.node("Conv", {"x", "w", "b"}, {"e"}, "expand");
+  b.node("Clip", {"e", "lo", "hi"}, {"er"}, "expand_relu6");
+  Node& dw = b.node("Conv", {"er", "wd"}, {"d"}, "depthwise");
+  dw.attrs["group"] = attr_int(24);
+  dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
+  dw.attrs["strides"] = attr_ints({stride, stride});
+  add_batch_norm(b, "d", "dn", 24);
+  b.node("Clip", {"dn", "lo", "hi"}, {"y"}, "depthwise_relu6");
+  b.output("y");
+  return b;
+}
+
+}  // namespace
+
+TEST(Passes, PointwiseAndDepthwiseConvolutionsBecomeOneFusedConvDw) {
+  for (const int64_t stride : {1, 2}) {
+    SCOPED_TRACE("stride " + std::to_string(stride));
+    auto s = expect_same_outputs(pointwise_depthwise_model(stride).build(), {{"x", random_f32({2, 8, 9, 9}, 4)}},
+                                 1e-5);
+    const Node& n = only_node(*s);
+    EXPECT_EQ(n.domain, kFusedDomain);
+    EXPECT_EQ(n.op_type, "FusedConvDw");
+    EXPECT_EQ(n.name, "expand");
+    ASSERT_EQ(n.inputs.size(), 5u);
+    EXPECT_EQ(n.inputs[0], "x");
+    EXPECT_EQ(n.inputs[1], "w");
+    EXPECT_EQ(n.inputs[2], "b");
+    EXPECT_EQ(s->compiled_graph().initializers.at(n.inputs[3]).shape(), (Shape{24, 1, 3, 3}));
+    EXPECT_EQ(s->compiled_graph().initializers.at(n.inputs[4]).shape(), Shape{24});  // BatchNorm's shift
+    EXPECT_EQ(n.attr_string("activation", ""), "Clip");
+    EXPECT_EQ(n.attr_floats("activation_params"), (std::vector<float>{0.f, 6.f}));
+    EXPECT_EQ(n.attr_string("dw_activation", ""), "Clip");
+    EXPECT_EQ(n.attr_int("dw_group", 0), 24);
+    EXPECT_EQ(n.attr_ints("dw_strides"), (std::vector<int64_t>{stride, stride}));
+    EXPECT_EQ(n.attr_ints("dw_pads"), (std::vector<int64_t>{1, 1, 1, 1}));
+    EXPECT_EQ(n.outputs, std::vector<std::string>{"y"});
+  }
+}
+
+TEST(Passes, PointwiseDepthwiseFusionOnlyForItsExactPattern) {
+  const TensorMap in = {{"x", random_f32({2, 8, 9, 9}, 5)}};
+  auto fused_count = [](const Session& s) {
+    int n = 0;
+    for (const auto& node : s.compiled_graph().nodes) n += node.op_type == "FusedConvDw";
+    return n;
+  };
+  {
+    ModelBuilder b = pointwise_depthwise_model(1);
+    b.output("er");  // the expanded tensor is needed: it must be written
+    EXPECT_EQ(fused_count(*expect_same_outputs(b.build(), in, 1e-5)), 0);
+  }
+  {
+    ModelBuilder b = pointwise_depthwise_model(1);
+    b.node("Sigmoid", {"er"}, {"other"});  // a second reader
+    b.output("other");
+    EXPECT_EQ(fused_count(*expect_same_outputs(b.build(), in, 1e-5)), 0);
+  }
+  for (const char* change : {"stride 3", "pads 0", "dilations 2", "grouped pointwise"}) {
+    SCOPED_TRACE(change);
+    ModelBuilder b(17);
+    b.input("x", DType::f32, {{2, 8, 9, 9}});
+    const bool grouped = std::string(change) == "grouped pointwise";
+    b.initializer("w", random_f32({24, grouped ? 4 : 8, 1, 1}, 1)).initializer("wd", random_f32({24, 1, 3, 3}, 3));
+    Node& pw = b.node("Conv", {"x", "w"}, {"e"}, "expand");
+    if (grouped) pw.attrs["group"] = attr_int(2);
+    Node& dw = b.node("Conv", {"e", "wd"}, {"y"}, "depthwise");
+    dw.attrs["group"] = attr_int(24);
+    dw.attrs["pads"] = attr_ints(std::string(change) == "pads 0" ? std::vector<int64_t>{0, 0, 0, 0}
+                                                                   : std::vector<int64_t>{1, 1, 1, 1});
+    if (std::string(change) == "stride 3") dw.attrs["strides"] = attr_ints({3, 3});
+    if (std::string(change) == "dilations 2") dw.attrs["dilations"] = attr_ints({2, 2});
+    b.output("y");
+    EXPECT_EQ(fused_count(*expect_same_outputs(b.build(), in)), 0);
+  }
+  PassGraph g = pass_graph_from_model(pointwise_depthwise_model(2).build());
+  fold_batch_norm(g);
+  fuse_bias_activation(g);
+  g.can_fuse = [](const std::string&, const std::string& fused) { return fused != "FusedConvDw"; };
+  EXPECT_EQ(fuse_pointwise_depthwise(g), 0);
+  g.can_fuse = nullptr;
+  EXPECT_EQ(fuse_pointwise_depthwise(g), 1);
+  EXPECT_EQ(op_types(g), (std::vector<std::string>{"slim:FusedConvDw"}));
+}
+
 TEST(Passes, CompiledGraphWithFusedNodesCompilesAgain) {
   // The slim domain is internal: a model built in memory may carry it (with its opset
   // import), and compiling the compiled graph gives the same outputs.
