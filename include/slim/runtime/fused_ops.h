@@ -9,12 +9,6 @@
 //
 //   Y = act(op(...) + Z)  (Z, the residual, has Y's shape; the bias is part of op)
 //
-//   slim:FusedConvDw inputs X, W, B, DW_W, DW_B (either bias may be "")
-//     a pointwise FusedConv (W [M, C, 1, 1], stride 1, no padding, `activation`), then a
-//     depthwise one on its output (DW_W [M, 1, 3, 3], `dw_group` = M, `dw_strides`,
-//     `dw_pads`, `dw_activation`, `dw_activation_params`): MobileNet's expand and
-//     depthwise layers, which a provider may compute without writing the expanded tensor.
-//
 // Attributes: `activation` (string, absent or "" for none) and `activation_params`
 // (floats): Relu; Clip [min, max]; Sigmoid; HardSwish; SiLU (x * sigmoid(x));
 // Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh.

@@ -77,11 +77,6 @@ int64_t fold_batch_norm(PassGraph& g);
 // An intermediate that is a graph output or has another reader stops the chain.
 int64_t fuse_bias_activation(PassGraph& g);
 
-// Fuses a pointwise convolution (1x1, stride 1, no padding, ungrouped, constant weights,
-// no residual) with the depthwise 3x3 convolution (padding 1, stride 1 or 2, constant
-// weights, no residual) that is its output's only reader into slim:FusedConvDw.
-int64_t fuse_pointwise_depthwise(PassGraph& g);
-
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites
   int64_t total() const;

@@ -26,17 +26,11 @@ struct ConvSetup {
   bool weights_constant = true;
   bool winograd = false;  // try oneDNN's Winograd kernels first
   ActivationSpec act;
-  // slim:FusedConvDw: the pointwise convolution's output (the primitive's nominal dst)
-  // goes through a depthwise 3x3 post-op of this stride and activation; y is its output.
-  bool dw = false;
-  Shape mid;
-  int64_t dw_stride = 1;
-  ActivationSpec dw_act;
 };
 
 // Resolves the geometry from attributes and static shapes, or returns why the node is
 // declined (ref then runs it and reports any real error in the attributes).
-std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused, bool dw,
+std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused,
                                       ConvSetup* s) {
   const Node& node = info.node;
   for (int i = 0; i < int(info.inputs.size()); ++i) {
@@ -139,31 +133,8 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   s->has_bias = info.has_input(2);
   if (s->has_bias && (info.input(2).shape->size() != 1 || (*info.input(2).shape)[0] != m))
     return std::string("bias is not a vector of the output channels");
-  if (dw) {
-    // Inputs X, W, B, DW_W, DW_B; the pointwise part has Conv's defaults (1x1, stride 1).
-    if (info.inputs.size() != 5) return std::string("expects 5 inputs (X, W, B, DW_W, DW_B)");
-    if (s->group != 1 || k != Shape{1, 1} || s->stride != Shape{1, 1} || s->pad_l != Shape{0, 0} ||
-        s->pad_r != Shape{0, 0})
-      return std::string("the pointwise part is not a 1x1 stride-1 unpadded convolution");
-    if (!info.has_input(3) || !info.input(3).constant || *info.input(3).shape != Shape{m, 1, 3, 3})
-      return std::string("depthwise weights are not constant [M, 1, 3, 3]");
-    if (info.has_input(4) && *info.input(4).shape != Shape{m})
-      return std::string("depthwise bias is not a vector of the channels");
-    const Shape st = node.attr_ints("dw_strides", {1, 1});
-    if (node.attr_int("dw_group", 0) != m || node.attr_ints("dw_pads", {}) != Shape{1, 1, 1, 1} ||
-        st.size() != 2 || st[0] != st[1] || (st[0] != 1 && st[0] != 2))
-      return std::string("depthwise attributes other than group M, pads 1 and stride 1 or 2");
-    ActivationSpec a;
-    if (!parse_activation(node.attr_string("dw_activation", ""), node.attr_floats("dw_activation_params"), &a))
-      return std::string("unknown depthwise activation");
-    s->dw = true;
-    s->dw_act = a;
-    s->dw_stride = st[0];
-    s->mid = s->y;
-    for (size_t d = 2; d < 4; ++d) s->y[d] = (s->mid[d] - 1) / s->dw_stride + 1;
-  }
   if (fused) {
-    s->has_z = !dw && info.has_input(3);
+    s->has_z = info.has_input(3);
     if (s->has_z && *info.input(3).shape != s->y) return std::string("residual shape differs from the output");
     ActivationSpec a;
     if (!parse_activation(node.attr_string("activation", ""), node.attr_floats("activation_params"), &a))
@@ -183,39 +154,6 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   return std::nullopt;
 }
 
-memory::desc any(const Shape& d) { return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any); }
-
-// Bias is an argument; the residual (sum), the activation and, for FusedConvDw, the
-// depthwise convolution and its activation are post-ops.
-dnnl::post_ops conv_post_ops(const ConvSetup& s) {
-  dnnl::post_ops ops;
-  if (s.has_z) ops.append_sum(1.f);
-  append_activation(ops, s.act);
-  if (s.dw) {
-    ops.append_dw(memory::data_type::f32, memory::data_type::f32, memory::data_type::f32, 3, s.dw_stride, 1, 0, {});
-    append_activation(ops, s.dw_act);
-  }
-  return ops;
-}
-
-// Whether oneDNN has a kernel for this pointwise convolution with the depthwise post-op
-// (x86 from AVX2 on) that gives ONNX's output size. Asked by the claim, so that a node it
-// lacks goes to ref instead of failing to build.
-bool dw_fusion_available(const ConvSetup& s) {
-  try {
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(conv_post_ops(s));
-    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                      any(s.x), any({s.mid[1], s.x[1], 1, 1}),
-                                      s.has_bias ? plain_md({s.mid[1]}) : memory::desc(), any(s.mid), {1, 1},
-                                      {0, 0}, {0, 0});
-    dnnl::convolution_forward::primitive_desc pd(d, attr, dnnl_engine());
-    return memory::dims(pd.dst_desc().dims()) == to_dims(s.y);
-  } catch (const dnnl::error&) {
-    return false;
-  }
-}
-
 class DnnlConvKernel final : public OpKernel {
  public:
   bool static_output(int i, DType* dtype, Shape* shape) const override {
@@ -223,11 +161,9 @@ class DnnlConvKernel final : public OpKernel {
     *shape = s_.y;
     return i == 0;
   }
-  DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights, const Tensor* dw_weights = nullptr,
-                 const Tensor* dw_bias = nullptr)
-      : s_(std::move(s)) {
+  DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
     limit_dnnl_threads_at_build();
-    dnnl_call(node, "convolution setup", [&] { setup(weights, dw_weights, dw_bias); return 0; });
+    dnnl_call(node, "convolution setup", [&] { setup(weights); return 0; });
   }
 
   void compute(KernelContext& ctx) const override {
@@ -268,10 +204,6 @@ class DnnlConvKernel final : public OpKernel {
       if (s_.has_bias) {
         bias_.set_data_handle(ctx.required_input(2).raw_data());
         args.emplace(DNNL_ARG_BIAS, bias_);
-      }
-      if (s_.dw) {
-        args.emplace(DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS, dw_weights_);
-        args.emplace(DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS, dw_bias_);
       }
       prim_.execute(stream_, args);
       if (reorder_dst_ && !private_dst_) dst_reorder_.execute(stream_, dst_mem_, dst_user_);
@@ -335,11 +267,11 @@ class DnnlConvKernel final : public OpKernel {
   // kernel rebuilds its primitive in nChw16c instead of reordering the activations on
   // both sides. Only before its residual input's layout was settled, which follows dst.
   bool can_switch_to_blocked() const {
-    return !s_.transposed && !s_.winograd && !s_.dw && s_.group == 1 && s_.x.size() == 4 && s_.x[1] % 16 == 0 &&
+    return !s_.transposed && !s_.winograd && s_.group == 1 && s_.x.size() == 4 && s_.x[1] % 16 == 0 &&
            s_.y[1] % 16 == 0 && reorder_src_ && !private_src_ && !private_z_;
   }
 
-  void setup(const Tensor* weights, const Tensor* dw_weights, const Tensor* dw_bias) {
+  void setup(const Tensor* weights) {
     const auto& eng = dnnl_engine();
     stream_ = dnnl::stream(eng);
     const int64_t g = s_.group;
@@ -368,7 +300,10 @@ class DnnlConvKernel final : public OpKernel {
     w_user_md_ = strided_md(wdims_, wstrides);
     bias_md_ = s_.has_bias ? plain_md({m}) : memory::desc();
 
-    attr_.set_post_ops(conv_post_ops(s_));
+    dnnl::post_ops ops;
+    if (s_.has_z) ops.append_sum(1.f);
+    append_activation(ops, s_.act);
+    attr_.set_post_ops(ops);
 
     // Activations arrive and leave in ONNX's plain layout. oneDNN's fastest kernels want
     // channels-last or blocked activations, so the kernel normally lets oneDNN choose and
@@ -379,7 +314,7 @@ class DnnlConvKernel final : public OpKernel {
     // Depthwise and grouped convolutions only have fast kernels in blocked layouts.
     const int64_t channels_in = s_.x[1] / s_.group;
     std::string impl;
-    const bool plain_first = channels_in < 8 && s_.group == 1 && !s_.dw;
+    const bool plain_first = channels_in < 8 && s_.group == 1;
     if (s_.winograd) {
       try {
         impl = create(any(s_.x), any(s_.y), dnnl::algorithm::convolution_winograd);
@@ -393,17 +328,7 @@ class DnnlConvKernel final : public OpKernel {
         impl = "ref";  // no kernel for the plain layout at all
       }
     }
-    if (s_.dw) {
-      // Channels-last, like the direct convolutions around it: left to itself oneDNN
-      // picks nChw16c for the fused kernel, and the reorders on both sides cost more
-      // than the fusion saves (MobileNetV2 batch 8: 36.3 ms unfused, 37.7 fused in
-      // nChw16c, 32.1 fused channels-last).
-      try {
-        impl = create(f32_md(s_.x, memory::format_tag::nhwc), f32_md(s_.mid, memory::format_tag::nhwc));
-      } catch (const dnnl::error&) {
-      }
-    }
-    if (impl.empty() || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.dw ? s_.mid : s_.y));
+    if (impl.empty() || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
     // Weights: packed into the primitive's layout, once when they are constant; the
     // kernel owns the packed copy.
     weights_ = owned_memory(w_md_, eng, buffers_);
@@ -415,18 +340,11 @@ class DnnlConvKernel final : public OpKernel {
       w_user_ = memory(w_user_md_, eng, DNNL_MEMORY_NONE);
       w_reorder_ = dnnl::reorder(w_user_, weights_);
     }
-    if (s_.dw) {
-      // The depthwise weights [M, 1, 1, 3, 3] (groups, out, in, kh, kw) in the layout
-      // the post-op reads; an absent bias is zeros.
-      const Shape dw_dims = {s_.y[1], 1, 1, 3, 3};
-      dw_weights_ = owned_memory(dw_w_md_, eng, buffers_);
-      memory dw_user(plain_md(dw_dims), eng, dw_weights->raw_data());
-      dnnl::reorder(dw_user, dw_weights_).execute(stream_, dw_user, dw_weights_);
-      stream_.wait();
-      dw_bias_ = owned_memory(plain_md({s_.y[1]}), eng, buffers_);
-      if (dw_bias) std::memcpy(dw_bias_.get_data_handle(), dw_bias->raw_data(), dw_bias->nbytes());
-    }
     bind_activations();
+  }
+
+  static memory::desc any(const Shape& d) {
+    return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any);
   }
 
   // The primitive for activations in x_md / y_md (format_tag::any: oneDNN's choice).
@@ -441,11 +359,6 @@ class DnnlConvKernel final : public OpKernel {
       src_md_ = pd.src_desc();
       dst_md_ = pd.dst_desc();
       w_md_ = pd.weights_desc();
-      if (s_.dw) {
-        if (memory::dims(dst_md_.dims()) != to_dims(s_.y))
-          throw dnnl::error(dnnl_unimplemented, "the fused depthwise output has other dims than ONNX's");
-        dw_w_md_ = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
-      }
       prim_ = dnnl::convolution_forward(pd);
       return pd.impl_info_str();
     }
@@ -524,8 +437,6 @@ class DnnlConvKernel final : public OpKernel {
   dnnl::primitive prim_;
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
   mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_;
-  memory::desc dw_w_md_;
-  mutable memory dw_weights_, dw_bias_;  // FusedConvDw: packed depthwise weights, its bias
   std::vector<std::shared_ptr<Storage>> buffers_;  // behind weights_, src_mem_, dst_mem_
   bool reorder_src_ = false, reorder_dst_ = false;
   bool private_src_ = false, private_dst_ = false, private_z_ = false;
@@ -535,24 +446,21 @@ class DnnlConvKernel final : public OpKernel {
 };
 
 KernelDef conv_def(const std::string& op, const std::string& domain, int64_t since,
-                   bool transposed, bool fused, bool dw = false) {
+                   bool transposed, bool fused) {
   KernelDef def;
   def.op_type = op;
   def.domain = domain;
   def.since_version = since;
-  def.claim = [transposed, fused, dw](const KernelBuildInfo& info) {
+  def.claim = [transposed, fused](const KernelBuildInfo& info) {
     ConvSetup s;
-    if (auto why = conv_setup(info, transposed, fused, dw, &s)) return Claim::no(*why);
-    if (dw && !dw_fusion_available(s)) return Claim::no("oneDNN has no fused depthwise kernel for it");
+    if (auto why = conv_setup(info, transposed, fused, &s)) return Claim::no(*why);
     return Claim::yes();
   };
-  def.build = [transposed, fused, dw](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+  def.build = [transposed, fused](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     ConvSetup s;
-    if (auto why = conv_setup(info, transposed, fused, dw, &s))
+    if (auto why = conv_setup(info, transposed, fused, &s))
       throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
-    if (!dw) return std::make_unique<DnnlConvKernel>(info.node, std::move(s), info.input(1).constant);
-    return std::make_unique<DnnlConvKernel>(info.node, std::move(s), info.input(1).constant,
-                                            info.input(3).constant, info.input(4).constant);
+    return std::make_unique<DnnlConvKernel>(info.node, std::move(s), info.input(1).constant);
   };
   return def;
 }
@@ -563,7 +471,6 @@ void register_dnnl_conv_kernels(KernelRegistry& r) {
   r.add(conv_def("Conv", "", 1, false, false));
   r.add(conv_def("ConvTranspose", "", 1, true, false));
   r.add(conv_def("FusedConv", kFusedDomain, kFusedOpset, false, true));
-  r.add(conv_def("FusedConvDw", kFusedDomain, kFusedOpset, false, true, true));
 }
 
 }  // namespace slim::cpu

@@ -2,8 +2,6 @@
 // Add and an activation become one slim:Fused* node (include/slim/runtime/fused_ops.h),
 // so a provider computes the epilogue while the output tile is still in cache instead of
 // reading and writing the whole tensor once per elementwise node.
-// fuse_pointwise_depthwise: a pointwise convolution and the depthwise one reading it
-// become slim:FusedConvDw, so the expanded tensor between them need not be written.
 #include <cfloat>
 #include <cmath>
 
@@ -328,104 +326,7 @@ bool absorb_add(PassGraph& g, Chain& c, Node* add) {
   return true;
 }
 
-// A Conv or slim:FusedConv without residual whose weights (and bias) are constant f32
-// [M, C/group, k, k]: its geometry, when it has square kernel, equal strides, the same
-// padding on every side and no dilation.
-struct SquareConv {
-  int64_t m = 0, c_per_group = 0, k = 0, group = 1, stride = 1, pad = 0;
-};
-std::optional<SquareConv> square_conv(const PassGraph& g, const Node& n) {
-  const bool fused = n.domain == kFusedDomain && n.op_type == "FusedConv";
-  if ((!fused && !is_op(&n, "Conv")) || n.outputs.size() != 1 || n.inputs.size() < 2) return std::nullopt;
-  if (n.inputs.size() > 3 && !n.inputs[3].empty()) return std::nullopt;
-  const Tensor* w = g.constant(n.inputs[1]);
-  if (!w || w->dtype() != DType::f32 || w->rank() != 4 || w->shape()[2] != w->shape()[3]) return std::nullopt;
-  if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
-    const Tensor* b = g.constant(n.inputs[2]);
-    if (!b || b->dtype() != DType::f32 || b->rank() != 1 || b->numel() != w->shape()[0]) return std::nullopt;
-  }
-  SquareConv c;
-  c.m = w->shape()[0];
-  c.c_per_group = w->shape()[1];
-  c.k = w->shape()[2];
-  c.group = n.attr_int("group", 1);
-  const Shape strides = n.attr_ints("strides", {1, 1}), pads = n.attr_ints("pads", {0, 0, 0, 0});
-  const Shape kernel = n.attr_ints("kernel_shape", {c.k, c.k});
-  if (n.attr_string("auto_pad", "NOTSET") != "NOTSET" || n.attr_ints("dilations", {1, 1}) != Shape{1, 1} ||
-      kernel != Shape{c.k, c.k} || strides.size() != 2 || strides[0] != strides[1] || pads.size() != 4 ||
-      std::count(pads.begin(), pads.end(), pads[0]) != 4)
-    return std::nullopt;
-  c.stride = strides[0];
-  c.pad = pads[0];
-  return c;
-}
-
-// Copies a fused node's activation attributes under the names `prefix`activation(_params).
-void copy_activation(const Node& from, Node& to, const std::string& prefix) {
-  if (auto it = from.attrs.find("activation"); it != from.attrs.end()) to.attrs[prefix + "activation"] = it->second;
-  if (auto it = from.attrs.find("activation_params"); it != from.attrs.end())
-    to.attrs[prefix + "activation_params"] = it->second;
-}
-
-Attribute ints_attr(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::ints;
-  a.ints = std::move(v);
-  return a;
-}
-
 }  // namespace
-
-int64_t fuse_pointwise_depthwise(PassGraph& g) {
-  if (g.can_fuse && !g.can_fuse("Conv", "FusedConvDw")) return 0;
-  UseIndex index(g);
-  auto pos = positions(g);
-  int64_t rewrites = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    Node* n = g.nodes[i].get();
-    if (!n) continue;
-    const auto pw = square_conv(g, *n);
-    if (!pw || pw->k != 1 || pw->stride != 1 || pw->pad != 0 || pw->group != 1) continue;
-    const std::string& y = n->outputs[0];
-    if (index.pinned(y)) continue;
-    Node* d = index.sole_reader(y);
-    if (!d || d->inputs.empty() || d->inputs[0] != y) continue;
-    const auto dw = square_conv(g, *d);
-    if (!dw || dw->k != 3 || dw->pad != 1 || (dw->stride != 1 && dw->stride != 2) || dw->group != pw->m ||
-        dw->m != pw->m || dw->c_per_group != 1)
-      continue;
-    auto fused = std::make_unique<Node>();
-    fused->name = n->name;
-    fused->domain = kFusedDomain;
-    fused->op_type = "FusedConvDw";
-    auto input = [](const Node& x, size_t k) { return x.inputs.size() > k ? x.inputs[k] : std::string(); };
-    fused->inputs = {n->inputs[0], n->inputs[1], input(*n, 2), d->inputs[1], input(*d, 2)};
-    fused->outputs = {d->outputs[0]};
-    copy_activation(*n, *fused, "");
-    copy_activation(*d, *fused, "dw_");
-    Attribute group;
-    group.kind = Attribute::Kind::i;
-    group.i = dw->group;
-    fused->attrs["dw_group"] = group;
-    fused->attrs["dw_strides"] = ints_attr({dw->stride, dw->stride});
-    fused->attrs["dw_pads"] = ints_attr({1, 1, 1, 1});
-    // The fused node takes the depthwise node's place (its inputs are all ready there).
-    const size_t last = pos.at(d);
-    index.remove(n);
-    index.remove(d);
-    index.add(fused.get());
-    pos.erase(n);
-    pos.erase(d);
-    remove_at(g, i);
-    g.removed.push_back(std::move(g.nodes[last]));
-    pos[fused.get()] = last;
-    g.nodes[last] = std::move(fused);
-    g.opsets[kFusedDomain] = kFusedOpset;
-    ++rewrites;
-  }
-  compact(g);
-  return rewrites;
-}
 
 int64_t fuse_bias_activation(PassGraph& g) {
   UseIndex index(g);

@@ -98,7 +98,6 @@ PassStats optimize_graph(PassGraph& g) {
     run("fold_shape_subgraphs", fold_shape_subgraphs);
     run("fold_batch_norm", fold_batch_norm);
     run("fuse_bias_activation", fuse_bias_activation);
-    run("fuse_pointwise_depthwise", fuse_pointwise_depthwise);
     if (changed == 0) break;
   }
   return stats;

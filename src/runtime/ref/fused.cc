@@ -1,9 +1,7 @@
-// Ref kernels of the fused ops (slim:FusedConv, FusedGemm, FusedMatMul, FusedConvDw).
-// They are the oracle for every provider's fused kernels, so they compute exactly what
-// the unfused chain does: the base op by its own ref kernel, then each elementwise step
-// rounded to f32 in the order the graph had them (bias, residual, activation).
-#include <cstring>
-
+// Ref kernels of the fused ops (slim:FusedConv, FusedGemm, FusedMatMul). They are the
+// oracle for every provider's fused kernels, so they compute exactly what the unfused
+// chain does: the base op by its own ref kernel, then each elementwise step rounded to
+// f32 in the order the graph had them (bias, residual, activation).
 #include "runtime/ref/ref_kernels.h"
 #include "slim/core/error.h"
 #include "slim/runtime/fused_ops.h"
@@ -78,50 +76,6 @@ class FusedKernel final : public OpKernel {
   std::unique_ptr<OpKernel> base_kernel_;
 };
 
-// slim:FusedConvDw: the pointwise FusedConv, then the depthwise FusedConv on its output.
-class FusedConvDwKernel final : public OpKernel {
- public:
-  explicit FusedConvDwKernel(const Node& node) {
-    if (node.inputs.size() != 5)
-      throw Error(ErrorCode::invalid_model, node.describe() + ": takes 5 inputs (X, W, B, DW_W, DW_B), got " +
-                                                std::to_string(node.inputs.size()));
-    pw_node_.name = node.name + "/pointwise";
-    dw_node_.name = node.name + "/depthwise";
-    for (Node* n : {&pw_node_, &dw_node_}) {
-      n->op_type = "FusedConv";
-      n->domain = kFusedDomain;
-    }
-    pw_node_.inputs = {node.inputs[0], node.inputs[1], node.inputs[2]};
-    pw_node_.outputs = {pw_node_.name};
-    dw_node_.inputs = {pw_node_.name, node.inputs[3], node.inputs[4]};
-    dw_node_.outputs = node.outputs;
-    for (const auto& [name, value] : node.attrs) {
-      if (name.rfind("dw_", 0) == 0) {
-        dw_node_.attrs[name.substr(3)] = value;  // dw_group -> group, dw_activation -> activation, ...
-      } else {
-        pw_node_.attrs[name] = value;
-      }
-    }
-    pw_ = std::make_unique<FusedKernel>(pw_node_, "Conv", 3, 11);
-    dw_ = std::make_unique<FusedKernel>(dw_node_, "Conv", 3, 11);
-  }
-
-  void compute(KernelContext& ctx) const override {
-    std::vector<Tensor> mid(1), out(1);
-    KernelContext pw_ctx(pw_node_, {ctx.input(0), ctx.input(1), ctx.input(2)}, &mid, nullptr, &ctx.pool());
-    pw_->compute(pw_ctx);
-    KernelContext dw_ctx(dw_node_, {&mid[0], ctx.input(3), ctx.input(4)}, &out, nullptr, &ctx.pool());
-    dw_->compute(dw_ctx);
-    const Tensor y = out[0].contiguous();
-    Tensor& dst = ctx.output(0, DType::f32, y.shape());
-    std::memcpy(dst.raw_data(), y.raw_data(), y.nbytes());
-  }
-
- private:
-  Node pw_node_, dw_node_;  // the kernels keep references to them
-  std::unique_ptr<FusedKernel> pw_, dw_;
-};
-
 KernelDef fused_def(const char* op, const char* base, int base_inputs, int64_t base_opset) {
   KernelFactory f = [base, base_inputs, base_opset](const Node& n,
                                                     int64_t) -> std::unique_ptr<OpKernel> {
@@ -137,10 +91,6 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(fused_def("FusedConv", "Conv", 3, 11));
   r.add(fused_def("FusedGemm", "Gemm", 3, 13));
   r.add(fused_def("FusedMatMul", "MatMul", 2, 13));
-  KernelFactory conv_dw = [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
-    return std::make_unique<FusedConvDwKernel>(n);
-  };
-  r.add(KernelDef{"FusedConvDw", kFusedDomain, kFusedOpset, INT_MAX, conv_dw, {}});
 }
 
 }  // namespace slim::ref
