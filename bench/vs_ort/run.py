@@ -61,6 +61,10 @@ def run_ort(args, model_path, base, threads, iters, out_dir):
         return json.load(f)
 
 
+# The bar: slim's outputs within 1e-4 of ORT's, relative to the largest |output|.
+REL_TOLERANCE = 1e-4
+
+
 def compare_outputs(slim_dir, ort_result):
     worst_abs, worst_rel = 0.0, 0.0
     for o in ort_result["outputs"]:
@@ -98,7 +102,7 @@ def main():
     rows = [header, "|" + "---|" * 11]
     print(header)
     print(rows[1])
-    notes = []
+    notes, mismatches = [], []
     for model in args.models.split(","):
         model_path = os.path.join(args.work, model + ".onnx")
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -129,6 +133,9 @@ def main():
                        f"{diff_abs:.2e} | {diff_rel:.2e} | {top} |")
                 rows.append(row)
                 print(row, flush=True)
+                if not diff_rel <= REL_TOLERANCE:
+                    mismatches.append(f"{model} b{batch} t{threads}: outputs differ from ORT's by "
+                                      f"{diff_rel:.2e} of the largest |output| (tolerance {REL_TOLERANCE:g})")
                 if s50 > o50:
                     notes.append(f"{model} b{batch} t{threads}: slim {s50 / o50:.2f}x ORT; "
                                  f"slim's time per run by op type: {top} (ms)")
@@ -140,6 +147,12 @@ def main():
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(rows) + "\n")
+    if mismatches:
+        print("\nOUTPUT MISMATCH (the timings of these rows do not count):", file=sys.stderr)
+        for m in mismatches:
+            print("  " + m, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
