@@ -8,6 +8,7 @@
 // Ungrouped 3x3 stride-1 convolutions of 16+ channels run Winograd's algorithm
 // (SessionOptions::winograd).
 #include <cstring>
+#include <mutex>
 
 #include "runtime/cpu/cpu_common.h"
 
@@ -154,6 +155,11 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   return std::nullopt;
 }
 
+// The kernel is decided in two steps. At build, the primitive descriptor: which oneDNN
+// implementation and which activation and weight layouts; the layout negotiation may then
+// change it (switch_to_blocked). At the first run, the rest: the primitive (its JIT code),
+// the packed weights and the reorder buffers, so that a convolution whose layout the
+// negotiation changed generates code and packs weights once.
 class DnnlConvKernel final : public OpKernel {
  public:
   bool static_output(int i, DType* dtype, Shape* shape) const override {
@@ -162,8 +168,9 @@ class DnnlConvKernel final : public OpKernel {
     return i == 0;
   }
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
+    if (weights) weights_src_ = *weights;  // shares the storage until the weights are packed
     limit_dnnl_threads_at_build();
-    dnnl_call(node, "convolution setup", [&] { setup(weights); return 0; });
+    dnnl_call(node, "convolution setup", [&] { setup(); return 0; });
   }
 
   void compute(KernelContext& ctx) const override {
@@ -172,6 +179,8 @@ class DnnlConvKernel final : public OpKernel {
     const Tensor& x = ctx.required_input(0);
     Tensor& y = ctx.output(0, DType::f32, s_.y);
     dnnl_call(ctx.node(), "convolution", [&] {
+      // The layouts are settled by the first run: the rest of the kernel is built then.
+      std::call_once(finalized_, [this] { const_cast<DnnlConvKernel*>(this)->finalize(); });
       // In a private layout (negotiated at compile time) x or y already is in the layout
       // the primitive runs in, so they are used in place instead of reordered.
       memory& src = private_src_ ? src_priv_ : src_mem_;
@@ -215,65 +224,57 @@ class DnnlConvKernel final : public OpKernel {
   // The layout oneDNN runs in, when it is not the plain one and takes no more bytes
   // (blocked layouts that pad the channels do not fit the planned buffers).
   uint64_t private_output_layout(int i) const override {
-    if (i != 0 || !reorder_dst_ || dst_md_.get_size() != size_t(shape_numel(s_.y)) * 4) return 0;
+    if (i != 0 || !reorder_dst() || dst_md_.get_size() != size_t(shape_numel(s_.y)) * 4) return 0;
     return layout_tag(dst_md_);
   }
   bool accepts_private_input(int i, uint64_t layout) const override {
     if (i == 0)
-      return (reorder_src_ && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 &&
+      return (reorder_src() && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 &&
               layout_tag(src_md_) == layout) ||
              (can_switch_to_blocked() && channel_layout(s_.x, layout) == memory::format_tag::nChw16c);
     if (i == 3)
-      return s_.has_z && reorder_dst_ && dst_md_.get_size() == size_t(shape_numel(s_.y)) * 4 &&
+      return s_.has_z && reorder_dst() && dst_md_.get_size() == size_t(shape_numel(s_.y)) * 4 &&
              layout_tag(dst_md_) == layout;
     return false;
   }
   uint64_t wanted_input_layout(int i) const override {
-    return i == 0 && reorder_src_ && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 ? layout_tag(src_md_) : 0;
+    return i == 0 && reorder_src() && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 ? layout_tag(src_md_) : 0;
   }
   // Another kernel's channels-last or nChw16c: the reorder after the primitive, which
   // otherwise goes to plain, writes that layout instead.
   bool can_write_output_in(int i, uint64_t layout) const override {
-    return i == 0 && reorder_dst_ && channel_layout(s_.y, layout).has_value();
+    return i == 0 && reorder_dst() && channel_layout(s_.y, layout).has_value();
   }
   void use_private_output(int i, uint64_t layout) override {
     if (i != 0) return;
-    if (layout == layout_tag(dst_md_)) {
-      private_dst_ = true;
-      dst_priv_ = memory(dst_md_, dnnl_engine(), DNNL_MEMORY_NONE);
-      return;
-    }
-    dst_user_ = memory(f32_md(s_.y, *channel_layout(s_.y, layout)), dnnl_engine(), DNNL_MEMORY_NONE);
-    dst_reorder_ = dnnl::reorder(dst_mem_, dst_user_);
+    if (layout == layout_tag(dst_md_)) private_dst_ = true;
+    else dst_user_fmt_ = *channel_layout(s_.y, layout);
   }
   void use_private_input(int i, uint64_t layout) override {
     if (i == 0) {
-      if (layout != layout_tag(src_md_) && !switch_to_blocked()) {
-        // No nChw16c kernel after all: the reorder before the primitive reads nChw16c.
-        src_user_ = memory(f32_md(s_.x, memory::format_tag::nChw16c), dnnl_engine(), DNNL_MEMORY_NONE);
-        src_reorder_ = dnnl::reorder(src_user_, src_mem_);
-        return;
-      }
-      private_src_ = true;
-      src_priv_ = memory(src_md_, dnnl_engine(), DNNL_MEMORY_NONE);
+      // Without an nChw16c kernel after all, the reorder before the primitive reads it.
+      if (layout != layout_tag(src_md_) && !switch_to_blocked()) src_user_fmt_ = memory::format_tag::nChw16c;
+      else private_src_ = true;
     }
     if (i == 3) private_z_ = true;
   }
 
  private:
+  bool reorder_src() const { return src_md_ != plain_md(s_.x); }
+  bool reorder_dst() const { return dst_md_ != plain_md(s_.y); }
+
   // oneDNN's direct kernels run an ungrouped 2-D convolution in channels-last or in
   // nChw16c at about the same speed, and pick channels-last; Winograd and pooling run in
   // nChw16c. When the input arrives in nChw16c (from a Winograd convolution, say), the
-  // kernel rebuilds its primitive in nChw16c instead of reordering the activations on
-  // both sides. Only before its residual input's layout was settled, which follows dst.
+  // kernel switches to nChw16c instead of reordering the activations on both sides. Only
+  // before its residual input's layout was settled, which follows dst.
   bool can_switch_to_blocked() const {
     return !s_.transposed && !s_.winograd && s_.group == 1 && s_.x.size() == 4 && s_.x[1] % 16 == 0 &&
-           s_.y[1] % 16 == 0 && reorder_src_ && !private_src_ && !private_z_;
+           s_.y[1] % 16 == 0 && reorder_src() && !private_src_ && !private_z_ &&
+           src_user_fmt_ == memory::format_tag::undef;
   }
 
-  void setup(const Tensor* weights) {
-    const auto& eng = dnnl_engine();
-    stream_ = dnnl::stream(eng);
+  void setup() {
     const int64_t g = s_.group;
     const int64_t m = s_.y[1], c = s_.x[1];
     Shape k(s_.w.begin() + 2, s_.w.end());
@@ -317,131 +318,129 @@ class DnnlConvKernel final : public OpKernel {
     const bool plain_first = channels_in < 8 && s_.group == 1;
     if (s_.winograd) {
       try {
-        impl = create(any(s_.x), any(s_.y), dnnl::algorithm::convolution_winograd);
+        impl = describe(any(s_.x), any(s_.y), dnnl::algorithm::convolution_winograd);
       } catch (const dnnl::error&) {
         s_.winograd = false;  // this CPU or shape has no Winograd kernel: the direct one below
       }
     } else if (plain_first) {
       try {
-        impl = create(plain_md(s_.x), any(s_.y));
+        impl = describe(plain_md(s_.x), any(s_.y));
       } catch (const dnnl::error&) {
         impl = "ref";  // no kernel for the plain layout at all
       }
     }
-    if (impl.empty() || impl.find("ref") != std::string::npos) create(any(s_.x), any(s_.y));
-    // Weights: packed into the primitive's layout, once when they are constant; the
-    // kernel owns the packed copy.
-    weights_ = owned_memory(w_md_, eng, buffers_);
-    if (weights) {
-      memory w_user(w_user_md_, eng, weights->raw_data());
-      dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
-      stream_.wait();
-    } else {
-      w_user_ = memory(w_user_md_, eng, DNNL_MEMORY_NONE);
-      w_reorder_ = dnnl::reorder(w_user_, weights_);
-    }
-    bind_activations();
+    if (impl.empty() || impl.find("ref") != std::string::npos) describe(any(s_.x), any(s_.y));
   }
 
   static memory::desc any(const Shape& d) {
     return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any);
   }
 
-  // The primitive for activations in x_md / y_md (format_tag::any: oneDNN's choice).
-  std::string create(const memory::desc& x_md, const memory::desc& y_md,
-                     dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct) {
+  // The primitive descriptor for activations in x_md / y_md (format_tag::any: oneDNN's
+  // choice); returns the implementation's name.
+  std::string describe(const memory::desc& x_md, const memory::desc& y_md,
+                       dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct) {
     const auto& eng = dnnl_engine();
     if (!s_.transposed) {
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm, x_md, any(wdims_),
                                         bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil),
                                         to_dims(s_.pad_l), to_dims(s_.pad_r));
       dnnl::convolution_forward::primitive_desc pd(d, attr_, eng);
-      src_md_ = pd.src_desc();
-      dst_md_ = pd.dst_desc();
-      w_md_ = pd.weights_desc();
-      prim_ = dnnl::convolution_forward(pd);
-      return pd.impl_info_str();
+      pd_ = pd;
+    } else {
+      dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference,
+                                          dnnl::algorithm::deconvolution_direct, x_md, any(wdims_), bias_md_,
+                                          y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
+                                          to_dims(s_.pad_r));
+      dnnl::deconvolution_forward::primitive_desc pd(d, attr_, eng);
+      pd_ = pd;
     }
-    dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
-                                        x_md, any(wdims_), bias_md_, y_md, to_dims(s_.stride),
-                                        to_dims(s_.dil), to_dims(s_.pad_l), to_dims(s_.pad_r));
-    dnnl::deconvolution_forward::primitive_desc pd(d, attr_, eng);
-    src_md_ = pd.src_desc();
-    dst_md_ = pd.dst_desc();
-    w_md_ = pd.weights_desc();
-    prim_ = dnnl::deconvolution_forward(pd);
-    return pd.impl_info_str();
+    src_md_ = pd_.src_desc();
+    dst_md_ = pd_.dst_desc();
+    w_md_ = pd_.weights_desc();
+    return pd_.impl_info_str();
   }
 
-  // The user-side memories and the reorders between them and the primitive's layouts.
-  void bind_activations() {
+  // Describes the convolution with nChw16c activations. False (and nothing changed) when
+  // oneDNN has no kernel for it.
+  bool switch_to_blocked() {
+    const dnnl::primitive_desc old = pd_;
+    try {
+      describe(f32_md(s_.x, memory::format_tag::nChw16c), f32_md(s_.y, memory::format_tag::nChw16c));
+      return true;
+    } catch (const dnnl::error&) {
+      pd_ = old;
+      src_md_ = pd_.src_desc();
+      dst_md_ = pd_.dst_desc();
+      w_md_ = pd_.weights_desc();
+      return false;
+    }
+  }
+
+  // The primitive, the packed weights (once, when they are constant; the kernel owns the
+  // packed copy) and the memories and reorders between the callers' layouts and the
+  // primitive's.
+  void finalize() {
     const auto& eng = dnnl_engine();
+    stream_ = dnnl::stream(eng);
+    prim_ = dnnl::primitive(pd_);
+    weights_ = owned_memory(w_md_, eng, buffers_);
+    if (s_.weights_constant) {
+      memory w_user(w_user_md_, eng, weights_src_.raw_data());
+      dnnl::reorder(w_user, weights_).execute(stream_, w_user, weights_);
+      stream_.wait();
+      weights_src_ = Tensor();
+    } else {
+      w_user_ = memory(w_user_md_, eng, DNNL_MEMORY_NONE);
+      w_reorder_ = dnnl::reorder(w_user_, weights_);
+    }
     const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
-    src_user_ = memory(x_md, eng, DNNL_MEMORY_NONE);
-    dst_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
-    reorder_src_ = src_md_ != x_md;
-    reorder_dst_ = dst_md_ != y_md;
-    if (reorder_src_) {
+    reorder_src_ = reorder_src();
+    reorder_dst_ = reorder_dst();
+    src_user_ = memory(src_user_fmt_ == memory::format_tag::undef ? x_md : f32_md(s_.x, src_user_fmt_), eng,
+                       DNNL_MEMORY_NONE);
+    dst_user_ = memory(dst_user_fmt_ == memory::format_tag::undef ? y_md : f32_md(s_.y, dst_user_fmt_), eng,
+                       DNNL_MEMORY_NONE);
+    if (private_src_) {
+      src_priv_ = memory(src_md_, eng, DNNL_MEMORY_NONE);
+    } else if (reorder_src_) {
       src_mem_ = owned_memory(src_md_, eng, buffers_);
       src_reorder_ = dnnl::reorder(src_user_, src_mem_);
     } else {
       src_mem_ = src_user_;
     }
-    if (reorder_dst_) {
+    if (private_dst_) {
+      dst_priv_ = memory(dst_md_, eng, DNNL_MEMORY_NONE);
+    } else if (reorder_dst_) {
       dst_mem_ = owned_memory(dst_md_, eng, buffers_);
       dst_reorder_ = dnnl::reorder(dst_mem_, dst_user_);
-      if (s_.has_z) {
-        z_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
-        z_reorder_ = dnnl::reorder(z_user_, dst_mem_);
-      }
     } else {
       dst_mem_ = dst_user_;
+    }
+    if (s_.has_z && reorder_dst_ && !private_z_) {  // plain z into the primitive's dst layout
+      z_user_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+      z_reorder_ = dnnl::reorder(z_user_, private_dst_ ? dst_priv_ : dst_mem_);
     }
     if (s_.has_bias) bias_ = memory(bias_md_, eng, DNNL_MEMORY_NONE);
   }
 
-  // Rebuilds the primitive with nChw16c activations; the packed weights are reordered
-  // into the new primitive's weight layout and the old buffers released. False (and
-  // nothing changed) when oneDNN has no kernel for it.
-  bool switch_to_blocked() {
-    const auto& eng = dnnl_engine();
-    const dnnl::primitive old_prim = prim_;
-    const memory::desc old_src = src_md_, old_dst = dst_md_, old_w = w_md_;
-    try {
-      create(f32_md(s_.x, memory::format_tag::nChw16c), f32_md(s_.y, memory::format_tag::nChw16c));
-    } catch (const dnnl::error&) {
-      prim_ = old_prim;
-      src_md_ = old_src;
-      dst_md_ = old_dst;
-      w_md_ = old_w;
-      return false;
-    }
-    std::vector<std::shared_ptr<Storage>> old = std::move(buffers_);
-    buffers_.clear();
-    memory old_weights = weights_;
-    weights_ = owned_memory(w_md_, eng, buffers_);
-    if (s_.weights_constant) {
-      dnnl::reorder(old_weights, weights_).execute(stream_, old_weights, weights_);
-      stream_.wait();
-    } else {
-      w_reorder_ = dnnl::reorder(w_user_, weights_);
-    }
-    bind_activations();
-    return true;
-  }
-
   ConvSetup s_;
+  Tensor weights_src_;  // the constant weights until finalize packs them
   Shape wdims_;
-  memory::desc w_user_md_, bias_md_, w_md_;
+  memory::desc w_user_md_, bias_md_, w_md_, src_md_, dst_md_;
   dnnl::primitive_attr attr_;
+  dnnl::primitive_desc pd_;
+  // Negotiated layouts: x or y in the primitive's own layout (used in place), x or y in
+  // another channel layout (the reorder converts from or to it; undef = plain), z in dst's.
+  bool private_src_ = false, private_dst_ = false, private_z_ = false;
+  memory::format_tag src_user_fmt_ = memory::format_tag::undef, dst_user_fmt_ = memory::format_tag::undef;
+  // Built by finalize, at the first run.
+  mutable std::once_flag finalized_;
   dnnl::primitive prim_;
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
-  mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_;
+  mutable memory weights_, bias_, src_user_, dst_user_, z_user_, src_mem_, dst_mem_, w_user_, src_priv_, dst_priv_;
   std::vector<std::shared_ptr<Storage>> buffers_;  // behind weights_, src_mem_, dst_mem_
   bool reorder_src_ = false, reorder_dst_ = false;
-  bool private_src_ = false, private_dst_ = false, private_z_ = false;
-  memory::desc src_md_, dst_md_;
-  mutable memory src_priv_, dst_priv_;
   mutable dnnl::stream stream_;
 };
 
