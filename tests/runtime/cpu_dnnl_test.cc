@@ -532,7 +532,7 @@ TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
 namespace slim {
 namespace {
 
-// ResNet-style layers: 3x3 convolutions of 16+ channels (and 3,000+ output positions) run Winograd's algorithm (in
+// ResNet-style layers: 3x3 convolutions of 16+ channels (and enough output positions) run Winograd's algorithm (in
 // nChw16c), and the 1x1 convolutions reading their outputs rebuild themselves in nChw16c
 // instead of reordering (their packed weights move to the new primitive's layout). The
 // results match ref within rounding with Winograd on and off, and differ from each other

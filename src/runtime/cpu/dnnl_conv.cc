@@ -146,12 +146,14 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   }
   // Winograd F(2x2|4x4, 3x3) does about half a direct 3x3 convolution's multiplications;
   // below 16 channels a convolution is too small for it to matter. Its weights are
-  // transformed once, at compile, by oneDNN's reorder (about 150 ns per weight, single
-  // threaded), which costs about the time saved by 30,000 / (N * OH * OW) runs: it is used
-  // where that is 10 runs or fewer, so that compile (and cold start) stays short.
+  // transformed once, at the first run, by oneDNN's reorder (150-200 ns per weight, single
+  // threaded), which costs about the time saved by 39,000 / (N * OH * OW) runs. So that
+  // cold start stays short it is used where that is about 13 runs or fewer, or 60 when
+  // the layer has at most 160 K weights (30 ms of transform at most).
+  const int64_t positions = s->y[0] * s->y[2] * s->y[3], weights = m * c * 9;
   s->winograd = info.winograd && !transposed && s->group == 1 && nd == 2 && k == Shape{3, 3} &&
                 s->stride == Shape{1, 1} && dilations == Shape{1, 1} && c >= 16 && m >= 16 &&
-                s->y[0] * s->y[2] * s->y[3] >= 3000;
+                (positions >= 3000 || (positions >= 650 && weights <= 160'000));
   return std::nullopt;
 }
 
