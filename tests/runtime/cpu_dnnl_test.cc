@@ -568,3 +568,39 @@ TEST(CpuDnnl, WinogradConvolutionsAndTheirBlockedNeighboursMatchRef) {
 
 }  // namespace
 }  // namespace slim
+
+namespace slim {
+namespace {
+
+// MobileNetV2's inverted residual with 24 channels: the projection's residual (24 output
+// channels, not a multiple of 16) is a binary-add post-op that reads the block's input
+// in place in the channels-last layout the convolutions share, or reordered from plain
+// when that input is a graph input. Either way the block matches ref.
+TEST(CpuDnnl, InvertedResidualWithOddChannelCountMatchesRef) {
+  for (const bool stem : {false, true}) {
+    SCOPED_TRACE(stem ? "block input from a convolution" : "block input is the graph input");
+    ModelBuilder b;
+    b.input("x", DType::f32, spec({2, 24, 14, 14})).output("y");
+    b.initializer("w0", random_f32({24, 24, 1, 1}, 1, -0.3f, 0.3f));
+    b.initializer("w1", random_f32({144, 24, 1, 1}, 2, -0.3f, 0.3f)).initializer("b1", random_f32({144}, 3));
+    b.initializer("w2", random_f32({144, 1, 3, 3}, 4, -0.3f, 0.3f));
+    b.initializer("w3", random_f32({24, 144, 1, 1}, 5, -0.2f, 0.2f)).initializer("b3", random_f32({24}, 6));
+    std::string in = "x";
+    if (stem) {
+      b.node("Conv", {"x", "w0"}, {"s"}, "stem");
+      in = "s";
+    }
+    b.node("Conv", {in, "w1", "b1"}, {"e"}, "expand");
+    b.node("Relu", {"e"}, {"er"}, "expand_relu");
+    Node& dw = b.node("Conv", {"er", "w2"}, {"d"}, "depthwise");
+    dw.attrs["group"] = attr_int(144);
+    dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
+    b.node("Relu", {"d"}, {"dr"}, "depthwise_relu");
+    b.node("Conv", {"dr", "w3", "b3"}, {"p"}, "project");
+    b.node("Add", {"p", in}, {"y"}, "residual");
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 24, 14, 14}, 7)}}, "project", "cpu", 1e-5, 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace slim
