@@ -200,23 +200,18 @@ class DnnlConvKernel final : public OpKernel {
         w_user_.set_data_handle(ctx.required_input(1).raw_data());
         w_reorder_.execute(stream_, w_user_, weights_);
       }
-      if (z_binary_) {
+      if (s_.has_z) {
+        // The residual: read in place by the binary-add post-op, or copied into dst for
+        // the sum post-op; through a reorder from plain when it is not in dst's layout.
         const Tensor& z = ctx.required_input(3);
         check_input_shape(ctx, 3, s_.y);
-        if (private_z_ || !reorder_dst_) {  // z is in the layout dst is in: read in place
+        if (!private_z_ && reorder_dst_) {
+          z_user_.set_data_handle(z.raw_data());
+          z_reorder_.execute(stream_, z_user_, z_binary_ ? z_mem_ : dst);
+        } else if (z_binary_) {
           z_mem_.set_data_handle(const_cast<void*>(z.raw_data()));
         } else {
-          z_user_.set_data_handle(z.raw_data());
-          z_reorder_.execute(stream_, z_user_, z_mem_);
-        }
-      } else if (s_.has_z) {
-        const Tensor& z = ctx.required_input(3);
-        check_input_shape(ctx, 3, s_.y);
-        if (private_z_ || !reorder_dst_) {  // z is in the layout dst is in
           std::memcpy(dst.get_data_handle(), z.raw_data(), y.nbytes());
-        } else {
-          z_user_.set_data_handle(z.raw_data());
-          z_reorder_.execute(stream_, z_user_, dst);
         }
       }
       std::unordered_map<int, memory> args{
