@@ -236,17 +236,17 @@ void tile_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int6
   }
 }
 
-// Repacked F16 against f16 activations: per (row, token) two running sums, column c
-// going to sum c mod 2 with one fused multiply-add, then s0 + s1.
+// Repacked F16 against f16 activations: per (row, token) three running sums, column c
+// going to sum c mod 3 with one fused multiply-add, then (s0 + s1) + s2.
 void tile_f16_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
                          int64_t ldy) {
   const auto* wh = reinterpret_cast<const uint16_t*>(w);
   for (int t = 0; t < nt; ++t) {
     const auto* xh = reinterpret_cast<const uint16_t*>(x + t * xs);
     for (int r = 0; r < nr; ++r) {
-      float a[2] = {0, 0};
-      for (int64_t c = 0; c < n; ++c) a[c % 2] = std::fma(f16_to_f32(wh[16 * c + r]), f16_to_f32(xh[c]), a[c % 2]);
-      y[t * ldy + r] = a[0] + a[1];
+      float a[3] = {0, 0, 0};
+      for (int64_t c = 0; c < n; ++c) a[c % 3] = std::fma(f16_to_f32(wh[16 * c + r]), f16_to_f32(xh[c]), a[c % 3]);
+      y[t * ldy + r] = (a[0] + a[1]) + a[2];
     }
   }
 }
@@ -1007,34 +1007,37 @@ void widen_f16_avx512(const uint16_t* h, float* f, int64_t n) {
 
 // Repacked F16 (repack_x16): lane r is row r, so each column is one conversion and one
 // FMA per token with the token's value broadcast (from its f32 copy, see widen_f16), and
-// no horizontal sums. Two accumulators per token (column c to c mod 2), the same
-// operations per (row, token) as the scalar tile whatever NT is: 16 accumulators at 8
-// tokens, which fit the registers next to the weight vector (with four sums per token
-// two of 32 were spilled; 16 rows x 8 tokens in cache: 81 -> 92 GMAC/s).
+// no horizontal sums. Three accumulators per token (column c to c mod 3), the same
+// operations per (row, token) as the scalar tile whatever NT is. Three is the count that
+// serves both ends: one token needs three or more independent FMA chains (two: 32
+// against 42 GMAC/s in cache, and decode 4-5 % slower), and eight tokens need the 24
+// accumulators and the weight vector to fit the 32 registers (four sums spilled: 83
+// against 93 GMAC/s for 16 rows x 8 tokens in cache).
 template <int NT>
 void tile_f16_x16_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
   const auto* wh = reinterpret_cast<const uint16_t*>(w);
   const float* xf[NT];
   for (int t = 0; t < NT; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
-  __m512 a[NT][2];
-  for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+  __m512 a[NT][3];
+  for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = _mm512_setzero_ps();
   int64_t c = 0;
-  for (; c + 4 <= n; c += 4) {
+  for (; c + 3 <= n; c += 3) {
     _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + 32)), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + 34)), _MM_HINT_T0);
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q) {
+#pragma GCC unroll 3
+    for (int q = 0; q < 3; ++q) {
       const __m512 wv = load_f16x16(wh + 16 * (c + q));
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) a[t][q % 2] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c + q]), a[t][q % 2]);
+      for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c + q]), a[t][q]);
     }
   }
-  for (; c < n; ++c) {
+  for (int q = 0; c < n; ++c, ++q) {
     const __m512 wv = load_f16x16(wh + 16 * c);
-    for (int t = 0; t < NT; ++t) a[t][c % 2] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c]), a[t][c % 2]);
+    for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c]), a[t][q]);
   }
   const __mmask16 m = __mmask16((1u << nr) - 1);
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_add_ps(a[t][0], a[t][1]));
+  for (int t = 0; t < NT; ++t)
+    _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), a[t][2]));
 }
 
 void tile_f16_x16_avx512(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,

@@ -259,15 +259,15 @@ TEST(Kernels, RepackedTilesMatchTheBlockByBlockReference) {
       });
 }
 
-// F16: two running sums, column c into sum c mod 2, one FMA each, then s0 + s1.
+// F16: three running sums, column c into sum c mod 3, one FMA each, then (s0 + s1) + s2.
 TEST(Kernels, RepackedF16TilesMatchTheColumnByColumnReference) {
-  for (const int64_t n : {int64_t(7), int64_t(64), int64_t(384 + 3)})
+  for (const int64_t n : {int64_t(7), int64_t(64), int64_t(384 + 3), int64_t(385)})
     check_repacked_tiles(GgmlType::f16, n, [&](const uint8_t* wr, const uint8_t* x) {
       const auto* w = reinterpret_cast<const uint16_t*>(wr);
       const auto* a = reinterpret_cast<const uint16_t*>(x);
-      float s[2] = {0, 0};
-      for (int64_t c = 0; c < n; ++c) s[c % 2] = std::fma(f16_to_f32(w[c]), f16_to_f32(a[c]), s[c % 2]);
-      return s[0] + s[1];
+      float s[3] = {0, 0, 0};
+      for (int64_t c = 0; c < n; ++c) s[c % 3] = std::fma(f16_to_f32(w[c]), f16_to_f32(a[c]), s[c % 3]);
+      return (s[0] + s[1]) + s[2];
     });
 }
 

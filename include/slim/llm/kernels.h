@@ -80,7 +80,7 @@ struct KernelSet {
   // (repack_x16) against activation rows of the type's ActType. Every (row, token) pair
   // adds float(block dot) x (weight scale x activation scale) block by block with one
   // fused multiply-add (Q4_K: a second one subtracts the mins term; F16: one FMA per
-  // column into running sum c mod 2, then s0 + s1), so results do not
+  // column into running sum c mod 3, then (s0 + s1) + s2), so results do not
   // depend on nt and the scalar set's version is the exact reference for the others.
   // Null where the set has none (the weights then stay in the GGUF layout).
   Tile16Fn tile_q8_0x16 = nullptr, tile_q4_0x16 = nullptr, tile_q4_kx16 = nullptr, tile_f16x16 = nullptr;
