@@ -26,9 +26,10 @@ struct SessionOptions {
   // Conv/Gemm/MatMul epilogues, no-op removal, shape-subgraph folding.
   bool optimize = true;
   bool plan_memory = true;
-  // 3x3 stride-1 convolutions with 16 or more input and output channels run Winograd's
-  // algorithm (about half the multiplications; results differ from the direct sum by
-  // rounding, a few 1e-6 relative). Off: every convolution is a direct sum.
+  // Ungrouped 3x3 stride-1 convolutions with 16 or more input and output channels run
+  // Winograd's algorithm where its one-time weight transform pays back within a few dozen
+  // runs (about half the multiplications; results differ from the direct sum by rounding,
+  // a few 1e-6 relative). Off: every convolution is a direct sum.
   bool winograd = true;
   // A model with symbolic input dims is compiled once more for a concrete set of input
   // shapes when run() sees those shapes a second time, so folding and the memory plan

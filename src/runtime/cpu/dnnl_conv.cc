@@ -308,17 +308,6 @@ class DnnlConvKernel final : public OpKernel {
     w_user_md_ = strided_md(wdims_, wstrides);
     bias_md_ = s_.has_bias ? plain_md({m}) : memory::desc();
 
-    // The residual: oneDNN's sum post-op accumulates into dst, so z is first copied there.
-    // For output channels that are not a multiple of 16, the sum path of oneDNN's
-    // channels-last 1x1 kernel is slow (MobileNetV2's 144 -> 24 projection at 56 x 56,
-    // batch 8: 1.47 ms without residual, 2.13 with); a binary-add post-op reading z in
-    // place runs in 1.25. (For other shapes binary add selects slower kernels than sum.)
-    z_binary_ = s_.has_z && !s_.transposed && !s_.winograd && s_.y[1] % 16 != 0;
-    dnnl::post_ops ops;
-    if (s_.has_z && !z_binary_) ops.append_sum(1.f);
-    append_activation(ops, s_.act);
-    attr_.set_post_ops(ops);
-
     // Activations arrive and leave in ONNX's plain layout. oneDNN's fastest kernels want
     // channels-last or blocked activations, so the kernel normally lets oneDNN choose and
     // reorders through its own buffers; the reorders are cheap next to the convolution
@@ -349,41 +338,55 @@ class DnnlConvKernel final : public OpKernel {
     return memory::desc(to_dims(d), memory::data_type::f32, memory::format_tag::any);
   }
 
+  // Bias is an argument; the residual and the activation are post-ops. The residual is
+  // oneDNN's sum (z copied into dst first), or, given z's layout, a binary add that reads
+  // z in place (see describe).
+  dnnl::primitive_attr post_ops_attr(const memory::desc* binary_z) const {
+    dnnl::post_ops ops;
+    if (binary_z) ops.append_binary(dnnl::algorithm::binary_add, *binary_z);
+    else if (s_.has_z) ops.append_sum(1.f);
+    append_activation(ops, s_.act);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    return attr;
+  }
+
+  dnnl::primitive_desc make_pd(const memory::desc& x_md, const memory::desc& y_md, dnnl::algorithm algorithm,
+                               const dnnl::primitive_attr& attr) const {
+    const auto& eng = dnnl_engine();
+    if (!s_.transposed)
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, algorithm, x_md, any(wdims_),
+                                          bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
+                                          to_dims(s_.pad_r)),
+          attr, eng);
+    return dnnl::deconvolution_forward::primitive_desc(
+        dnnl::deconvolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
+                                          x_md, any(wdims_), bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil),
+                                          to_dims(s_.pad_l), to_dims(s_.pad_r)),
+        attr, eng);
+  }
+
+  void adopt(const dnnl::primitive_desc& pd) {
+    pd_ = pd;
+    src_md_ = pd_.src_desc();
+    dst_md_ = pd_.dst_desc();
+    w_md_ = pd_.weights_desc();
+  }
+
   // The primitive descriptor for activations in x_md / y_md (format_tag::any: oneDNN's
   // choice); returns the implementation's name.
   std::string describe(const memory::desc& x_md, const memory::desc& y_md,
                        dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct) {
-    const auto& eng = dnnl_engine();
-    if (!s_.transposed) {
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm, x_md, any(wdims_),
-                                        bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil),
-                                        to_dims(s_.pad_l), to_dims(s_.pad_r));
-      dnnl::convolution_forward::primitive_desc pd(d, attr_, eng);
-      pd_ = pd;
-    } else {
-      dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference,
-                                          dnnl::algorithm::deconvolution_direct, x_md, any(wdims_), bias_md_,
-                                          y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
-                                          to_dims(s_.pad_r));
-      dnnl::deconvolution_forward::primitive_desc pd(d, attr_, eng);
-      pd_ = pd;
-    }
-    src_md_ = pd_.src_desc();
-    dst_md_ = pd_.dst_desc();
-    w_md_ = pd_.weights_desc();
-    if (z_binary_) {
-      // Now that dst's layout is known: z, read in that layout, added before the activation.
-      dnnl::post_ops ops;
-      ops.append_binary(dnnl::algorithm::binary_add, dst_md_);
-      append_activation(ops, s_.act);
-      dnnl::primitive_attr attr;
-      attr.set_post_ops(ops);
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm, src_md_, any(wdims_),
-                                        bias_md_, dst_md_, to_dims(s_.stride), to_dims(s_.dil),
-                                        to_dims(s_.pad_l), to_dims(s_.pad_r));
-      pd_ = dnnl::convolution_forward::primitive_desc(d, attr, eng);
-      w_md_ = pd_.weights_desc();
-    }
+    // For output channels that are not a multiple of 16, the sum path of oneDNN's direct
+    // channels-last 1x1 kernel is slow (MobileNetV2's 144 -> 24 projection at 56 x 56,
+    // batch 8: 1.47 ms without residual, 2.13 with); a binary add reading z in place runs
+    // in 1.25. For other shapes binary add selects slower kernels than sum.
+    z_binary_ = s_.has_z && !s_.transposed && algorithm == dnnl::algorithm::convolution_direct &&
+                s_.y[1] % 16 != 0;
+    adopt(make_pd(x_md, y_md, algorithm, post_ops_attr(nullptr)));
+    // Now that dst's layout is known: z read in it, added before the activation.
+    if (z_binary_) adopt(make_pd(src_md_, dst_md_, algorithm, post_ops_attr(&dst_md_)));
     return pd_.impl_info_str();
   }
 
@@ -391,14 +394,13 @@ class DnnlConvKernel final : public OpKernel {
   // oneDNN has no kernel for it.
   bool switch_to_blocked() {
     const dnnl::primitive_desc old = pd_;
+    const bool old_z_binary = z_binary_;
     try {
       describe(f32_md(s_.x, memory::format_tag::nChw16c), f32_md(s_.y, memory::format_tag::nChw16c));
       return true;
     } catch (const dnnl::error&) {
-      pd_ = old;
-      src_md_ = pd_.src_desc();
-      dst_md_ = pd_.dst_desc();
-      w_md_ = pd_.weights_desc();
+      adopt(old);
+      z_binary_ = old_z_binary;
       return false;
     }
   }
@@ -462,7 +464,6 @@ class DnnlConvKernel final : public OpKernel {
   Tensor weights_src_;  // the constant weights until finalize packs them
   Shape wdims_;
   memory::desc w_user_md_, bias_md_, w_md_, src_md_, dst_md_;
-  dnnl::primitive_attr attr_;
   dnnl::primitive_desc pd_;
   // Negotiated layouts: x or y in the primitive's own layout (used in place), x or y in
   // another channel layout (the reorder converts from or to it; undef = plain), z in dst's.
