@@ -848,29 +848,80 @@ void Session::Impl::build_steps() {
 }
 
 void Session::Impl::plan_arena() {
+  auto plannable = [&](int id) {
+    const ValueSlot& v = values[size_t(id)];
+    return v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && v.shape &&
+           v.dtype && v.alias_of < 0;
+  };
+  std::vector<char> aliased(values.size(), 0);
+  for (const auto& v : values)
+    if (v.alias_of >= 0) aliased[size_t(v.alias_of)] = 1;
+  // Inputs read as one run of the reader's output (OpKernel::input_within_output) are
+  // placed there: the output's buffer then lives from the first such producer on. Only a
+  // value read last by that step, never viewed by another value, and not itself holding
+  // others; one at an aligned offset, so every planned buffer stays aligned.
+  struct Within {
+    int host = -1;
+    int64_t offset = 0;
+  };
+  std::vector<Within> within(values.size());
+  std::vector<int> first_step(values.size(), -1);
+  std::vector<char> hosts(values.size(), 0);
+  for (int s = 0; s < int(steps.size()); ++s) {
+    const Step& step = steps[size_t(s)];
+    if (!step.kernel || step.outputs.empty() || step.outputs[0] < 0 || !plannable(step.outputs[0])) continue;
+    const int host = step.outputs[0];
+    for (int k = 0; k < int(step.inputs.size()); ++k) {
+      const int id = step.inputs[size_t(k)];
+      int64_t offset = 0;
+      if (id < 0 || !plannable(id) || aliased[size_t(id)] || hosts[size_t(id)] ||
+          values[size_t(id)].last_step != s ||
+          std::count(step.inputs.begin(), step.inputs.end(), id) != 1 ||
+          std::count(step.uses.begin(), step.uses.end(), id) != 1 ||
+          !step.kernel->input_within_output(k, &offset) || offset % kArenaAlignment != 0)
+        continue;
+      within[size_t(id)] = {host, offset};
+      hosts[size_t(host)] = 1;
+      const int p = values[size_t(id)].producer_step;
+      first_step[size_t(host)] = first_step[size_t(host)] < 0 ? p : std::min(first_step[size_t(host)], p);
+    }
+  }
   std::vector<int> ids;
   std::vector<BufferRequest> requests;
+  std::vector<int64_t> offset_of(values.size(), -1);
   for (int id = 0; id < int(values.size()); ++id) {
+    if (!plannable(id) || within[size_t(id)].host >= 0) continue;
     const ValueSlot& v = values[size_t(id)];
-    if (v.kind != ValueKind::produced || v.producer_step < 0 || v.graph_output) continue;
-    if (!v.shape || !v.dtype || v.alias_of >= 0) continue;
     const int64_t bytes = shape_numel(*v.shape) * int64_t(dtype_size(*v.dtype));
+    const int first = first_step[size_t(id)] < 0 ? v.producer_step : std::min(first_step[size_t(id)], v.producer_step);
     ids.push_back(id);
-    requests.push_back({bytes, v.producer_step, v.last_step});
+    requests.push_back({bytes, first, v.last_step});
   }
   const MemoryPlan plan = plan_memory(requests);
-  stats.memory.intermediate_bytes = plan.requested_bytes;
+  int64_t in_place = 0, in_place_bytes = 0;
+  for (int id = 0; id < int(values.size()); ++id) {
+    if (within[size_t(id)].host < 0) continue;
+    const ValueSlot& v = values[size_t(id)];
+    ++in_place;
+    in_place_bytes += shape_numel(*v.shape) * int64_t(dtype_size(*v.dtype));
+  }
+  stats.memory.intermediate_bytes = plan.requested_bytes + in_place_bytes;
   stats.memory.planned_bytes = plan.arena_bytes;
-  stats.memory.planned_values = int64_t(ids.size());
+  stats.memory.planned_values = int64_t(ids.size()) + in_place;
+  stats.memory.in_place_values = in_place;
   if (ids.empty()) return;
   arena = Storage::allocate(size_t(plan.arena_bytes));
   char* base = static_cast<char*>(arena->data());
-  for (size_t k = 0; k < ids.size(); ++k) {
-    ValueSlot& v = values[size_t(ids[k])];
-    v.planned = Tensor::borrow(*v.dtype, *v.shape, base + plan.offsets[k], arena);
+  for (size_t k = 0; k < ids.size(); ++k) offset_of[size_t(ids[k])] = plan.offsets[k];
+  for (int id = 0; id < int(values.size()); ++id) {
+    if (!plannable(id)) continue;
+    ValueSlot& v = values[size_t(id)];
+    const Within& w = within[size_t(id)];
+    const int64_t offset = w.host >= 0 ? offset_of[size_t(w.host)] + w.offset : offset_of[size_t(id)];
+    v.planned = Tensor::borrow(*v.dtype, *v.shape, base + offset, arena);
     Step& step = steps[size_t(v.producer_step)];
     for (size_t o = 0; o < step.outputs.size(); ++o)
-      if (step.outputs[o] == ids[k]) step.planned[o] = v.planned;
+      if (step.outputs[o] == id) step.planned[o] = v.planned;
   }
 }
 

@@ -201,6 +201,22 @@ TEST(CpuKernels, TransposeConcatSliceGather) {
     b.node("Concat", {"a", "c", "b"}, {"y"}, "cat").attrs["axis"] = attr_int(-2);
     expect_matches_ref(b.build(), {{"a", random_f32({2, 3, 4}, 1)}, {"b", random_f32({2, 5, 4}, 2)}}, "cat", "cpu", 0, 0);
   }
+  for (const int64_t n : {1, 3}) {
+    // One outer row: the Relus write into their parts of the Concat's output (the second
+    // part starts 16 x 4 floats in, an aligned offset), which then copies nothing; the
+    // third input is a graph input and is copied. Three rows: every input is copied.
+    SCOPED_TRACE("outer rows " + std::to_string(n));
+    ModelBuilder b;
+    b.input("a", DType::f32, spec({n, 16, 4})).input("b", DType::f32, spec({n, 8, 4})).output("y");
+    b.node("Relu", {"a"}, {"ra"}, "relu_a");
+    b.node("Neg", {"b"}, {"nb"}, "neg_b");
+    b.node("Concat", {"ra", "nb", "a"}, {"cat"}, "cat").attrs["axis"] = attr_int(1);
+    b.node("Sigmoid", {"cat"}, {"y"}, "sig");
+    const Model m = b.build();
+    const TensorMap in = {{"a", random_f32({n, 16, 4}, 1)}, {"b", random_f32({n, 8, 4}, 2)}};
+    expect_matches_ref(m, in, "cat", "cpu", 1e-6, 1e-6);
+    EXPECT_EQ(Session::compile(m)->stats().memory.in_place_values, n == 1 ? 2 : 0);
+  }
   {
     struct Case {
       std::vector<int64_t> starts, ends, axes, steps;

@@ -118,6 +118,7 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
     std::cout << "memory:    " << m.planned_values << " planned intermediates, "
               << human(double(m.intermediate_bytes), "B") << " -> arena " << human(double(m.planned_bytes), "B")
               << " (reuse " << rate << ")";
+    if (m.in_place_values) std::cout << ", " << m.in_place_values << " written in place";
     if (m.dynamic_values) std::cout << ", " << m.dynamic_values << " dynamic";
     std::cout << "\n";
   } else if (!compile_error.empty()) {

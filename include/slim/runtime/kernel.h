@@ -80,6 +80,13 @@ class OpKernel {
   virtual bool can_write_output_in(int i, uint64_t layout) const { return false; }
   virtual void use_private_output(int i, uint64_t layout) {}
   virtual void use_private_input(int i, uint64_t layout) {}
+
+  // In-place inputs. A kernel whose input i is one run of its output 0's bytes (Concat of
+  // a single outer row) returns true and the run's byte offset in the output. Compile may
+  // then place the producer's output there, in the reader's output buffer, and the kernel
+  // finds those bytes already in place: it must compare addresses and copy only when they
+  // differ. Asked after the private layouts are settled.
+  virtual bool input_within_output(int i, int64_t* byte_offset) const { return false; }
 };
 
 // Builds the kernel of one node; `opset` is the node's domain version in the model.

@@ -43,6 +43,9 @@ struct MemoryPlanStats {
   int64_t planned_bytes = 0;       // size of the arena that holds them
   int64_t planned_values = 0;      // values with a static shape, placed in the arena
   int64_t dynamic_values = 0;      // values whose shape is only known at run time
+  // Planned values written straight into the output buffer of the node that reads them
+  // (OpKernel::input_within_output: Concat), so that node copies nothing for them.
+  int64_t in_place_values = 0;
   double reuse_rate() const {
     return intermediate_bytes ? 1.0 - double(planned_bytes) / double(intermediate_bytes) : 0.0;
   }

@@ -288,6 +288,18 @@ class ConcatKernel final : public OpKernel {
   }
   void use_private_output(int i, uint64_t layout) override { out_fmt_ = in_fmt_[0]; }
   void use_private_input(int i, uint64_t layout) override { in_fmt_[size_t(i)] = *channel_layout(in_[size_t(i)], layout); }
+  // One outer row (plain or nChw16c with a batch of 1; channels-last only for one pixel),
+  // every input in the output's layout: input i is the output's bytes from the inputs
+  // before it on.
+  bool input_within_output(int i, int64_t* byte_offset) const override {
+    for (auto f : in_fmt_)
+      if (f != out_fmt_) return false;
+    const int64_t rows = out_fmt_ == dnnl::memory::format_tag::nhwc ? p_.outer * p_.y[2] * p_.y[3] : p_.outer;
+    if (rows != 1) return false;
+    *byte_offset = 0;
+    for (int k = 0; k < i; ++k) *byte_offset += p_.chunk_bytes[size_t(k)];
+    return true;
+  }
 
   void compute(KernelContext& ctx) const override {
     Tensor& y = ctx.output(0, dt_, p_.y);
@@ -309,7 +321,8 @@ class ConcatKernel final : public OpKernel {
       for (int64_t r = b; r < e; ++r) {
         char* dst = out + r * row;
         for (size_t i = 0; i < src.size(); ++i) {
-          std::memcpy(dst, src[i] + r * chunk[i], size_t(chunk[i]));
+          // Already there when compile placed the input inside the output.
+          if (src[i] + r * chunk[i] != dst) std::memcpy(dst, src[i] + r * chunk[i], size_t(chunk[i]));
           dst += chunk[i];
         }
       }
