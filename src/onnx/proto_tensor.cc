@@ -152,10 +152,10 @@ uint64_t parse_u64(const std::string& s, const std::string& what) {
 }
 
 Tensor external_tensor(onnx::TensorProto& p, DType dt, const Dims& dims, size_t nbytes,
-                       TensorSource& src, const std::string& what) {
+                       TensorSource& src, const std::string& what, bool has_raw) {
   check(!src.base_dir.empty(), ErrorCode::invalid_model,
         what + " has external data, which is not allowed when the model is loaded from memory");
-  check(!p.has_raw_data(), ErrorCode::invalid_model,
+  check(!has_raw, ErrorCode::invalid_model,
         what + " has external data and raw_data at once");
   for (Field f : kAllFields)
     check(field_size(p, f) == 0, ErrorCode::invalid_model,
@@ -260,7 +260,8 @@ std::optional<DType> dtype_from_onnx(int32_t elem_type) {
   }
 }
 
-Tensor tensor_from_proto(onnx::TensorProto& p, TensorSource& src, const std::string& what) {
+Tensor tensor_from_proto(onnx::TensorProto& p, TensorSource& src, const std::string& what,
+                         const std::string_view* raw_outside) {
   const int32_t et = p.data_type();
   const std::optional<DType> dt = dtype_from_onnx(et);
   if (!dt) {
@@ -279,8 +280,9 @@ Tensor tensor_from_proto(onnx::TensorProto& p, TensorSource& src, const std::str
   const size_t nbytes = size_t(dims.numel) * esize;
   const std::string desc = std::string(dtype_name(*dt)) + shape_str(dims.shape);
 
+  const bool has_raw = raw_outside || p.has_raw_data();
   if (p.data_location() == onnx::TensorProto::EXTERNAL)
-    return external_tensor(p, *dt, dims, nbytes, src, what);
+    return external_tensor(p, *dt, dims, nbytes, src, what, has_raw);
 
   int typed_fields = 0;
   Field typed = Field::float_data;
@@ -291,17 +293,17 @@ Tensor tensor_from_proto(onnx::TensorProto& p, TensorSource& src, const std::str
       ++typed_fields;
       typed = f;
     }
-  if (p.has_raw_data()) {
+  if (has_raw) {
     check(typed_fields == 0, ErrorCode::invalid_model,
           what + " has both raw_data and " + field_name(typed));
-    const std::string& raw = p.raw_data();
+    const std::string_view raw = raw_outside ? *raw_outside : std::string_view(p.raw_data());
     check(raw.size() == nbytes, ErrorCode::invalid_model,
           what + " raw_data has " + std::to_string(raw.size()) + " bytes, but " + desc + " needs " +
               std::to_string(nbytes));
     Tensor t(*dt, dims.shape);
     if (nbytes) std::memcpy(t.raw_data(), raw.data(), nbytes);  // little-endian, as ONNX
     if (*dt == DType::boolean) normalize_bools(t);
-    std::string().swap(*p.mutable_raw_data());
+    if (!raw_outside) std::string().swap(*p.mutable_raw_data());
     return t;
   }
   if (typed_fields == 0) {

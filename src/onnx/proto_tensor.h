@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "slim/core/mapped_file.h"
 #include "slim/core/tensor.h"
@@ -31,7 +32,11 @@ std::optional<DType> dtype_from_onnx(int32_t elem_type);
 // Converts a tensor; `what` names it in errors ("model.onnx: initializer 'w'"). Data
 // stored in the message (raw_data) is released once copied, to keep peak memory low.
 // External data whose offset is 64-byte aligned is used in place from a read-only map.
-Tensor tensor_from_proto(onnx::TensorProto& proto, TensorSource& source, const std::string& what);
+// `raw`, when given, is the message's raw_data kept out of the parsed message (a model's
+// weights read in place from the file, OnnxImporter::load_bytes); the message then holds
+// no raw_data of its own.
+Tensor tensor_from_proto(onnx::TensorProto& proto, TensorSource& source, const std::string& what,
+                         const std::string_view* raw = nullptr);
 // Densifies a sparse tensor (COO indices, linear or per-dimension).
 Tensor tensor_from_sparse_proto(onnx::SparseTensorProto& proto, TensorSource& source,
                                 const std::string& what);

@@ -820,6 +820,48 @@ TEST(OnnxImporter, LoadFileRecordsPath) {
   EXPECT_EQ(model.graph.nodes.size(), 1u);
 }
 
+// The main graph's raw_data is read in place from the file, outside protobuf's parse.
+// Protobuf's merge rules still hold: a graph field that appears twice is one graph whose
+// initializers are those of both, in order, and of two raw_data fields the last counts.
+TEST(OnnxImporter, WeightsReadInPlaceFollowProtobufMergeRules) {
+  auto m = make_model();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {2});
+  add_initializer(g, "a", {2}, {1.f, 2.f});  // float_data: parsed by protobuf
+  add_node(g, "Add", {"x", "a"}, {"s"});
+  add_node(g, "Add", {"s", "b"}, {"y"});
+  add_output(g, "y", {2});
+  TP first;
+  first.set_name("b");
+  first.set_data_type(TP::FLOAT);
+  first.add_dims(2);
+  first.set_raw_data(raw_bytes<float>({7.f, 8.f}));
+  TP second;
+  second.set_raw_data(raw_bytes<float>({3.f, -4.f}));
+  // graph (field 7) { initializer (field 5) { first, then second's raw_data (field 9) } }
+  const std::string tensor = first.SerializeAsString() + second.SerializeAsString();
+  auto len = [](size_t n) {
+    std::string out;
+    for (; n >= 0x80; n >>= 7) out.push_back(char(uint8_t(n) | 0x80));
+    out.push_back(char(n));
+    return out;
+  };
+  const std::string graph = std::string(1, char(5 << 3 | 2)) + len(tensor.size()) + tensor;
+  const std::string bytes = serialize(m) + std::string(1, char(7 << 3 | 2)) + len(graph.size()) + graph;
+  onnx::ModelProto parsed;  // protobuf's own reading of these bytes
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  ASSERT_EQ(parsed.graph().initializer_size(), 2);
+  EXPECT_EQ(parsed.graph().initializer(1).raw_data(), raw_bytes<float>({3.f, -4.f}));
+  Model model = OnnxImporter::load_bytes(bytes.data(), bytes.size(), "test.onnx", "");
+  EXPECT_EQ(values_of<float>(model.graph.initializers.at("a")), (std::vector<float>{1.f, 2.f}));
+  const Tensor& b = model.graph.initializers.at("b");
+  EXPECT_EQ(values_of<float>(b), (std::vector<float>{3.f, -4.f}));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.raw_data()) % kTensorAlignment, 0u);
+  // Cut inside the weights: protobuf's error, whichever way the file is read.
+  expect_error([&] { OnnxImporter::load_bytes(bytes.data(), bytes.size() - 3, "test.onnx", ""); },
+               ErrorCode::invalid_model, {"test.onnx", "cannot parse"});
+}
+
 TEST(OnnxImporter, LargeModelOver64MiB) {
   // Protobuf's default limit is 64 MiB; a 72 MiB initializer must still load.
   auto m = make_model();
