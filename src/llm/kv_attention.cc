@@ -313,24 +313,37 @@ void scores_q8_avx512(const int8_t* x, const float* d, int n, const float* q, in
     for (int i = 0; i < n; ++i) out[j * ldo + i] *= d[i];
 }
 
-// out_j += sum_i w(j, i) * row_i, 64 columns of G outputs held in registers across rows.
+// out_j += sum_i w(j, i) * row_i for B blocks of 16 columns from c0, G x B outputs held
+// in registers across rows. B is a template argument: with a run-time count the
+// accumulators lived on the stack, and each FMA waited for the store of the one before
+// (8.1 against 2.7 ns per row for G = 3, hd = 64).
+template <int G, int B, typename Rows, typename Weight>
+void accumulate_gb512(const Rows& rows, int n, Weight w, int hd, int c0, float* out) {
+  __m512 o[G][B];
+  for (int j = 0; j < G; ++j)
+    for (int b = 0; b < B; ++b) o[j][b] = _mm512_loadu_ps(out + j * hd + c0 + 16 * b);
+  for (int i = 0; i < n; ++i) {
+    __m512 a[G];
+    for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(w(j, i));
+    for (int b = 0; b < B; ++b) {
+      const __m512 x = rows.load(i, c0 + 16 * b);
+      for (int j = 0; j < G; ++j) o[j][b] = _mm512_fmadd_ps(a[j], x, o[j][b]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int b = 0; b < B; ++b) _mm512_storeu_ps(out + j * hd + c0 + 16 * b, o[j][b]);
+}
+
+// out_j += sum_i w(j, i) * row_i, 64 columns at a time.
 template <int G, typename Rows, typename Weight>
 void accumulate_g512(const Rows& rows, int n, Weight w, int hd, float* out) {
   for (int c0 = 0; c0 < hd; c0 += 64) {
-    const int blocks = (hd - c0 < 64 ? hd - c0 : 64) / 16;
-    __m512 o[G][4];
-    for (int j = 0; j < G; ++j)
-      for (int b = 0; b < blocks; ++b) o[j][b] = _mm512_loadu_ps(out + j * hd + c0 + 16 * b);
-    for (int i = 0; i < n; ++i) {
-      __m512 a[G];
-      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(w(j, i));
-      for (int b = 0; b < blocks; ++b) {
-        const __m512 x = rows.load(i, c0 + 16 * b);
-        for (int j = 0; j < G; ++j) o[j][b] = _mm512_fmadd_ps(a[j], x, o[j][b]);
-      }
+    switch ((hd - c0 < 64 ? hd - c0 : 64) / 16) {
+      case 4: accumulate_gb512<G, 4>(rows, n, w, hd, c0, out); break;
+      case 3: accumulate_gb512<G, 3>(rows, n, w, hd, c0, out); break;
+      case 2: accumulate_gb512<G, 2>(rows, n, w, hd, c0, out); break;
+      default: accumulate_gb512<G, 1>(rows, n, w, hd, c0, out); break;
     }
-    for (int j = 0; j < G; ++j)
-      for (int b = 0; b < blocks; ++b) _mm512_storeu_ps(out + j * hd + c0 + 16 * b, o[j][b]);
   }
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "slim/core/tensor.h"
 #include "slim/llm/kernels.h"
 #include "slim/llm/kv_attention.h"
 
@@ -35,7 +36,6 @@ int64_t kv_block_part_bytes(KvType t, int head_dim, bool is_key);
 class KvBlockPool {
  public:
   KvBlockPool(int64_t block_bytes, int64_t budget_bytes);
-  ~KvBlockPool();
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
@@ -57,6 +57,7 @@ class KvBlockPool {
   double reuse_rate() const;
 
  private:
+  std::shared_ptr<Storage> memory_;
   uint8_t* base_ = nullptr;
   int64_t block_bytes_ = 0;
   std::vector<int32_t> refs_;
