@@ -408,7 +408,7 @@ struct MatmulJob {
   int64_t ldy;
   DotFn dot;
   TileFn tile;
-  Tile16Fn tile16;
+  Tile16Fn tile16, tile32;
   int threads;
 };
 
@@ -416,9 +416,16 @@ void run_matmul_slot(const MatmulJob& j, int slot) {
   int64_t r0, r1;
   if (j.w->x16) {
     // Each group of 16 rows (a few KB per 1,000 columns) stays in L1 while the tokens
-    // pass it 8 at a time.
+    // pass it 8 at a time; with 4 or more tokens and a 32-row tile, pairs of groups pass
+    // them 4 at a time.
     split_range(j.w->rows, j.threads, slot, 16, &r0, &r1);
-    for (int64_t r = r0; r < r1; r += 16)
+    int64_t r = r0;
+    if (j.tile32 && j.n >= 4)
+      for (; r + 16 < r1; r += 32)
+        for (int t = 0; t < j.n; t += 4)
+          j.tile32(j.w->cols, j.w->data + r * j.w->row_bytes, int(std::min<int64_t>(32, r1 - r)), j.act + t * j.act_stride,
+                   j.act_stride, std::min(4, j.n - t), j.y + t * j.ldy + r, j.ldy);
+    for (; r < r1; r += 16)
       for (int t = 0; t < j.n; t += 8)
         j.tile16(j.w->cols, j.w->data + r * j.w->row_bytes, int(std::min<int64_t>(16, r1 - r)), j.act + t * j.act_stride,
                  j.act_stride, std::min(8, j.n - t), j.y + t * j.ldy + r, j.ldy);
@@ -514,7 +521,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     }
     TileFn tile = tile_fn(*s.k, w.type);
     MatmulJob job{&w, s.act.data(), s.act_stride, rows, y, ldy, w.x16 ? nullptr : dot_fn(*s.k, w.type), tile,
-                  tile16_fn(*s.k, w.type), T};
+                  tile16_fn(*s.k, w.type), w.type == GgmlType::f16 ? s.k->tile_f16x32 : nullptr, T};
     const MatmulJob* jp = &job;
     pool.parallel_for(T, [jp](int64_t b, int64_t e) {
       for (int64_t slot = b; slot < e; ++slot) run_matmul_slot(*jp, int(slot));

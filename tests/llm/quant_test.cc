@@ -271,6 +271,36 @@ TEST(Kernels, RepackedF16TilesMatchTheColumnByColumnReference) {
     });
 }
 
+// The 32-row F16 tile (two consecutive repacked groups, up to 4 tokens) gives the 16-row
+// tile's bits on each group and writes nothing past its rows and tokens.
+TEST(Kernels, F16TileOfTwoGroupsEqualsTheSixteenRowTile) {
+  for (const KernelSet* k : available_kernel_sets()) {
+    if (!k->tile_f16x32) continue;
+    for (const int64_t n : {int64_t(7), int64_t(384 + 3), int64_t(1024)}) {
+      const std::string what = std::string(k->isa) + " n " + std::to_string(n);
+      const int64_t wb = ggml_row_bytes(GgmlType::f16, n), xb = act_row_bytes(ActType::f16, n);
+      std::vector<uint8_t> w(size_t(32 * wb)), x(size_t(4 * xb));
+      for (int r = 0; r < 32; ++r)
+        quantize_row(GgmlType::f16, random_floats(size_t(n), 500 + r, 0.2f).data(), w.data() + r * wb, n);
+      for (int g = 0; g < 2; ++g) repack_x16(GgmlType::f16, w.data() + 16 * g * wb, n);
+      for (int t = 0; t < 4; ++t) quantize_act_row(*k, ActType::f16, random_floats(size_t(n), 600 + t).data(), x.data() + t * xb, n);
+      float want[4][32];
+      for (int g = 0; g < 2; ++g) k->tile_f16x16(n, w.data() + 16 * g * wb, 16, x.data(), xb, 4, &want[0][16 * g], 32);
+      for (const int nr : {32, 21, 17})
+        for (int nt = 1; nt <= 4; ++nt) {
+          float y[4][32];
+          for (auto& row : y)
+            for (float& v : row) v = -1234.5f;
+          k->tile_f16x32(n, w.data(), nr, x.data(), xb, nt, &y[0][0], 32);
+          for (int t = 0; t < 4; ++t)
+            for (int r = 0; r < 32; ++r)
+              EXPECT_EQ(y[t][r], t < nt && r < nr ? want[t][r] : -1234.5f)
+                  << what << " rows " << nr << " tokens " << nt << " at row " << r << " token " << t;
+        }
+    }
+  }
+}
+
 // Q4_K against Q8_K activations: per super-block, the sub-block dots weighted by their
 // scales in one FMA, the mins term (from the activation sums) in a second.
 TEST(Kernels, RepackedQ4KTilesMatchTheBlockByBlockReference) {

@@ -84,6 +84,9 @@ struct KernelSet {
   // depend on nt and the scalar set's version is the exact reference for the others.
   // Null where the set has none (the weights then stay in the GGUF layout).
   Tile16Fn tile_q8_0x16 = nullptr, tile_q4_0x16 = nullptr, tile_q4_kx16 = nullptr, tile_f16x16 = nullptr;
+  // F16 only: two consecutive groups of 16 repacked rows (16 < nr <= 32) against nt <= 4
+  // tokens, the same bits as tile_f16x16 on each group; for batches of 4 or more tokens.
+  Tile16Fn tile_f16x32 = nullptr;
 };
 
 const KernelSet& kernels();              // best for this CPU
