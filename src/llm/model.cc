@@ -680,10 +680,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     s.act_src = nullptr;
     matmul(L.w_gate, s.xn.data(), d, n, s.gate.data(), c.n_ff);
     matmul(L.w_up, s.xn.data(), d, n, s.up.data(), c.n_ff);
-    for (int64_t i = 0; i < int64_t(n) * c.n_ff; ++i) {
-      const float g = s.gate.data()[i];
-      s.gate.data()[i] = g / (1.0f + std::exp(-g)) * s.up.data()[i];
-    }
+    s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * c.n_ff);
     matmul(L.w_down, s.gate.data(), c.n_ff, n, s.xn.data(), d);
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
   }
