@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "slim/llm/ggml_blocks.h"
 #include "slim/core/error.h"
@@ -34,6 +35,15 @@ bool repackable_x16(GgmlType type) {
 }
 
 namespace {
+
+// Runs f(std::integral_constant<int, K>{}) for K = nt when 1 <= nt <= M (else nothing):
+// the tiles are instantiated per token count.
+template <int M, typename F>
+void with_token_count(int nt, F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((nt == I + 1 ? (f(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
+  }(std::make_integer_sequence<int, M>{});
+}
 
 // Q4_K: per column of super-blocks, the 16 rows' d (32 bytes) and dmin (32), their 12
 // scale bytes byte-major (byte k of row r at 64 + 16k + r), then the 128 code bytes as 32
@@ -851,17 +861,7 @@ void tile_x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int6
 template <bool Q8>
 void tile_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
                    int64_t ldy) {
-  switch (nt) {
-    case 1: return tile_x16_vnni_t<1, Q8>(n, w, nr, x, xs, y, ldy);
-    case 2: return tile_x16_vnni_t<2, Q8>(n, w, nr, x, xs, y, ldy);
-    case 3: return tile_x16_vnni_t<3, Q8>(n, w, nr, x, xs, y, ldy);
-    case 4: return tile_x16_vnni_t<4, Q8>(n, w, nr, x, xs, y, ldy);
-    case 5: return tile_x16_vnni_t<5, Q8>(n, w, nr, x, xs, y, ldy);
-    case 6: return tile_x16_vnni_t<6, Q8>(n, w, nr, x, xs, y, ldy);
-    case 7: return tile_x16_vnni_t<7, Q8>(n, w, nr, x, xs, y, ldy);
-    case 8: return tile_x16_vnni_t<8, Q8>(n, w, nr, x, xs, y, ldy);
-    default: return;
-  }
+  with_token_count<8>(nt, [&](auto NT) { tile_x16_vnni_t<NT.value, Q8>(n, w, nr, x, xs, y, ldy); });
 }
 
 // Repacked Q4_K (repack_x16): lane r is row r. Per column the 16 rows' sub-block scales
@@ -937,12 +937,8 @@ void tile_q4_k_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, i
   for (int t0 = 0; t0 < nt; t0 += 4) {
     const uint8_t* xt = x + t0 * xs;
     float* yt = y + t0 * ldy;
-    switch (std::min(4, nt - t0)) {
-      case 1: tile_q4_k_x16_vnni_t<1>(n, w, nr, xt, xs, yt, ldy); break;
-      case 2: tile_q4_k_x16_vnni_t<2>(n, w, nr, xt, xs, yt, ldy); break;
-      case 3: tile_q4_k_x16_vnni_t<3>(n, w, nr, xt, xs, yt, ldy); break;
-      default: tile_q4_k_x16_vnni_t<4>(n, w, nr, xt, xs, yt, ldy); break;
-    }
+    with_token_count<4>(std::min(4, nt - t0),
+                        [&](auto NT) { tile_q4_k_x16_vnni_t<NT.value>(n, w, nr, xt, xs, yt, ldy); });
   }
 }
 
@@ -999,13 +995,7 @@ void tile_f16_avx512(int64_t n, const uint8_t* w, int64_t ws, int nr, const uint
   for (int t = 0; t < nt; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
   for (int r = 0; r < nr; ++r) {
     const uint16_t* wr = reinterpret_cast<const uint16_t*>(w + r * ws);
-    switch (nt) {
-      case 1: row_f16_avx512<1>(n, wr, xf, y + r, ldy); break;
-      case 2: row_f16_avx512<2>(n, wr, xf, y + r, ldy); break;
-      case 3: row_f16_avx512<3>(n, wr, xf, y + r, ldy); break;
-      case 4: row_f16_avx512<4>(n, wr, xf, y + r, ldy); break;
-      default: return;
-    }
+    with_token_count<4>(nt, [&](auto NT) { row_f16_avx512<NT.value>(n, wr, xf, y + r, ldy); });
   }
 }
 
@@ -1116,28 +1106,12 @@ void tile_f16_x32_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64
 
 void tile_f16_x32_avx512(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
                          int64_t ldy) {
-  switch (nt) {
-    case 1: return tile_f16_x32_t<1>(n, w, nr, x, xs, y, ldy);
-    case 2: return tile_f16_x32_t<2>(n, w, nr, x, xs, y, ldy);
-    case 3: return tile_f16_x32_t<3>(n, w, nr, x, xs, y, ldy);
-    case 4: return tile_f16_x32_t<4>(n, w, nr, x, xs, y, ldy);
-    default: return;
-  }
+  with_token_count<4>(nt, [&](auto NT) { tile_f16_x32_t<NT.value>(n, w, nr, x, xs, y, ldy); });
 }
 
 void tile_f16_x16_avx512(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
                          int64_t ldy) {
-  switch (nt) {
-    case 1: return tile_f16_x16_t<1>(n, w, nr, x, xs, y, ldy);
-    case 2: return tile_f16_x16_t<2>(n, w, nr, x, xs, y, ldy);
-    case 3: return tile_f16_x16_t<3>(n, w, nr, x, xs, y, ldy);
-    case 4: return tile_f16_x16_t<4>(n, w, nr, x, xs, y, ldy);
-    case 5: return tile_f16_x16_t<5>(n, w, nr, x, xs, y, ldy);
-    case 6: return tile_f16_x16_t<6>(n, w, nr, x, xs, y, ldy);
-    case 7: return tile_f16_x16_t<7>(n, w, nr, x, xs, y, ldy);
-    case 8: return tile_f16_x16_t<8>(n, w, nr, x, xs, y, ldy);
-    default: return;
-  }
+  with_token_count<8>(nt, [&](auto NT) { tile_f16_x16_t<NT.value>(n, w, nr, x, xs, y, ldy); });
 }
 
 float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {
