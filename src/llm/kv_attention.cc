@@ -243,6 +243,12 @@ void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, 
 // kernels. As there, a query's sums do not depend on how many queries share the call.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* operands that -Wuninitialized
+// reports, and it warns about the vector ABI of lambdas in this region: false positives.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 #include "simd_exp.h"  // exp_nonpositive: scores minus their maximum
 
@@ -518,6 +524,7 @@ void accumulate_q4_avx512(const uint8_t* x, const uint16_t* dm, int n, const flo
 
 }  // namespace
 
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 const KvAttentionKernels& kv_attention_kernels_scalar() {
