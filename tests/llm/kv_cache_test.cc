@@ -376,7 +376,9 @@ TEST(KvAttentionKernels, SoftmaxMatchesScalar) {
         total += a[size_t(i)];
       }
       EXPECT_NEAR(total, 1.0, 1e-5) << n << " " << spread;
-      if (spread == 0.f) EXPECT_FLOAT_EQ(a[0], 1.f / float(n));
+      if (spread == 0.f) {
+        EXPECT_FLOAT_EQ(a[0], 1.f / float(n));
+      }
     }
 }
 

@@ -526,8 +526,12 @@ TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
       const auto cpu = Session::compile(m, o);
       EXPECT_EQ(cpu->stats().probed_nodes, 0);
       // Both fire modules' Concats in place with AVX-512's nChw16c; never with two images.
-      if (n == 2) EXPECT_EQ(cpu->stats().memory.in_place_values, 0);
-      if (n == 1 && e == 16 && !expose && cpu_isa() == "avx512") EXPECT_EQ(cpu->stats().memory.in_place_values, 4);
+      if (n == 2) {
+        EXPECT_EQ(cpu->stats().memory.in_place_values, 0);
+      }
+      if (n == 1 && e == 16 && !expose && cpu_isa() == "avx512") {
+        EXPECT_EQ(cpu->stats().memory.in_place_values, 4);
+      }
       o.providers = {"ref"};
       EXPECT_GT(Session::compile(m, o)->stats().probed_nodes, 10);
     }

@@ -79,7 +79,9 @@ TEST(AuditLog, ChainVerifiesAndRecordsReadBack) {
       EXPECT_EQ(records[i].seq, i + 1);
       EXPECT_EQ(records[i].event.details["i"], int(i));
       EXPECT_EQ(records[i].event.details["note"], "r\u00e9sum\u00e9 \"quoted\"");
-      if (i) EXPECT_EQ(records[i].prev, records[i - 1].hash);
+      if (i) {
+        EXPECT_EQ(records[i].prev, records[i - 1].hash);
+      }
     }
     EXPECT_EQ(r.head, records.back().hash);
     // The hash is the digest of the canonical line without "hash", checked here
