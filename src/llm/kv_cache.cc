@@ -67,7 +67,6 @@ KvBlockPool::KvBlockPool(int64_t block_bytes, int64_t budget_bytes) : block_byte
   for (int64_t i = 0; i < n; ++i) free_[size_t(i)] = int32_t(n - 1 - i);  // block 0 first
 }
 
-
 int32_t KvBlockPool::allocate() {
   if (free_.empty())
     throw Error(ErrorCode::resource_exhausted, "KV pool exhausted: all " + std::to_string(capacity()) + " blocks of " +
