@@ -1019,8 +1019,8 @@ void widen_f16_avx512(const uint16_t* h, float* f, int64_t n) {
   for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
 }
 
-// Repacked F16 (repack_x16): lane r is row r, so each column is one conversion and one
-// FMA per token with the token's value broadcast (from its f32 copy, see widen_f16), and
+// Repacked F16 (repack_x16), GR consecutive groups of 16 rows: lane r is row r, so each
+// column is one conversion and one FMA per group and token with the token's value broadcast (from its f32 copy, see widen_f16), and
 // no horizontal sums. Three accumulators per token (column c to c mod 3), the same
 // operations per (row, token) as the scalar tile whatever NT is. Three is the count that
 // serves both ends: one token needs three or more independent FMA chains (two: 32
@@ -1032,86 +1032,60 @@ void widen_f16_avx512(const uint16_t* h, float* f, int64_t n) {
 // end of a group (groups are contiguous). 1 KiB ahead left decode waiting on memory;
 // alternating runs on the shared model, 1 thread: one sequence 1,047 -> 1,406 tokens/s,
 // eight 2,610 -> 2,900 (8 KiB and 32 KiB ahead were slower than 16).
-template <int NT>
-void tile_f16_x16_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+template <int NT, int GR>
+void tile_f16_groups_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
   constexpr int64_t kAhead = 512;
-  const auto* wh = reinterpret_cast<const uint16_t*>(w);
+  const uint16_t* wg[GR];  // the groups are consecutive: 16 rows of n values each
+  for (int g = 0; g < GR; ++g) wg[g] = reinterpret_cast<const uint16_t*>(w) + 16 * n * g;
   const float* xf[NT];
   for (int t = 0; t < NT; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
-  __m512 a[NT][3];
-  for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = _mm512_setzero_ps();
+  __m512 a[GR][NT][3];
+  for (int g = 0; g < GR; ++g)
+    for (int t = 0; t < NT; ++t) a[g][t][0] = a[g][t][1] = a[g][t][2] = _mm512_setzero_ps();
   int64_t c = 0;
   for (; c + 3 <= n; c += 3) {
-    _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + kAhead)), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + kAhead + 2)), _MM_HINT_T0);
-#pragma GCC unroll 3
-    for (int q = 0; q < 3; ++q) {
-      const __m512 wv = load_f16x16(wh + 16 * (c + q));
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c + q]), a[t][q]);
+#pragma GCC unroll 2
+    for (int g = 0; g < GR; ++g) {
+      _mm_prefetch(reinterpret_cast<const char*>(wg[g] + 16 * (c + kAhead)), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wg[g] + 16 * (c + kAhead + 2)), _MM_HINT_T0);
     }
-  }
-  for (int q = 0; c < n; ++c, ++q) {
-    const __m512 wv = load_f16x16(wh + 16 * c);
-    for (int t = 0; t < NT; ++t) a[t][q] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c]), a[t][q]);
-  }
-  const __mmask16 m = __mmask16((1u << nr) - 1);
-  for (int t = 0; t < NT; ++t)
-    _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), a[t][2]));
-}
-
-// Two consecutive groups (32 rows) against up to 4 tokens: each token's broadcast serves
-// two weight vectors, 6 loads per 8 FMAs against 9 for 16 rows x 8 tokens. Per (row,
-// token) the same operations as tile_f16_x16_t, so the results are the same bits.
-template <int NT>
-void tile_f16_x32_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
-  constexpr int64_t kAhead = 512;
-  const auto* wa = reinterpret_cast<const uint16_t*>(w);
-  const uint16_t* wb = wa + 16 * n;
-  const float* xf[NT];
-  for (int t = 0; t < NT; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
-  __m512 a[NT][3], b[NT][3];
-  for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = b[t][0] = b[t][1] = b[t][2] = _mm512_setzero_ps();
-  int64_t c = 0;
-  for (; c + 3 <= n; c += 3) {
-    _mm_prefetch(reinterpret_cast<const char*>(wa + 16 * (c + kAhead)), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wa + 16 * (c + kAhead + 2)), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * (c + kAhead)), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * (c + kAhead + 2)), _MM_HINT_T0);
 #pragma GCC unroll 3
     for (int q = 0; q < 3; ++q) {
-      const __m512 wva = load_f16x16(wa + 16 * (c + q)), wvb = load_f16x16(wb + 16 * (c + q));
-#pragma GCC unroll 4
+      __m512 wv[GR];
+#pragma GCC unroll 2
+      for (int g = 0; g < GR; ++g) wv[g] = load_f16x16(wg[g] + 16 * (c + q));
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         const __m512 xv = _mm512_set1_ps(xf[t][c + q]);
-        a[t][q] = _mm512_fmadd_ps(wva, xv, a[t][q]);
-        b[t][q] = _mm512_fmadd_ps(wvb, xv, b[t][q]);
+#pragma GCC unroll 2
+        for (int g = 0; g < GR; ++g) a[g][t][q] = _mm512_fmadd_ps(wv[g], xv, a[g][t][q]);
       }
     }
   }
-  for (int q = 0; c < n; ++c, ++q) {
-    const __m512 wva = load_f16x16(wa + 16 * c), wvb = load_f16x16(wb + 16 * c);
-    for (int t = 0; t < NT; ++t) {
-      const __m512 xv = _mm512_set1_ps(xf[t][c]);
-      a[t][q] = _mm512_fmadd_ps(wva, xv, a[t][q]);
-      b[t][q] = _mm512_fmadd_ps(wvb, xv, b[t][q]);
+  for (int q = 0; c < n; ++c, ++q)
+    for (int g = 0; g < GR; ++g) {
+      const __m512 wv = load_f16x16(wg[g] + 16 * c);
+      for (int t = 0; t < NT; ++t) a[g][t][q] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[t][c]), a[g][t][q]);
     }
-  }
-  const __mmask16 mb = __mmask16((1u << (nr - 16)) - 1);
-  for (int t = 0; t < NT; ++t) {
-    _mm512_storeu_ps(y + t * ldy, _mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), a[t][2]));
-    _mm512_mask_storeu_ps(y + t * ldy + 16, mb, _mm512_add_ps(_mm512_add_ps(b[t][0], b[t][1]), b[t][2]));
+  for (int g = 0; g < GR; ++g) {
+    const int rows = std::min(16, nr - 16 * g);
+    const __mmask16 m = __mmask16((1u << rows) - 1);
+    for (int t = 0; t < NT; ++t)
+      _mm512_mask_storeu_ps(y + t * ldy + 16 * g, m, _mm512_add_ps(_mm512_add_ps(a[g][t][0], a[g][t][1]), a[g][t][2]));
   }
 }
 
+// Two consecutive groups (32 rows, GR = 2) against up to 4 tokens: each token's broadcast
+// serves two weight vectors, 6 loads per 8 FMAs against 9 for 16 rows x 8 tokens (both
+// fill 24 accumulators). Per (row, token) the same operations, so the same bits.
 void tile_f16_x32_avx512(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
                          int64_t ldy) {
-  with_token_count<4>(nt, [&](auto NT) { tile_f16_x32_t<NT.value>(n, w, nr, x, xs, y, ldy); });
+  with_token_count<4>(nt, [&](auto NT) { tile_f16_groups_t<NT.value, 2>(n, w, nr, x, xs, y, ldy); });
 }
 
 void tile_f16_x16_avx512(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
                          int64_t ldy) {
-  with_token_count<8>(nt, [&](auto NT) { tile_f16_x16_t<NT.value>(n, w, nr, x, xs, y, ldy); });
+  with_token_count<8>(nt, [&](auto NT) { tile_f16_groups_t<NT.value, 1>(n, w, nr, x, xs, y, ldy); });
 }
 
 float dot_q8_0_vnni(int64_t n, const void* vw, const void* vx) {

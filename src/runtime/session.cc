@@ -853,6 +853,10 @@ void Session::Impl::plan_arena() {
     return v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && v.shape &&
            v.dtype && v.alias_of < 0;
   };
+  auto bytes_of = [&](int id) {
+    const ValueSlot& v = values[size_t(id)];
+    return shape_numel(*v.shape) * int64_t(dtype_size(*v.dtype));
+  };
   std::vector<char> aliased(values.size(), 0);
   for (const auto& v : values)
     if (v.alias_of >= 0) aliased[size_t(v.alias_of)] = 1;
@@ -892,18 +896,16 @@ void Session::Impl::plan_arena() {
   for (int id = 0; id < int(values.size()); ++id) {
     if (!plannable(id) || within[size_t(id)].host >= 0) continue;
     const ValueSlot& v = values[size_t(id)];
-    const int64_t bytes = shape_numel(*v.shape) * int64_t(dtype_size(*v.dtype));
     const int first = first_step[size_t(id)] < 0 ? v.producer_step : std::min(first_step[size_t(id)], v.producer_step);
     ids.push_back(id);
-    requests.push_back({bytes, first, v.last_step});
+    requests.push_back({bytes_of(id), first, v.last_step});
   }
   const MemoryPlan plan = plan_memory(requests);
   int64_t in_place = 0, in_place_bytes = 0;
   for (int id = 0; id < int(values.size()); ++id) {
     if (within[size_t(id)].host < 0) continue;
-    const ValueSlot& v = values[size_t(id)];
     ++in_place;
-    in_place_bytes += shape_numel(*v.shape) * int64_t(dtype_size(*v.dtype));
+    in_place_bytes += bytes_of(id);
   }
   stats.memory.intermediate_bytes = plan.requested_bytes + in_place_bytes;
   stats.memory.planned_bytes = plan.arena_bytes;
