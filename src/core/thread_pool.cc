@@ -128,6 +128,48 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   if (err) std::rethrow_exception(err);
 }
 
+WorkSplit::WorkSplit(int slots) : slots_(std::max(1, slots)), share_(new Share[size_t(slots_)]) {}
+
+namespace {
+constexpr uint64_t pack_share(uint64_t next, uint64_t end) { return next | (end << 32); }
+}  // namespace
+
+void WorkSplit::reset(int64_t n) {
+  const uint64_t m = uint64_t(std::max<int64_t>(0, n));
+  for (int s = 0; s < slots_; ++s)
+    share_[size_t(s)].v.store(pack_share(m * uint64_t(s) / uint64_t(slots_), m * uint64_t(s + 1) / uint64_t(slots_)),
+                              std::memory_order_relaxed);
+}
+
+bool WorkSplit::next(int slot, int64_t* item) {
+  std::atomic<uint64_t>& own = share_[size_t(slot)].v;
+  // The owner only ever moves `next` up and thieves only move `end` down, so an add that
+  // finds next < end has the item to itself. Once a share is used up its `next` may pass
+  // `end`; nobody takes from it until its owner stores a new share.
+  const uint64_t old = own.fetch_add(1, std::memory_order_acq_rel);
+  if ((old & 0xffffffffu) < (old >> 32)) {
+    *item = int64_t(old & 0xffffffffu);
+    return true;
+  }
+  while (true) {
+    int victim = -1;
+    uint64_t seen = 0, most = 0;
+    for (int s = 0; s < slots_; ++s) {
+      if (s == slot) continue;
+      const uint64_t v = share_[size_t(s)].v.load(std::memory_order_acquire);
+      const uint64_t nx = v & 0xffffffffu, end = v >> 32;
+      if (end > nx + 1 && end - nx > most) victim = s, seen = v, most = end - nx;
+    }
+    if (victim < 0) return false;
+    const uint64_t nx = seen & 0xffffffffu, end = seen >> 32, cut = end - (most + 1) / 2;
+    if (share_[size_t(victim)].v.compare_exchange_weak(seen, pack_share(nx, cut), std::memory_order_acq_rel)) {
+      own.store(pack_share(cut + 1, end), std::memory_order_release);
+      *item = int64_t(cut);
+      return true;
+    }
+  }
+}
+
 namespace {
 std::mutex g_pool_mu;
 std::unique_ptr<ThreadPool> g_pool;

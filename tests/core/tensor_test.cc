@@ -169,6 +169,51 @@ TEST(ThreadPool, SpinningPoolRunsBackToBackJobsExactly) {
   }
 }
 
+// Every item is claimed exactly once, for any item count against 1-4 slots (more slots
+// than items too), over back-to-back reuses of one split.
+TEST(WorkSplit, ClaimsEveryItemOnce) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads, 200);
+    WorkSplit split(threads);
+    for (int64_t n : {0, 1, 2, 3, 5, 17, 64, 1000}) {
+      for (int rep = 0; rep < 20; ++rep) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        split.reset(n);
+        pool.parallel_for(threads, [&](int64_t b, int64_t e) {
+          for (int64_t slot = b; slot < e; ++slot)
+            for (int64_t i; split.next(int(slot), &i);) {
+              ASSERT_GE(i, 0);
+              ASSERT_LT(i, n);
+              hits[size_t(i)]++;
+            }
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n " << n << " item " << i;
+      }
+    }
+  }
+}
+
+// A slot that is held up hands its share to the others: slot 1 makes no claim until
+// slot 0 has stopped claiming, so slot 0 must have taken slot 1's share, all but the
+// last item (a share's last item is left to its owner).
+TEST(WorkSplit, OthersTakeOverAHeldUpSlotsShare) {
+  ThreadPool pool(2, 200);
+  WorkSplit split(2);
+  split.reset(200);
+  std::atomic<int> by_slot[2] = {0, 0};
+  std::atomic<bool> slot0_done{false};
+  pool.parallel_for(2, [&](int64_t b, int64_t e) {
+    for (int64_t slot = b; slot < e; ++slot) {
+      if (slot == 1)
+        while (!slot0_done.load()) std::this_thread::yield();
+      for (int64_t i; split.next(int(slot), &i);) by_slot[slot]++;
+      if (slot == 0) slot0_done = true;
+    }
+  });
+  EXPECT_EQ(by_slot[0].load(), 199);
+  EXPECT_EQ(by_slot[1].load(), 1);
+}
+
 // The resident copy reads the same bytes as the mapping, for sizes on and off the 2 MiB
 // rounding, and missing files or directories fail with the mapping's errors.
 TEST(MappedFile, ResidentCopyEqualsTheMapping) {

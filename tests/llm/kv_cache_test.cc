@@ -519,39 +519,51 @@ TEST(KvEndToEnd, FullPagedCacheGivesExactlyTheContiguousLogits) {
       }
 }
 
+// Batched passes give each sequence the bits of its own run, whichever thread computes
+// which rows and attention items (1 and 3 threads; the work split varies from run to run).
 TEST(KvEndToEnd, BatchedSequencesMatchSeparateRuns) {
-  auto model = LlamaModel::load(fixture("llama_q8_0.gguf"));
-  ContextOptions o = options(true, KvType::f16);
-  o.all_logits = false;
-  o.kv.max_seqs = 4;
-  const int nv = model->config().n_vocab;
-  std::vector<std::vector<int32_t>> prompts = {prompt_tokens(21, 1), prompt_tokens(5, 2), prompt_tokens(33, 3)};
-  // Reference: each sequence alone, its prompt then two tokens one at a time.
-  std::vector<std::vector<float>> ref;
-  for (const auto& p : prompts) {
-    LlamaContext one(model, o);
-    one.eval(p);
-    one.eval(std::span<const int32_t>(&p[0], 1));
-    one.eval(std::span<const int32_t>(&p[1], 1));
-    ref.emplace_back(one.logits(), one.logits() + nv);
+  for (const char* name : {"llama_q8_0", "llama_f16"}) {
+    auto model = LlamaModel::load(fixture(std::string(name) + ".gguf"));
+    ContextOptions o = options(true, KvType::f16);
+    o.all_logits = false;
+    o.kv.max_seqs = 6;
+    const int nv = model->config().n_vocab;
+    std::vector<std::vector<int32_t>> prompts = {prompt_tokens(21, 1), prompt_tokens(5, 2), prompt_tokens(33, 3),
+                                                 prompt_tokens(8, 4), prompt_tokens(2, 5)};
+    const int np = int(prompts.size());
+    // Reference: each sequence alone, its prompt then two tokens one at a time.
+    std::vector<std::vector<float>> ref;
+    o.n_threads = 1;
+    for (const auto& p : prompts) {
+      LlamaContext one(model, o);
+      one.eval(p);
+      one.eval(std::span<const int32_t>(&p[0], 1));
+      one.eval(std::span<const int32_t>(&p[1], 1));
+      ref.emplace_back(one.logits(), one.logits() + nv);
+    }
+    for (int threads : {1, 3}) {
+      o.n_threads = threads;
+      LlamaContext many(model, o);
+      std::vector<int> seqs = {0};
+      for (int i = 1; i < np; ++i) seqs.push_back(many.add_sequence());
+      std::vector<LlamaContext::SeqTokens> batch;
+      for (int i = 0; i < np; ++i) batch.push_back({seqs[size_t(i)], prompts[size_t(i)]});
+      many.eval_sequences(batch);  // all prompts in one pass
+      for (int step = 0; step < 2; ++step) {
+        batch.clear();
+        for (int i = 0; i < np; ++i)
+          batch.push_back({seqs[size_t(i)], std::span<const int32_t>(&prompts[size_t(i)][size_t(step)], 1)});
+        many.eval_sequences(batch);
+      }
+      for (int i = 0; i < np; ++i)
+        EXPECT_EQ(0, std::memcmp(many.sequence_logits(i), ref[size_t(i)].data(), size_t(nv) * 4))
+            << name << ", " << threads << " threads, sequence " << i;
+      // A fork shares the first prompt's blocks and continues exactly like the original.
+      const int f = many.fork_sequence(0, 21);
+      EXPECT_GT(many.kv_cache().pool().shared_refs(), 0);
+      many.remove_sequence(f);
+    }
   }
-  LlamaContext many(model, o);
-  const int s1 = many.add_sequence(), s2 = many.add_sequence();
-  const int seqs[3] = {0, s1, s2};
-  std::vector<LlamaContext::SeqTokens> batch;
-  for (int i = 0; i < 3; ++i) batch.push_back({seqs[i], prompts[size_t(i)]});
-  many.eval_sequences(batch);  // all prompts in one pass
-  for (int step = 0; step < 2; ++step) {
-    batch.clear();
-    for (int i = 0; i < 3; ++i) batch.push_back({seqs[i], std::span<const int32_t>(&prompts[size_t(i)][size_t(step)], 1)});
-    many.eval_sequences(batch);
-  }
-  for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(0, std::memcmp(many.sequence_logits(i), ref[size_t(i)].data(), size_t(nv) * 4)) << "sequence " << i;
-  // A fork shares the first prompt's blocks and continues exactly like the original.
-  const int f = many.fork_sequence(0, 21);
-  EXPECT_GT(many.kv_cache().pool().shared_refs(), 0);
-  many.remove_sequence(f);
 }
 
 TEST(KvEndToEnd, PoolExhaustionIsAnErrorAndChangesNothing) {

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -49,6 +50,30 @@ class ThreadPool {
   int spin_us_ = 0;
   std::exception_ptr error_;
   std::mutex run_mu_;  // one parallel_for at a time per pool
+};
+
+// Hands out the items [0, n) to `slots` slots (one per thread of a parallel_for over
+// slots) with balance and without a lock: each slot starts with a contiguous share and
+// claims its items one at a time from the front (one atomic add on its own cache line);
+// a slot whose share is used up takes the back half of the largest share left with two
+// or more items (a last item is not worth the two cache-line transfers). A thread
+// that starts late or runs slower (on a shared VM one vCPU can lose half its speed for a
+// while) thus hands its work to the others. Every item is claimed exactly once; which
+// slot claims it varies from run to run. Reusable: reset() before each parallel_for.
+class WorkSplit {
+ public:
+  explicit WorkSplit(int slots);
+  void reset(int64_t n);  // n < 2^31; not concurrently with next()
+  // The next item for `slot`: returns false when no slot has any left.
+  bool next(int slot, int64_t* item);
+  int slots() const { return slots_; }
+
+ private:
+  struct alignas(64) Share {
+    std::atomic<uint64_t> v{0};  // low 32 bits: next item, high 32 bits: end of the share
+  };
+  int slots_;
+  std::unique_ptr<Share[]> share_;
 };
 
 // The process-wide pool. Its size is set by set_num_threads() (default: hardware threads).
