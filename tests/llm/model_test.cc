@@ -99,7 +99,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_f16", 2e-3, 3e-3}, Case{"llama_bf16", 1.5e-2, 2e-2},
                       Case{"llama_q8_0", 1e-2, 5e-2}, Case{"llama_q4_0", 1e-2, 5e-2},
                       Case{"llama_q4_k", 1e-2, 5e-2}, Case{"llama_q6_k", 1e-2, 5e-2},
-                      Case{"qwen2_mha_q8_0", 1e-2, 5e-2}, Case{"qwen2_q4_k", 1e-2, 5e-2}),
+                      Case{"qwen2_mha_q8_0", 1e-2, 5e-2}, Case{"qwen2_q4_k", 1e-2, 5e-2},
+                      Case{"llama_mixed", 1e-2, 5e-2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
