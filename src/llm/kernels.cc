@@ -348,6 +348,15 @@ void f32_to_f16_row_scalar(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 
+int64_t argmax_scalar(const float* x, int64_t n) {
+  int64_t best = 0;
+  while (best + 1 < n && std::isnan(x[best])) ++best;
+  if (std::isnan(x[best])) return 0;
+  for (int64_t i = best + 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
 }  // namespace
 
 // ---------------- AVX2 kernels ----------------
@@ -1013,6 +1022,34 @@ void silu_mul_avx512(float* g, const float* u, int64_t n) {
   }
 }
 
+// Per lane the first largest value and its index (NaN lanes start at -inf and never win
+// a comparison), then the largest over the lanes, the lowest index among equals.
+int64_t argmax_avx512(const float* x, int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __m512i at = _mm512_set1_epi32(-1), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  if (n >= (int64_t(1) << 31)) return argmax_scalar(x, n);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    // Strictly greater (ordered: false for NaN), or a lane's first -inf.
+    const __mmask16 none = _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(-1));
+    const __mmask16 gt =
+        _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ) | _mm512_mask_cmp_ps_mask(m & none, v, best, _CMP_EQ_OQ);
+    best = _mm512_mask_mov_ps(best, gt, v);
+    at = _mm512_mask_mov_epi32(at, gt, idx);
+    idx = _mm512_add_epi32(idx, step);
+  }
+  alignas(64) float bv[16];
+  alignas(64) int32_t bi[16];
+  _mm512_store_ps(bv, best);
+  _mm512_store_si512(bi, at);
+  int64_t r = -1;
+  for (int j = 0; j < 16; ++j)
+    if (bi[j] >= 0 && (r < 0 || bv[j] > x[r] || (bv[j] == x[r] && bi[j] < r))) r = bi[j];
+  return r < 0 ? 0 : r;
+}
+
 void widen_f16_avx512(const uint16_t* h, float* f, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, load_f16x16(h + i));
@@ -1140,7 +1177,7 @@ namespace {
 KernelSet make_scalar() {
   return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
           dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
-          f32_to_f16_row_scalar, silu_mul_scalar, nullptr, nullptr, nullptr, nullptr, nullptr,
+          f32_to_f16_row_scalar, silu_mul_scalar, argmax_scalar, nullptr, nullptr, nullptr, nullptr, nullptr,
           tile_x16_scalar<true>, tile_x16_scalar<false>, tile_q4_k_x16_scalar, tile_f16_x16_scalar};
 }
 
@@ -1157,7 +1194,7 @@ bool cpu_has_vnni() {
 KernelSet make_avx2() {
   return {"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
           dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2,
-          silu_mul_scalar};
+          silu_mul_scalar, argmax_scalar};
 }
 
 KernelSet make_vnni() {
@@ -1178,6 +1215,7 @@ KernelSet make_vnni() {
   k.tile_f16x16 = tile_f16_x16_avx512;
   k.tile_f16x32 = tile_f16_x32_avx512;
   k.silu_mul = silu_mul_avx512;
+  k.argmax = argmax_avx512;
   return k;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "slim/core/error.h"
+#include "slim/llm/kernels.h"
 
 namespace slim::llm {
 
@@ -37,12 +38,7 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
     }
     l = penalized_.data();
   }
-  if (options_.temperature <= 0) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n_vocab_; ++i)
-      if (l[i] > l[best]) best = i;
-    return best;
-  }
+  if (options_.temperature <= 0) return int32_t(kernels().argmax(l, n_vocab_));
   size_t n = size_t(n_vocab_);
   for (size_t i = 0; i < n; ++i) cand_[i] = {int32_t(i), l[i], 0.f};
   auto by_logit = [](const Candidate& a, const Candidate& b) {

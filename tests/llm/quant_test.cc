@@ -295,6 +295,35 @@ TEST(Kernels, SiluMulMatchesTheScalarForm) {
   }
 }
 
+// Greedy decoding's pick: the first index of the largest value, NaNs skipped (all NaN:
+// 0), for every kernel set, on lengths around the vector width and with the maximum
+// repeated, at either end, only -inf, or behind NaNs.
+TEST(Kernels, ArgmaxIsTheFirstLargest) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const KernelSet* k : available_kernel_sets()) {
+    for (int n : {1, 2, 15, 16, 17, 33, 300, 8192}) {
+      std::vector<float> x = random_floats(n, 900 + n, 5.f);
+      const int64_t want = std::max_element(x.begin(), x.end()) - x.begin();
+      EXPECT_EQ(k->argmax(x.data(), n), want) << k->isa << " n " << n;
+      x[size_t(n - 1)] = 100.f;
+      EXPECT_EQ(k->argmax(x.data(), n), n - 1) << k->isa << " n " << n;
+      if (n < 3) continue;
+      x[size_t(n / 2)] = 100.f;  // an earlier tie wins
+      EXPECT_EQ(k->argmax(x.data(), n), n / 2) << k->isa << " n " << n;
+      x[0] = nan;
+      x[1] = inf;
+      EXPECT_EQ(k->argmax(x.data(), n), 1) << k->isa << " n " << n;
+      std::fill(x.begin(), x.end(), -inf);
+      x[0] = nan;
+      EXPECT_EQ(k->argmax(x.data(), n), 1) << k->isa << " n " << n;  // the first -inf after the NaN
+      std::fill(x.begin(), x.end(), nan);
+      EXPECT_EQ(k->argmax(x.data(), n), 0) << k->isa << " n " << n;
+      x[size_t(n - 2)] = -3.f;
+      EXPECT_EQ(k->argmax(x.data(), n), n - 2) << k->isa << " n " << n;
+    }
+  }
+}
+
 // The 32-row F16 tile (two consecutive repacked groups, up to 4 tokens) gives the 16-row
 // tile's bits on each group and writes nothing past its rows and tokens.
 TEST(Kernels, F16TileOfTwoGroupsEqualsTheSixteenRowTile) {

@@ -14,6 +14,7 @@
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/llm/gguf_tokenizer.h"
+#include "slim/llm/kernels.h"
 #include "slim/llm/kv_policy.h"
 #include "slim/llm/kv_scheduler.h"
 #include "slim/llm/model.h"
@@ -254,7 +255,7 @@ void run_passkey(const KvEvalArgs& a, const std::shared_ptr<const llm::LlamaMode
       std::string out;
       for (int i = 0; i < 8 && ctx.n_past() < a.ctx; ++i) {
         const float* l = ctx.logits();
-        const int32_t next = int32_t(std::max_element(l, l + model->config().n_vocab) - l);
+        const int32_t next = int32_t(llm::kernels().argmax(l, model->config().n_vocab));
         out += tok.token_to_piece(next);
         ctx.eval(std::span<const int32_t>(&next, 1));
       }
@@ -398,7 +399,7 @@ void run_kv_bench(const KvBenchArgs& a) {
             c.eval_sequences(std::span<const llm::LlamaContext::SeqTokens>(&st, 1));
           }
           const float* l = c.sequence_logits(0);
-          next[size_t(i)] = int32_t(std::max_element(l, l + nv) - l);
+          next[size_t(i)] = int32_t(llm::kernels().argmax(l, nv));
         }
         const int steps_per_rep = std::max(1, a.decode / std::max(1, a.repeats));
         std::vector<llm::LlamaContext::SeqTokens> batch(static_cast<size_t>(n));
@@ -409,7 +410,7 @@ void run_kv_bench(const KvBenchArgs& a) {
             c.eval_sequences(batch);
             for (int i = 0; i < n; ++i) {
               const float* l = c.sequence_logits(i);
-              next[size_t(i)] = int32_t(std::max_element(l, l + nv) - l);
+              next[size_t(i)] = int32_t(llm::kernels().argmax(l, nv));
             }
           }
           best = std::max(best, double(n) * steps_per_rep / seconds_since(t0));

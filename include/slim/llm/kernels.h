@@ -71,6 +71,9 @@ struct KernelSet {
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int64_t n);
   // The feed-forward gate: g[i] = silu(g[i]) * u[i].
   void (*silu_mul)(float* g, const float* u, int64_t n);
+  // The first index of the largest of x[0..n) (n >= 1; NaNs are never the largest unless
+  // all are NaN, then 0): greedy decoding's pick.
+  int64_t (*argmax)(const float* x, int64_t n);
   TileFn tile_q8_0 = nullptr, tile_q4_0 = nullptr;  // where the ISA has a tiled kernel
   // Writes the tiles' copy of n values of Q8_0 blocks (see ActType); null where unused.
   void (*unpack_q8_0)(const void* blocks, void* dst, int64_t n) = nullptr;
