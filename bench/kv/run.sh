@@ -2,17 +2,20 @@
 # KV-cache measurements on the shared model: quality of each setting against the full F16
 # cache (slim kv-eval), the passkey grid, and decode throughput / KV memory for many
 # sequences (slim kv-bench). Usage: bench/kv/run.sh [OUT_DIR]; SLIM, MODEL, TEXT and
-# THREADS override the defaults. Takes about 45 minutes on 2 cores.
+# THREADS override the defaults; PARTS=quality or PARTS=throughput runs one half. Takes
+# about 45 minutes on 2 cores (throughput alone: about 15).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 SLIM=${SLIM:-$here/../../build/tools/slim}
 MODEL=${MODEL:-$here/../../../shared/models/slimlm-f16.gguf}
 TEXT=${TEXT:-$here/../../../shared/models/heldout-long.txt}
 THREADS=${THREADS:-1}
+PARTS=${PARTS:-all}
 out=${1:-$here/results}
 mkdir -p "$out"
 run() { name=$1; shift; echo "== $name: slim $*"; "$SLIM" "$@" --threads "$THREADS" 2>&1 | tee "$out/$name.txt"; }
 
+if [ "$PARTS" != throughput ]; then
 # Quality: 2 chunks of 1,024 tokens (prefill 512, then 512 scored decode steps), text skipped
 # past the first document's start; then the 25% budget over 3 x 16 chunks spread over the text.
 run eval_types kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 2 --skip 20000 --kv-type f16,q8,q4
@@ -22,8 +25,13 @@ for skip in 0 50000 100000; do
   run eval_wide_$skip kv-eval "$MODEL" -f "$TEXT" --ctx 1024 --chunks 16 --skip $skip --policy streaming,h2o,snapkv,layered --budget 0.25,0.5
 done
 run passkey kv-eval "$MODEL" --passkey --ctx 1024 --passkey-lengths 256,512,1024 --passkey-trials 2 --policy all --budget 0.25
+fi
+[ "$PARTS" = quality ] && exit 0
 
 # Throughput: decode tokens/s over all sequences, KV peak, per setting (best of 4 timings).
 run bench_policies kv-bench "$MODEL" -f "$TEXT" --seqs 1,8,32 --ctx 512,2048 --policy full,streaming,h2o,snapkv,layered --budget 0.5,0.25 --decode 64 --repeats 4
 run bench_types kv-bench "$MODEL" -f "$TEXT" --seqs 1,8 --ctx 2048 --policy full,layered --budget 0.25 --kv-type f16,q8,q4 --decode 64 --repeats 4
 run bench_scheduler kv-bench "$MODEL" --scheduler --seqs 8 --ctx 64,512 --decode 256
+# Batching with both cores: 8 sequences against 1 when every thread of the machine works.
+(THREADS=2; run bench_threads2 kv-bench "$MODEL" -f "$TEXT" --seqs 1,8 --ctx 512,2048 --policy full,streaming,layered --budget 0.25 --decode 64 --repeats 4)
+(THREADS=2; run bench_scheduler_threads2 kv-bench "$MODEL" --scheduler --seqs 8 --ctx 64,512 --decode 256)
