@@ -437,7 +437,8 @@ struct MatmulJob {
   int64_t unit;  // rows per work item
 };
 
-// Rows per work item of a matmul: a tile's rows (see run_matmul_rows).
+// Rows per work item of a matmul: a tile's rows (see run_matmul_rows); for one token two
+// 16-row tiles, so that a claim is not made for every 16 rows.
 int64_t matmul_unit(const WeightMatrix& w, bool tile32, bool tile, int n) {
   if (w.x16) return tile32 && n >= 4 ? 32 : n == 1 ? 32 : 16;
   return tile ? 16 : 8;
@@ -531,14 +532,14 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     dequantize_row(e.type, e.data + int64_t(tokens[t]) * e.row_bytes, s.x.data() + t * d, d);
   }
 
-  // Runs y_p = src @ w_p^T for n rows of src (stride ld) and each part p, as one parallel
-  // section (one wait for the threads instead of one per matrix: q, k and v, or gate and
-  // up, share their input). Each thread first converts the rows to the activation format
-  // the weights need, into its own buffer, unless that buffer holds them already: a buffer
-  // written by one thread and read by the other cost more in cache-line transfers than
-  // converting on both (8 sequences, 2 threads: 0.10 ms of a 1.8 ms step). With `glu`
-  // the parts are gate and up, and each work item takes the same rows of both and
-  // finishes them with gate = silu(gate) * up.
+  // Runs y_p = src @ w_p^T for `rows` rows of src (stride ld) and each part p (at most 3),
+  // as one parallel section (one wait for the threads instead of one per matrix: q, k and
+  // v, or gate and up, share their input). Each thread first converts the rows to the
+  // activation format the weights need, into its own buffer, unless that buffer holds
+  // them already: a buffer written by one thread and read by the other cost more in
+  // cache-line transfers than converting on both (8 sequences, 2 threads: 0.10 ms of a
+  // 1.8 ms step). With `glu` the parts are gate and up, and each work item takes the same
+  // rows of both and finishes them with gate = silu(gate) * up.
   struct Part {
     const WeightMatrix& w;
     float* y;
@@ -591,6 +592,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
   auto matmul = [&](const float* src, int64_t ld, int rows, std::initializer_list<Part> parts, bool glu = false) {
     const Part* ps = parts.begin();
     const int np = int(parts.size());
+    if (np < 1 || np > 3 || (glu && np != 2)) throw Error(ErrorCode::internal, "matmul: 1-3 parts (2 with glu)");
     bool same = true;
     for (int i = 1; i < np; ++i)
       same = same && act_type_for(ps[i].w.type) == act_type_for(ps[0].w.type) && ps[i].w.cols == ps[0].w.cols;
