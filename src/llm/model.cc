@@ -533,19 +533,21 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
   }
 
   // Runs y_p = src @ w_p^T for `rows` rows of src (stride ld) and each part p (at most 3),
-  // as one parallel section (one wait for the threads instead of one per matrix: q, k and
-  // v, or gate and up, share their input). Each thread first converts the rows to the
-  // activation format the weights need, into its own buffer, unless that buffer holds
-  // them already: a buffer written by one thread and read by the other cost more in
-  // cache-line transfers than converting on both (8 sequences, 2 threads: 0.10 ms of a
-  // 1.8 ms step). With `glu` the parts are gate and up, and each work item takes the same
-  // rows of both and finishes them with gate = silu(gate) * up.
+  // as one parallel section when the parts take the same activations (q, k and v, or
+  // gate and up: one wait for the threads instead of one per matrix; a quantized model
+  // may mix types, then one section per part). Each thread first converts the rows to
+  // the activation format the weights need, into its own buffer, unless that buffer
+  // holds them already: a buffer written by one thread and read by the other cost more
+  // in cache-line transfers than converting on both (8 sequences, 2 threads: 0.10 ms of a
+  // 1.8 ms step). Items run the parts one after the other, each part's rows in order:
+  // items that took the same rows of gate and up (and finished them with SiLU)
+  // interleaved two weight streams, which made one-sequence decode 3-4 % slower.
   struct Part {
     const WeightMatrix& w;
     float* y;
     int64_t ldy;
   };
-  auto section = [&](const float* src, int64_t ld, int rows, const Part* parts, int np, bool glu) {
+  auto section = [&](const float* src, int64_t ld, int rows, const Part* parts, int np) {
     MatmulJob jobs[3];
     int64_t first[4] = {0, 0, 0, 0};  // each part's first work item
     const ActType at = act_type_for(parts[0].w.type);
@@ -558,9 +560,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       j.unit = matmul_unit(p.w, j.tile32 != nullptr, tile != nullptr, rows);
       first[i + 1] = first[i] + (p.w.rows + j.unit - 1) / j.unit;
     }
-    const bool paired = glu && np == 2 && jobs[0].unit == jobs[1].unit && jobs[0].w->rows == jobs[1].w->rows &&
-                        jobs[0].w->x16 == jobs[1].w->x16;
-    s.split->reset(paired ? first[1] : first[np]);
+    s.split->reset(first[np]);
     State* sp = &s;
     const uint64_t gen = s.act_gen;
     pool.parallel_for(T, [&, sp, gen](int64_t b, int64_t e) {
@@ -573,33 +573,23 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
         }
         for (int64_t item; sp->split->next(int(slot), &item);) {
           int p = 0;
-          while (item >= first[p + 1] && p + 1 < np && !paired) ++p;
+          while (p + 1 < np && item >= first[p + 1]) ++p;
           const MatmulJob& j = jobs[p];
-          const int64_t r0 = (item - first[p]) * j.unit, r1 = std::min(j.w->rows, r0 + j.unit);
-          run_matmul_rows(j, act, r0, r1);
-          if (paired) {
-            run_matmul_rows(jobs[1], act, r0, r1);
-            for (int t = 0; t < rows; ++t) sp->k->silu_mul(j.y + t * j.ldy + r0, jobs[1].y + t * jobs[1].ldy + r0, r1 - r0);
-          }
+          const int64_t r0 = (item - first[p]) * j.unit;
+          run_matmul_rows(j, act, r0, std::min(j.w->rows, r0 + j.unit));
         }
       }
     });
-    if (glu && !paired)
-      for (int t = 0; t < rows; ++t) s.k->silu_mul(jobs[0].y + t * jobs[0].ldy, jobs[1].y + t * jobs[1].ldy, jobs[0].w->rows);
   };
-  // One section when the parts take the same activations (type and columns; a quantized
-  // model may mix types), else one per part.
-  auto matmul = [&](const float* src, int64_t ld, int rows, std::initializer_list<Part> parts, bool glu = false) {
+  auto matmul = [&](const float* src, int64_t ld, int rows, std::initializer_list<Part> parts) {
     const Part* ps = parts.begin();
     const int np = int(parts.size());
-    if (np < 1 || np > 3 || (glu && np != 2)) throw Error(ErrorCode::internal, "matmul: 1-3 parts (2 with glu)");
+    if (np < 1 || np > 3) throw Error(ErrorCode::internal, "matmul: 1-3 parts");
     bool same = true;
     for (int i = 1; i < np; ++i)
       same = same && act_type_for(ps[i].w.type) == act_type_for(ps[0].w.type) && ps[i].w.cols == ps[0].w.cols;
-    if (same) return section(src, ld, rows, ps, np, glu);
-    for (int i = 0; i < np; ++i) section(src, ld, rows, ps + i, 1, false);
-    if (glu)
-      for (int t = 0; t < rows; ++t) s.k->silu_mul(ps[0].y + t * ps[0].ldy, ps[1].y + t * ps[1].ldy, ps[0].w.rows);
+    if (same) return section(src, ld, rows, ps, np);
+    for (int i = 0; i < np; ++i) section(src, ld, rows, ps + i, 1);
   };
 
   const int half = c.n_rot / 2;
@@ -755,7 +745,8 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
     rms_norm_rows(s.x.data(), L.ffn_norm, s.xn.data(), n, d, c.rms_eps);
     ++s.act_gen;
-    matmul(s.xn.data(), d, n, {{L.w_gate, s.gate.data(), c.n_ff}, {L.w_up, s.up.data(), c.n_ff}}, true);
+    matmul(s.xn.data(), d, n, {{L.w_gate, s.gate.data(), c.n_ff}, {L.w_up, s.up.data(), c.n_ff}});
+    s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * c.n_ff);
     matmul(s.gate.data(), c.n_ff, n, {{L.w_down, s.xn.data(), d}});
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
   }
