@@ -4,6 +4,8 @@
 #include <chrono>
 #include <memory>
 
+#include "slim/core/error.h"
+
 namespace slim {
 
 namespace {
@@ -135,6 +137,7 @@ constexpr uint64_t pack_share(uint64_t next, uint64_t end) { return next | (end 
 }  // namespace
 
 void WorkSplit::reset(int64_t n) {
+  if (n >= (int64_t(1) << 31)) throw Error(ErrorCode::internal, "WorkSplit: more than 2^31 items");
   const uint64_t m = uint64_t(std::max<int64_t>(0, n));
   for (int s = 0; s < slots_; ++s)
     share_[size_t(s)].v.store(pack_share(m * uint64_t(s) / uint64_t(slots_), m * uint64_t(s + 1) / uint64_t(slots_)),

@@ -191,6 +191,8 @@ TEST(WorkSplit, ClaimsEveryItemOnce) {
       }
     }
   }
+  WorkSplit split(2);
+  EXPECT_THROW(split.reset(int64_t(1) << 31), Error);  // items are packed in 32 bits
 }
 
 // A slot that is held up hands its share to the others: slot 1 makes no claim until

@@ -63,7 +63,7 @@ class ThreadPool {
 class WorkSplit {
  public:
   explicit WorkSplit(int slots);
-  void reset(int64_t n);  // n < 2^31; not concurrently with next()
+  void reset(int64_t n);  // n < 2^31 (else throws); not concurrently with next()
   // The next item for `slot`: returns false when no slot has any left.
   bool next(int slot, int64_t* item);
   int slots() const { return slots_; }
