@@ -191,17 +191,9 @@ struct LlamaContext::State {
   int n_batch = 0, n_threads = 1;
   int64_t q_dim = 0, kv_dim = 0;
   AlignedBuffer<float> x, xn, q, kbuf, vbuf, attn, gate, up, logits;
-  // Per thread: activation rows converted for a weight type (act_stride bytes each), and
-  // what they hold: the rows of src as `type`, valid while gen == act_gen.
+  // Per thread: activation rows converted for a weight type (act_stride bytes each).
   AlignedBuffer<uint8_t> act;
   int64_t act_stride = 0, act_bytes = 0;
-  struct alignas(64) ActTag {
-    const float* src = nullptr;
-    ActType type = ActType::f32;
-    uint64_t gen = 0;
-  };
-  std::vector<ActTag> act_tag;
-  uint64_t act_gen = 1;  // bumped when a source buffer is about to be overwritten
   std::vector<AlignedBuffer<uint8_t>> k_cache, v_cache;  // per layer [n_ctx][kv_dim]
   size_t kv_elem = 2;
   AlignedBuffer<float> rope_cos, rope_sin;  // [n_ctx][n_rot/2]
@@ -259,7 +251,6 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   s.act_stride = max_act_row_bytes(max_cols);
   s.act_bytes = (int64_t(nb) * s.act_stride + 63) / 64 * 64;
   s.act.allocate(size_t(s.n_threads) * size_t(s.act_bytes));
-  s.act_tag.resize(size_t(s.n_threads));
   s.kv_elem = options.f16_kv ? 2 : 4;
   if (paged) {
     KvLayout lay;
@@ -440,7 +431,7 @@ struct MatmulJob {
 // Rows per work item of a matmul: a tile's rows (see run_matmul_rows); for one token two
 // 16-row tiles, so that a claim is not made for every 16 rows.
 int64_t matmul_unit(const WeightMatrix& w, bool tile32, bool tile, int n) {
-  if (w.x16) return tile32 && n >= 4 ? 32 : n == 1 ? 32 : 16;
+  if (w.x16) return (tile32 && n >= 4) || n == 1 ? 32 : 16;
   return tile ? 16 : 8;
 }
 
@@ -536,9 +527,9 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
   // as one parallel section when the parts take the same activations (q, k and v, or
   // gate and up: one wait for the threads instead of one per matrix; a quantized model
   // may mix types, then one section per part). Each thread first converts the rows to
-  // the activation format the weights need, into its own buffer, unless that buffer
-  // holds them already: a buffer written by one thread and read by the other cost more
-  // in cache-line transfers than converting on both (8 sequences, 2 threads: 0.10 ms of a
+  // the activation format the weights need, into its own buffer: a buffer written by
+  // one thread and read by the other cost more in cache-line transfers than converting
+  // on both (8 sequences, 2 threads: 0.10 ms of a
   // 1.8 ms step). Items run the parts one after the other, each part's rows in order:
   // items that took the same rows of gate and up (and finished them with SiLU)
   // interleaved two weight streams, which made one-sequence decode 3-4 % slower.
@@ -561,17 +552,11 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       first[i + 1] = first[i] + (p.w.rows + j.unit - 1) / j.unit;
     }
     s.split->reset(first[np]);
-    State* sp = &s;
-    const uint64_t gen = s.act_gen;
-    pool.parallel_for(T, [&, sp, gen](int64_t b, int64_t e) {
+    pool.parallel_for(T, [&](int64_t b, int64_t e) {
       for (int64_t slot = b; slot < e; ++slot) {
-        uint8_t* act = sp->act.data() + slot * sp->act_bytes;
-        State::ActTag& tag = sp->act_tag[size_t(slot)];
-        if (tag.src != src || tag.type != at || tag.gen != gen) {
-          for (int t = 0; t < rows; ++t) quantize_act_row(*sp->k, at, src + t * ld, act + t * sp->act_stride, jobs[0].w->cols);
-          tag = {src, at, gen};
-        }
-        for (int64_t item; sp->split->next(int(slot), &item);) {
+        uint8_t* act = s.act.data() + slot * s.act_bytes;
+        for (int t = 0; t < rows; ++t) quantize_act_row(*s.k, at, src + t * ld, act + t * s.act_stride, jobs[0].w->cols);
+        for (int64_t item; s.split->next(int(slot), &item);) {
           int p = 0;
           while (p + 1 < np && item >= first[p + 1]) ++p;
           const MatmulJob& j = jobs[p];
@@ -656,7 +641,6 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = m.layer(l);
     rms_norm_rows(s.x.data(), L.attn_norm, s.xn.data(), n, d, c.rms_eps);
-    ++s.act_gen;
     matmul(s.xn.data(), d, n, {{L.wq, s.q.data(), s.q_dim}, {L.wk, s.kbuf.data(), s.kv_dim}, {L.wv, s.vbuf.data(), s.kv_dim}});
     for (int t = 0; t < n; ++t) {
       float* q = s.q.data() + t * s.q_dim;
@@ -744,7 +728,6 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     matmul(s.attn.data(), s.q_dim, n, {{L.wo, s.xn.data(), d}});
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
     rms_norm_rows(s.x.data(), L.ffn_norm, s.xn.data(), n, d, c.rms_eps);
-    ++s.act_gen;
     matmul(s.xn.data(), d, n, {{L.w_gate, s.gate.data(), c.n_ff}, {L.w_up, s.up.data(), c.n_ff}});
     s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * c.n_ff);
     matmul(s.gate.data(), c.n_ff, n, {{L.w_down, s.xn.data(), d}});
@@ -760,9 +743,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     for (const Entry& e : entries)
       rms_norm_rows(s.x.data() + int64_t(e.row0 + e.n - 1) * d, m.output_norm(), s.xn.data() + int64_t(rows++) * d, 1, d, c.rms_eps);
   }
-  ++s.act_gen;
   matmul(s.xn.data(), d, rows, {{m.output(), s.logits.data(), c.n_vocab}});
-  ++s.act_gen;  // the next batch overwrites the sources
   last_entries_.assign(entries.begin(), entries.end());
   if (cache) {
     for (const Entry& e : entries) {

@@ -66,7 +66,6 @@ class WorkSplit {
   void reset(int64_t n);  // n < 2^31 (else throws); not concurrently with next()
   // The next item for `slot`: returns false when no slot has any left.
   bool next(int slot, int64_t* item);
-  int slots() const { return slots_; }
 
  private:
   struct alignas(64) Share {
