@@ -231,8 +231,7 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
 }
 
 // Scores of n keys of one block part against g queries (hd apart), query j's at
-// out + j * ldo. f16 rows use the same kernels as the contiguous cache, so a paged cache
-// that keeps everything reproduces it bit for bit.
+// out + j * ldo. (f16 parts go to the kernels as a stream's whole run of blocks.)
 void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* q,
                 int g, int hd, float* out, int64_t ldo) {
   switch (t) {
@@ -241,7 +240,7 @@ void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, cons
         for (int i = 0; i < n; ++i) out[j * ldo + i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q + j * hd);
       return;
     case KvType::f16:
-      ak.scores_f16(reinterpret_cast<const uint16_t*>(part), hd, n, q, g, hd, out, ldo);
+      ak.scores_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(part), hd), n, q, g, hd, out, ldo);
       return;
     case KvType::q8:
       ak.scores_q8(reinterpret_cast<const int8_t*>(part), q8_scales<const float>(part, hd),
@@ -266,7 +265,7 @@ void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* pa
         }
       return;
     case KvType::f16:
-      ak.accumulate_f16(reinterpret_cast<const uint16_t*>(part), hd, n, p, ldp, g, hd, out);
+      ak.accumulate_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(part), hd), n, p, ldp, g, hd, out);
       return;
     case KvType::q8:
       ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
@@ -713,27 +712,43 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     if (len <= 0 || len > s.n) throw Error(ErrorCode::internal, "KV attention: visible length out of range");
     const int nb_tok = std::min(len, in_blocks);
     const int nblk = (nb_tok + kKvBlockTokens - 1) / kKvBlockTokens;
-    for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]), kb);
-    for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
-      const int b = i / kKvBlockTokens;
-      if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]), kb);
-      const uint8_t* part = pool_->data(s.blocks[size_t(b)]);
-      key_scores(*k_, ak, kt, part, std::min(kKvBlockTokens, nb_tok - i), qr, G, hd, scratch + i, sp);
+    // f16 blocks: one kernel call over the stream's blocks (the same kernels as the
+    // contiguous cache, so a paged cache that keeps everything reproduces it bit for bit);
+    // other formats a block at a time.
+    auto f16_blocks = [&](int64_t offset) {
+      return KvF16Rows{reinterpret_cast<const uint16_t*>(pool_->data(0) + offset), s.blocks.data(),
+                       pool_->block_bytes() / 2, kKvBlockTokens, hd};
+    };
+    if (kt == KvType::f16) {
+      ak.scores_f16(f16_blocks(0), nb_tok, qr, G, hd, scratch, sp);
+    } else {
+      for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]), kb);
+      for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
+        const int b = i / kKvBlockTokens;
+        if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]), kb);
+        const uint8_t* part = pool_->data(s.blocks[size_t(b)]);
+        key_scores(*k_, ak, kt, part, std::min(kKvBlockTokens, nb_tok - i), qr, G, hd, scratch + i, sp);
+      }
     }
-    if (len > nb_tok) ak.scores_f16(s.stage_k, hd, len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
-    const int64_t vb = v_bytes(layer);
-    for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]) + kb, vb);
+    if (len > nb_tok) ak.scores_f16(KvF16Rows::contiguous(s.stage_k, hd), len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
     for (int j = 0; j < G; ++j) {
       ak.softmax(scratch + j * sp, len, scale);
       std::fill(o + j * hd, o + (j + 1) * hd, 0.f);
     }
-    for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
-      const int b = i / kKvBlockTokens;
-      if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]) + kb, vb);
-      const uint8_t* part = pool_->data(s.blocks[size_t(b)]) + kb;
-      accumulate_values(ak, vt, part, std::min(kKvBlockTokens, nb_tok - i), scratch + i, sp, G, hd, o);
+    const int64_t vb = v_bytes(layer);
+    if (vt == KvType::f16) {
+      ak.accumulate_f16(f16_blocks(kb), nb_tok, scratch, sp, G, hd, o);
+    } else {
+      for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]) + kb, vb);
+      for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
+        const int b = i / kKvBlockTokens;
+        if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]) + kb, vb);
+        const uint8_t* part = pool_->data(s.blocks[size_t(b)]) + kb;
+        accumulate_values(ak, vt, part, std::min(kKvBlockTokens, nb_tok - i), scratch + i, sp, G, hd, o);
+      }
     }
-    if (len > nb_tok) ak.accumulate_f16(s.stage_v, hd, len - nb_tok, scratch + nb_tok, sp, G, hd, o);
+    if (len > nb_tok)
+      ak.accumulate_f16(KvF16Rows::contiguous(s.stage_v, hd), len - nb_tok, scratch + nb_tok, sp, G, hd, o);
     if (observe && observe[r]) {
       // The stream is only read here; its policy bookkeeping is written by one item at a
       // time (the caller gives each (sequence, KV head) to one thread).

@@ -704,7 +704,9 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           // that keeps everything reproduces this one bit for bit (a query's result does
           // not depend on how many share the call).
           const KvAttentionKernels& ak = kv_attention_kernels();
-          if (st.kv_elem == 2) ak.scores_f16(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim, len, q, g, hd, scores, ls);
+          if (st.kv_elem == 2)
+            ak.scores_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim), len, q, g, hd,
+                          scores, ls);
           for (int qh = 0; qh < g; ++qh) {
             float* sc = scores + qh * ls;
             if (st.kv_elem != 2)
@@ -719,7 +721,8 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
               }
           }
           if (st.kv_elem == 2)
-            ak.accumulate_f16(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim, len, scores, ls, g, hd, out);
+            ak.accumulate_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim), len, scores,
+                              ls, g, hd, out);
         }
       }
     });

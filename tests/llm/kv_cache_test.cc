@@ -312,11 +312,12 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
         for (auto& e : qg) e = nd(rng);
         for (auto& e : pg) e = std::fabs(nd(rng));
         std::vector<float> a(size_t(g) * ld), b(size_t(g) * ld), one(static_cast<size_t>(n));
-        best.scores_f16(k.data(), stride, n, qg.data(), g, hd, a.data(), ld);
-        ref.scores_f16(k.data(), stride, n, qg.data(), g, hd, b.data(), ld);
+        const KvF16Rows kr = KvF16Rows::contiguous(k.data(), stride), vr = KvF16Rows::contiguous(v.data(), stride);
+        best.scores_f16(kr, n, qg.data(), g, hd, a.data(), ld);
+        ref.scores_f16(kr, n, qg.data(), g, hd, b.data(), ld);
         for (int j = 0; j < g; ++j) {
           // A query's scores do not depend on how many queries share the call.
-          best.scores_f16(k.data(), stride, n, qg.data() + j * hd, 1, hd, one.data(), 0);
+          best.scores_f16(kr, n, qg.data() + j * hd, 1, hd, one.data(), 0);
           for (int i = 0; i < n; ++i) {
             EXPECT_NEAR(a[size_t(j * ld + i)], b[size_t(j * ld + i)], 1e-4 * std::sqrt(double(hd))) << hd << " " << n;
             EXPECT_EQ(a[size_t(j * ld + i)], one[size_t(i)]);
@@ -328,9 +329,9 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
           for (int i = 0; i < n; ++i)
             EXPECT_NEAR(a[size_t(j * ld + i)], b[size_t(j * ld + i)], 1e-3 * std::fabs(b[size_t(j * ld + i)]) + 1e-4);
         std::vector<float> oa(size_t(g) * hd, 0.5f), ob(size_t(g) * hd, 0.5f), o1(static_cast<size_t>(hd), 0.5f);
-        best.accumulate_f16(v.data(), stride, n, pg.data(), ld, g, hd, oa.data());
-        ref.accumulate_f16(v.data(), stride, n, pg.data(), ld, g, hd, ob.data());
-        best.accumulate_f16(v.data(), stride, n, pg.data() + (g - 1) * ld, 0, 1, hd, o1.data());
+        best.accumulate_f16(vr, n, pg.data(), ld, g, hd, oa.data());
+        ref.accumulate_f16(vr, n, pg.data(), ld, g, hd, ob.data());
+        best.accumulate_f16(vr, n, pg.data() + (g - 1) * ld, 0, 1, hd, o1.data());
         for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-4 * n) << hd;
         for (int c = 0; c < hd; ++c) EXPECT_EQ(oa[size_t((g - 1) * hd + c)], o1[size_t(c)]);
         best.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, oa.data());
@@ -352,6 +353,44 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
         for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-3 * n) << "q4 " << hd;
       }
     }
+}
+
+// f16 rows spread over blocks of a pool in any order (a paged stream) give exactly the
+// sums of the same rows in one run, for every kernel set: each row's score is computed
+// alone, and each output adds its rows in order whatever the runs.
+TEST(KvAttentionKernels, BlockRunsMatchOneRun) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const KvAttentionKernels* ak : {&kv_attention_kernels(), &kv_attention_kernels_scalar()})
+    for (int hd : {64, 128, 40})
+      for (int n : {1, 16, 17, 100, 300}) {
+        const int nblk = (n + kKvBlockTokens - 1) / kKvBlockTokens;
+        const int64_t block = int64_t(kKvBlockTokens) * hd + 32;  // elements per block, padded
+        std::vector<int32_t> ids(static_cast<size_t>(nblk));
+        for (int b = 0; b < nblk; ++b) ids[size_t(b)] = 2 * (nblk - 1 - b) + 1;  // reversed, gaps between
+        std::vector<uint16_t> pool(size_t(2 * nblk + 1) * size_t(block), 0x7e00);  // NaN where no row is
+        std::vector<uint16_t> rows(size_t(n) * hd);
+        for (int i = 0; i < n; ++i)
+          for (int c = 0; c < hd; ++c) {
+            const uint16_t h = f32_to_f16(nd(rng));
+            rows[size_t(i) * hd + c] = h;
+            pool[size_t(ids[size_t(i / kKvBlockTokens)]) * block + size_t(i % kKvBlockTokens) * hd + c] = h;
+          }
+        const KvF16Rows one = KvF16Rows::contiguous(rows.data(), hd);
+        const KvF16Rows runs{pool.data(), ids.data(), block, kKvBlockTokens, hd};
+        for (int g : {1, 3, 5}) {
+          std::vector<float> q(size_t(g) * hd), a(size_t(g) * n), b(size_t(g) * n);
+          for (auto& e : q) e = nd(rng);
+          ak->scores_f16(one, n, q.data(), g, hd, a.data(), n);
+          ak->scores_f16(runs, n, q.data(), g, hd, b.data(), n);
+          EXPECT_EQ(a, b) << ak->isa << " hd " << hd << " n " << n << " g " << g;
+          std::vector<float> p(size_t(g) * n), oa(size_t(g) * hd, 0.25f), ob = oa;
+          for (auto& e : p) e = std::fabs(nd(rng));
+          ak->accumulate_f16(one, n, p.data(), n, g, hd, oa.data());
+          ak->accumulate_f16(runs, n, p.data(), n, g, hd, ob.data());
+          EXPECT_EQ(oa, ob) << ak->isa << " hd " << hd << " n " << n << " g " << g;
+        }
+      }
 }
 
 // The attention softmax against the scalar one (std::exp, double sum): every length

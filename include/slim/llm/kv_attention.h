@@ -5,6 +5,7 @@
 // the scalar versions are the reference the tests hold them to.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace slim::llm {
@@ -13,17 +14,41 @@ namespace slim::llm {
 // scales, then as many minimums).
 constexpr int kKvBlockTokens = 16;
 
+// f16 key or value rows in runs: the blocks of a paged stream (run = kKvBlockTokens rows,
+// run r at base + runs[r] * run_stride), or one run from base (runs = nullptr, as in the
+// contiguous cache). Rows of a run are stride elements apart; only the last run may be
+// shorter. One call takes a stream's whole run list, so the kernels keep their sums in
+// registers from block to block and fetch blocks ahead of use.
+struct KvF16Rows {
+  const uint16_t* base = nullptr;
+  const int32_t* runs = nullptr;
+  int64_t run_stride = 0;
+  int run = 0;
+  int64_t stride = 0;
+
+  static KvF16Rows contiguous(const uint16_t* base, int64_t stride) { return {base, nullptr, 0, INT32_MAX, stride}; }
+  const uint16_t* start(int r) const { return runs ? base + int64_t(runs[r]) * run_stride : base; }
+  // f(first row of the run, index of its first row, rows) for each run of n rows, in order.
+  template <typename F>
+  void each(int n, F&& f) const {
+    for (int i0 = 0, r = 0; i0 < n; ++r) {
+      const int len = std::min(run, n - i0);
+      f(start(r), i0, len);
+      i0 += len;
+    }
+  }
+};
+
 // Every kernel takes g queries at once (the query heads that share a KV head under
 // grouped-query attention), so each key and value row is loaded and converted once for
 // all of them. A query's result does not depend on g: the same sums in the same order.
 struct KvAttentionKernels {
   const char* isa;
-  // out[j * ldo + i] = dot(q_j, k_i) for queries q_j = q + j * hd and n f16 key rows at
-  // k + i * stride (elements).
-  void (*scores_f16)(const uint16_t* k, int64_t stride, int n, const float* q, int g, int hd, float* out, int64_t ldo);
-  // out_j += sum_i p[j * ldp + i] * v_i over n f16 value rows; out_j = out + j * hd.
-  void (*accumulate_f16)(const uint16_t* v, int64_t stride, int n, const float* p, int64_t ldp, int g, int hd,
-                         float* out);
+  // out[j * ldo + i] = dot(q_j, k_i) for queries q_j = q + j * hd and the first n f16 key
+  // rows k_i of k.
+  void (*scores_f16)(const KvF16Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo);
+  // out_j += sum_i p[j * ldp + i] * v_i over the first n f16 value rows; out_j = out + j * hd.
+  void (*accumulate_f16)(const KvF16Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out);
   // q8 rows (int8 at x + i * hd, scale d[i]): out[j * ldo + i] = d[i] * dot(q_j, x_i).
   void (*scores_q8)(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo);
   // out_j += sum_i p[j * ldp + i] * d[i] * x_i.
