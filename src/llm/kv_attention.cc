@@ -36,16 +36,17 @@ void accumulate_f16_run_scalar(const uint16_t* v, int64_t stride, int n, const f
 // A row's score does not depend on its run, and each output sums its rows in order, so a
 // run at a time gives the sums of one call over all rows.
 void scores_f16_scalar(const KvF16Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
-  k.each(n, [&](const uint16_t* r, int i0, int len) { scores_f16_run_scalar(r, k.stride, len, q, g, hd, out + i0, ldo); });
+  k.each(n, [&](int, const uint16_t* r, int i0, int len) { scores_f16_run_scalar(r, k.stride, len, q, g, hd, out + i0, ldo); });
 }
 
 void accumulate_f16_scalar(const KvF16Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
-  v.each(n, [&](const uint16_t* r, int i0, int len) {
+  v.each(n, [&](int, const uint16_t* r, int i0, int len) {
     accumulate_f16_run_scalar(r, v.stride, len, p + i0, ldp, g, hd, out);
   });
 }
 
-void scores_q8_scalar(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+void scores_q8_run_scalar(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out,
+                          int64_t ldo) {
   for (int j = 0; j < g; ++j)
     for (int i = 0; i < n; ++i) {
       const int8_t* r = x + int64_t(i) * hd;
@@ -70,13 +71,26 @@ void softmax_scalar(float* x, int n, float scale) {
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void accumulate_q8_scalar(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+void accumulate_q8_run_scalar(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd,
+                              float* out) {
   for (int j = 0; j < g; ++j)
     for (int i = 0; i < n; ++i) {
       const int8_t* r = x + int64_t(i) * hd;
       const float a = p[j * ldp + i] * d[i];
       for (int c = 0; c < hd; ++c) out[j * hd + c] += a * float(r[c]);
     }
+}
+
+void scores_q8_scalar(const KvQ8Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  k.each(n, [&](int r, const int8_t* x, int i0, int len) {
+    scores_q8_run_scalar(x, k.scales(r), len, q, g, hd, out + i0, ldo);
+  });
+}
+
+void accumulate_q8_scalar(const KvQ8Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+  v.each(n, [&](int r, const int8_t* x, int i0, int len) {
+    accumulate_q8_run_scalar(x, v.scales(r), len, p + i0, ldp, g, hd, out);
+  });
 }
 
 // k_ic = m_c + d_c * code_ic, so q.k_i = sum_c q_c m_c + sum_c (q_c d_c) code_ic: one
@@ -220,14 +234,19 @@ void scores_any(const Rows& rows, int n, const float* q, int g, int hd, float* o
 
 void scores_f16_avx2(const KvF16Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
   if (hd % 8 != 0) return scores_f16_scalar(k, n, q, g, hd, out, ldo);
-  k.each(n, [&](const uint16_t* r, int i0, int len) { scores_any(HalfRows{r, k.stride}, len, q, g, hd, out + i0, ldo); });
+  k.each(n, [&](int, const uint16_t* r, int i0, int len) {
+    scores_any(HalfRows{r, k.stride}, len, q, g, hd, out + i0, ldo);
+  });
 }
 
-void scores_q8_avx2(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
-  if (hd % 8 != 0) return scores_q8_scalar(x, d, n, q, g, hd, out, ldo);
-  scores_any(Q8Rows{x, hd}, n, q, g, hd, out, ldo);
-  for (int j = 0; j < g; ++j)
-    for (int i = 0; i < n; ++i) out[j * ldo + i] *= d[i];
+void scores_q8_avx2(const KvQ8Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  if (hd % 8 != 0) return scores_q8_scalar(k, n, q, g, hd, out, ldo);
+  k.each(n, [&](int r, const int8_t* x, int i0, int len) {
+    scores_any(Q8Rows{x, hd}, len, q, g, hd, out + i0, ldo);
+    const float* d = k.scales(r);
+    for (int j = 0; j < g; ++j)
+      for (int i = 0; i < len; ++i) out[j * ldo + i0 + i] *= d[i];
+  });
 }
 
 template <typename Rows, typename Weight>
@@ -239,14 +258,17 @@ void accumulate_any(const Rows& rows, int n, Weight w, int g, int hd, float* out
 
 void accumulate_f16_avx2(const KvF16Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
   if (hd % 8 != 0) return accumulate_f16_scalar(v, n, p, ldp, g, hd, out);
-  v.each(n, [&](const uint16_t* r, int i0, int len) {
+  v.each(n, [&](int, const uint16_t* r, int i0, int len) {
     accumulate_any(HalfRows{r, v.stride}, len, [&](int j, int i) { return p[j * ldp + i0 + i]; }, g, hd, out);
   });
 }
 
-void accumulate_q8_avx2(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
-  if (hd % 8 != 0) return accumulate_q8_scalar(x, d, n, p, ldp, g, hd, out);
-  accumulate_any(Q8Rows{x, hd}, n, [&](int j, int i) { return p[j * ldp + i] * d[i]; }, g, hd, out);
+void accumulate_q8_avx2(const KvQ8Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+  if (hd % 8 != 0) return accumulate_q8_scalar(v, n, p, ldp, g, hd, out);
+  v.each(n, [&](int r, const int8_t* x, int i0, int len) {
+    const float* d = v.scales(r);
+    accumulate_any(Q8Rows{x, hd}, len, [&](int j, int i) { return p[j * ldp + i0 + i] * d[i]; }, g, hd, out);
+  });
 }
 
 }  // namespace
@@ -272,65 +294,66 @@ inline __m512 load_half16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// 16 values of row i from column c, as f32: f16 rows (stride in elements) and q8 rows
-// (hd int8 codes each; the caller applies the row scales).
+// One run's rows for the AVX-512 kernels: load(i, c) gives 16 values of row i from column
+// c as f32, weight(p, i) the factor of row i's probability p in a value sum, and finish
+// scales a run's raw scores (q8 rows: by their scales; f16: nothing to do).
 struct Half16Rows {
   const uint16_t* base;
   int64_t stride;
   __m512 load(int i, int c) const { return load_half16(base + i * stride + c); }
+  float weight(float p, int) const { return p; }
+  void finish(float*, int64_t, int, int) const {}
 };
 
 struct Q8x16Rows {
   const int8_t* base;
-  int hd;
+  int64_t hd;
+  const float* d;
   __m512 load(int i, int c) const {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + int64_t(i) * hd + c))));
   }
+  float weight(float p, int i) const { return p * d[i]; }
+  void finish(float* out, int64_t ldo, int g, int n) const {
+    for (int j = 0; j < g; ++j)
+      for (int i = 0; i < n; ++i) out[j * ldo + i] *= d[i];
+  }
 };
 
-// Rows as the AVX-512 kernels visit them: f(rows of one run, its first row, its rows) per
-// run, in order. A paged stream's f16 blocks come from anywhere in the pool, where the
-// hardware prefetcher (which follows streams within a page) cannot run ahead, so the
-// block kAhead runs ahead is fetched while one is computed.
-struct Half16Runs {
-  static constexpr int kAhead = 4;
-  const KvF16Rows& rows;
-  template <typename F>
-  void each(int n, F&& f) const {
-    if (!rows.runs) return f(Half16Rows{rows.base, rows.stride}, 0, n);
-    const int nruns = (n + rows.run - 1) / rows.run;
-    for (int r = 0; r < nruns; ++r) {
-      // Run r + kAhead, and at the first run the ones before it. (A loop, not a lambda:
-      // GCC found such a lambda free of side effects and dropped its calls.)
-      for (int a = r == 0 ? 0 : r + kAhead; a <= r + kAhead && a < nruns; ++a) {
-        const char* p = reinterpret_cast<const char*>(rows.start(a));
-        const int64_t bytes = int64_t(std::min(rows.run, n - a * rows.run)) * rows.stride * 2;
-        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-      }
-      const int i0 = r * rows.run;
-      f(Half16Rows{rows.start(r), rows.stride}, i0, std::min(rows.run, n - i0));
+inline Half16Rows rows_of(const KvF16Rows& k, int r) { return {k.start(r), k.stride}; }
+inline Q8x16Rows rows_of(const KvQ8Rows& k, int r) { return {k.start(r), k.stride, k.scales(r)}; }
+
+// f(rows of one run, index of its first row, rows) per run, in order. A paged stream's
+// blocks come from anywhere in the pool, where the hardware prefetcher (which follows
+// streams within a page) cannot run ahead, so the block kAhead runs ahead is fetched
+// while one is computed (the rows, and a q8 run's scales).
+template <typename T, typename F>
+void each_run(const KvRowRuns<T>& rows, int n, F&& f) {
+  constexpr int kAhead = 4;
+  if (!rows.runs) return f(rows_of(rows, 0), 0, n);
+  const int nruns = (n + rows.run - 1) / rows.run;
+  for (int r = 0; r < nruns; ++r) {
+    // Run r + kAhead, and at the first run the ones before it. (A loop, not a lambda:
+    // GCC found such a lambda free of side effects and dropped its calls.)
+    for (int a = r == 0 ? 0 : r + kAhead; a <= r + kAhead && a < nruns; ++a) {
+      const char* p = reinterpret_cast<const char*>(rows.start(a));
+      const int64_t bytes = int64_t(std::min(rows.run, n - a * rows.run)) * rows.stride * int64_t(sizeof(T));
+      for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+      if constexpr (std::is_same_v<T, int8_t>) _mm_prefetch(reinterpret_cast<const char*>(rows.scales(a)), _MM_HINT_T0);
     }
+    const int i0 = r * rows.run;
+    f(rows_of(rows, r), i0, std::min(rows.run, n - i0));
   }
-};
-
-template <typename Rows>
-struct OneRun {
-  Rows rows;
-  template <typename F>
-  void each(int n, F&& f) const {
-    f(rows, 0, n);
-  }
-};
+}
 
 // Raw dot products of G queries with n rows, 4 rows at a time: each (row, query)
 // accumulates 16 lanes, folded to 8 and summed four rows at once. (Eight rows at a time
 // with their sums reduced together by shuffles across rows, or the queries held in
 // registers, were no faster: 4.3 ns per row for 3 queries at hd = 64 in cache either way.)
-template <int G, typename Runs>
-void scores_g512(const Runs& runs, int n, const float* q, int hd, float* out, int64_t ldo) {
+template <int G, typename T>
+void scores_g512(const KvRowRuns<T>& runs, int n, const float* q, int hd, float* out, int64_t ldo) {
   auto fold = [](__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))); };
-  runs.each(n, [&](const auto& rows, int i0, int len) {
+  each_run(runs, n, [&](const auto& rows, int i0, int len) {
     float* o = out + i0;
     int i = 0;
     for (; i + 4 <= len; i += 4) {
@@ -354,41 +377,40 @@ void scores_g512(const Runs& runs, int n, const float* q, int hd, float* out, in
       }
       for (int j = 0; j < G; ++j) o[j * ldo + i] = hsum(fold(acc[j]));
     }
+    rows.finish(o, ldo, G, len);
   });
 }
 
-template <typename Runs>
-void scores_runs512(const Runs& runs, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
-  for_query_groups<3>(g, [&](auto G, int j) { scores_g512<G.value>(runs, n, q + j * hd, hd, out + j * ldo, ldo); });
+template <typename T>
+void scores_avx512(const KvRowRuns<T>& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  for_query_groups<3>(g, [&](auto G, int j) { scores_g512<G.value>(k, n, q + j * hd, hd, out + j * ldo, ldo); });
 }
 
 void scores_f16_avx512(const KvF16Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
   if (hd % 16 != 0) return scores_f16_avx2(k, n, q, g, hd, out, ldo);
-  scores_runs512(Half16Runs{k}, n, q, g, hd, out, ldo);
+  scores_avx512(k, n, q, g, hd, out, ldo);
 }
 
-void scores_q8_avx512(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
-  if (hd % 16 != 0) return scores_q8_avx2(x, d, n, q, g, hd, out, ldo);
-  scores_runs512(OneRun<Q8x16Rows>{{x, hd}}, n, q, g, hd, out, ldo);
-  for (int j = 0; j < g; ++j)
-    for (int i = 0; i < n; ++i) out[j * ldo + i] *= d[i];
+void scores_q8_avx512(const KvQ8Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
+  if (hd % 16 != 0) return scores_q8_avx2(k, n, q, g, hd, out, ldo);
+  scores_avx512(k, n, q, g, hd, out, ldo);
 }
 
-// out_j += sum_i w(j, i) * row_i for B blocks of 16 columns from c0, G x B outputs held
-// in registers across rows (and across the runs of a paged stream: one call per block
-// stored and reloaded them, and the calls took half the time, 3.9 against 1.9 ns per row
-// in cache for G = 3, hd = 64). B is a template argument: with a run-time count the
-// accumulators lived on the stack, and each FMA waited for the store of the one before
-// (8.1 against 3.9 ns per row).
-template <int G, int B, typename Runs, typename Weight>
-void accumulate_gb512(const Runs& runs, int n, Weight w, int c0, float* out, int hd) {
+// out_j += sum_i w_j(i) * row_i for B blocks of 16 columns from c0, with w_j(i) =
+// rows.weight(p[j * ldp + i], i); G x B outputs held in registers across rows, and across
+// the runs of a paged stream (one call per block stored and reloaded them, and the calls
+// took half the time: 3.9 against 2.2 ns per row in cache for G = 3, hd = 64). B is a
+// template argument: with a run-time count the accumulators lived on the stack, and each
+// FMA waited for the store of the one before (8.1 against 3.9 ns per row).
+template <int G, int B, typename T>
+void accumulate_gb512(const KvRowRuns<T>& runs, int n, const float* p, int64_t ldp, int hd, int c0, float* out) {
   __m512 o[G][B];
   for (int j = 0; j < G; ++j)
     for (int b = 0; b < B; ++b) o[j][b] = _mm512_loadu_ps(out + j * hd + c0 + 16 * b);
-  runs.each(n, [&](const auto& rows, int i0, int len) {
+  each_run(runs, n, [&](const auto& rows, int i0, int len) {
     for (int i = 0; i < len; ++i) {
       __m512 a[G];
-      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(w(j, i0 + i));
+      for (int j = 0; j < G; ++j) a[j] = _mm512_set1_ps(rows.weight(p[j * ldp + i0 + i], i));
       for (int b = 0; b < B; ++b) {
         const __m512 x = rows.load(i, c0 + 16 * b);
         for (int j = 0; j < G; ++j) o[j][b] = _mm512_fmadd_ps(a[j], x, o[j][b]);
@@ -399,34 +421,31 @@ void accumulate_gb512(const Runs& runs, int n, Weight w, int c0, float* out, int
     for (int b = 0; b < B; ++b) _mm512_storeu_ps(out + j * hd + c0 + 16 * b, o[j][b]);
 }
 
-// out_j += sum_i w(j, i) * row_i, 64 columns at a time.
-template <int G, typename Runs, typename Weight>
-void accumulate_g512(const Runs& runs, int n, Weight w, int hd, float* out) {
-  for (int c0 = 0; c0 < hd; c0 += 64) {
-    switch ((hd - c0 < 64 ? hd - c0 : 64) / 16) {
-      case 4: accumulate_gb512<G, 4>(runs, n, w, c0, out, hd); break;
-      case 3: accumulate_gb512<G, 3>(runs, n, w, c0, out, hd); break;
-      case 2: accumulate_gb512<G, 2>(runs, n, w, c0, out, hd); break;
-      default: accumulate_gb512<G, 1>(runs, n, w, c0, out, hd); break;
+// out_j += sum_i w_j(i) * row_i, 64 columns at a time, up to 4 queries at once.
+template <typename T>
+void accumulate_avx512(const KvRowRuns<T>& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+  for_query_groups<4>(g, [&](auto G, int j) {
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+      const float* pj = p + j * ldp;
+      float* oj = out + j * hd;
+      switch ((hd - c0 < 64 ? hd - c0 : 64) / 16) {
+        case 4: accumulate_gb512<G.value, 4>(v, n, pj, ldp, hd, c0, oj); break;
+        case 3: accumulate_gb512<G.value, 3>(v, n, pj, ldp, hd, c0, oj); break;
+        case 2: accumulate_gb512<G.value, 2>(v, n, pj, ldp, hd, c0, oj); break;
+        default: accumulate_gb512<G.value, 1>(v, n, pj, ldp, hd, c0, oj); break;
+      }
     }
-  }
+  });
 }
 
 void accumulate_f16_avx512(const KvF16Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
   if (hd % 16 != 0) return accumulate_f16_avx2(v, n, p, ldp, g, hd, out);
-  for_query_groups<4>(g, [&](auto G, int j) {
-    accumulate_g512<G.value>(Half16Runs{v}, n, [&](int jj, int i) { return p[(j + jj) * ldp + i]; }, hd,
-                             out + j * hd);
-  });
+  accumulate_avx512(v, n, p, ldp, g, hd, out);
 }
 
-void accumulate_q8_avx512(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd,
-                          float* out) {
-  if (hd % 16 != 0) return accumulate_q8_avx2(x, d, n, p, ldp, g, hd, out);
-  for_query_groups<4>(g, [&](auto G, int j) {
-    accumulate_g512<G.value>(OneRun<Q8x16Rows>{{x, hd}}, n, [&](int jj, int i) { return p[(j + jj) * ldp + i] * d[i]; },
-                             hd, out + j * hd);
-  });
+void accumulate_q8_avx512(const KvQ8Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out) {
+  if (hd % 16 != 0) return accumulate_q8_avx2(v, n, p, ldp, g, hd, out);
+  accumulate_avx512(v, n, p, ldp, g, hd, out);
 }
 
 void softmax_avx512(float* x, int n, float scale) {

@@ -230,50 +230,82 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
   }
 }
 
-// Scores of n keys of one block part against g queries (hd apart), query j's at
-// out + j * ldo. (f16 parts go to the kernels as a stream's whole run of blocks.)
-void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* q,
+// Blocks come from anywhere in the pool, so the hardware prefetcher, which follows
+// streams within a page, cannot run ahead of attention from one block to the next: fetch
+// the part kAttendAhead blocks ahead while the current one is computed. (The f16 and q8
+// kernels take a stream's whole block list and do this themselves.)
+constexpr int kAttendAhead = 4;
+inline void prefetch_part(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+// One of the parts (keys at offset 0, values after them) of a stream's blocks: f16 and q8
+// parts go to the kernels as one run list; f32 and 4-bit parts f(part, first row, rows)
+// a block at a time.
+struct BlockParts {
+  const KvBlockPool& pool;
+  const std::vector<int32_t>& blocks;
+  int64_t offset, bytes;
+  int n;
+  template <typename T>
+  KvRowRuns<T> runs(int64_t stride) const {
+    return {reinterpret_cast<const T*>(pool.data(0) + offset), blocks.data(), pool.block_bytes() / int64_t(sizeof(T)),
+            kKvBlockTokens, stride};
+  }
+  template <typename F>
+  void each(F&& f) const {
+    const int nblk = (n + kKvBlockTokens - 1) / kKvBlockTokens;
+    for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool.data(blocks[size_t(b)]) + offset, bytes);
+    for (int b = 0; b < nblk; ++b) {
+      if (b + kAttendAhead < nblk) prefetch_part(pool.data(blocks[size_t(b + kAttendAhead)]) + offset, bytes);
+      const int i0 = b * kKvBlockTokens;
+      f(pool.data(blocks[size_t(b)]) + offset, i0, std::min(kKvBlockTokens, n - i0));
+    }
+  }
+};
+
+// Scores of the stream's first keys against g queries (hd apart), query j's at
+// out + j * ldo. f16 rows use the same kernels as the contiguous cache, so a paged cache
+// that keeps everything reproduces it bit for bit.
+void key_scores(const KernelSet& k, const KvAttentionKernels& ak, KvType t, const BlockParts& parts, const float* q,
                 int g, int hd, float* out, int64_t ldo) {
   switch (t) {
     case KvType::f32:
-      for (int j = 0; j < g; ++j)
-        for (int i = 0; i < n; ++i) out[j * ldo + i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q + j * hd);
+      parts.each([&](const uint8_t* part, int i0, int n) {
+        for (int j = 0; j < g; ++j)
+          for (int i = 0; i < n; ++i) out[j * ldo + i0 + i] = k.dot_f32(hd, part + int64_t(i) * hd * 4, q + j * hd);
+      });
       return;
-    case KvType::f16:
-      ak.scores_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(part), hd), n, q, g, hd, out, ldo);
-      return;
-    case KvType::q8:
-      ak.scores_q8(reinterpret_cast<const int8_t*>(part), q8_scales<const float>(part, hd),
-                   n, q, g, hd, out, ldo);
-      return;
+    case KvType::f16: ak.scores_f16(parts.runs<uint16_t>(hd), parts.n, q, g, hd, out, ldo); return;
+    case KvType::q8: ak.scores_q8(parts.runs<int8_t>(hd), parts.n, q, g, hd, out, ldo); return;
     case KvType::q4:
-      ak.scores_q4(part, q4_scales<const uint16_t>(part, hd), n, q, g, hd, out, ldo);
+      parts.each([&](const uint8_t* part, int i0, int n) {
+        ak.scores_q4(part, q4_scales<const uint16_t>(part, hd), n, q, g, hd, out + i0, ldo);
+      });
       return;
   }
 }
 
-// out_j += sum_i p[j * ldp + i] * v_i over n values of one block part; out_j = out + j * hd.
-void accumulate_values(const KvAttentionKernels& ak, KvType t, const uint8_t* part, int n, const float* p, int64_t ldp,
+// out_j += sum_i p[j * ldp + i] * v_i over the stream's first values; out_j = out + j * hd.
+void accumulate_values(const KvAttentionKernels& ak, KvType t, const BlockParts& parts, const float* p, int64_t ldp,
                        int g, int hd, float* out) {
   switch (t) {
     case KvType::f32:
-      for (int j = 0; j < g; ++j)
-        for (int i = 0; i < n; ++i) {
-          const float* v = reinterpret_cast<const float*>(part) + int64_t(i) * hd;
-          const float a = p[j * ldp + i];
-          for (int c = 0; c < hd; ++c) out[j * hd + c] += a * v[c];
-        }
+      parts.each([&](const uint8_t* part, int i0, int n) {
+        for (int j = 0; j < g; ++j)
+          for (int i = 0; i < n; ++i) {
+            const float* v = reinterpret_cast<const float*>(part) + int64_t(i) * hd;
+            const float a = p[j * ldp + i0 + i];
+            for (int c = 0; c < hd; ++c) out[j * hd + c] += a * v[c];
+          }
+      });
       return;
-    case KvType::f16:
-      ak.accumulate_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(part), hd), n, p, ldp, g, hd, out);
-      return;
-    case KvType::q8:
-      ak.accumulate_q8(reinterpret_cast<const int8_t*>(part),
-                       q8_scales<const float>(part, hd), n, p, ldp, g, hd, out);
-      return;
+    case KvType::f16: ak.accumulate_f16(parts.runs<uint16_t>(hd), parts.n, p, ldp, g, hd, out); return;
+    case KvType::q8: ak.accumulate_q8(parts.runs<int8_t>(hd), parts.n, p, ldp, g, hd, out); return;
     case KvType::q4:
-      ak.accumulate_q4(part, q4_scales<const uint16_t>(part, hd), n, p, ldp, g, hd,
-                       out);
+      parts.each([&](const uint8_t* part, int i0, int n) {
+        ak.accumulate_q4(part, q4_scales<const uint16_t>(part, hd), n, p + i0, ldp, g, hd, out);
+      });
       return;
   }
 }
@@ -683,17 +715,6 @@ int64_t KvCache::scratch_floats(int n_group) const {
   return (int64_t(max_tokens_) + 15) / 16 * 16 * std::max(1, n_group);
 }
 
-namespace {
-
-// Blocks come from anywhere in the pool, so the hardware prefetcher, which follows
-// streams within a page, cannot run ahead of attention from one block to the next: fetch
-// the part kAttendAhead blocks ahead while the current one is computed.
-constexpr int kAttendAhead = 4;
-inline void prefetch_part(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
-}  // namespace
 
 void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride, int n_q, int n_group,
                      const int* n_visible, const uint8_t* observe, const KvObserver& obs, float scale, float* out,
@@ -711,42 +732,13 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     const int len = n_visible[r];
     if (len <= 0 || len > s.n) throw Error(ErrorCode::internal, "KV attention: visible length out of range");
     const int nb_tok = std::min(len, in_blocks);
-    const int nblk = (nb_tok + kKvBlockTokens - 1) / kKvBlockTokens;
-    // f16 blocks: one kernel call over the stream's blocks (the same kernels as the
-    // contiguous cache, so a paged cache that keeps everything reproduces it bit for bit);
-    // other formats a block at a time.
-    auto f16_blocks = [&](int64_t offset) {
-      return KvF16Rows{reinterpret_cast<const uint16_t*>(pool_->data(0) + offset), s.blocks.data(),
-                       pool_->block_bytes() / 2, kKvBlockTokens, hd};
-    };
-    if (kt == KvType::f16) {
-      ak.scores_f16(f16_blocks(0), nb_tok, qr, G, hd, scratch, sp);
-    } else {
-      for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]), kb);
-      for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
-        const int b = i / kKvBlockTokens;
-        if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]), kb);
-        const uint8_t* part = pool_->data(s.blocks[size_t(b)]);
-        key_scores(*k_, ak, kt, part, std::min(kKvBlockTokens, nb_tok - i), qr, G, hd, scratch + i, sp);
-      }
-    }
+    key_scores(*k_, ak, kt, BlockParts{*pool_, s.blocks, 0, kb, nb_tok}, qr, G, hd, scratch, sp);
     if (len > nb_tok) ak.scores_f16(KvF16Rows::contiguous(s.stage_k, hd), len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
     for (int j = 0; j < G; ++j) {
       ak.softmax(scratch + j * sp, len, scale);
       std::fill(o + j * hd, o + (j + 1) * hd, 0.f);
     }
-    const int64_t vb = v_bytes(layer);
-    if (vt == KvType::f16) {
-      ak.accumulate_f16(f16_blocks(kb), nb_tok, scratch, sp, G, hd, o);
-    } else {
-      for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool_->data(s.blocks[size_t(b)]) + kb, vb);
-      for (int i = 0; i < nb_tok; i += kKvBlockTokens) {
-        const int b = i / kKvBlockTokens;
-        if (b + kAttendAhead < nblk) prefetch_part(pool_->data(s.blocks[size_t(b + kAttendAhead)]) + kb, vb);
-        const uint8_t* part = pool_->data(s.blocks[size_t(b)]) + kb;
-        accumulate_values(ak, vt, part, std::min(kKvBlockTokens, nb_tok - i), scratch + i, sp, G, hd, o);
-      }
-    }
+    accumulate_values(ak, vt, BlockParts{*pool_, s.blocks, kb, v_bytes(layer), nb_tok}, scratch, sp, G, hd, o);
     if (len > nb_tok)
       ak.accumulate_f16(KvF16Rows::contiguous(s.stage_v, hd), len - nb_tok, scratch + nb_tok, sp, G, hd, o);
     if (observe && observe[r]) {

@@ -294,12 +294,23 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
     for (int n : {1, 7, 16, 19}) {
       const int64_t stride = hd + 8;  // rows of a wider matrix, as in the contiguous cache
       std::vector<uint16_t> k(size_t(n) * stride), v(size_t(n) * stride);
-      std::vector<int8_t> x(size_t(n) * hd);
-      std::vector<float> d(static_cast<size_t>(n));
+      // q8 rows as in the paged cache: blocks of kKvBlockTokens rows' codes, then their
+      // scales, the blocks in pool order 0, 1, ...
+      const int nblk = (n + kKvBlockTokens - 1) / kKvBlockTokens;
+      const int64_t q8_block = (int64_t(kKvBlockTokens) * hd + kKvBlockTokens * 4 + 63) / 64 * 64;
+      std::vector<float> q8_store(size_t(nblk * q8_block / 4));
+      int8_t* q8_base = reinterpret_cast<int8_t*>(q8_store.data());
+      std::vector<int32_t> q8_ids(static_cast<size_t>(nblk));
+      for (int b = 0; b < nblk; ++b) q8_ids[size_t(b)] = b;
+      const KvQ8Rows xr{q8_base, q8_ids.data(), q8_block, kKvBlockTokens, hd};
+      for (int i = 0; i < n; ++i) {
+        int8_t* row = q8_base + (i / kKvBlockTokens) * q8_block + (i % kKvBlockTokens) * hd;
+        for (int c = 0; c < hd; ++c) row[c] = int8_t(int(rng() % 255) - 127);
+        float* scales = reinterpret_cast<float*>(q8_base + (i / kKvBlockTokens) * q8_block + kKvBlockTokens * hd);
+        scales[i % kKvBlockTokens] = std::fabs(nd(rng)) * 0.01f;
+      }
       for (auto& e : k) e = f32_to_f16(nd(rng));
       for (auto& e : v) e = f32_to_f16(nd(rng));
-      for (auto& e : x) e = int8_t(int(rng() % 255) - 127);
-      for (auto& e : d) e = std::fabs(nd(rng)) * 0.01f;
       std::vector<uint8_t> x4(size_t(n) * hd / 2);
       std::vector<uint16_t> dmk(2 * size_t(hd)), dmv(2 * size_t(kKvBlockTokens));
       for (auto& e : x4) e = uint8_t(rng() & 0xFF);
@@ -323,8 +334,8 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
             EXPECT_EQ(a[size_t(j * ld + i)], one[size_t(i)]);
           }
         }
-        best.scores_q8(x.data(), d.data(), n, qg.data(), g, hd, a.data(), ld);
-        ref.scores_q8(x.data(), d.data(), n, qg.data(), g, hd, b.data(), ld);
+        best.scores_q8(xr, n, qg.data(), g, hd, a.data(), ld);
+        ref.scores_q8(xr, n, qg.data(), g, hd, b.data(), ld);
         for (int j = 0; j < g; ++j)
           for (int i = 0; i < n; ++i)
             EXPECT_NEAR(a[size_t(j * ld + i)], b[size_t(j * ld + i)], 1e-3 * std::fabs(b[size_t(j * ld + i)]) + 1e-4);
@@ -334,8 +345,8 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
         best.accumulate_f16(vr, n, pg.data() + (g - 1) * ld, 0, 1, hd, o1.data());
         for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-4 * n) << hd;
         for (int c = 0; c < hd; ++c) EXPECT_EQ(oa[size_t((g - 1) * hd + c)], o1[size_t(c)]);
-        best.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, oa.data());
-        ref.accumulate_q8(x.data(), d.data(), n, pg.data(), ld, g, hd, ob.data());
+        best.accumulate_q8(xr, n, pg.data(), ld, g, hd, oa.data());
+        ref.accumulate_q8(xr, n, pg.data(), ld, g, hd, ob.data());
         for (int c = 0; c < g * hd; ++c) EXPECT_NEAR(oa[size_t(c)], ob[size_t(c)], 1e-3 * n) << hd;
         // 4-bit keys (per-channel scale and minimum) and values (per row, at most a block).
         best.scores_q4(x4.data(), dmk.data(), n, qg.data(), g, hd, a.data(), ld);
@@ -355,9 +366,9 @@ TEST(KvAttentionKernels, VectorKernelsMatchScalar) {
     }
 }
 
-// f16 rows spread over blocks of a pool in any order (a paged stream) give exactly the
-// sums of the same rows in one run, for every kernel set: each row's score is computed
-// alone, and each output adds its rows in order whatever the runs.
+// Rows spread over blocks of a pool in any order (a paged stream) give exactly the sums
+// of the same rows in one run, f16 and q8, for every kernel set: each row's score is
+// computed alone, and each output adds its rows in order whatever the runs.
 TEST(KvAttentionKernels, BlockRunsMatchOneRun) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -365,30 +376,47 @@ TEST(KvAttentionKernels, BlockRunsMatchOneRun) {
     for (int hd : {64, 128, 40})
       for (int n : {1, 16, 17, 100, 300}) {
         const int nblk = (n + kKvBlockTokens - 1) / kKvBlockTokens;
-        const int64_t block = int64_t(kKvBlockTokens) * hd + 32;  // elements per block, padded
         std::vector<int32_t> ids(static_cast<size_t>(nblk));
         for (int b = 0; b < nblk; ++b) ids[size_t(b)] = 2 * (nblk - 1 - b) + 1;  // reversed, gaps between
+        // f16 blocks (elements), q8 blocks (bytes: codes, then the rows' scales), padded.
+        const int64_t block = int64_t(kKvBlockTokens) * hd + 32, q8_block = int64_t(kKvBlockTokens) * (hd + 4) + 64;
         std::vector<uint16_t> pool(size_t(2 * nblk + 1) * size_t(block), 0x7e00);  // NaN where no row is
+        std::vector<float> q8_pool(size_t((2 * nblk + 1) * q8_block / 4), NAN);
         std::vector<uint16_t> rows(size_t(n) * hd);
-        for (int i = 0; i < n; ++i)
+        std::vector<float> q8_one(size_t(n) * (hd + 4) / 4);  // n rows of codes, then n scales
+        int8_t* q8p = reinterpret_cast<int8_t*>(q8_pool.data());
+        int8_t* q8o = reinterpret_cast<int8_t*>(q8_one.data());
+        for (int i = 0; i < n; ++i) {
+          const int64_t at = ids[size_t(i / kKvBlockTokens)], slot = i % kKvBlockTokens;
           for (int c = 0; c < hd; ++c) {
             const uint16_t h = f32_to_f16(nd(rng));
             rows[size_t(i) * hd + c] = h;
-            pool[size_t(ids[size_t(i / kKvBlockTokens)]) * block + size_t(i % kKvBlockTokens) * hd + c] = h;
+            pool[size_t(at * block + slot * hd + c)] = h;
+            q8o[int64_t(i) * hd + c] = q8p[at * q8_block + slot * hd + c] = int8_t(int(rng() % 255) - 127);
           }
-        const KvF16Rows one = KvF16Rows::contiguous(rows.data(), hd);
-        const KvF16Rows runs{pool.data(), ids.data(), block, kKvBlockTokens, hd};
+          const float d = std::fabs(nd(rng)) * 0.01f;
+          reinterpret_cast<float*>(q8o + int64_t(n) * hd)[i] = d;
+          reinterpret_cast<float*>(q8p + at * q8_block + kKvBlockTokens * hd)[slot] = d;
+        }
+        const KvF16Rows one = KvF16Rows::contiguous(rows.data(), hd), runs{pool.data(), ids.data(), block, kKvBlockTokens, hd};
+        const KvQ8Rows q8_1 = KvQ8Rows::contiguous(q8o, hd, n), q8_runs{q8p, ids.data(), q8_block, kKvBlockTokens, hd};
         for (int g : {1, 3, 5}) {
-          std::vector<float> q(size_t(g) * hd), a(size_t(g) * n), b(size_t(g) * n);
+          std::vector<float> q(size_t(g) * hd), p(size_t(g) * n);
           for (auto& e : q) e = nd(rng);
+          for (auto& e : p) e = std::fabs(nd(rng));
+          std::vector<float> a(size_t(g) * n), b(size_t(g) * n), oa(size_t(g) * hd, 0.25f), ob = oa;
           ak->scores_f16(one, n, q.data(), g, hd, a.data(), n);
           ak->scores_f16(runs, n, q.data(), g, hd, b.data(), n);
-          EXPECT_EQ(a, b) << ak->isa << " hd " << hd << " n " << n << " g " << g;
-          std::vector<float> p(size_t(g) * n), oa(size_t(g) * hd, 0.25f), ob = oa;
-          for (auto& e : p) e = std::fabs(nd(rng));
+          EXPECT_EQ(a, b) << ak->isa << " f16 hd " << hd << " n " << n << " g " << g;
           ak->accumulate_f16(one, n, p.data(), n, g, hd, oa.data());
           ak->accumulate_f16(runs, n, p.data(), n, g, hd, ob.data());
-          EXPECT_EQ(oa, ob) << ak->isa << " hd " << hd << " n " << n << " g " << g;
+          EXPECT_EQ(oa, ob) << ak->isa << " f16 hd " << hd << " n " << n << " g " << g;
+          ak->scores_q8(q8_1, n, q.data(), g, hd, a.data(), n);
+          ak->scores_q8(q8_runs, n, q.data(), g, hd, b.data(), n);
+          EXPECT_EQ(a, b) << ak->isa << " q8 hd " << hd << " n " << n << " g " << g;
+          ak->accumulate_q8(q8_1, n, p.data(), n, g, hd, oa.data());
+          ak->accumulate_q8(q8_runs, n, p.data(), n, g, hd, ob.data());
+          EXPECT_EQ(oa, ob) << ak->isa << " q8 hd " << hd << " n " << n << " g " << g;
         }
       }
 }

@@ -14,30 +14,38 @@ namespace slim::llm {
 // scales, then as many minimums).
 constexpr int kKvBlockTokens = 16;
 
-// f16 key or value rows in runs: the blocks of a paged stream (run = kKvBlockTokens rows,
-// run r at base + runs[r] * run_stride), or one run from base (runs = nullptr, as in the
-// contiguous cache). Rows of a run are stride elements apart; only the last run may be
-// shorter. One call takes a stream's whole run list, so the kernels keep their sums in
-// registers from block to block and fetch blocks ahead of use.
-struct KvF16Rows {
-  const uint16_t* base = nullptr;
+// Key or value rows in runs: the blocks of a paged stream (run = kKvBlockTokens rows, run
+// r at base + runs[r] * run_stride), or one run from base (runs = nullptr). Rows of a run
+// are stride elements apart; only the last run may be shorter. One call takes a stream's
+// whole run list, so the kernels keep their sums in registers from block to block and
+// fetch blocks ahead of use. q8 rows (int8 codes, hd per row) keep their float scales
+// after their run's codes, as in a paged block: at start(r) + run * stride.
+template <typename T>
+struct KvRowRuns {
+  const T* base = nullptr;
   const int32_t* runs = nullptr;
   int64_t run_stride = 0;
   int run = 0;
   int64_t stride = 0;
 
-  static KvF16Rows contiguous(const uint16_t* base, int64_t stride) { return {base, nullptr, 0, INT32_MAX, stride}; }
-  const uint16_t* start(int r) const { return runs ? base + int64_t(runs[r]) * run_stride : base; }
-  // f(first row of the run, index of its first row, rows) for each run of n rows, in order.
+  // One run of rows stride apart (f16; q8 codes need run = the row count, see above).
+  static KvRowRuns contiguous(const T* base, int64_t stride, int rows = INT32_MAX) {
+    return {base, nullptr, 0, rows, stride};
+  }
+  const T* start(int r) const { return runs ? base + int64_t(runs[r]) * run_stride : base; }
+  const float* scales(int r) const { return reinterpret_cast<const float*>(start(r) + int64_t(run) * stride); }
+  // f(run index, its first row, index of that row, rows) for each run of n rows, in order.
   template <typename F>
   void each(int n, F&& f) const {
     for (int i0 = 0, r = 0; i0 < n; ++r) {
       const int len = std::min(run, n - i0);
-      f(start(r), i0, len);
+      f(r, start(r), i0, len);
       i0 += len;
     }
   }
 };
+using KvF16Rows = KvRowRuns<uint16_t>;
+using KvQ8Rows = KvRowRuns<int8_t>;
 
 // Every kernel takes g queries at once (the query heads that share a KV head under
 // grouped-query attention), so each key and value row is loaded and converted once for
@@ -49,10 +57,10 @@ struct KvAttentionKernels {
   void (*scores_f16)(const KvF16Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo);
   // out_j += sum_i p[j * ldp + i] * v_i over the first n f16 value rows; out_j = out + j * hd.
   void (*accumulate_f16)(const KvF16Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out);
-  // q8 rows (int8 at x + i * hd, scale d[i]): out[j * ldo + i] = d[i] * dot(q_j, x_i).
-  void (*scores_q8)(const int8_t* x, const float* d, int n, const float* q, int g, int hd, float* out, int64_t ldo);
-  // out_j += sum_i p[j * ldp + i] * d[i] * x_i.
-  void (*accumulate_q8)(const int8_t* x, const float* d, int n, const float* p, int64_t ldp, int g, int hd, float* out);
+  // q8 rows (int8 codes x_i, scale d_i; stride hd): out[j * ldo + i] = d_i * dot(q_j, x_i).
+  void (*scores_q8)(const KvQ8Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo);
+  // out_j += sum_i p[j * ldp + i] * d_i * x_i.
+  void (*accumulate_q8)(const KvQ8Rows& v, int n, const float* p, int64_t ldp, int g, int hd, float* out);
   // 4-bit keys of a block (KIVI: per channel): codes at x + i * hd / 2, two per byte
   // (channel 2k in the low nibble of byte k), dm = hd f16 scales then hd f16 minimums;
   // out[j * ldo + i] = dot(q_j, m + d * codes_i).
