@@ -404,19 +404,18 @@ TEST(KvAttentionKernels, BlockRunsMatchOneRun) {
           std::vector<float> q(size_t(g) * hd), p(size_t(g) * n);
           for (auto& e : q) e = nd(rng);
           for (auto& e : p) e = std::fabs(nd(rng));
-          std::vector<float> a(size_t(g) * n), b(size_t(g) * n), oa(size_t(g) * hd, 0.25f), ob = oa;
-          ak->scores_f16(one, n, q.data(), g, hd, a.data(), n);
-          ak->scores_f16(runs, n, q.data(), g, hd, b.data(), n);
-          EXPECT_EQ(a, b) << ak->isa << " f16 hd " << hd << " n " << n << " g " << g;
-          ak->accumulate_f16(one, n, p.data(), n, g, hd, oa.data());
-          ak->accumulate_f16(runs, n, p.data(), n, g, hd, ob.data());
-          EXPECT_EQ(oa, ob) << ak->isa << " f16 hd " << hd << " n " << n << " g " << g;
-          ak->scores_q8(q8_1, n, q.data(), g, hd, a.data(), n);
-          ak->scores_q8(q8_runs, n, q.data(), g, hd, b.data(), n);
-          EXPECT_EQ(a, b) << ak->isa << " q8 hd " << hd << " n " << n << " g " << g;
-          ak->accumulate_q8(q8_1, n, p.data(), n, g, hd, oa.data());
-          ak->accumulate_q8(q8_runs, n, p.data(), n, g, hd, ob.data());
-          EXPECT_EQ(oa, ob) << ak->isa << " q8 hd " << hd << " n " << n << " g " << g;
+          // The same rows in one run and in block runs: scores, then value sums.
+          auto same = [&](auto scores, auto accumulate, const auto& one_run, const auto& block_runs, const char* type) {
+            std::vector<float> a(size_t(g) * n), b(size_t(g) * n), oa(size_t(g) * hd, 0.25f), ob = oa;
+            (ak->*scores)(one_run, n, q.data(), g, hd, a.data(), n);
+            (ak->*scores)(block_runs, n, q.data(), g, hd, b.data(), n);
+            EXPECT_EQ(a, b) << ak->isa << " " << type << " hd " << hd << " n " << n << " g " << g;
+            (ak->*accumulate)(one_run, n, p.data(), n, g, hd, oa.data());
+            (ak->*accumulate)(block_runs, n, p.data(), n, g, hd, ob.data());
+            EXPECT_EQ(oa, ob) << ak->isa << " " << type << " hd " << hd << " n " << n << " g " << g;
+          };
+          same(&KvAttentionKernels::scores_f16, &KvAttentionKernels::accumulate_f16, one, runs, "f16");
+          same(&KvAttentionKernels::scores_q8, &KvAttentionKernels::accumulate_q8, q8_1, q8_runs, "q8");
         }
       }
 }
