@@ -234,8 +234,10 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
 // streams within a page, cannot run ahead of attention from one block to the next: fetch
 // the part kAttendAhead blocks ahead while the current one is computed. (The f16 and q8
 // kernels take a stream's whole block list and do this themselves.)
+// (always_inline: GCC may judge a function that only prefetches free of side effects and
+// drop its calls.)
 constexpr int kAttendAhead = 4;
-inline void prefetch_part(const uint8_t* p, int64_t bytes) {
+[[gnu::always_inline]] inline void prefetch_part(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
@@ -252,10 +254,14 @@ struct BlockParts {
     return {reinterpret_cast<const T*>(pool.data(0) + offset), blocks.data(), pool.block_bytes() / int64_t(sizeof(T)),
             kKvBlockTokens, stride};
   }
+  int blocks_used() const { return (n + kKvBlockTokens - 1) / kKvBlockTokens; }
+  [[gnu::always_inline]] void prefetch_first() const {
+    for (int b = 0; b < std::min(kAttendAhead, blocks_used()); ++b) prefetch_part(pool.data(blocks[size_t(b)]) + offset, bytes);
+  }
   template <typename F>
   void each(F&& f) const {
-    const int nblk = (n + kKvBlockTokens - 1) / kKvBlockTokens;
-    for (int b = 0; b < std::min(kAttendAhead, nblk); ++b) prefetch_part(pool.data(blocks[size_t(b)]) + offset, bytes);
+    const int nblk = blocks_used();
+    prefetch_first();
     for (int b = 0; b < nblk; ++b) {
       if (b + kAttendAhead < nblk) prefetch_part(pool.data(blocks[size_t(b + kAttendAhead)]) + offset, bytes);
       const int i0 = b * kKvBlockTokens;
@@ -734,11 +740,15 @@ void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride
     const int nb_tok = std::min(len, in_blocks);
     key_scores(*k_, ak, kt, BlockParts{*pool_, s.blocks, 0, kb, nb_tok}, qr, G, hd, scratch, sp);
     if (len > nb_tok) ak.scores_f16(KvF16Rows::contiguous(s.stage_k, hd), len - nb_tok, qr, G, hd, scratch + nb_tok, sp);
+    // The first value blocks start coming while the softmax runs (in one process,
+    // alternating: 8 sequences x 512 context 1.3-6.6 % faster).
+    const BlockParts values{*pool_, s.blocks, kb, v_bytes(layer), nb_tok};
+    values.prefetch_first();
     for (int j = 0; j < G; ++j) {
       ak.softmax(scratch + j * sp, len, scale);
       std::fill(o + j * hd, o + (j + 1) * hd, 0.f);
     }
-    accumulate_values(ak, vt, BlockParts{*pool_, s.blocks, kb, v_bytes(layer), nb_tok}, scratch, sp, G, hd, o);
+    accumulate_values(ak, vt, values, scratch, sp, G, hd, o);
     if (len > nb_tok)
       ak.accumulate_f16(KvF16Rows::contiguous(s.stage_v, hd), len - nb_tok, scratch + nb_tok, sp, G, hd, o);
     if (observe && observe[r]) {
