@@ -347,12 +347,25 @@ void each_run(const KvRowRuns<T>& rows, int n, F&& f) {
 }
 
 // Raw dot products of G queries with n rows, 4 rows at a time: each (row, query)
-// accumulates 16 lanes, folded to 8 and summed four rows at once. (Eight rows at a time
-// with their sums reduced together by shuffles across rows, or the queries held in
-// registers, were no faster: 4.3 ns per row for 3 queries at hd = 64 in cache either way.)
-template <int G, typename T>
+// accumulates 16 lanes, folded to 8 and summed four rows at once. C > 0: rows of 16 C
+// values, with the queries held in registers instead of loaded at every FMA (the loads
+// bound the kernel: in cache 5.8 -> 5.2 ns per row for 3 queries at hd = 64 in one
+// process, alternating; 8 sequences x 512 decode at 1 thread +2-4 %). Eight rows at a time
+// with their sums reduced together by shuffles across rows was no faster.
+template <int G, int C, typename T>
 void scores_g512(const KvRowRuns<T>& runs, int n, const float* q, int hd, float* out, int64_t ldo) {
   auto fold = [](__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))); };
+  const int chunks = C > 0 ? C : hd / 16;
+  __m512 qv[G][C > 0 ? C : 1];
+  if constexpr (C > 0)
+    for (int j = 0; j < G; ++j)
+      for (int k = 0; k < C; ++k) qv[j][k] = _mm512_loadu_ps(q + j * hd + 16 * k);
+  auto query = [&](int j, int k) {
+    if constexpr (C > 0)
+      return qv[j][k];
+    else
+      return _mm512_loadu_ps(q + j * hd + 16 * k);
+  };
   each_run(runs, n, [&](const auto& rows, int i0, int len) {
     float* o = out + i0;
     int i = 0;
@@ -360,10 +373,10 @@ void scores_g512(const KvRowRuns<T>& runs, int n, const float* q, int hd, float*
       __m512 acc[G][4];
       for (int j = 0; j < G; ++j)
         for (int r = 0; r < 4; ++r) acc[j][r] = _mm512_setzero_ps();
-      for (int c = 0; c < hd; c += 16)
+      for (int k = 0; k < chunks; ++k)
         for (int r = 0; r < 4; ++r) {
-          const __m512 kv = rows.load(i + r, c);
-          for (int j = 0; j < G; ++j) acc[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), kv, acc[j][r]);
+          const __m512 kv = rows.load(i + r, 16 * k);
+          for (int j = 0; j < G; ++j) acc[j][r] = _mm512_fmadd_ps(query(j, k), kv, acc[j][r]);
         }
       for (int j = 0; j < G; ++j)
         _mm_storeu_ps(o + j * ldo + i, hsum4(fold(acc[j][0]), fold(acc[j][1]), fold(acc[j][2]), fold(acc[j][3])));
@@ -371,9 +384,9 @@ void scores_g512(const KvRowRuns<T>& runs, int n, const float* q, int hd, float*
     for (; i < len; ++i) {
       __m512 acc[G];
       for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
-      for (int c = 0; c < hd; c += 16) {
-        const __m512 kv = rows.load(i, c);
-        for (int j = 0; j < G; ++j) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), kv, acc[j]);
+      for (int k = 0; k < chunks; ++k) {
+        const __m512 kv = rows.load(i, 16 * k);
+        for (int j = 0; j < G; ++j) acc[j] = _mm512_fmadd_ps(query(j, k), kv, acc[j]);
       }
       for (int j = 0; j < G; ++j) o[j * ldo + i] = hsum(fold(acc[j]));
     }
@@ -383,7 +396,12 @@ void scores_g512(const KvRowRuns<T>& runs, int n, const float* q, int hd, float*
 
 template <typename T>
 void scores_avx512(const KvRowRuns<T>& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
-  for_query_groups<3>(g, [&](auto G, int j) { scores_g512<G.value>(k, n, q + j * hd, hd, out + j * ldo, ldo); });
+  for_query_groups<3>(g, [&](auto G, int j) {
+    if (hd == 64)
+      scores_g512<G.value, 4>(k, n, q + j * hd, hd, out + j * ldo, ldo);
+    else
+      scores_g512<G.value, 0>(k, n, q + j * hd, hd, out + j * ldo, ldo);
+  });
 }
 
 void scores_f16_avx512(const KvF16Rows& k, int n, const float* q, int g, int hd, float* out, int64_t ldo) {
