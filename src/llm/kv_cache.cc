@@ -232,10 +232,9 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
 
 // Blocks come from anywhere in the pool, so the hardware prefetcher, which follows
 // streams within a page, cannot run ahead of attention from one block to the next: fetch
-// the part kAttendAhead blocks ahead while the current one is computed. (The f16 and q8
-// kernels take a stream's whole block list and do this themselves.)
-// (always_inline: GCC may judge a function that only prefetches free of side effects and
-// drop its calls.)
+// the part kAttendAhead blocks ahead while the current one is computed (the f16 and q8
+// kernels take a stream's whole block list and do this themselves). always_inline: GCC
+// may judge a function that only prefetches free of side effects and drop its calls.
 constexpr int kAttendAhead = 4;
 [[gnu::always_inline]] inline void prefetch_part(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
@@ -720,7 +719,6 @@ int KvCache::fork_sequence(int src, int n_tokens) {
 int64_t KvCache::scratch_floats(int n_group) const {
   return (int64_t(max_tokens_) + 15) / 16 * 16 * std::max(1, n_group);
 }
-
 
 void KvCache::attend(int seq, int layer, int h, const float* q, int64_t q_stride, int n_q, int n_group,
                      const int* n_visible, const uint8_t* observe, const KvObserver& obs, float scale, float* out,
