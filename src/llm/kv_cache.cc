@@ -230,19 +230,9 @@ void copy_row(KvType t, const uint8_t* src, int s, uint8_t* dst, int d, int hd) 
   }
 }
 
-// Blocks come from anywhere in the pool, so the hardware prefetcher, which follows
-// streams within a page, cannot run ahead of attention from one block to the next: fetch
-// the part kAttendAhead blocks ahead while the current one is computed (the f16 and q8
-// kernels take a stream's whole block list and do this themselves). always_inline: GCC
-// may judge a function that only prefetches free of side effects and drop its calls.
-constexpr int kAttendAhead = 4;
-[[gnu::always_inline]] inline void prefetch_part(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
-// One of the parts (keys at offset 0, values after them) of a stream's blocks: f16 and q8
-// parts go to the kernels as one run list; f32 and 4-bit parts f(part, first row, rows)
-// a block at a time.
+// One of the parts (keys at offset 0, values after them) of a stream's blocks, as row
+// runs that fetch each block's part ahead of use: f16 and q8 parts go to the kernels as
+// one run list; f32 and 4-bit parts f(part, first row, rows) a block at a time.
 struct BlockParts {
   const KvBlockPool& pool;
   const std::vector<int32_t>& blocks;
@@ -251,21 +241,18 @@ struct BlockParts {
   template <typename T>
   KvRowRuns<T> runs(int64_t stride) const {
     return {reinterpret_cast<const T*>(pool.data(0) + offset), blocks.data(), pool.block_bytes() / int64_t(sizeof(T)),
-            kKvBlockTokens, stride};
+            kKvBlockTokens, stride, bytes};
   }
-  int blocks_used() const { return (n + kKvBlockTokens - 1) / kKvBlockTokens; }
+  // The first blocks' parts, to start coming before they are needed (the loop written
+  // out: GCC may drop the calls of a function that only prefetches).
   [[gnu::always_inline]] void prefetch_first() const {
-    for (int b = 0; b < std::min(kAttendAhead, blocks_used()); ++b) prefetch_part(pool.data(blocks[size_t(b)]) + offset, bytes);
+    const int first = std::min(KvRowRuns<uint8_t>::kAhead, (n + kKvBlockTokens - 1) / kKvBlockTokens);
+    for (int b = 0; b < first; ++b)
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(pool.data(blocks[size_t(b)]) + offset + o, 0, 3);
   }
   template <typename F>
   void each(F&& f) const {
-    const int nblk = blocks_used();
-    prefetch_first();
-    for (int b = 0; b < nblk; ++b) {
-      if (b + kAttendAhead < nblk) prefetch_part(pool.data(blocks[size_t(b + kAttendAhead)]) + offset, bytes);
-      const int i0 = b * kKvBlockTokens;
-      f(pool.data(blocks[size_t(b)]) + offset, i0, std::min(kKvBlockTokens, n - i0));
-    }
+    runs<uint8_t>(0).each(n, [&](int, const uint8_t* part, int i0, int len) { f(part, i0, len); });
   }
 };
 

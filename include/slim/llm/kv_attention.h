@@ -17,9 +17,9 @@ constexpr int kKvBlockTokens = 16;
 // Key or value rows in runs: the blocks of a paged stream (run = kKvBlockTokens rows, run
 // r at base + runs[r] * run_stride), or one run from base (runs = nullptr). Rows of a run
 // are stride elements apart; only the last run may be shorter. One call takes a stream's
-// whole run list, so the kernels keep their sums in registers from block to block and
-// fetch blocks ahead of use. q8 rows (int8 codes, hd per row) keep their float scales
-// after their run's codes, as in a paged block: at start(r) + run * stride.
+// whole run list, so the kernels keep their sums in registers from block to block. q8
+// rows (int8 codes, hd per row) keep their float scales after their run's codes, as in a
+// paged block: at start(r) + run * stride.
 template <typename T>
 struct KvRowRuns {
   const T* base = nullptr;
@@ -27,6 +27,11 @@ struct KvRowRuns {
   int64_t run_stride = 0;
   int run = 0;
   int64_t stride = 0;
+  // Bytes from each run's start that each() fetches kAhead runs ahead of use (a paged
+  // block's part: its rows and, for q8, their scales). Blocks lie anywhere in the pool,
+  // where the hardware prefetcher, which follows streams within a page, cannot run ahead.
+  int64_t fetch_bytes = 0;
+  static constexpr int kAhead = 4;
 
   // One run of rows stride apart (f16; q8 codes need run = the row count, see above).
   static KvRowRuns contiguous(const T* base, int64_t stride, int rows = INT32_MAX) {
@@ -34,13 +39,21 @@ struct KvRowRuns {
   }
   const T* start(int r) const { return runs ? base + int64_t(runs[r]) * run_stride : base; }
   const float* scales(int r) const { return reinterpret_cast<const float*>(start(r) + int64_t(run) * stride); }
-  // f(run index, its first row, index of that row, rows) for each run of n rows, in order.
+  // f(run index, its first row, index of that row, rows) for each run of n rows, in order,
+  // fetching ahead when fetch_bytes is set. (The fetch loop stays written out here: GCC
+  // judged a function or lambda that only prefetches free of side effects and dropped
+  // its calls.)
   template <typename F>
-  void each(int n, F&& f) const {
-    for (int i0 = 0, r = 0; i0 < n; ++r) {
-      const int len = std::min(run, n - i0);
-      f(r, start(r), i0, len);
-      i0 += len;
+  [[gnu::always_inline]] void each(int n, F&& f) const {
+    const int nruns = n <= 0 ? 0 : runs ? (n + run - 1) / run : 1;
+    for (int r = 0; r < nruns; ++r) {
+      if (runs && fetch_bytes > 0)
+        for (int a = r == 0 ? 0 : r + kAhead; a <= r + kAhead && a < nruns; ++a) {
+          const char* p = reinterpret_cast<const char*>(start(a));
+          for (int64_t o = 0; o < fetch_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+        }
+      const int i0 = r * (runs ? run : 0);
+      f(r, start(r), i0, runs ? std::min(run, n - i0) : n);
     }
   }
 };
