@@ -367,6 +367,7 @@ int KvCache::add_sequence() {
       st.blocks.reserve(size_t(max_tokens_ / kKvBlockTokens + 2));
       st.pos.reserve(size_t(max_tokens_));
       st.score.reserve(size_t(max_tokens_));
+      st.value_norm.reserve(size_t(max_tokens_));
     }
     return s;
   }
@@ -381,6 +382,7 @@ void KvCache::clear_stream(KvStream& s) {
   s.n = s.n_staged = 0;
   s.pos.clear();
   s.score.clear();
+  s.value_norm.clear();
   s.entropy_sum = 0;
   s.entropy_count = 0;
 }
@@ -517,6 +519,9 @@ void KvCache::append(int seq, int layer, int pos, const float* k, const float* v
     ++s.n;
     s.pos.push_back(pos);
     s.score.push_back(0.f);
+    float norm = 0;
+    for (int c = 0; c < hd; ++c) norm += std::fabs(vh[c]);
+    s.value_norm.push_back(norm);
   }
 }
 
@@ -545,10 +550,11 @@ void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const in
   const int hd = layout_.head_dim;
   const int fb = first / kKvBlockTokens;
   std::vector<int32_t> pos;
-  std::vector<float> score;
+  std::vector<float> score, value_norm;
   const size_t count = keep.size() - size_t(fb) * kKvBlockTokens;
   pos.reserve(count);
   score.reserve(count);
+  value_norm.reserve(count);
   // read_token needs the sequence; decode here with the stream directly.
   const int in_blocks = s.n - s.n_staged;
   for (size_t j = 0; j < count; ++j) {
@@ -567,6 +573,7 @@ void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const in
     }
     pos.push_back(s.pos[size_t(i)]);
     score.push_back(s.score[size_t(i)]);
+    value_norm.push_back(s.value_norm[size_t(i)]);
   }
   for (size_t b = size_t(fb); b < s.blocks.size(); ++b) pool_->release(s.blocks[b]);
   s.blocks.resize(size_t(fb));
@@ -574,6 +581,7 @@ void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const in
   s.n_staged = 0;
   s.pos.resize(size_t(s.n));
   s.score.resize(size_t(s.n));
+  s.value_norm.resize(size_t(s.n));
   const int recent = kKvBlockTokens * layout_.q4_recent_blocks;
   for (size_t j = 0; j < count; ++j) {
     if (s.n_staged == recent) flush_stage(layer, s);
@@ -585,6 +593,7 @@ void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const in
     ++s.n;
     s.pos.push_back(pos[j]);
     s.score.push_back(score[j]);
+    s.value_norm.push_back(value_norm[j]);
   }
 }
 
@@ -617,10 +626,12 @@ void KvCache::keep(int seq, int layer, int h, std::span<const int32_t> keep) {
     copy_row(vt, src + k_bytes(layer), i % kKvBlockTokens, dst + k_bytes(layer), int(j % kKvBlockTokens), hd);
     s.pos[j] = s.pos[size_t(i)];
     s.score[j] = s.score[size_t(i)];
+    s.value_norm[j] = s.value_norm[size_t(i)];
   }
   s.n = int(keep.size());
   s.pos.resize(keep.size());
   s.score.resize(keep.size());
+  s.value_norm.resize(keep.size());
   const size_t nb = (keep.size() + kKvBlockTokens - 1) / kKvBlockTokens;
   for (size_t b = nb; b < s.blocks.size(); ++b) pool_->release(s.blocks[b]);
   s.blocks.resize(nb);
@@ -698,6 +709,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
       }
       d.pos.assign(s.pos.begin(), s.pos.begin() + m);
       d.score.assign(s.score.begin(), s.score.begin() + m);
+      d.value_norm.assign(s.value_norm.begin(), s.value_norm.begin() + m);
     }
   seqs_[size_t(dst)].n_past = n_tokens;
   return dst;

@@ -222,11 +222,12 @@ class EntropyPolicy : public SnapPolicy {
   double min_share_;
 };
 
-// Decayed heavy hitters plus sinks and a recent window, with budgets rising with depth.
+// Decayed heavy hitters (optionally weighted by value norms) plus sinks and a recent
+// window, with budgets rising with depth.
 class LayeredPolicy : public KvPolicy {
  public:
-  LayeredPolicy(KvBudget b, double bottom, double recent, int sinks, float decay)
-      : KvPolicy(b), bottom_(bottom), recent_(recent), sinks_(sinks), decay_(decay) {}
+  LayeredPolicy(KvBudget b, double bottom, double recent, int sinks, float decay, bool value_weighted)
+      : KvPolicy(b), bottom_(bottom), recent_(recent), sinks_(sinks), decay_(decay), value_weighted_(value_weighted) {}
   std::string name() const override { return "layered"; }
   int observe_window() const override { return -1; }
   KvObserver observer() const override {
@@ -240,13 +241,19 @@ class LayeredPolicy : public KvPolicy {
   void select(const KvSelectInput& in, int l, int h, int budget, std::vector<int32_t>& keep) const override {
     const KvStream& s = in.cache->stream(in.seq, l, h);
     const int recent = int(std::lround(recent_ * budget_.for_length(in.n_past)));
-    keep_ends_and_top(s.n, budget, sinks_, recent, s.score.data(), keep);
+    if (!value_weighted_) return keep_ends_and_top(s.n, budget, sinks_, recent, s.score.data(), keep);
+    // A token's share of the output is its attention times its value: one that draws
+    // attention but carries a near-zero value (as sink-like tokens do) matters less.
+    std::vector<float> weighted(static_cast<size_t>(s.n));
+    for (int i = 0; i < s.n; ++i) weighted[size_t(i)] = s.score[size_t(i)] * s.value_norm[size_t(i)];
+    keep_ends_and_top(s.n, budget, sinks_, recent, weighted.data(), keep);
   }
 
  private:
   double bottom_, recent_;
   int sinks_;
   float decay_;
+  bool value_weighted_;
 };
 
 }  // namespace
@@ -281,12 +288,12 @@ std::unique_ptr<KvPolicy> make_entropy_policy(KvBudget budget, double min_share,
 }
 
 std::unique_ptr<KvPolicy> make_layered_policy(KvBudget budget, double bottom_share, double recent_share, int sinks,
-                                              double decay) {
+                                              double decay, bool value_weighted) {
   check(bottom_share > 0 && bottom_share <= 1, ErrorCode::invalid_argument, "layered: bottom share must be within (0, 1]");
   check(recent_share >= 0 && recent_share <= 1, ErrorCode::invalid_argument, "layered: recent share must be within 0..1");
   check(sinks >= 0, ErrorCode::invalid_argument, "layered: sink count must be >= 0");
   check(decay > 0 && decay <= 1, ErrorCode::invalid_argument, "layered: decay must be within (0, 1]");
-  return std::make_unique<LayeredPolicy>(budget, bottom_share, recent_share, sinks, float(decay));
+  return std::make_unique<LayeredPolicy>(budget, bottom_share, recent_share, sinks, float(decay), value_weighted);
 }
 
 const std::vector<std::string>& kv_policy_names() {

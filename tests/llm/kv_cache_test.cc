@@ -448,6 +448,28 @@ TEST(KvAttentionKernels, SoftmaxMatchesScalar) {
     }
 }
 
+// Positions, scores and value norms follow the kept tokens in every format (q4 streams
+// are rebuilt and quantized again, the others compacted in place).
+TEST(KvCache, KeepCarriesTokenBookkeeping) {
+  for (KvType type : {KvType::f32, KvType::f16, KvType::q8, KvType::q4}) {
+    KvCache cache(layout(type, type, 1, 1, 64), 1, 128, 0);
+    const int s = cache.add_sequence();
+    Tokens t = random_tokens(70, 64, 6);
+    for (int i = 0; i < 70; ++i) cache.append(s, 0, 100 + i, &t.k[size_t(i) * 64], &t.v[size_t(i) * 64]);
+    KvStream& st = cache.stream(s, 0, 0);
+    for (int i = 0; i < 70; ++i) st.score[size_t(i)] = float(i) * 0.5f;
+    const std::vector<float> norms = st.value_norm;
+    const std::vector<int32_t> keep = {0, 3, 17, 20, 33, 40, 52, 66, 69};
+    cache.keep(s, 0, 0, keep);
+    ASSERT_EQ(st.n, 9);
+    for (size_t j = 0; j < keep.size(); ++j) {
+      EXPECT_EQ(st.pos[j], 100 + keep[j]) << kv_type_name(type);
+      EXPECT_EQ(st.score[j], float(keep[j]) * 0.5f) << kv_type_name(type);
+      EXPECT_EQ(st.value_norm[j], norms[size_t(keep[j])]) << kv_type_name(type);
+    }
+  }
+}
+
 TEST(KvCache, KeepCompactsExactlyAndFreesBlocks) {
   for (KvType type : {KvType::f16, KvType::q8}) {
     KvCache cache(layout(type, type, 1, 1, 64), 1, 64, 0);
@@ -492,6 +514,14 @@ TEST(KvCache, ForkSharesWholeBlocksAndCopiesOnWrite) {
   EXPECT_EQ(cache.pool().refcount(sa.blocks[0]), 2);
   EXPECT_EQ(cache.pool().used_blocks(), 4);
   EXPECT_GT(cache.stats().reuse_rate, 0.0);
+  // Each token's value norm (sum of |v| as appended) comes along.
+  ASSERT_EQ(sa.value_norm.size(), 40u);
+  for (int i = 0; i < 40; ++i) {
+    float norm = 0;
+    for (int c = 0; c < 64; ++c) norm += std::fabs(t.v[size_t(i) * 64 + c]);
+    EXPECT_EQ(sa.value_norm[size_t(i)], norm) << i;
+  }
+  EXPECT_EQ(sb.value_norm, std::vector<float>(sa.value_norm.begin(), sa.value_norm.begin() + 37));
   std::vector<float> x(128), y(128);
   for (int i = 0; i < 37; ++i) {
     cache.read_token(a, 0, 0, i, x.data(), x.data() + 64);
@@ -501,6 +531,7 @@ TEST(KvCache, ForkSharesWholeBlocksAndCopiesOnWrite) {
   // Evicting from the child must not touch the parent's shared blocks.
   std::vector<int32_t> keep = {0, 5, 36};
   cache.keep(b, 0, 0, keep);
+  EXPECT_EQ(sb.value_norm, (std::vector<float>{sa.value_norm[0], sa.value_norm[5], sa.value_norm[36]}));
   for (int i = 0; i < 40; ++i) {
     cache.read_token(a, 0, 0, i, x.data(), x.data() + 64);
     for (int c = 0; c < 64; ++c) ASSERT_NEAR(x[size_t(c)], t.k[size_t(i) * 64 + c], std::fabs(t.k[size_t(i) * 64 + c]) * 1e-3);

@@ -117,7 +117,7 @@ TEST(KvPolicy, LayeredKeepsSinksRecentAndDecayedHeavyHittersWithDepthBudgets) {
     s.score[2] = 9;   // a sink anyway
     s.score[38] = 9;  // recent anyway
   }
-  auto p = make_layered_policy(KvBudget::parse("12"), 0.5, 0.5, 4, 0.9);
+  auto p = make_layered_policy(KvBudget::parse("12"), 0.5, 0.5, 4, 0.9, false);
   EXPECT_EQ(p->name(), "layered");
   EXPECT_EQ(p->observe_window(), -1);
   EXPECT_TRUE(p->observer().accumulate);
@@ -134,6 +134,27 @@ TEST(KvPolicy, LayeredKeepsSinksRecentAndDecayedHeavyHittersWithDepthBudgets) {
   EXPECT_EQ(f.kept_positions(1), (std::vector<int32_t>{0, 1, 2, 3, 7, 19, 34, 35, 36, 37, 38, 39}));
   // Layer 2: room for 8 heavy hitters: 7, 19, 12, then the five latest scoring 0.02.
   EXPECT_EQ(f.kept_positions(2), (std::vector<int32_t>{0, 1, 2, 3, 7, 12, 19, 20, 23, 26, 29, 32, 34, 35, 36, 37, 38, 39}));
+}
+
+// The value-weighted layered policy ranks heavy hitters by attention times the L1 norm of
+// the token's value (token i's value is -i in each of 4 channels: norm 4i).
+TEST(KvPolicy, LayeredWeightsAttentionByValueNorms) {
+  for (bool weighted : {true, false}) {
+    Fixture f(40);
+    KvStream& s = f.stream();
+    ASSERT_EQ(s.value_norm.size(), 40u);
+    EXPECT_EQ(s.value_norm[5], 20.f);
+    s.score[8] = 2.0f;   // x 32 = 64
+    s.score[10] = 1.0f;  // x 40 = 40
+    s.score[20] = 0.6f;  // x 80 = 48
+    s.score[30] = 0.5f;  // x 120 = 60
+    make_layered_policy(KvBudget::parse("12"), 0.5, 0.5, 4, 0.9, weighted)->apply(*f.cache, f.seq);
+    // 4 sinks, the 6 latest, and the two heaviest of 4..33.
+    const std::vector<int32_t> heavy = weighted ? std::vector<int32_t>{8, 30} : std::vector<int32_t>{8, 10};
+    EXPECT_EQ(f.kept_positions(), concat(concat(range(0, 4), heavy), range(34, 40))) << weighted;
+    // Norms move with their tokens.
+    EXPECT_EQ(f.stream().value_norm[5], 4.f * float(heavy[1]));
+  }
 }
 
 TEST(KvPolicy, SnapKvPoolsNeighboursOfObservedPeaks) {

@@ -86,6 +86,7 @@ struct KvStream {
   int n_staged = 0;  // q4 layers: the newest n_staged tokens are in the f16 recent window
   std::vector<int32_t> pos;    // original position of each token
   std::vector<float> score;    // attention mass observed for each token (eviction policies)
+  std::vector<float> value_norm;  // L1 norm of each token's value as appended (value-aware policies)
   double entropy_sum = 0;      // of the observed attention rows (entropy policy)
   int64_t entropy_count = 0;
   uint16_t* stage_k = nullptr;  // q4 layers: [kKvBlockTokens * q4_recent_blocks][head_dim]

@@ -73,11 +73,13 @@ std::unique_ptr<KvPolicy> make_pyramid_policy(KvBudget budget, double top_share 
 std::unique_ptr<KvPolicy> make_entropy_policy(KvBudget budget, double min_share = 0.25, int window = 32, int kernel = 7);
 // Layered H2O: the first `sinks` tokens, the latest recent_share * budget tokens and heavy
 // hitters by accumulated attention decayed by `decay` per observed query (so stale mass
-// fades); per-layer budgets rise linearly with depth from bottom_share * budget at layer 0
-// to (2 - bottom_share) * budget at the last layer (same mean), since late layers feed the
-// logits most directly. The recent window is the same size in every layer.
+// fades), times the L1 norm of the token's value when value_weighted (what the token adds
+// to the output is its attention times its value, as in VATP); per-layer budgets rise
+// linearly with depth from bottom_share * budget at layer 0 to (2 - bottom_share) * budget
+// at the last layer (same mean), since late layers feed the logits most directly. The
+// recent window is the same size in every layer.
 std::unique_ptr<KvPolicy> make_layered_policy(KvBudget budget, double bottom_share = 0.25, double recent_share = 0.5,
-                                              int sinks = 4, double decay = 0.99);
+                                              int sinks = 4, double decay = 0.99, bool value_weighted = true);
 
 // "full", "streaming", "h2o", "snapkv", "pyramid", "entropy", "layered".
 std::unique_ptr<KvPolicy> make_kv_policy(const std::string& name, KvBudget budget);
