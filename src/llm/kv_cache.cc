@@ -494,6 +494,20 @@ void KvCache::flush_stage(int layer, KvStream& s) {
   s.blocks.push_back(b);
 }
 
+namespace {
+// A stream's per-token bookkeeping (position, observed attention, value norm) moves as one.
+void move_token_meta(KvStream& s, size_t to, size_t from) {
+  s.pos[to] = s.pos[from];
+  s.score[to] = s.score[from];
+  s.value_norm[to] = s.value_norm[from];
+}
+void resize_token_meta(KvStream& s, size_t n) {
+  s.pos.resize(n);
+  s.score.resize(n);
+  s.value_norm.resize(n);
+}
+}  // namespace
+
 void KvCache::append(int seq, int layer, int pos, const float* k, const float* v) {
   const int hd = layout_.head_dim;
   const bool staged = layout_.staged(layer);
@@ -549,12 +563,7 @@ void KvCache::read_token(int seq, int layer, int h, int i, float* k, float* v) c
 void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const int32_t> keep) {
   const int hd = layout_.head_dim;
   const int fb = first / kKvBlockTokens;
-  std::vector<int32_t> pos;
-  std::vector<float> score, value_norm;
   const size_t count = keep.size() - size_t(fb) * kKvBlockTokens;
-  pos.reserve(count);
-  score.reserve(count);
-  value_norm.reserve(count);
   // read_token needs the sequence; decode here with the stream directly.
   const int in_blocks = s.n - s.n_staged;
   for (size_t j = 0; j < count; ++j) {
@@ -571,17 +580,14 @@ void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const in
       decode_row(layout_.k_type[size_t(layer)], true, blk, i % kKvBlockTokens, kd, hd);
       decode_row(layout_.v_type[size_t(layer)], false, blk + k_bytes(layer), i % kKvBlockTokens, vd, hd);
     }
-    pos.push_back(s.pos[size_t(i)]);
-    score.push_back(s.score[size_t(i)]);
-    value_norm.push_back(s.value_norm[size_t(i)]);
+    // keep is ascending, so token i's bookkeeping moves down in place.
+    move_token_meta(s, size_t(fb) * kKvBlockTokens + j, size_t(i));
   }
   for (size_t b = size_t(fb); b < s.blocks.size(); ++b) pool_->release(s.blocks[b]);
   s.blocks.resize(size_t(fb));
   s.n = fb * kKvBlockTokens;
   s.n_staged = 0;
-  s.pos.resize(size_t(s.n));
-  s.score.resize(size_t(s.n));
-  s.value_norm.resize(size_t(s.n));
+  resize_token_meta(s, keep.size());
   const int recent = kKvBlockTokens * layout_.q4_recent_blocks;
   for (size_t j = 0; j < count; ++j) {
     if (s.n_staged == recent) flush_stage(layer, s);
@@ -591,9 +597,6 @@ void KvCache::rebuild_from(int layer, KvStream& s, int first, std::span<const in
     }
     ++s.n_staged;
     ++s.n;
-    s.pos.push_back(pos[j]);
-    s.score.push_back(score[j]);
-    s.value_norm.push_back(value_norm[j]);
   }
 }
 
@@ -624,14 +627,10 @@ void KvCache::keep(int seq, int layer, int h, std::span<const int32_t> keep) {
     uint8_t* dst = pool_->data(s.blocks[j / kKvBlockTokens]);
     copy_row(kt, src, i % kKvBlockTokens, dst, int(j % kKvBlockTokens), hd);
     copy_row(vt, src + k_bytes(layer), i % kKvBlockTokens, dst + k_bytes(layer), int(j % kKvBlockTokens), hd);
-    s.pos[j] = s.pos[size_t(i)];
-    s.score[j] = s.score[size_t(i)];
-    s.value_norm[j] = s.value_norm[size_t(i)];
+    move_token_meta(s, j, size_t(i));
   }
   s.n = int(keep.size());
-  s.pos.resize(keep.size());
-  s.score.resize(keep.size());
-  s.value_norm.resize(keep.size());
+  resize_token_meta(s, keep.size());
   const size_t nb = (keep.size() + kKvBlockTokens - 1) / kKvBlockTokens;
   for (size_t b = nb; b < s.blocks.size(); ++b) pool_->release(s.blocks[b]);
   s.blocks.resize(nb);
