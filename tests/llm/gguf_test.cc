@@ -79,12 +79,14 @@ void write_all(const std::string& p, const std::vector<uint8_t>& b) {
   out.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
 }
 
-// A small valid file; returns its bytes and the offset of tensor "x"'s info fields.
-std::vector<uint8_t> small_file(size_t* dims_at) {
+// A small valid file; returns its bytes and the offset of tensor "x"'s info fields. Each
+// caller names its own file: ctest runs tests in parallel processes, and one writing the
+// file while another reads it gave the reader a short file (and a crash).
+std::vector<uint8_t> small_file(const std::string& name, size_t* dims_at) {
   GgufWriter w;
   w.set_string("k", "v");
   w.add_tensor("x", GgmlType::q8_0, {32, 2}, std::vector<uint8_t>(68, 3));
-  const std::string p = tmp_dir() + "/llm_small.gguf";
+  const std::string p = tmp_dir() + "/" + name + ".gguf";
   w.write(p);
   std::vector<uint8_t> b = read_all(p);
   // header 24 + key (8+1) + type 4 + string (8+1) = 46; then name (8+1), n_dims 4.
@@ -107,7 +109,7 @@ void expect_error(const std::vector<uint8_t>& bytes, ErrorCode code, const std::
 
 TEST(Gguf, RejectsMalformedFiles) {
   size_t dims_at;
-  const std::vector<uint8_t> good = small_file(&dims_at);
+  const std::vector<uint8_t> good = small_file("llm_small_malformed", &dims_at);
   {
     auto b = good;
     b[0] = 'X';
@@ -183,7 +185,7 @@ TEST(Gguf, RejectsMalformedFiles) {
 
 TEST(Gguf, TruncationAtEveryLengthIsAnError) {
   size_t dims_at;
-  const std::vector<uint8_t> good = small_file(&dims_at);
+  const std::vector<uint8_t> good = small_file("llm_small_trunc", &dims_at);
   const std::string p = tmp_dir() + "/llm_trunc.gguf";
   // The last 28 bytes are padding after the tensor's 68 bytes; without them the file is whole.
   for (size_t n = 0; n < good.size() - 28; n += 3) {
