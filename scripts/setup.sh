@@ -11,7 +11,9 @@ packages=(
   libssl-dev libxxhash-dev libzstd-dev openssl python3-cryptography
   python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex
   python3-sentencepiece sentencepiece
-  libdnnl-dev
+  # Debian's oneDNN is built with its OpenCL GPU runtime: its CMake config needs the
+  # OpenCL headers and loader, which libdnnl-dev only recommends.
+  libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
 )
 
 missing=()
