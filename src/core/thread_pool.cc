@@ -54,24 +54,28 @@ void ThreadPool::worker_loop() {
     work_cv_.wait(lock, [&] { return stop_ || (generation_ != seen && next_chunk_ < num_chunks_); });
     if (stop_) return;
     seen = generation_;
-    while (next_chunk_ < num_chunks_) {
-      const int64_t c = next_chunk_++;
-      const auto* job = job_;
-      const int64_t b = c * job_chunk_, e = std::min(job_n_, b + job_chunk_);
-      lock.unlock();
-      std::exception_ptr err;
-      t_in_parallel = true;
-      try {
-        (*job)(b, e);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      t_in_parallel = false;
-      lock.lock();
-      if (err && !error_) error_ = err;
-      done_.store(++chunks_done_, std::memory_order_release);
-      if (chunks_done_ == num_chunks_) done_cv_.notify_all();
+    run_chunks(lock);
+  }
+}
+
+void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
+  while (next_chunk_ < num_chunks_) {
+    const int64_t c = next_chunk_++;
+    const auto* job = job_;
+    const int64_t b = c * job_chunk_, e = std::min(job_n_, b + job_chunk_);
+    lock.unlock();
+    std::exception_ptr err;
+    t_in_parallel = true;
+    try {
+      (*job)(b, e);
+    } catch (...) {
+      err = std::current_exception();
     }
+    t_in_parallel = false;
+    lock.lock();
+    if (err && !error_) error_ = err;
+    done_.store(++chunks_done_, std::memory_order_release);
+    if (chunks_done_ == num_chunks_) done_cv_.notify_all();
   }
 }
 
@@ -98,23 +102,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   ++generation_;
   posted_.store(generation_, std::memory_order_release);
   work_cv_.notify_all();
-  // The caller takes chunks too.
-  while (next_chunk_ < num_chunks_) {
-    const int64_t c = next_chunk_++;
-    const int64_t b = c * chunk, e = std::min(n, b + chunk);
-    lock.unlock();
-    std::exception_ptr err;
-    t_in_parallel = true;
-    try {
-      fn(b, e);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    t_in_parallel = false;
-    lock.lock();
-    if (err && !error_) error_ = err;
-    done_.store(++chunks_done_, std::memory_order_release);
-  }
+  run_chunks(lock);  // the caller takes chunks too
   if (spin_us_ > 0 && chunks_done_ != num_chunks_) {
     const int64_t all = num_chunks_;
     lock.unlock();

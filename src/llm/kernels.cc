@@ -363,14 +363,9 @@ int64_t argmax_scalar(const float* x, int64_t n) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
-namespace {
+#include "simd_hsum.h"  // hsum8
 
-inline float hsum_ps(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+namespace {
 
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -385,7 +380,7 @@ float dot_f32_avx2(int64_t n, const void* vw, const void* vx) {
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
     a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
   }
-  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; i < n; ++i) s += w[i] * x[i];
   return s;
 }
@@ -410,7 +405,7 @@ float dot_f16_avx2(int64_t n, const void* vw, const void* vx) {
     a2 = _mm256_fmadd_ps(load_f16x8(w + i + 16), load_f16x8(x + i + 16), a2);
     a3 = _mm256_fmadd_ps(load_f16x8(w + i + 24), load_f16x8(x + i + 24), a3);
   }
-  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; i < n; ++i) s += h2f(w[i]) * h2f(x[i]);
   return s;
 }
@@ -424,7 +419,7 @@ float dot_bf16_avx2(int64_t n, const void* vw, const void* vx) {
     a0 = _mm256_fmadd_ps(load_bf16x8(w + i), load_bf16x8(x + i), a0);
     a1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), load_bf16x8(x + i + 8), a1);
   }
-  float s = hsum_ps(_mm256_add_ps(a0, a1));
+  float s = hsum8(_mm256_add_ps(a0, a1));
   for (; i < n; ++i) s += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
   return s;
 }
@@ -453,7 +448,7 @@ float dot_q8_0_avx2(int64_t n, const void* vw, const void* vx) {
     const __m256 d = _mm256_set1_ps(h2f(w[i].d) * h2f(x[i].d));
     acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_avx2(qw, qx)), acc);
   }
-  return hsum_ps(acc);
+  return hsum8(acc);
 }
 
 float dot_q4_0_avx2(int64_t n, const void* vw, const void* vx) {
@@ -466,7 +461,7 @@ float dot_q4_0_avx2(int64_t n, const void* vw, const void* vx) {
     const __m256 d = _mm256_set1_ps(h2f(w[i].d) * h2f(x[i].d));
     acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_avx2(qw, qx)), acc);
   }
-  return hsum_ps(acc);
+  return hsum8(acc);
 }
 
 float dot_q4_k_avx2(int64_t n, const void* vw, const void* vx) {
@@ -495,7 +490,7 @@ float dot_q4_k_avx2(int64_t n, const void* vw, const void* vx) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     acc_m += x[i].d * h2f(w[i].dmin) * float(summ);
   }
-  return hsum_ps(acc) - acc_m;
+  return hsum8(acc) - acc_m;
 }
 
 float dot_q6_k_avx2(int64_t n, const void* vw, const void* vx) {
@@ -528,7 +523,7 @@ float dot_q6_k_avx2(int64_t n, const void* vw, const void* vx) {
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * h2f(w[i].d)), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum_ps(acc);
+  return hsum8(acc);
 }
 
 void quantize_q8_0_avx2(const float* x, void* dst, int64_t n) {
@@ -592,13 +587,6 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int64_t n) {
 #include "simd_exp.h"  // exp_nonpositive: the SiLU's sigmoid
 
 namespace {
-
-inline float hsum_ps_v(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Tiles of NR weight rows x NT activation rows over Q8_0 activations, four blocks (128
 // elements) per step in 512-bit registers. Blocks stay in their GGUF layout: word
@@ -1165,7 +1153,7 @@ float dot_q4_k_vnni(int64_t n, const void* vw, const void* vx) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * _cvtsh_ss(w[i].d)), _mm256_cvtepi32_ps(sumi), acc);
     acc_m += x[i].d * _cvtsh_ss(w[i].dmin) * float(summ);
   }
-  return hsum_ps_v(acc) - acc_m;
+  return hsum8(acc) - acc_m;
 }
 
 }  // namespace

@@ -147,14 +147,9 @@ void for_query_groups(int g, F&& f) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
-namespace {
+#include "simd_hsum.h"  // hsum8
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+namespace {
 
 // Four row sums at once: two rounds of pairwise adds instead of four reductions.
 inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -202,7 +197,7 @@ void scores_g(const Rows& rows, int n, const float* q, int hd, float* out, int64
       const __m256 kv = rows.load(i, c);
       for (int j = 0; j < G; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * hd + c), kv, acc[j]);
     }
-    for (int j = 0; j < G; ++j) out[j * ldo + i] = hsum(acc[j]);
+    for (int j = 0; j < G; ++j) out[j * ldo + i] = hsum8(acc[j]);
   }
 }
 
@@ -373,7 +368,7 @@ void scores_g512(const KvRowRuns<T>& runs, int n, const float* q, int hd, float*
         const __m512 kv = rows.load(i, 16 * k);
         for (int j = 0; j < G; ++j) acc[j] = _mm512_fmadd_ps(query(j, k), kv, acc[j]);
       }
-      for (int j = 0; j < G; ++j) o[j * ldo + i] = hsum(fold(acc[j]));
+      for (int j = 0; j < G; ++j) o[j * ldo + i] = hsum8(fold(acc[j]));
     }
     rows.finish(o, ldo, G, len);
   });
@@ -537,7 +532,7 @@ void scores_q4_g512(const uint8_t* x, const uint16_t* dm, int n, const float* q,
       for (int j = 0; j < G; ++j)
         acc[j] = _mm512_fmadd_ps(_mm512_load_ps(qo[j] + b), o, _mm512_fmadd_ps(_mm512_load_ps(qe[j] + b), e, acc[j]));
     }
-    for (int j = 0; j < G; ++j) out[j * ldo + i] = base[j] + hsum(fold(acc[j]));
+    for (int j = 0; j < G; ++j) out[j * ldo + i] = base[j] + hsum8(fold(acc[j]));
   }
 }
 

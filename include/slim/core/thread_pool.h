@@ -35,6 +35,9 @@ class ThreadPool {
 
  private:
   void worker_loop();
+  // Runs the posted job's unclaimed chunks until none is left (lock holds mu_ on entry
+  // and on return); the one that finishes the last chunk wakes the waiting caller.
+  void run_chunks(std::unique_lock<std::mutex>& lock);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
