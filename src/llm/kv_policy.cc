@@ -163,19 +163,19 @@ class SnapPolicy : public KvPolicy {
   KvObserver observer() const override { return {true, false}; }
   void select(const KvSelectInput& in, int l, int h, int budget, std::vector<int32_t>& keep) const override {
     const KvStream& s = in.cache->stream(in.seq, l, h);
-    pooled_.resize(size_t(s.n));
+    // Local, not a member: one policy object may serve contexts on several threads.
+    std::vector<float> pooled(size_t(s.n));
     const int r = kernel_ / 2;
     for (int i = 0; i < s.n; ++i) {
       float m = 0;
       for (int j = std::max(0, i - r); j <= std::min(s.n - 1, i + r); ++j) m = std::max(m, s.score[size_t(j)]);
-      pooled_[size_t(i)] = m;
+      pooled[size_t(i)] = m;
     }
-    keep_ends_and_top(s.n, budget, 0, std::min(window_, budget / 2), pooled_.data(), keep);
+    keep_ends_and_top(s.n, budget, 0, std::min(window_, budget / 2), pooled.data(), keep);
   }
 
  protected:
   int window_, kernel_;
-  mutable std::vector<float> pooled_;
 };
 
 class PyramidPolicy : public SnapPolicy {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "llm_test_util.h"
 #include "slim/core/error.h"
@@ -167,6 +168,44 @@ TEST(KvPolicy, SnapKvPoolsNeighboursOfObservedPeaks) {
   p->apply(*f.cache, f.seq);
   // Window 58..63, then the pooled peaks: 9..11 (score 1) and 39..41 (0.5).
   EXPECT_EQ(f.kept_positions(), (std::vector<int32_t>{9, 10, 11, 39, 40, 41, 58, 59, 60, 61, 62, 63}));
+}
+
+// One policy object may serve contexts on several threads (a context's options hold a
+// shared pointer to it): selection keeps no state in the policy. Two threads apply one
+// SnapKV and one entropy policy (both pool scores) to caches of different lengths and
+// scores at once; each cache must keep what it keeps when the policy runs alone.
+TEST(KvPolicy, OnePolicyServesCachesOnSeveralThreads) {
+  for (const char* name : {"snapkv", "entropy"}) {
+    std::shared_ptr<const KvPolicy> p = make_kv_policy(name, KvBudget::parse("0.25"));
+    auto fill = [](Fixture& f, int salt) {
+      std::mt19937 rng{static_cast<uint32_t>(salt)};
+      std::uniform_real_distribution<float> u(0.f, 1.f);
+      for (float& x : f.stream().score) x = u(rng);
+    };
+    constexpr int kCaches = 40;
+    std::vector<std::vector<int32_t>> want(kCaches);
+    for (int c = 0; c < kCaches; ++c) {
+      Fixture f(64 + 4 * c);
+      fill(f, c);
+      p->apply(*f.cache, f.seq);
+      want[size_t(c)] = f.kept_positions();
+    }
+    std::vector<std::vector<int32_t>> got(kCaches);
+    auto work = [&](int first) {
+      for (int round = 0; round < 5; ++round)
+        for (int c = first; c < kCaches; c += 2) {
+          Fixture f(64 + 4 * c);
+          fill(f, c);
+          p->apply(*f.cache, f.seq);
+          got[size_t(c)] = f.kept_positions();
+          if (got[size_t(c)] != want[size_t(c)]) return;
+        }
+    };
+    std::thread other(work, 1);
+    work(0);
+    other.join();
+    for (int c = 0; c < kCaches; ++c) EXPECT_EQ(got[size_t(c)], want[size_t(c)]) << name << " cache " << c;
+  }
 }
 
 TEST(KvPolicy, PyramidBudgetsFallWithDepth) {
