@@ -22,6 +22,8 @@ using namespace slim::llm;
 
 namespace {
 
+volatile float g_sink;
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -43,9 +45,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     }
     best = std::min(best, seconds_since(t0));
   }
-  float sink = 0;
-  for (int i = 0; i < 24; ++i) sink += _mm512_reduce_add_ps(a[i]);
-  if (sink == 12345.f) std::puts("");
+  float sum = 0;
+  for (int i = 0; i < 24; ++i) sum += _mm512_reduce_add_ps(a[i]);
+  g_sink = sum;  // the chains' results are used, so they are computed
   return double(n) * 24 * 16 / best;
 }
 

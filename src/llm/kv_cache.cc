@@ -356,6 +356,37 @@ KvCache::~KvCache() {
     if (seqs_[size_t(s)].active) remove_sequence(s);
 }
 
+namespace {
+// A stream's per-token bookkeeping (position, observed attention, value norm): parallel
+// vectors that change together, here only.
+void reserve_token_meta(KvStream& s, size_t n) {
+  s.pos.reserve(n);
+  s.score.reserve(n);
+  s.value_norm.reserve(n);
+}
+void resize_token_meta(KvStream& s, size_t n) {
+  s.pos.resize(n);
+  s.score.resize(n);
+  s.value_norm.resize(n);
+}
+void push_token_meta(KvStream& s, int32_t pos, float value_norm) {
+  s.pos.push_back(pos);
+  s.score.push_back(0.f);
+  s.value_norm.push_back(value_norm);
+}
+void move_token_meta(KvStream& s, size_t to, size_t from) {
+  s.pos[to] = s.pos[from];
+  s.score[to] = s.score[from];
+  s.value_norm[to] = s.value_norm[from];
+}
+// d's bookkeeping becomes that of s's first n tokens.
+void copy_token_meta(KvStream& d, const KvStream& s, size_t n) {
+  d.pos.assign(s.pos.begin(), s.pos.begin() + ptrdiff_t(n));
+  d.score.assign(s.score.begin(), s.score.begin() + ptrdiff_t(n));
+  d.value_norm.assign(s.value_norm.begin(), s.value_norm.begin() + ptrdiff_t(n));
+}
+}  // namespace
+
 int KvCache::add_sequence() {
   for (int s = 0; s < max_seqs(); ++s) {
     Sequence& sq = seqs_[size_t(s)];
@@ -365,9 +396,7 @@ int KvCache::add_sequence() {
     for (KvStream& st : sq.streams) {
       // Reserved once per slot, so appending never allocates.
       st.blocks.reserve(size_t(max_tokens_ / kKvBlockTokens + 2));
-      st.pos.reserve(size_t(max_tokens_));
-      st.score.reserve(size_t(max_tokens_));
-      st.value_norm.reserve(size_t(max_tokens_));
+      reserve_token_meta(st, size_t(max_tokens_));
     }
     return s;
   }
@@ -380,9 +409,7 @@ void KvCache::clear_stream(KvStream& s) {
   for (int32_t b : s.blocks) pool_->release(b);
   s.blocks.clear();
   s.n = s.n_staged = 0;
-  s.pos.clear();
-  s.score.clear();
-  s.value_norm.clear();
+  resize_token_meta(s, 0);
   s.entropy_sum = 0;
   s.entropy_count = 0;
 }
@@ -494,20 +521,6 @@ void KvCache::flush_stage(int layer, KvStream& s) {
   s.blocks.push_back(b);
 }
 
-namespace {
-// A stream's per-token bookkeeping (position, observed attention, value norm) moves as one.
-void move_token_meta(KvStream& s, size_t to, size_t from) {
-  s.pos[to] = s.pos[from];
-  s.score[to] = s.score[from];
-  s.value_norm[to] = s.value_norm[from];
-}
-void resize_token_meta(KvStream& s, size_t n) {
-  s.pos.resize(n);
-  s.score.resize(n);
-  s.value_norm.resize(n);
-}
-}  // namespace
-
 void KvCache::append(int seq, int layer, int pos, const float* k, const float* v) {
   const int hd = layout_.head_dim;
   const bool staged = layout_.staged(layer);
@@ -531,11 +544,9 @@ void KvCache::append(int seq, int layer, int pos, const float* k, const float* v
       write_token(layer, pool_->data(s.blocks.back()), slot, kh, vh);
     }
     ++s.n;
-    s.pos.push_back(pos);
-    s.score.push_back(0.f);
     float norm = 0;
     for (int c = 0; c < hd; ++c) norm += std::fabs(vh[c]);
-    s.value_norm.push_back(norm);
+    push_token_meta(s, pos, norm);
   }
 }
 
@@ -706,9 +717,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
         d.blocks.push_back(nb);
         d.n = m;
       }
-      d.pos.assign(s.pos.begin(), s.pos.begin() + m);
-      d.score.assign(s.score.begin(), s.score.begin() + m);
-      d.value_norm.assign(s.value_norm.begin(), s.value_norm.begin() + m);
+      copy_token_meta(d, s, size_t(m));
     }
   seqs_[size_t(dst)].n_past = n_tokens;
   return dst;
