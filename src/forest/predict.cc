@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "forest/walk.h"
+#include "slim/core/cpu_features.h"
 #include "slim/core/error.h"
 #include "slim/forest/compiled_forest.h"
 
@@ -16,13 +17,9 @@ constexpr int64_t kBlockRows = 256;
 }
 
 SimdLevel detected_simd_level() {
-  static const SimdLevel level = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return SimdLevel::avx512;
-    if (__builtin_cpu_supports("avx2")) return SimdLevel::avx2;
-    return SimdLevel::scalar;
-  }();
-  return level;
+  if (isa_enabled(Isa::avx512)) return SimdLevel::avx512;
+  if (isa_enabled(Isa::avx2)) return SimdLevel::avx2;
+  return SimdLevel::scalar;
 }
 
 const char* simd_level_name(SimdLevel level) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "slim/llm/ggml_blocks.h"
+#include "slim/core/cpu_features.h"
 #include "slim/core/error.h"
 #include "slim/core/half.h"
 
@@ -575,6 +576,29 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int64_t n) {
 }  // namespace
 #pragma GCC pop_options
 
+namespace {
+// Word indices of the permutes that gather four Q8_0 or Q4_0 blocks (see the AVX-512
+// VNNI tiles below). constexpr data, not a static object: nothing here runs at start-up,
+// so no AVX-512 code can run on a CPU without it.
+struct GroupIndex {
+  alignas(64) uint16_t q8_lo[32], q8_hi[32], q8_d[32], q4_qs[32], q4_d[32];
+};
+constexpr GroupIndex make_group_index() {
+  GroupIndex g{};
+  for (int j = 0; j < 32; ++j) {
+    const int b = j / 8, k = j % 8;
+    g.q8_lo[j] = uint16_t(17 * b + 1 + k);  // words of a 34-byte block: d, then 16 of codes
+    g.q8_hi[j] = uint16_t(17 * b + 5 + k);  // second half, from a window starting 4 words later
+    g.q4_qs[j] = uint16_t(9 * b + 1 + k);   // words of an 18-byte block: d, then 8 of codes
+    g.q8_d[j] = uint16_t(j < 16 ? 17 * (j / 4) : 0);
+    g.q4_d[j] = uint16_t(j < 16 ? 9 * (j / 4) : 0);
+  }
+  return g;
+}
+constexpr GroupIndex kGroupIndex = make_group_index();
+
+}  // namespace
+
 // ---------------- AVX-512 VNNI kernels (256-bit vectors, dpbusd) ----------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
@@ -598,20 +622,6 @@ namespace {
 // Each (row, token) pair has its own accumulator and sees the same instructions in the
 // same order whatever the tile shape, so batched prefill and one-token decode give
 // bit-identical results.
-struct GroupIndex {
-  alignas(64) uint16_t q8_lo[32], q8_hi[32], q8_d[32], q4_qs[32], q4_d[32];
-  GroupIndex() {
-    for (int j = 0; j < 32; ++j) {
-      const int b = j / 8, k = j % 8;
-      q8_lo[j] = uint16_t(17 * b + 1 + k);  // words of a 34-byte block: d, then 16 of codes
-      q8_hi[j] = uint16_t(17 * b + 5 + k);  // second half, from a window starting 4 words later
-      q4_qs[j] = uint16_t(9 * b + 1 + k);   // words of an 18-byte block: d, then 8 of codes
-      q8_d[j] = uint16_t(j < 16 ? 17 * (j / 4) : 0);
-      q4_d[j] = uint16_t(j < 16 ? 9 * (j / 4) : 0);
-    }
-  }
-};
-const GroupIndex kGroupIndex;
 
 constexpr int64_t kQ8Group = 4 * int64_t(sizeof(BlockQ8_0));  // 136 bytes
 constexpr int64_t kQ4Group = 4 * int64_t(sizeof(BlockQ4_0));  // 72 bytes
@@ -1169,16 +1179,6 @@ KernelSet make_scalar() {
           tile_x16_scalar<true>, tile_x16_scalar<false>, tile_q4_k_x16_scalar, tile_f16_x16_scalar};
 }
 
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-bool cpu_has_vnni() {
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw");
-}
-
 KernelSet make_avx2() {
   return {"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
           dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2,
@@ -1207,28 +1207,31 @@ KernelSet make_vnni() {
   return k;
 }
 
-KernelSet select_kernels() {
-  if (cpu_has_vnni()) return make_vnni();
-  if (cpu_has_avx2()) return make_avx2();
-  return make_scalar();
+// The sets, built on first use outside any target region (they hold function pointers
+// only). The VNNI set needs AVX-512 VNNI on top of the avx512 level.
+const KernelSet& avx2_kernels() {
+  static const KernelSet k = make_avx2();
+  return k;
 }
+const KernelSet& vnni_kernels() {
+  static const KernelSet k = make_vnni();
+  return k;
+}
+bool vnni_enabled() { return isa_enabled(Isa::avx512) && cpu_features().avx512vnni; }
 
 }  // namespace
 
-const std::vector<const KernelSet*>& available_kernel_sets() {
-  static const std::vector<const KernelSet*> sets = [] {
-    static const KernelSet avx2 = make_avx2(), vnni = make_vnni();
-    std::vector<const KernelSet*> v{&scalar_kernels()};
-    if (cpu_has_avx2()) v.push_back(&avx2);
-    if (cpu_has_vnni()) v.push_back(&vnni);
-    return v;
-  }();
-  return sets;
+std::vector<const KernelSet*> available_kernel_sets() {
+  std::vector<const KernelSet*> v{&scalar_kernels()};
+  if (isa_enabled(Isa::avx2)) v.push_back(&avx2_kernels());
+  if (vnni_enabled()) v.push_back(&vnni_kernels());
+  return v;
 }
 
 const KernelSet& kernels() {
-  static const KernelSet k = select_kernels();
-  return k;
+  if (vnni_enabled()) return vnni_kernels();
+  if (isa_enabled(Isa::avx2)) return avx2_kernels();
+  return scalar_kernels();
 }
 
 const KernelSet& scalar_kernels() {

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "slim/core/cpu_features.h"
 #include "slim/core/half.h"
 
 namespace slim::llm {
@@ -606,25 +607,21 @@ const KvAttentionKernels& kv_attention_kernels_scalar() {
   return k;
 }
 
+// Built on first use, outside the target regions (function pointers only).
 const KvAttentionKernels& kv_attention_kernels() {
-  static const KvAttentionKernels* best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      static const KvAttentionKernels k{"avx512",          scores_f16_avx512,    accumulate_f16_avx512,
-                                        scores_q8_avx512,  accumulate_q8_avx512, scores_q4_avx512,
-                                        accumulate_q4_avx512, softmax_avx512};
-      return &k;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      static const KvAttentionKernels k{"avx2",           scores_f16_avx2,      accumulate_f16_avx2,
-                                        scores_q8_avx2,   accumulate_q8_avx2,   scores_q4_scalar,
-                                        accumulate_q4_scalar, softmax_scalar};
-      return &k;
-    }
-    return &kv_attention_kernels_scalar();
-  }();
-  return *best;
+  if (isa_enabled(Isa::avx512)) {
+    static const KvAttentionKernels k{"avx512",          scores_f16_avx512,    accumulate_f16_avx512,
+                                      scores_q8_avx512,  accumulate_q8_avx512, scores_q4_avx512,
+                                      accumulate_q4_avx512, softmax_avx512};
+    return k;
+  }
+  if (isa_enabled(Isa::avx2)) {
+    static const KvAttentionKernels k{"avx2",           scores_f16_avx2,      accumulate_f16_avx2,
+                                      scores_q8_avx2,   accumulate_q8_avx2,   scores_q4_scalar,
+                                      accumulate_q4_scalar, softmax_scalar};
+    return k;
+  }
+  return kv_attention_kernels_scalar();
 }
 
 }  // namespace slim::llm

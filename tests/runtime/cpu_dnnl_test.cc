@@ -5,6 +5,7 @@
 
 #include "runtime/cpu_test_util.h"
 #include "slim/runtime/fused_ops.h"
+#include "slim/core/cpu_features.h"
 #include "slim/runtime/provider.h"
 
 namespace slim {
@@ -529,7 +530,7 @@ TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
       if (n == 2) {
         EXPECT_EQ(cpu->stats().memory.in_place_values, 0);
       }
-      if (n == 1 && e == 16 && !expose && cpu_isa() == "avx512") {
+      if (n == 1 && e == 16 && !expose && active_isa() == Isa::avx512) {
         EXPECT_EQ(cpu->stats().memory.in_place_values, 4);
       }
       o.providers = {"ref"};
@@ -573,7 +574,7 @@ TEST(CpuDnnl, WinogradConvolutionsAndTheirBlockedNeighboursMatchRef) {
   };
   const Tensor wino = run(true), direct = run(false);
   EXPECT_LT(cpu_test::worst_error(wino, direct, 1e-5, 1e-4), 1.0);
-  if (cpu_isa() == "avx512") {
+  if (active_isa() == Isa::avx512) {
     EXPECT_NE(std::memcmp(wino.raw_data(), direct.raw_data(), wino.nbytes()), 0) << "Winograd did not run";
   }
 }

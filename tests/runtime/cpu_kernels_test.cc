@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "runtime/cpu_test_util.h"
+#include "slim/core/cpu_features.h"
+#include "slim/core/error.h"
 #include "slim/runtime/provider.h"
 
 namespace slim {
@@ -18,24 +20,39 @@ using testing::attr_ints;
 using testing::attr_string;
 using testing::ModelBuilder;
 
-// Runs `body` once per instruction set the CPU supports, restoring the best one after.
+// Runs `body` once per instruction set the CPU runs at or below the active one,
+// restoring that one after.
 void for_each_isa(const std::function<void()>& body) {
-  const std::string best = cpu_isa();
-  for (const char* isa : {"avx512", "avx2", "scalar"}) {
-    if (!limit_cpu_isa(isa)) continue;
-    SCOPED_TRACE(std::string("isa ") + isa);
+  const Isa active = active_isa();
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
+    if (!isa_enabled(isa)) continue;
+    set_isa_limit(isa);
+    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
     body();
+    set_isa_limit(active);
   }
-  limit_cpu_isa(best);
 }
 
 TEST(CpuKernels, IsaCanBeLoweredButNotRaised) {
-  const std::string best = cpu_isa();
-  EXPECT_TRUE(limit_cpu_isa("scalar"));
-  EXPECT_EQ(cpu_isa(), "scalar");
-  EXPECT_FALSE(limit_cpu_isa("sse9"));
-  EXPECT_TRUE(limit_cpu_isa(best));
-  EXPECT_EQ(cpu_isa(), best);
+  const Isa active = active_isa();
+  set_isa_limit("scalar");
+  EXPECT_EQ(active_isa(), Isa::scalar);
+  EXPECT_FALSE(isa_enabled(Isa::avx2));
+  try {
+    set_isa_limit("sse9");
+    ADD_FAILURE() << "an unknown instruction set was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("'sse9' is no instruction set"), std::string::npos) << e.what();
+  }
+  // Levels of the other architecture, or above this CPU's, are refused.
+  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::neon}) {
+    if (isa != hardware_isa() && !(hardware_isa() == Isa::avx512 && isa == Isa::avx2)) {
+      EXPECT_THROW(set_isa_limit(isa), Error) << isa_name(isa);
+    }
+  }
+  set_isa_limit(active);
+  EXPECT_EQ(active_isa(), active);
 }
 
 TEST(CpuKernels, ActivationsMatchRef) {

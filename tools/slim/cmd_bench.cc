@@ -314,6 +314,7 @@ void bench(const BenchOptions& o) {
   std::printf("\nproviders:    %s   threads: %d   graph passes: %s (%lld rewrites, %lld nodes)\n",
               o.providers.c_str(), o.threads, o.no_optimize ? "off" : "on",
               static_cast<long long>(st.pass_rewrites), static_cast<long long>(st.nodes_out));
+  std::printf("kernels:      %s (the cpu provider's own and oneDNN's)\n", isa_report().c_str());
   std::printf("cold start:   %.2f ms (load + compile %.2f ms, first run %.2f ms)\n", cold_ms,
               compile_ms, first_run_ms);
   std::printf(
@@ -396,6 +397,7 @@ SLIM_COMMAND(13, [](CLI::App& app) {
   cmd->add_option("--batch", o->batch, "Value of a symbolic first input dim")
       ->capture_default_str();
   add_threads_option(cmd, &o->threads);
+  add_isa_option(cmd);
   cmd->add_option("--warmup", o->warmup, "Untimed runs before measuring")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

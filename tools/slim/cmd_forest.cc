@@ -10,6 +10,7 @@
 #include <random>
 
 #include "commands.h"
+#include "slim/core/cpu_features.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/core/thread_pool.h"
@@ -197,6 +198,7 @@ void inspect_cmd(const std::string& path) {
             << "\nsums in:    " << (h.accumulate_double ? "double" : "float32") << "\nbase margin:";
   for (uint32_t g = 0; g < std::min<uint32_t>(h.num_groups, 8); ++g) std::cout << " " << cf.base_margin()[g];
   std::cout << "\nsimd:       " << simd_level_name(cf.simd_level())
+            << (active_isa() != hardware_isa() ? std::string(" (CPU: ") + isa_name(hardware_isa()) + ")" : "")
             << ((h.flags & (kHasCategorical | kHasZeroMissing)) ? " (batch walks scalar: categorical or zero-as-missing splits)" : "")
             << "\ncompiled:   " << kib(double(cf.payload_size())) << "\n";
 }
@@ -230,7 +232,8 @@ void bench_cmd(const BenchOptions& o) {
   ThreadPool pool(std::max(1, o.threads));
   std::vector<float> out(size_t(n) * cf.num_groups());
   std::cout << "model " << o.model << ": " << cf.num_trees() << " trees, " << cf.num_nodes() << " nodes, load "
-            << load_ms << " ms, simd " << simd_level_name(cf.simd_level()) << ", " << pool.num_threads()
+            << load_ms << " ms, simd " << simd_level_name(cf.simd_level())
+            << (active_isa() != hardware_isa() ? std::string(" (CPU: ") + isa_name(hardware_isa()) + ")" : "") << ", " << pool.num_threads()
             << " thread(s)\n";
   Progress progress("forest bench", 4);
   int step = 0;
@@ -305,11 +308,13 @@ SLIM_COMMAND(40, [](CLI::App& app) {
   p->add_option("--label-column", po->label, "Label column to skip (and score against)");
   p->add_flag("--margin", po->margin, "Write raw margins instead of transformed outputs");
   add_threads_option(p, &po->threads);
+  add_isa_option(p);
   p->callback([po] { predict_cmd(*po); });
 
   auto* i = forest->add_subcommand("inspect", "Describe a model: format, objective, trees, nodes, depth");
   auto path = std::make_shared<std::string>();
   i->add_option("MODEL", *path, "Model file")->required()->check(CLI::ExistingFile);
+  add_isa_option(i);
   i->callback([path] { inspect_cmd(*path); });
 
   auto* b = forest->add_subcommand("bench", "Time batch (1, 64, 10000 rows) and single-row prediction");
@@ -319,6 +324,7 @@ SLIM_COMMAND(40, [](CLI::App& app) {
   b->add_option("--label-column", bo->label, "Label column to skip");
   b->add_option("--threads", bo->threads, "Threads for batch prediction")->capture_default_str()->check(CLI::PositiveNumber);
   b->add_option("--seconds", bo->seconds, "Time per measurement")->capture_default_str()->check(CLI::PositiveNumber);
+  add_isa_option(b);
   b->callback([bo] { bench_cmd(*bo); });
 });
 

@@ -308,6 +308,7 @@ void add_kv_eval(CLI::App& app) {
   cmd->add_option("--passkey-trials", a->passkey_trials, "Keys per grid cell")->check(CLI::PositiveNumber);
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
+  add_isa_option(cmd);
   cmd->callback([a] {
     auto model = llm::LlamaModel::load(a->model, a->mmap);
     auto tok = llm::load_gguf_tokenizer(model->gguf());
@@ -500,6 +501,7 @@ void add_kv_bench(CLI::App& app) {
                 "Instead: requests through the continuous-batching scheduler vs one after another (prefill included)");
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
+  add_isa_option(cmd);
   cmd->callback([a] {
     if (a->scheduler) run_kv_bench_scheduler(*a);
     else run_kv_bench(*a);

@@ -131,6 +131,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
+  add_isa_option(cmd);
   cmd->callback([a] { run_generate(*a); });
 }
 
@@ -232,6 +233,7 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("--kl-base", a->kl_base, "Reference model (e.g. the F16 original): also report KL divergence");
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
+  add_isa_option(cmd);
   cmd->callback([a] { run_perplexity(*a); });
 }
 
@@ -247,6 +249,7 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("output", a->out, "Output GGUF")->required();
   cmd->add_option("--type", a->type, "q8_0, q4_0, q4_k, q6_k or q4_k_m")->required();
   add_threads_option(cmd, &a->threads);
+  add_isa_option(cmd);
   cmd->callback([a] {
     const llm::QuantScheme scheme = llm::parse_quant_scheme(a->type);
     const int threads = a->threads > 0 ? a->threads : int(std::max(1u, std::thread::hardware_concurrency()));

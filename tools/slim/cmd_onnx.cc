@@ -66,6 +66,7 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
   if (!model.producer_name.empty())
     std::cout << " (producer " << model.producer_name
               << (model.producer_version.empty() ? "" : " " + model.producer_version) << ")";
+  std::cout << "\nkernels:   " << isa_report();
   std::cout << "\nopsets:   ";
   for (const auto& [d, v] : model.opsets) std::cout << " " << domain_label(d) << " " << v;
   std::cout << "\ninputs:\n";
@@ -266,6 +267,7 @@ SLIM_COMMAND(10, [](CLI::App& app) {
   cmd->add_option("--providers", *providers, "Providers in priority order, comma-separated")->capture_default_str();
   cmd->add_flag("--partition", *partition,
                 "Show each node's provider and why the providers ahead of it declined it");
+  add_isa_option(cmd);
   cmd->callback([model, providers, partition] { inspect(*model, split_commas(*providers), *partition); });
 });
 
@@ -278,6 +280,7 @@ SLIM_COMMAND(11, [](CLI::App& app) {
   cmd->add_option("--input,-i", o->inputs, "NAME=FILE.npy (repeatable)");
   cmd->add_option("--output-dir,-o", o->output_dir, "Write each output as NAME.npy here");
   add_threads_option(cmd, &o->threads);
+  add_isa_option(cmd);
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
   cmd->add_option("--repeat", o->repeat, "Run this many times and report the median time")->check(CLI::PositiveNumber);
   cmd->add_flag("--argmax", o->argmax, "Also print the argmax of each output row (classifiers)");

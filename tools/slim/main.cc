@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "slim/core/cpu_features.h"
 #include "slim/core/error.h"
 #include "slim/core/thread_pool.h"
 
@@ -17,6 +18,18 @@ std::vector<CommandEntry>& command_registry() {
 void add_threads_option(CLI::App* cmd, int* threads) {
   cmd->add_option("--threads", *threads, "Worker threads (0 = all hardware threads)")
       ->check(CLI::NonNegativeNumber);
+}
+
+void add_isa_option(CLI::App* cmd) {
+  cmd->add_option_function<std::string>(
+         "--isa", [](const std::string& name) { set_isa_limit(name); },
+         "Kernel instruction set, at most the CPU's: " + isa_names() + " (default: the CPU's best, or SLIM_ISA)")
+      ->type_name("ISA");
+}
+
+std::string isa_report() {
+  const Isa active = active_isa(), best = hardware_isa();
+  return active == best ? isa_name(active) : std::string(isa_name(active)) + " (CPU: " + isa_name(best) + ")";
 }
 
 void add_mmap_flag(CLI::App* cmd, bool* map) {

@@ -1,6 +1,6 @@
 // Dot-product kernels over GGML blocks and the activation formats they pair with. One
-// implementation per ISA (scalar, AVX2, AVX-512 VNNI), picked once at startup from what
-// the CPU reports, so one binary runs everywhere.
+// implementation per ISA (scalar, AVX2, AVX-512 VNNI), picked at run time from core's CPU
+// probe (cpu_features.h), so one binary runs everywhere.
 #pragma once
 
 #include <cstdint>
@@ -94,10 +94,11 @@ struct KernelSet {
   Tile16Fn tile_f16x32 = nullptr;
 };
 
-const KernelSet& kernels();              // best for this CPU
+// The best set at core's active_isa() (the CPU's level, lowered by SLIM_ISA / --isa).
+const KernelSet& kernels();
 const KernelSet& scalar_kernels();       // for tests: the reference the others must match
-// Every kernel set this CPU can run, scalar first (for tests and benchmarks).
-const std::vector<const KernelSet*>& available_kernel_sets();
+// Every kernel set enabled at the active level, scalar first (for tests and benchmarks).
+std::vector<const KernelSet*> available_kernel_sets();
 DotFn dot_fn(const KernelSet& k, GgmlType weight);
 // The tiled matmul kernel for a weight type, or nullptr where the set has none (then use
 // dot_fn per row and token).

@@ -87,7 +87,7 @@ struct KvAttentionKernels {
   void (*softmax)(float* x, int n, float scale);
 };
 
-const KvAttentionKernels& kv_attention_kernels();         // best for this CPU
+const KvAttentionKernels& kv_attention_kernels();         // best at core's active_isa()
 const KvAttentionKernels& kv_attention_kernels_scalar();  // reference
 
 }  // namespace slim::llm

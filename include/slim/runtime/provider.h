@@ -16,14 +16,6 @@ namespace slim {
 // declines what it does not cover and ref runs it instead.
 const KernelRegistry& cpu_kernel_registry();
 
-// The vector instruction set of the cpu provider's own kernels: "avx512", "avx2" (with
-// FMA) or "scalar", the best the CPU has unless the SLIM_CPU_ISA environment variable or
-// limit_cpu_isa() lowered it. oneDNN picks its own.
-std::string cpu_isa();
-// Lowers the instruction set (tests and benchmarks of the fallbacks). False for an
-// unknown name or one this CPU lacks.
-bool limit_cpu_isa(const std::string& isa);
-
 // Where one node went and why the providers before it declined.
 struct NodeAssignment {
   std::string node;      // node name

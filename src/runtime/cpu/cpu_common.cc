@@ -2,12 +2,23 @@
 
 #include <omp.h>
 
+#include "slim/core/cpu_features.h"
 #include "slim/core/thread_pool.h"
 
 namespace slim::cpu {
 
 const dnnl::engine& dnnl_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static const dnnl::engine engine = [] {
+    // oneDNN picks its kernels by cpuid on its own: hold it to slim's level, so that
+    // SLIM_ISA / --isa covers the whole provider. It takes a limit only before its first
+    // primitive, so the level active at the first compile stays for the process.
+#if defined(__x86_64__)
+    const Isa isa = active_isa();
+    if (isa != Isa::avx512)
+      dnnl::set_max_cpu_isa(isa == Isa::avx2 ? dnnl::cpu_isa::avx2 : dnnl::cpu_isa::sse41);
+#endif
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 

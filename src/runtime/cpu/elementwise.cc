@@ -3,72 +3,11 @@
 // are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
 // over slim's thread pool when a tensor is large enough to pay for the hand-off.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <numeric>
 
 #include "runtime/cpu/cpu_common.h"
 #include "runtime/cpu/simd.h"
 #include "slim/runtime/provider.h"
-
-namespace slim::cpu {
-
-namespace {
-
-Isa hardware_isa() {
-  static const Isa isa = [] {
-    Isa best = Isa::scalar;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::avx2;
-    if (__builtin_cpu_supports("avx512f")) best = Isa::avx512;
-    if (const char* env = std::getenv("SLIM_CPU_ISA")) {
-      const std::string want = env;
-      if (want == "scalar") best = Isa::scalar;
-      if (want == "avx2" && best == Isa::avx512) best = Isa::avx2;
-    }
-    return best;
-  }();
-  return isa;
-}
-
-std::atomic<int> g_isa{-1};  // -1: not chosen yet
-
-}  // namespace
-
-Isa detected_isa() {
-  int v = g_isa.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = int(hardware_isa());
-    g_isa.store(v, std::memory_order_relaxed);
-  }
-  return Isa(v);
-}
-
-}  // namespace slim::cpu
-
-namespace slim {
-
-std::string cpu_isa() {
-  switch (cpu::detected_isa()) {
-    case cpu::Isa::avx512: return "avx512";
-    case cpu::Isa::avx2: return "avx2";
-    case cpu::Isa::scalar: return "scalar";
-  }
-  return "scalar";
-}
-
-bool limit_cpu_isa(const std::string& isa) {
-  cpu::Isa want;
-  if (isa == "avx512") want = cpu::Isa::avx512;
-  else if (isa == "avx2") want = cpu::Isa::avx2;
-  else if (isa == "scalar") want = cpu::Isa::scalar;
-  else return false;
-  if (int(want) > int(cpu::hardware_isa())) return false;
-  cpu::g_isa.store(int(want), std::memory_order_relaxed);
-  return true;
-}
-
-}  // namespace slim
 
 namespace slim::cpu {
 
@@ -164,6 +103,7 @@ void unary_run(const UnaryParams& p, const float* x, float* y, int64_t n) {
     case Isa::avx512: return unary_avx512(p, x, y, n);
     case Isa::avx2: return unary_avx2(p, x, y, n);
     case Isa::scalar:
+    case Isa::neon:
       for (int64_t i = 0; i < n; ++i) y[i] = unary_scalar(p, x[i]);
       return;
   }
@@ -273,6 +213,7 @@ void binary_run(Binary op, const float* a, int64_t sa, const float* b, int64_t s
     case Isa::avx512: return binary_avx512(op, a, sa, b, sb, y, n);
     case Isa::avx2: return binary_avx2(op, a, sa, b, sb, y, n);
     case Isa::scalar:
+    case Isa::neon:
       for (int64_t i = 0; i < n; ++i) {
         const float x = a[sa * i], z = b[sb * i];
         y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
@@ -522,7 +463,8 @@ SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, f
     switch (detected_isa()) {                                                               \
       case Isa::avx512: return name##_avx512 args;                                          \
       case Isa::avx2: return name##_avx2 args;                                              \
-      case Isa::scalar: return name<1> args;                                                \
+      case Isa::scalar:                                                                     \
+      case Isa::neon: return name<1> args;                                                  \
     }                                                                                       \
   }
 

@@ -13,13 +13,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "slim/core/cpu_features.h"
+
 namespace slim::cpu {
 
-enum class Isa { scalar, avx2, avx512 };
+using slim::Isa;
 
-// The widest instruction set this CPU runs (SLIM_CPU_ISA=scalar|avx2 lowers it, so the
-// fallbacks can be tested on any machine).
-Isa detected_isa();
+// The level the kernels run at: core's probe, lowered by SLIM_ISA or set_isa_limit, so
+// the fallbacks can be tested on any machine.
+inline Isa detected_isa() { return active_isa(); }
 
 template <int W>
 struct Vec {
