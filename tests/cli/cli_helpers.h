@@ -58,6 +58,11 @@ inline CommandResult run_command(const std::string& cmdline) {
   return r;
 }
 
-inline CommandResult run_slim(const std::string& args) { return run_command(slim_binary() + " " + args); }
+// SLIM_TEST_RUNNER (e.g. "qemu-x86_64 -cpu max", set by the emulation tests) runs slim
+// under an emulated CPU too, not only the test binary.
+inline CommandResult run_slim(const std::string& args) {
+  const std::string runner = env_or("SLIM_TEST_RUNNER", "");
+  return run_command((runner.empty() ? "" : runner + " ") + slim_binary() + " " + args);
+}
 
 }  // namespace slim::test
