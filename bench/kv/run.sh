@@ -2,18 +2,24 @@
 # KV-cache measurements on the shared model: quality of each setting against the full F16
 # cache (slim kv-eval), the passkey grid, and decode throughput / KV memory for many
 # sequences (slim kv-bench). Usage: bench/kv/run.sh [OUT_DIR]; SLIM, MODEL, TEXT and
-# THREADS override the defaults; PARTS=quality or PARTS=throughput runs one half. Takes
-# about an hour on 2 cores (throughput alone: about 30 minutes).
+# THREADS override the defaults; PARTS=quality or PARTS=throughput runs one half; ISA
+# (scalar, avx2, avx512, neon; default the CPU's best) holds slim's kernels to a lower set,
+# and every table's header line says which set ran. Takes about an hour on 2 cores
+# (throughput alone: about 30 minutes).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 SLIM=${SLIM:-$here/../../build/tools/slim}
 MODEL=${MODEL:-$here/../../../shared/models/slimlm-f16.gguf}
 TEXT=${TEXT:-$here/../../../shared/models/heldout-long.txt}
 THREADS=${THREADS:-1}
+ISA=${ISA:-${SLIM_ISA:-}}
 PARTS=${PARTS:-all}
 out=${1:-$here/results}
 mkdir -p "$out"
-run() { name=$1; shift; echo "== $name: slim $*"; "$SLIM" "$@" --threads "$THREADS" 2>&1 | tee "$out/$name.txt"; }
+run() {
+  name=$1; shift; echo "== $name: slim $*"
+  "$SLIM" "$@" --threads "$THREADS" ${ISA:+--isa "$ISA"} 2>&1 | tee "$out/$name.txt"
+}
 
 if [ "$PARTS" != throughput ]; then
 # Quality: 2 chunks of 1,024 tokens (prefill 512, then 512 scored decode steps), text skipped

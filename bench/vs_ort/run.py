@@ -46,7 +46,7 @@ def run_slim(args, model_path, input_name, base, batch, threads, iters, out_dir)
     res = os.path.join(out_dir, "slim.json")
     cmd = [args.slim, "bench", model_path, "--batch", str(batch), "--threads", str(threads),
            "--warmup", str(args.warmup), "--iters", str(iters), "-i", f"{input_name}={base}.npy",
-           "-o", out_dir, "--json", res, "--top", "0"]
+           "-o", out_dir, "--json", res, "--top", "0"] + (["--isa", args.isa] if args.isa else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
     with open(res) as f:
         return json.load(f)
@@ -90,6 +90,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--isa", default=os.environ.get("SLIM_ISA", ""),
+                    help="hold slim's kernels (its own and oneDNN's) to scalar, avx2 or avx512 "
+                         "(default: SLIM_ISA, else the CPU's best)")
     args = ap.parse_args()
 
     load = os.getloadavg()
@@ -144,6 +147,9 @@ def main():
         for n in notes:
             print("  " + n)
     print(f"\nONNX Runtime {ort_res['version'] if ort_res else '?'} (onnxruntime-node)")
+    print(f"ISA: slim's kernels (its own and oneDNN's) ran at {slim_res['kernels'] if slim_res else '?'}; "
+          "ONNX Runtime picks its MLAS kernels by cpuid and cannot be held lower, so on an "
+          "AVX-512 CPU it ran its AVX-512 kernels whatever --isa says")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(rows) + "\n")

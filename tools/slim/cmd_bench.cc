@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "commands.h"
+#include "slim/core/cpu_features.h"
 #include "slim/core/dispatch.h"
 #include "slim/core/error.h"
 #include "slim/core/npy.h"
@@ -371,7 +372,7 @@ void bench(const BenchOptions& o) {
     std::ofstream f(o.json);
     if (!f) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + o.json + "'");
     f << "{\"model\":\"" << json_escape(o.model) << "\",\"batch\":" << o.batch
-      << ",\"threads\":" << o.threads << ",\"p50_ms\":" << p50 << ",\"p90_ms\":" << p90
+      << ",\"threads\":" << o.threads << ",\"kernels\":\"" << isa_name(active_isa()) << "\",\"p50_ms\":" << p50 << ",\"p90_ms\":" << p90
       << ",\"p99_ms\":" << p99 << ",\"mean_ms\":" << mean << ",\"cold_start_ms\":" << cold_ms
       << ",\"compile_ms\":" << compile_ms << ",\"first_run_ms\":" << first_run_ms
       << ",\"peak_rss_mib\":" << rss << ",\"runs_ms\":[";

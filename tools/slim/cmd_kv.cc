@@ -178,8 +178,9 @@ void run_quality(const KvEvalArgs& a, const std::shared_ptr<const llm::LlamaMode
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double ref_nll = ref_score.nll / double(ref_score.count);
   const double ref_bpt = ref_score.bytes_per_token / double(ref_score.count);
-  std::printf("model: %s\ntext: %s (%zu tokens), %d chunk(s) of %d: prefill %d, then %d teacher-forced decode steps scored\n",
-              a.model.c_str(), a.file.c_str(), tokens.size(), chunks, ctx, prefill, ctx - prefill);
+  std::printf("model: %s\ntext: %s (%zu tokens), %d chunk(s) of %d: prefill %d, then %d teacher-forced decode steps scored\n"
+              "kernels: %s\n",
+              a.model.c_str(), a.file.c_str(), tokens.size(), chunks, ctx, prefill, ctx - prefill, isa_report().c_str());
   std::printf("reference: full cache, F16 K/V: perplexity %.4f, %.0f KV bytes per context token\n\n", std::exp(ref_nll), ref_bpt);
   std::printf("%-32s %10s %7s %9s %8s %10s %10s %8s\n", "setting", "KV B/tok", "of ref", "dlnPPL", "dPPL", "KL mean",
               "KL p99", "top-1");
@@ -374,8 +375,8 @@ void run_kv_bench(const KvBenchArgs& a) {
     }
     return p;
   };
-  std::printf("model: %s; decode %d steps after a prefill of ctx tokens per sequence; %s prompts\n", a.model.c_str(),
-              a.decode, text.empty() ? "random-token" : "text");
+  std::printf("model: %s; decode %d steps after a prefill of ctx tokens per sequence; %s prompts; kernels: %s\n",
+              a.model.c_str(), a.decode, text.empty() ? "random-token" : "text", isa_report().c_str());
   std::printf("%6s %5s  %-32s %11s %9s %9s %9s %12s\n", "ctx", "seqs", "setting", "decode t/s", "vs full", "vs 1 seq",
               "KV peak", "KV B/ctx-tok");
   std::vector<std::pair<std::pair<int, size_t>, double>> one_seq;  // (ctx, variant) -> tokens/s at 1 sequence
@@ -443,7 +444,8 @@ void run_kv_bench_scheduler(const KvBenchArgs& a) {
   auto model = llm::LlamaModel::load(a.model, a.mmap);
   const std::vector<int> seqs = int_list(a.seqs, "sequence count"), ctxs = int_list(a.ctxs, "context");
   const int nv = model->config().n_vocab;
-  std::printf("%6s %5s %14s %14s %8s\n", "prompt", "seqs", "batched t/s", "sequential t/s", "ratio");
+  std::printf("kernels: %s\n%6s %5s %14s %14s %8s\n", isa_report().c_str(), "prompt", "seqs", "batched t/s",
+              "sequential t/s", "ratio");
   for (int ctx : ctxs)
     for (int n : seqs) {
       std::mt19937 rng(7);
