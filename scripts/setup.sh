@@ -14,8 +14,9 @@ packages=(
   # Debian's oneDNN is built with its OpenCL GPU runtime: its CMake config needs the
   # OpenCL headers and loader, which libdnnl-dev only recommends.
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
-  # The emulation tests run kernels under qemu-x86_64 as CPUs without AVX-512 / AVX2.
-  qemu-user
+  # The emulation tests run kernels under qemu-x86_64 and valgrind as CPUs without
+  # AVX-512 / AVX2.
+  qemu-user valgrind
 )
 
 missing=()

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "slim/core/cpu_features.h"
 #include "slim/core/half.h"
 #include "slim/llm/kernels.h"
 
@@ -87,7 +88,7 @@ int main() {
   };
   const double t1 = pass(1), t8 = pass(8), macs = double(rows) * cols;
   std::printf("kernel set %s, F16 weights %.1f MB\n", k.isa, double(rows * wb) / 1e6);
-  if (__builtin_cpu_supports("avx512f"))
+  if (slim::isa_enabled(slim::Isa::avx512))
     std::printf("FMA peak (512-bit, in registers)   %7.1f GMAC/s\n", fma_peak() / 1e9);
   std::printf("1 token:  %.3f ms per pass        %7.1f GMAC/s\n", t1 * 1e3, macs / t1 / 1e9);
   std::printf("8 tokens: %.3f ms per pass        %7.1f GMAC/s\n", t8 * 1e3, 8 * macs / t8 / 1e9);
