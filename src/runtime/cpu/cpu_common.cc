@@ -7,8 +7,13 @@
 
 namespace slim::cpu {
 
+namespace {
+Isa g_dnnl_isa = Isa::scalar;  // the level oneDNN was held to (set with the engine)
+}  // namespace
+
 const dnnl::engine& dnnl_engine() {
   static const dnnl::engine engine = [] {
+    g_dnnl_isa = active_isa();
     // oneDNN picks its kernels by cpuid on its own: hold it to slim's level, so that
     // SLIM_ISA / --isa covers the whole provider. It takes a limit only before its first
     // primitive, so the level active at the first compile stays for the process.
@@ -120,11 +125,19 @@ dnnl::memory::desc f32_md(const Shape& s, dnnl::memory::format_tag f) {
   return dnnl::memory::desc(to_dims(s), dnnl::memory::data_type::f32, f);
 }
 
+int64_t blocked_channels() {
+  dnnl_engine();
+  return g_dnnl_isa == Isa::avx512 ? 16 : 8;
+}
+
+dnnl::memory::format_tag blocked_layout() {
+  return blocked_channels() == 16 ? dnnl::memory::format_tag::nChw16c : dnnl::memory::format_tag::nChw8c;
+}
+
 std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t layout) {
   if (s.size() != 4) return std::nullopt;
   if (layout == layout_tag(f32_md(s, dnnl::memory::format_tag::nhwc))) return dnnl::memory::format_tag::nhwc;
-  if (s[1] % 16 == 0 && layout == layout_tag(f32_md(s, dnnl::memory::format_tag::nChw16c)))
-    return dnnl::memory::format_tag::nChw16c;
+  if (s[1] % blocked_channels() == 0 && layout == layout_tag(f32_md(s, blocked_layout()))) return blocked_layout();
   return std::nullopt;
 }
 

@@ -69,9 +69,15 @@ dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
 // Names a oneDNN memory layout for OpKernel::private_output_layout: a hash of its
 // descriptor (shape, strides, blocking), never 0.
 uint64_t layout_tag(const dnnl::memory::desc& md);
+// oneDNN's blocked channel layout at the level it was held to (see dnnl_engine): nChw16c
+// with AVX-512, nChw8c below (AVX2's kernels, pooling among them, block by 8; held to
+// AVX2, convolutions chose nChw8c and pooling, handed plain NCHW, ran oneDNN's reference
+// loop: SqueezeNet's three MaxPools 0.9 ms -> 58 ms).
+int64_t blocked_channels();
+dnnl::memory::format_tag blocked_layout();
 // The oneDNN format a private layout of a 4-D f32 value of shape s is, when it is one that
 // layout-agnostic kernels (Concat, pooling) read: channels-last (nhwc) or, when the
-// channels are a multiple of 16, nChw16c.
+// channels are a multiple of blocked_channels(), blocked_layout().
 std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t layout);
 dnnl::memory::desc f32_md(const Shape& s, dnnl::memory::format_tag f);
 

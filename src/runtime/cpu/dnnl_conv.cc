@@ -238,7 +238,7 @@ class DnnlConvKernel final : public OpKernel {
     if (i == 0)
       return (reorder_src() && src_md_.get_size() == size_t(shape_numel(s_.x)) * 4 &&
               layout_tag(src_md_) == layout) ||
-             (can_switch_to_blocked() && channel_layout(s_.x, layout) == memory::format_tag::nChw16c);
+             (can_switch_to_blocked() && channel_layout(s_.x, layout) == blocked_layout());
     if (i == 3)
       return s_.has_z && reorder_dst() && dst_md_.get_size() == size_t(shape_numel(s_.y)) * 4 &&
              layout_tag(dst_md_) == layout;
@@ -260,7 +260,7 @@ class DnnlConvKernel final : public OpKernel {
   void use_private_input(int i, uint64_t layout) override {
     if (i == 0) {
       // Without an nChw16c kernel after all, the reorder before the primitive reads it.
-      if (layout != layout_tag(src_md_) && !switch_to_blocked()) src_user_fmt_ = memory::format_tag::nChw16c;
+      if (layout != layout_tag(src_md_) && !switch_to_blocked()) src_user_fmt_ = blocked_layout();
       else private_src_ = true;
     }
     if (i == 3) private_z_ = true;
@@ -272,12 +272,12 @@ class DnnlConvKernel final : public OpKernel {
 
   // oneDNN's direct kernels run an ungrouped 2-D convolution in channels-last or in
   // nChw16c at about the same speed, and pick channels-last; Winograd and pooling run in
-  // nChw16c. When the input arrives in nChw16c (from a Winograd convolution, say), the
-  // kernel switches to nChw16c instead of reordering the activations on both sides. Only
+  // nChw16c (nChw8c below AVX-512: blocked_layout). When the input arrives blocked (from
+  // a Winograd convolution, say), the kernel switches to that layout instead of reordering the activations on both sides. Only
   // before its residual input's layout was settled, which follows dst.
   bool can_switch_to_blocked() const {
-    return !s_.transposed && !s_.winograd && s_.group == 1 && s_.x.size() == 4 && s_.x[1] % 16 == 0 &&
-           s_.y[1] % 16 == 0 && reorder_src() && !private_src_ && !private_z_ &&
+    return !s_.transposed && !s_.winograd && s_.group == 1 && s_.x.size() == 4 && s_.x[1] % blocked_channels() == 0 &&
+           s_.y[1] % blocked_channels() == 0 && reorder_src() && !private_src_ && !private_z_ &&
            src_user_fmt_ == memory::format_tag::undef;
   }
 
@@ -390,13 +390,13 @@ class DnnlConvKernel final : public OpKernel {
     return pd_.impl_info_str();
   }
 
-  // Describes the convolution with nChw16c activations. False (and nothing changed) when
+  // Describes the convolution with blocked activations (nChw16c, or nChw8c below AVX-512). False (and nothing changed) when
   // oneDNN has no kernel for it.
   bool switch_to_blocked() {
     const dnnl::primitive_desc old = pd_;
     const bool old_z_binary = z_binary_;
     try {
-      describe(f32_md(s_.x, memory::format_tag::nChw16c), f32_md(s_.y, memory::format_tag::nChw16c));
+      describe(f32_md(s_.x, blocked_layout()), f32_md(s_.y, blocked_layout()));
       return true;
     } catch (const dnnl::error&) {
       adopt(old);
