@@ -158,7 +158,9 @@ void CompiledForest::bin_rows(const float* x, int64_t n, int32_t* bins) const {
   const uint32_t F = num_features();
   const uint32_t* off = bin_offsets();
   const float* val = bin_values();
-  int64_t done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins) : 0;
+  int64_t done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins)
+                 : simd_ == SimdLevel::avx2 ? detail::bin_rows_avx2(*this, x, n, bins)
+                                            : 0;
   for (int64_t r = done; r < n; ++r)
     for (uint32_t f = 0; f < F; ++f)
       bins[r * F + f] = bin_of(val + off[f], off[f + 1] - off[f], x[r * F + f]);

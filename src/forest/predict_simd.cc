@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "forest/walk.h"
@@ -254,61 +256,191 @@ __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf,
   return r;
 }
 
-template <typename T, int V, bool R>
-__attribute__((target("avx2"))) inline void avx2_rows(const CompiledForest& cf, const int32_t* x,
-                                                      int64_t n, int64_t r0, T* acc) {
-  const int32_t F = int32_t(cf.num_features());
+// AVX2 walk, modelled on avx512_block: a block of rows transposed to columns, trees as
+// the outer loop, 8 rows per vector and several vectors interleaved. At the top levels
+// (0..kRegLevels2) a lane's node is fixed by the path it took so far (q: bit j set when
+// it went right at level j), so the node's test constants come from small per-tree
+// tables indexed by q with one vpermd each, and its input is blended from the 2^d
+// columns those nodes read: no gather until level kRegLevels2 + 1. The split test at
+// those levels is folded into per-node constants:
+// - ranked: right iff bin - rank (mod 2^32) < U (unsigned), U = kNanBin - rank (+1 when
+//   NaN goes right), 0 on a leaf; with the sign bit flipped that is one signed compare,
+//   cmpgt(B, bin + C), C = 2^31 - rank, B = U ^ 2^31.
+// - plain: right iff x >= t (ordered) or (x is NaN and the node sends NaN right); a leaf
+//   has t = NaN and sends nothing right, and a NaN threshold (x < NaN is false) becomes
+//   -inf.
+constexpr uint32_t kRegLevels2 = 3;
+constexpr int kInterleave2 = 4;
+
+template <bool R>
+__attribute__((target("avx2"))) inline __m256i right_lanes256(__m256i xv, __m256i p, __m256 th) {
+  const __m256i dl = _mm256_srai_epi32(p, 31);                        // kNodeDefaultLeft is bit 31
+  const __m256i leaf = _mm256_srai_epi32(_mm256_slli_epi32(p, 1), 31);  // kNodeLeaf is bit 30
+  static_assert(kNodeDefaultLeft == 1u << 31 && kNodeLeaf == 1u << 30);
+  if constexpr (R) {
+    const __m256i rank = _mm256_and_si256(_mm256_srli_epi32(p, kRankShift), _mm256_set1_epi32(int32_t(kRankMask)));
+    const __m256i lt = _mm256_cmpgt_epi32(rank, xv);
+    const __m256i nan = _mm256_cmpeq_epi32(xv, _mm256_set1_epi32(kNanBin));
+    return _mm256_andnot_si256(_mm256_or_si256(_mm256_or_si256(lt, leaf), _mm256_and_si256(nan, dl)), _mm256_set1_epi32(-1));
+  } else {
+    const __m256 xf = _mm256_castsi256_ps(xv);
+    const __m256i ge = _mm256_castps_si256(_mm256_cmp_ps(xf, th, _CMP_GE_OQ));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
+    return _mm256_andnot_si256(leaf, _mm256_or_si256(ge, _mm256_andnot_si256(dl, nan)));
+  }
+}
+
+template <typename T, bool R>
+__attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const int32_t* xt, int64_t rows,
+                                                int64_t n, int64_t r0, T* acc) {
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
   const int* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
   const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i row_off = _mm256_mullo_epi32(lane, _mm256_set1_epi32(F));
   const __m256i feat_mask = _mm256_set1_epi32(int32_t(feature_mask(R)));
   const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
-  const __m256i one = _mm256_set1_epi32(1);
-  const int32_t* xb[V];
-  for (int v = 0; v < V; ++v) xb[v] = x + (r0 + 8 * v) * F;
-  for (uint32_t t = 0; t < cf.num_trees(); ++t) {
-    __m256i idx[V];
-    for (int v = 0; v < V; ++v) idx[v] = _mm256_set1_epi32(int32_t(cf.tree_root()[t]));
+  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  const uint32_t T_ = cf.num_trees();
+  for (uint32_t t = 0; t < T_; ++t) {
+    const uint32_t root = cf.tree_root()[t];
     const uint32_t depth = cf.tree_depth()[t];
-    for (uint32_t d = 0; d < depth; ++d) {
-      for (int v = 0; v < V; ++v) {
-        const __m256i p = _mm256_i32gather_epi32(packed, idx[v], 4);
-        const __m256 th = R ? _mm256_setzero_ps() : _mm256_i32gather_ps(thr, idx[v], 4);
-        const __m256i l = _mm256_i32gather_epi32(left, idx[v], 4);
-        const __m256i leaf = leaf_lanes256(p);
-        const __m256i xi = _mm256_add_epi32(row_off, _mm256_and_si256(p, feat_mask));
-        const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), xb[v], xi,
-                                                       _mm256_xor_si256(leaf, _mm256_set1_epi32(-1)), 4);
-        idx[v] = _mm256_add_epi32(l, _mm256_andnot_si256(stay_mask256<R>(xv, p, th, leaf), one));
+    if (t + 2 < T_) {
+      const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
+      for (uint32_t i = nb; i < ne; i += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
+        if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
+      }
+    }
+    // Per level d <= reg_levels and path q: the node, its column, and its test constants
+    // (a, b: C and B of the ranked test, or the threshold and the NaN-goes-right mask).
+    const uint32_t reg_levels = std::min<uint32_t>(kRegLevels2, depth ? depth - 1 : 0);
+    alignas(32) int32_t tab_a[kRegLevels2 + 1][8], tab_b[kRegLevels2 + 1][8], tab_l[8];
+    const int32_t* cols[kRegLevels2 + 1][1 << kRegLevels2];
+    uint32_t node_at[kRegLevels2 + 1][1 << kRegLevels2];
+    for (uint32_t d = 0; d <= reg_levels; ++d) {
+      for (uint32_t q = 0; q < 8; ++q) {
+        const uint32_t qq = q & ((1u << d) - 1);
+        uint32_t i = root;
+        if (d > 0) {
+          const uint32_t parent = node_at[d - 1][qq & ((1u << (d - 1)) - 1)];
+          i = (uint32_t(packed[parent]) & kNodeLeaf) ? parent : uint32_t(left[parent]) + ((qq >> (d - 1)) & 1);
+        }
+        if (q < (1u << d)) node_at[d][q] = i;
+        const uint32_t p = uint32_t(packed[i]);
+        const bool leaf = p & kNodeLeaf, dl = p & kNodeDefaultLeft;
+        if (q < (1u << d)) cols[d][q] = xt + size_t(leaf ? 0 : p & feature_mask(R)) * kColRows;
+        if constexpr (R) {
+          const uint32_t rank = (p >> kRankShift) & kRankMask;
+          const uint32_t u = leaf ? 0u : uint32_t(kNanBin) - rank + (dl ? 0u : 1u);
+          tab_a[d][q] = int32_t(0x80000000u - rank);
+          tab_b[d][q] = int32_t(u ^ 0x80000000u);
+        } else {
+          const float th = leaf ? std::numeric_limits<float>::quiet_NaN()
+                                : std::isnan(thr[i]) ? -std::numeric_limits<float>::infinity() : thr[i];
+          std::memcpy(&tab_a[d][q], &th, 4);
+          tab_b[d][q] = (!leaf && !dl) ? -1 : 0;
+        }
+        if (d == reg_levels) tab_l[q] = left[i];
       }
     }
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
-    for (int v = 0; v < V; ++v) {
-      if constexpr (std::is_same_v<T, float>) {
-        const __m256 lv = leaf_in_thr ? _mm256_i32gather_ps(thr, idx[v], 4)
-                                      : _mm256_i32gather_ps(leaves, _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask), 4);
-        _mm256_storeu_ps(a + 8 * v, _mm256_add_ps(_mm256_loadu_ps(a + 8 * v), lv));
+
+    auto group = [&]<int V>(int64_t k) __attribute__((target("avx2"), always_inline)) {
+      __m256i idx[V], q[V];
+      auto test = [&](__m256i xv, __m256i ta, __m256i tb) __attribute__((target("avx2"), always_inline)) {
+        if constexpr (R) {
+          return _mm256_cmpgt_epi32(tb, _mm256_add_epi32(xv, ta));
+        } else {
+          const __m256 xf = _mm256_castsi256_ps(xv);
+          const __m256i ge = _mm256_castps_si256(_mm256_cmp_ps(xf, _mm256_castsi256_ps(ta), _CMP_GE_OQ));
+          const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
+          return _mm256_or_si256(ge, _mm256_and_si256(nan, tb));
+        }
+      };
+      if (depth == 0) {
+        for (int v = 0; v < V; ++v) idx[v] = _mm256_set1_epi32(int32_t(root));
       } else {
-        const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask);
-        const __m256d lo = _mm256_i32gather_pd(leaves, _mm256_castsi256_si128(li), 8);
-        const __m256d hi = _mm256_i32gather_pd(leaves, _mm256_extracti128_si256(li, 1), 8);
-        _mm256_storeu_pd(a + 8 * v, _mm256_add_pd(_mm256_loadu_pd(a + 8 * v), lo));
-        _mm256_storeu_pd(a + 8 * v + 4, _mm256_add_pd(_mm256_loadu_pd(a + 8 * v + 4), hi));
+        const __m256i a0 = _mm256_set1_epi32(tab_a[0][0]), b0 = _mm256_set1_epi32(tab_b[0][0]);
+        for (int v = 0; v < V; ++v) {
+          const __m256i right = test(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[0][0] + k + 8 * v)), a0, b0);
+          if (reg_levels == 0) idx[v] = _mm256_sub_epi32(_mm256_set1_epi32(tab_l[0]), right);
+          else q[v] = _mm256_srli_epi32(right, 31);
+        }
       }
-    }
+      auto reg_level = [&]<uint32_t D>() __attribute__((target("avx2"), always_inline)) {
+        const __m256i ta = _mm256_load_si256(reinterpret_cast<const __m256i*>(tab_a[D]));
+        const __m256i tb = _mm256_load_si256(reinterpret_cast<const __m256i*>(tab_b[D]));
+        for (int v = 0; v < V; ++v) {
+          __m256i c[1 << D];
+          for (uint32_t j = 0; j < (1u << D); ++j) c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[D][j] + k + 8 * v));
+          for (uint32_t j = 0; j < D; ++j) {
+            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(q[v], int(31 - j)));
+            for (uint32_t m = 0; m < (1u << (D - j - 1)); ++m)
+              c[m] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(c[2 * m]), _mm256_castsi256_ps(c[2 * m + 1]), sel));
+          }
+          const __m256i right = test(c[0], _mm256_permutevar8x32_epi32(ta, q[v]), _mm256_permutevar8x32_epi32(tb, q[v]));
+          if (D == reg_levels)
+            idx[v] = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab_l)), q[v]), right);
+          else
+            q[v] = _mm256_or_si256(q[v], _mm256_and_si256(right, _mm256_set1_epi32(1 << D)));
+        }
+      };
+      auto gather_level = [&]() __attribute__((target("avx2"), always_inline)) {
+        for (int v = 0; v < V; ++v) {
+          const __m256i p = _mm256_i32gather_epi32(packed, idx[v], 4);
+          const __m256 th = R ? _mm256_setzero_ps() : _mm256_i32gather_ps(thr, idx[v], 4);
+          const __m256i l = _mm256_i32gather_epi32(left, idx[v], 4);
+          const __m256i split = _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), _mm256_setzero_si256());
+          const __m256i row = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(k + 8 * v)));
+          const __m256i xi = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(p, feat_mask), kColShift), row);
+          const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), xt, xi, split, 4);
+          idx[v] = _mm256_sub_epi32(l, right_lanes256<R>(xv, p, th));
+        }
+      };
+      static_assert(kRegLevels2 == 3);
+      if (reg_levels >= 1) reg_level.template operator()<1>();
+      if (reg_levels >= 2) reg_level.template operator()<2>();
+      if (reg_levels >= 3) reg_level.template operator()<3>();
+      for (uint32_t d = reg_levels + 1; d < depth; ++d) gather_level();
+      for (int v = 0; v < V; ++v) {
+        T* out = a + k + 8 * v;
+        if constexpr (std::is_same_v<T, float>) {
+          const __m256 lv = leaf_in_thr ? _mm256_i32gather_ps(thr, idx[v], 4)
+                                        : _mm256_i32gather_ps(leaves, _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask), 4);
+          _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), lv));
+        } else {
+          const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask);
+          const __m256d lo = _mm256_i32gather_pd(leaves, _mm256_castsi256_si128(li), 8);
+          const __m256d hi = _mm256_i32gather_pd(leaves, _mm256_extracti128_si256(li, 1), 8);
+          _mm256_storeu_pd(out, _mm256_add_pd(_mm256_loadu_pd(out), lo));
+          _mm256_storeu_pd(out + 4, _mm256_add_pd(_mm256_loadu_pd(out + 4), hi));
+        }
+      }
+    };
+    int64_t k = 0;
+    for (; k + 8 * kInterleave2 <= rows; k += 8 * kInterleave2) group.template operator()<kInterleave2>(k);
+    for (; k + 8 <= rows; k += 8) group.template operator()<1>(k);
   }
 }
 
 template <typename T, bool R>
 __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, const int32_t* x,
                                                   int64_t n, T* acc) {
+  const int64_t F = cf.num_features();
+  if (F > 4096) return 0;
+  thread_local std::vector<int32_t> xt;
+  xt.resize(size_t(F) * kColRows);
   int64_t r = 0;
-  for (; r + 8 * kInterleave <= n; r += 8 * kInterleave) avx2_rows<T, kInterleave, R>(cf, x, n, r, acc);
-  for (; r + 8 <= n; r += 8) avx2_rows<T, 1, R>(cf, x, n, r, acc);
+  for (int64_t c0 = 0; c0 + 8 <= n; c0 += kColRows) {
+    const int64_t rows = std::min<int64_t>(kColRows, n - c0) & ~int64_t(7);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows + i)] = x[(c0 + i) * F + f];
+    avx2_block<T, R>(cf, xt.data(), rows, n, c0, acc);
+    r = c0 + rows;
+  }
   return r;
 }
 
@@ -474,7 +606,31 @@ __attribute__((target("avx512f,popcnt"))) void bin_rows_t(const CompiledForest::
   }
 }
 
-int64_t bin_rows_impl(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
+// The same descent with AVX2: a 16-key block is two 8-key compares.
+template <uint32_t L>
+__attribute__((target("avx2,popcnt"))) void bin_rows_avx2_t(const CompiledForest::BinTree& bt, int64_t F,
+                                                            const float* x, int64_t n, int32_t* bins) {
+  const float* keys = bt.keys.data();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = x + r * F;
+    int32_t* out = bins + r * F;
+    for (int64_t f = 0; f < F; ++f) {
+      const float v = row[f];
+      const auto& feat = bt.features[size_t(f)];
+      const __m256 xv = _mm256_set1_ps(v);
+      uint32_t b = 0;
+      for (uint32_t k = 0; k < L; ++k) {
+        const float* blk = keys + feat.level_start[k] + 16 * b;
+        const uint32_t m = uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(blk), xv, _CMP_LE_OQ))) |
+                           uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(blk + 8), xv, _CMP_LE_OQ))) << 8;
+        b = 16 * b + uint32_t(__builtin_popcount(m));
+      }
+      out[f] = std::isnan(v) ? kNanBin : int32_t(b);
+    }
+  }
+}
+
+int64_t bin_rows_impl(bool avx512, const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
   const CompiledForest::BinTree* bt = cf.bin_tree();
   if (!bt) return 0;
   const int64_t F = cf.num_features();
@@ -482,10 +638,10 @@ int64_t bin_rows_impl(const CompiledForest& cf, const float* x, int64_t n, int32
     case 0:  // no feature has a threshold
       for (int64_t i = 0; i < n * F; ++i) bins[i] = std::isnan(x[i]) ? kNanBin : 0;
       return n;
-    case 1: bin_rows_t<1>(*bt, F, x, n, bins); return n;
-    case 2: bin_rows_t<2>(*bt, F, x, n, bins); return n;
-    case 3: bin_rows_t<3>(*bt, F, x, n, bins); return n;
-    case 4: bin_rows_t<4>(*bt, F, x, n, bins); return n;
+    case 1: (avx512 ? bin_rows_t<1> : bin_rows_avx2_t<1>)(*bt, F, x, n, bins); return n;
+    case 2: (avx512 ? bin_rows_t<2> : bin_rows_avx2_t<2>)(*bt, F, x, n, bins); return n;
+    case 3: (avx512 ? bin_rows_t<3> : bin_rows_avx2_t<3>)(*bt, F, x, n, bins); return n;
+    case 4: (avx512 ? bin_rows_t<4> : bin_rows_avx2_t<4>)(*bt, F, x, n, bins); return n;
     default: return 0;
   }
 }
@@ -520,7 +676,10 @@ int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double
   return dispatch_walk<avx2_walk<double, true>, avx2_walk<double, false>>(cf, x, n, acc);
 }
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
-  return bin_rows_impl(cf, x, n, bins);
+  return bin_rows_impl(true, cf, x, n, bins);
+}
+int64_t bin_rows_avx2(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
+  return bin_rows_impl(false, cf, x, n, bins);
 }
 
 }  // namespace slim::forest::detail

@@ -81,7 +81,9 @@ void row_avx512_f32(const CompiledForest& cf, const void* row, float* acc);
 void row_avx512_f64(const CompiledForest& cf, const void* row, double* acc);
 void row_avx2_f32(const CompiledForest& cf, const void* row, float* acc);
 void row_avx2_f64(const CompiledForest& cf, const void* row, double* acc);
-// Bins of n rows for the ranked layout, 16 rows per step; returns rows done.
+// Bins of n rows for the ranked layout (a descent of CompiledForest::BinTree per value);
+// returns rows done.
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
+int64_t bin_rows_avx2(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
 
 }  // namespace slim::forest::detail
