@@ -13,7 +13,10 @@
 namespace slim::forest {
 
 namespace {
-constexpr int64_t kBlockRows = 256;
+#ifndef SLIM_FA_BLOCK
+#define SLIM_FA_BLOCK 256
+#endif
+constexpr int64_t kBlockRows = SLIM_FA_BLOCK;
 }
 
 SimdLevel detected_simd_level() {

@@ -269,8 +269,25 @@ __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf,
 // - plain: right iff x >= t (ordered) or (x is NaN and the node sends NaN right); a leaf
 //   has t = NaN and sends nothing right, and a NaN threshold (x < NaN is false) becomes
 //   -inf.
-constexpr uint32_t kRegLevels2 = 3;
-constexpr int kInterleave2 = 4;
+#ifndef SLIM_FA_REG
+#define SLIM_FA_REG 5
+#endif
+#ifndef SLIM_FA_V
+#define SLIM_FA_V 8
+#endif
+#ifndef SLIM_FA_BX
+#define SLIM_FA_BX 2
+#endif
+#ifndef SLIM_FA_COLSHIFT
+#define SLIM_FA_COLSHIFT 8
+#endif
+constexpr uint32_t kRegLevels2 = SLIM_FA_REG;
+constexpr uint32_t kColShift2 = SLIM_FA_COLSHIFT;
+constexpr int kColRows2 = 1 << kColShift2;
+constexpr uint32_t kBlendX2 = SLIM_FA_BX;  // levels up to this blend their input from columns; deeper gather it
+constexpr int kInterleave2 = SLIM_FA_V;
+constexpr uint32_t kRegPaths2 = 1u << kRegLevels2;
+constexpr uint32_t kTab2 = kRegPaths2 < 8 ? 8 : kRegPaths2;
 
 template <bool R>
 __attribute__((target("avx2"))) inline __m256i right_lanes256(__m256i xv, __m256i p, __m256 th) {
@@ -287,6 +304,29 @@ __attribute__((target("avx2"))) inline __m256i right_lanes256(__m256i xv, __m256
     const __m256i ge = _mm256_castps_si256(_mm256_cmp_ps(xf, th, _CMP_GE_OQ));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
     return _mm256_andnot_si256(leaf, _mm256_or_si256(ge, _mm256_andnot_si256(dl, nan)));
+  }
+}
+
+// Entry q of a per-path table of 2^D entries (D <= 4): one vpermd, or two and a blend
+// on bit 3 of q.
+template <uint32_t D>
+__attribute__((target("avx2"), always_inline)) inline __m256i path_lookup(const int32_t* tab, __m256i q) {
+  const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab)), q);
+  if constexpr (D <= 3) {
+    return lo;
+  } else if constexpr (D == 4) {
+    const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab + 8)), q);
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi),
+                                                _mm256_castsi256_ps(_mm256_slli_epi32(q, 28))));
+  } else {
+    static_assert(D == 5);
+    const __m256 b3 = _mm256_castsi256_ps(_mm256_slli_epi32(q, 28));
+    auto perm = [&](int o) __attribute__((target("avx2"), always_inline)) {
+      return _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab + o)), q));
+    };
+    const __m256 l = _mm256_blendv_ps(perm(0), perm(8), b3);
+    const __m256 h = _mm256_blendv_ps(perm(16), perm(24), b3);
+    return _mm256_castps_si256(_mm256_blendv_ps(l, h, _mm256_castsi256_ps(_mm256_slli_epi32(q, 27))));
   }
 }
 
@@ -314,52 +354,78 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
         if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
       }
     }
-    // Per level d <= reg_levels and path q: the node, its column, and its test constants
-    // (a, b: C and B of the ranked test, or the threshold and the NaN-goes-right mask).
+    // Per level d <= reg_levels and path q: the node's column (pointer and offset) and its
+    // test constants (a, b: C and B of the ranked test, or the threshold and the
+    // NaN-goes-right mask); at the last such level, its left child.
     const uint32_t reg_levels = std::min<uint32_t>(kRegLevels2, depth ? depth - 1 : 0);
-    alignas(32) int32_t tab_a[kRegLevels2 + 1][8], tab_b[kRegLevels2 + 1][8], tab_l[8];
-    const int32_t* cols[kRegLevels2 + 1][1 << kRegLevels2];
-    uint32_t node_at[kRegLevels2 + 1][1 << kRegLevels2];
-    for (uint32_t d = 0; d <= reg_levels; ++d) {
-      for (uint32_t q = 0; q < 8; ++q) {
-        const uint32_t qq = q & ((1u << d) - 1);
-        uint32_t i = root;
-        if (d > 0) {
-          const uint32_t parent = node_at[d - 1][qq & ((1u << (d - 1)) - 1)];
-          i = (uint32_t(packed[parent]) & kNodeLeaf) ? parent : uint32_t(left[parent]) + ((qq >> (d - 1)) & 1);
+    // Built 8 paths per vector: every level's arrays hold at least 8 entries (a level of
+    // 2^d < 8 paths repeats them), so the parents of paths 8j..8j+7 of level d are
+    // entries 8j mod max(8, 2^(d-1)) onward of level d - 1, read with plain loads.
+    alignas(32) int32_t tab_a[kRegLevels2 + 1][kTab2], tab_b[kRegLevels2 + 1][kTab2], tab_c[kRegLevels2 + 1][kTab2],
+        node_at[kRegLevels2 + 1][kTab2], node_p[kRegLevels2 + 1][kTab2], node_l[kRegLevels2 + 1][kTab2];
+    const int32_t* cols[kBlendX2 + 1][1 << kBlendX2];
+    {
+      const __m256i fmask = _mm256_set1_epi32(int32_t(feature_mask(R)));
+      for (uint32_t d = 0; d <= reg_levels; ++d) {
+        const uint32_t entries = std::max<uint32_t>(8, 1u << d);
+        for (uint32_t j = 0; j < entries; j += 8) {
+          __m256i i;
+          if (d == 0) {
+            i = _mm256_set1_epi32(int32_t(root));
+          } else {
+            const uint32_t po = j % std::max<uint32_t>(8, 1u << (d - 1));
+            const __m256i q = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(j)));
+            const __m256i parent = _mm256_load_si256(reinterpret_cast<const __m256i*>(node_at[d - 1] + po));
+            const __m256i pp = _mm256_load_si256(reinterpret_cast<const __m256i*>(node_p[d - 1] + po));
+            const __m256i pl = _mm256_load_si256(reinterpret_cast<const __m256i*>(node_l[d - 1] + po));
+            const __m256i bit = _mm256_and_si256(_mm256_srli_epi32(q, int(d - 1)), _mm256_set1_epi32(1));
+            i = _mm256_blendv_epi8(_mm256_add_epi32(pl, bit), parent, _mm256_srai_epi32(_mm256_slli_epi32(pp, 1), 31));
+          }
+          const __m256i p = _mm256_i32gather_epi32(packed, i, 4);
+          const __m256i leaf = _mm256_srai_epi32(_mm256_slli_epi32(p, 1), 31);
+          const __m256i dl = _mm256_srai_epi32(p, 31);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(node_at[d] + j), i);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(node_p[d] + j), p);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(node_l[d] + j), _mm256_i32gather_epi32(left, i, 4));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(tab_c[d] + j),
+                             _mm256_andnot_si256(leaf, _mm256_slli_epi32(_mm256_and_si256(p, fmask), kColShift2)));
+          __m256i ta, tb;
+          if constexpr (R) {
+            const __m256i rank = _mm256_and_si256(_mm256_srli_epi32(p, kRankShift), _mm256_set1_epi32(int32_t(kRankMask)));
+            // u = kNanBin - rank + (NaN goes right), 0 on a leaf
+            const __m256i u = _mm256_andnot_si256(
+                leaf, _mm256_sub_epi32(_mm256_sub_epi32(_mm256_set1_epi32(kNanBin + 1), rank), _mm256_srli_epi32(p, 31)));
+            ta = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(0x80000000u)), rank);
+            tb = _mm256_xor_si256(u, _mm256_set1_epi32(int32_t(0x80000000u)));
+          } else {
+            __m256 th = _mm256_i32gather_ps(thr, i, 4);
+            th = _mm256_blendv_ps(th, _mm256_set1_ps(-std::numeric_limits<float>::infinity()), _mm256_cmp_ps(th, th, _CMP_UNORD_Q));
+            th = _mm256_blendv_ps(th, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), _mm256_castsi256_ps(leaf));
+            ta = _mm256_castps_si256(th);
+            tb = _mm256_andnot_si256(_mm256_or_si256(leaf, dl), _mm256_set1_epi32(-1));
+          }
+          _mm256_store_si256(reinterpret_cast<__m256i*>(tab_a[d] + j), ta);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(tab_b[d] + j), tb);
         }
-        if (q < (1u << d)) node_at[d][q] = i;
-        const uint32_t p = uint32_t(packed[i]);
-        const bool leaf = p & kNodeLeaf, dl = p & kNodeDefaultLeft;
-        if (q < (1u << d)) cols[d][q] = xt + size_t(leaf ? 0 : p & feature_mask(R)) * kColRows;
-        if constexpr (R) {
-          const uint32_t rank = (p >> kRankShift) & kRankMask;
-          const uint32_t u = leaf ? 0u : uint32_t(kNanBin) - rank + (dl ? 0u : 1u);
-          tab_a[d][q] = int32_t(0x80000000u - rank);
-          tab_b[d][q] = int32_t(u ^ 0x80000000u);
-        } else {
-          const float th = leaf ? std::numeric_limits<float>::quiet_NaN()
-                                : std::isnan(thr[i]) ? -std::numeric_limits<float>::infinity() : thr[i];
-          std::memcpy(&tab_a[d][q], &th, 4);
-          tab_b[d][q] = (!leaf && !dl) ? -1 : 0;
-        }
-        if (d == reg_levels) tab_l[q] = left[i];
+        if (d <= kBlendX2)
+          for (uint32_t q = 0; q < (1u << d); ++q) cols[d][q] = xt + tab_c[d][q];
       }
     }
+    const int32_t* tab_l = node_l[reg_levels];
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
 
+    auto test = [&](__m256i xv, __m256i ta, __m256i tb) __attribute__((target("avx2"), always_inline)) {
+      if constexpr (R) {
+        return _mm256_cmpgt_epi32(tb, _mm256_add_epi32(xv, ta));
+      } else {
+        const __m256 xf = _mm256_castsi256_ps(xv);
+        const __m256i ge = _mm256_castps_si256(_mm256_cmp_ps(xf, _mm256_castsi256_ps(ta), _CMP_GE_OQ));
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
+        return _mm256_or_si256(ge, _mm256_and_si256(nan, tb));
+      }
+    };
     auto group = [&]<int V>(int64_t k) __attribute__((target("avx2"), always_inline)) {
       __m256i idx[V], q[V];
-      auto test = [&](__m256i xv, __m256i ta, __m256i tb) __attribute__((target("avx2"), always_inline)) {
-        if constexpr (R) {
-          return _mm256_cmpgt_epi32(tb, _mm256_add_epi32(xv, ta));
-        } else {
-          const __m256 xf = _mm256_castsi256_ps(xv);
-          const __m256i ge = _mm256_castps_si256(_mm256_cmp_ps(xf, _mm256_castsi256_ps(ta), _CMP_GE_OQ));
-          const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
-          return _mm256_or_si256(ge, _mm256_and_si256(nan, tb));
-        }
-      };
       if (depth == 0) {
         for (int v = 0; v < V; ++v) idx[v] = _mm256_set1_epi32(int32_t(root));
       } else {
@@ -371,19 +437,24 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
         }
       }
       auto reg_level = [&]<uint32_t D>() __attribute__((target("avx2"), always_inline)) {
-        const __m256i ta = _mm256_load_si256(reinterpret_cast<const __m256i*>(tab_a[D]));
-        const __m256i tb = _mm256_load_si256(reinterpret_cast<const __m256i*>(tab_b[D]));
         for (int v = 0; v < V; ++v) {
-          __m256i c[1 << D];
-          for (uint32_t j = 0; j < (1u << D); ++j) c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[D][j] + k + 8 * v));
-          for (uint32_t j = 0; j < D; ++j) {
-            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(q[v], int(31 - j)));
-            for (uint32_t m = 0; m < (1u << (D - j - 1)); ++m)
-              c[m] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(c[2 * m]), _mm256_castsi256_ps(c[2 * m + 1]), sel));
+          __m256i xv;
+          if constexpr (D <= kBlendX2) {
+            __m256i c[1 << D];
+            for (uint32_t j = 0; j < (1u << D); ++j) c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[D][j] + k + 8 * v));
+            for (uint32_t j = 0; j < D; ++j) {
+              const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(q[v], int(31 - j)));
+              for (uint32_t m = 0; m < (1u << (D - j - 1)); ++m)
+                c[m] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(c[2 * m]), _mm256_castsi256_ps(c[2 * m + 1]), sel));
+            }
+            xv = c[0];
+          } else {
+            const __m256i row = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(k + 8 * v)));
+            xv = _mm256_i32gather_epi32(xt, _mm256_add_epi32(path_lookup<D>(tab_c[D], q[v]), row), 4);
           }
-          const __m256i right = test(c[0], _mm256_permutevar8x32_epi32(ta, q[v]), _mm256_permutevar8x32_epi32(tb, q[v]));
+          const __m256i right = test(xv, path_lookup<D>(tab_a[D], q[v]), path_lookup<D>(tab_b[D], q[v]));
           if (D == reg_levels)
-            idx[v] = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab_l)), q[v]), right);
+            idx[v] = _mm256_sub_epi32(path_lookup<D>(tab_l, q[v]), right);
           else
             q[v] = _mm256_or_si256(q[v], _mm256_and_si256(right, _mm256_set1_epi32(1 << D)));
         }
@@ -395,15 +466,17 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
           const __m256i l = _mm256_i32gather_epi32(left, idx[v], 4);
           const __m256i split = _mm256_cmpeq_epi32(_mm256_and_si256(p, leaf_bit), _mm256_setzero_si256());
           const __m256i row = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(k + 8 * v)));
-          const __m256i xi = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(p, feat_mask), kColShift), row);
+          const __m256i xi = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(p, feat_mask), kColShift2), row);
           const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), xt, xi, split, 4);
           idx[v] = _mm256_sub_epi32(l, right_lanes256<R>(xv, p, th));
         }
       };
-      static_assert(kRegLevels2 == 3);
-      if (reg_levels >= 1) reg_level.template operator()<1>();
-      if (reg_levels >= 2) reg_level.template operator()<2>();
-      if (reg_levels >= 3) reg_level.template operator()<3>();
+      if constexpr (kRegLevels2 >= 1) if (reg_levels >= 1) reg_level.template operator()<1>();
+      if constexpr (kRegLevels2 >= 2) if (reg_levels >= 2) reg_level.template operator()<2>();
+      if constexpr (kRegLevels2 >= 3) if (reg_levels >= 3) reg_level.template operator()<3>();
+      if constexpr (kRegLevels2 >= 4) if (reg_levels >= 4) reg_level.template operator()<4>();
+      if constexpr (kRegLevels2 >= 5) if (reg_levels >= 5) reg_level.template operator()<5>();
+      static_assert(kRegLevels2 <= 5);
       for (uint32_t d = reg_levels + 1; d < depth; ++d) gather_level();
       for (int v = 0; v < V; ++v) {
         T* out = a + k + 8 * v;
@@ -432,12 +505,12 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
   const int64_t F = cf.num_features();
   if (F > 4096) return 0;
   thread_local std::vector<int32_t> xt;
-  xt.resize(size_t(F) * kColRows);
+  xt.resize(size_t(F) * kColRows2);
   int64_t r = 0;
-  for (int64_t c0 = 0; c0 + 8 <= n; c0 += kColRows) {
-    const int64_t rows = std::min<int64_t>(kColRows, n - c0) & ~int64_t(7);
+  for (int64_t c0 = 0; c0 + 8 <= n; c0 += kColRows2) {
+    const int64_t rows = std::min<int64_t>(kColRows2, n - c0) & ~int64_t(7);
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows + i)] = x[(c0 + i) * F + f];
+      for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows2 + i)] = x[(c0 + i) * F + f];
     avx2_block<T, R>(cf, xt.data(), rows, n, c0, acc);
     r = c0 + rows;
   }
