@@ -412,6 +412,35 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
       }
     }
     const int32_t* tab_l = node_l[reg_levels];
+    // When the last table level is the tree's last split level (depth <= kRegLevels2 + 1),
+    // its children are all leaves: their values go into a table too, the left child's of
+    // path q at q and the right child's at q + P, and a lane reads its leaf value with one
+    // gather from that small table instead of a gather by node (two in the ranked layout).
+    const bool leaf_tab = reg_levels >= 1 && depth == reg_levels + 1;
+    const uint32_t leaf_half = std::max<uint32_t>(8, 1u << reg_levels);  // P
+    alignas(32) T tab_v[2 * kTab2];
+    if (leaf_tab) {
+      for (uint32_t j = 0; j < leaf_half; j += 8) {
+        const __m256i l = _mm256_load_si256(reinterpret_cast<const __m256i*>(node_l[reg_levels] + j));
+        const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(node_p[reg_levels] + j));
+        // A leaf at this level points to itself and never goes right: its "right child"
+        // slot repeats it (l + 1 could be past the last node).
+        const __m256i r = _mm256_sub_epi32(l, _mm256_xor_si256(_mm256_srai_epi32(_mm256_slli_epi32(p, 1), 31), _mm256_set1_epi32(-1)));
+        for (int side = 0; side < 2; ++side) {
+          const __m256i c = side ? r : l;
+          T* dst = tab_v + side * leaf_half + j;
+          if constexpr (std::is_same_v<T, float>) {
+            const __m256 lv = leaf_in_thr ? _mm256_i32gather_ps(thr, c, 4)
+                                          : _mm256_i32gather_ps(leaves, _mm256_and_si256(_mm256_i32gather_epi32(packed, c, 4), leaf_mask), 4);
+            _mm256_store_ps(dst, lv);
+          } else {
+            const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, c, 4), leaf_mask);
+            _mm256_store_pd(dst, _mm256_i32gather_pd(leaves, _mm256_castsi256_si128(li), 8));
+            _mm256_store_pd(dst + 4, _mm256_i32gather_pd(leaves, _mm256_extracti128_si256(li, 1), 8));
+          }
+        }
+      }
+    }
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
 
     auto test = [&](__m256i xv, __m256i ta, __m256i tb) __attribute__((target("avx2"), always_inline)) {
@@ -453,7 +482,18 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
             xv = _mm256_i32gather_epi32(xt, _mm256_add_epi32(path_lookup<D>(tab_c[D], q[v]), row), 4);
           }
           const __m256i right = test(xv, path_lookup<D>(tab_a[D], q[v]), path_lookup<D>(tab_b[D], q[v]));
-          if (D == reg_levels)
+          if (D == reg_levels && leaf_tab) {
+            const __m256i li = _mm256_or_si256(q[v], _mm256_and_si256(right, _mm256_set1_epi32(int32_t(leaf_half))));
+            T* out = a + k + 8 * v;
+            if constexpr (std::is_same_v<T, float>) {
+              _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), _mm256_i32gather_ps(tab_v, li, 4)));
+            } else {
+              const __m256d lo = _mm256_i32gather_pd(tab_v, _mm256_castsi256_si128(li), 8);
+              const __m256d hi = _mm256_i32gather_pd(tab_v, _mm256_extracti128_si256(li, 1), 8);
+              _mm256_storeu_pd(out, _mm256_add_pd(_mm256_loadu_pd(out), lo));
+              _mm256_storeu_pd(out + 4, _mm256_add_pd(_mm256_loadu_pd(out + 4), hi));
+            }
+          } else if (D == reg_levels)
             idx[v] = _mm256_sub_epi32(path_lookup<D>(tab_l, q[v]), right);
           else
             q[v] = _mm256_or_si256(q[v], _mm256_and_si256(right, _mm256_set1_epi32(1 << D)));
@@ -477,6 +517,7 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
       if constexpr (kRegLevels2 >= 4) if (reg_levels >= 4) reg_level.template operator()<4>();
       if constexpr (kRegLevels2 >= 5) if (reg_levels >= 5) reg_level.template operator()<5>();
       static_assert(kRegLevels2 <= 5);
+      if (leaf_tab) return;
       for (uint32_t d = reg_levels + 1; d < depth; ++d) gather_level();
       for (int v = 0; v < V; ++v) {
         T* out = a + k + 8 * v;
