@@ -332,7 +332,7 @@ __attribute__((target("avx2"), always_inline)) inline __m256i path_lookup(const 
 
 template <typename T, bool R>
 __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const int32_t* xt, int64_t rows,
-                                                int64_t n, int64_t r0, T* acc) {
+                                                bool nan_free, int64_t n, int64_t r0, T* acc) {
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
   const int* left = cf.left();
@@ -361,7 +361,10 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
     // Built 8 paths per vector: every level's arrays hold at least 8 entries (a level of
     // 2^d < 8 paths repeats them), so the parents of paths 8j..8j+7 of level d are
     // entries 8j mod max(8, 2^(d-1)) onward of level d - 1, read with plain loads.
+    // tab_n (ranked) serves blocks without NaN: right iff bin > tab_n (rank - 1, INT_MAX on
+    // a leaf); the plain layout's NaN-free test is x >= tab_a alone.
     alignas(32) int32_t tab_a[kRegLevels2 + 1][kTab2], tab_b[kRegLevels2 + 1][kTab2], tab_c[kRegLevels2 + 1][kTab2],
+        tab_n[kRegLevels2 + 1][kTab2],
         node_at[kRegLevels2 + 1][kTab2], node_p[kRegLevels2 + 1][kTab2], node_l[kRegLevels2 + 1][kTab2];
     const int32_t* cols[kBlendX2 + 1][1 << kBlendX2];
     {
@@ -397,6 +400,8 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
                 leaf, _mm256_sub_epi32(_mm256_sub_epi32(_mm256_set1_epi32(kNanBin + 1), rank), _mm256_srli_epi32(p, 31)));
             ta = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(0x80000000u)), rank);
             tb = _mm256_xor_si256(u, _mm256_set1_epi32(int32_t(0x80000000u)));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(tab_n[d] + j),
+                               _mm256_blendv_epi8(_mm256_sub_epi32(rank, _mm256_set1_epi32(1)), _mm256_set1_epi32(INT32_MAX), leaf));
           } else {
             __m256 th = _mm256_i32gather_ps(thr, i, 4);
             th = _mm256_blendv_ps(th, _mm256_set1_ps(-std::numeric_limits<float>::infinity()), _mm256_cmp_ps(th, th, _CMP_UNORD_Q));
@@ -453,14 +458,22 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
         return _mm256_or_si256(ge, _mm256_and_si256(nan, tb));
       }
     };
-    auto group = [&]<int V>(int64_t k) __attribute__((target("avx2"), always_inline)) {
+    // The test of a NaN-free block: one table per level instead of two.
+    const int32_t(*tab_nf)[kTab2] = R ? tab_n : tab_a;
+    auto test_nf = [&](__m256i xv, __m256i tn) __attribute__((target("avx2"), always_inline)) {
+      if constexpr (R) return _mm256_cmpgt_epi32(xv, tn);
+      else return _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(xv), _mm256_castsi256_ps(tn), _CMP_GE_OQ));
+    };
+    auto group = [&]<int V, bool N>(int64_t k) __attribute__((target("avx2"), always_inline)) {
       __m256i idx[V], q[V];
       if (depth == 0) {
         for (int v = 0; v < V; ++v) idx[v] = _mm256_set1_epi32(int32_t(root));
       } else {
         const __m256i a0 = _mm256_set1_epi32(tab_a[0][0]), b0 = _mm256_set1_epi32(tab_b[0][0]);
+        const __m256i n0 = _mm256_set1_epi32(tab_nf[0][0]);
         for (int v = 0; v < V; ++v) {
-          const __m256i right = test(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[0][0] + k + 8 * v)), a0, b0);
+          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[0][0] + k + 8 * v));
+          const __m256i right = N ? test(x0, a0, b0) : test_nf(x0, n0);
           if (reg_levels == 0) idx[v] = _mm256_sub_epi32(_mm256_set1_epi32(tab_l[0]), right);
           else q[v] = _mm256_srli_epi32(right, 31);
         }
@@ -481,7 +494,8 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
             const __m256i row = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(k + 8 * v)));
             xv = _mm256_i32gather_epi32(xt, _mm256_add_epi32(path_lookup<D>(tab_c[D], q[v]), row), 4);
           }
-          const __m256i right = test(xv, path_lookup<D>(tab_a[D], q[v]), path_lookup<D>(tab_b[D], q[v]));
+          const __m256i right = N ? test(xv, path_lookup<D>(tab_a[D], q[v]), path_lookup<D>(tab_b[D], q[v]))
+                                  : test_nf(xv, path_lookup<D>(tab_nf[D], q[v]));
           if (D == reg_levels && leaf_tab) {
             const __m256i li = _mm256_or_si256(q[v], _mm256_and_si256(right, _mm256_set1_epi32(int32_t(leaf_half))));
             T* out = a + k + 8 * v;
@@ -535,8 +549,13 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
       }
     };
     int64_t k = 0;
-    for (; k + 8 * kInterleave2 <= rows; k += 8 * kInterleave2) group.template operator()<kInterleave2>(k);
-    for (; k + 8 <= rows; k += 8) group.template operator()<1>(k);
+    if (nan_free) {
+      for (; k + 8 * kInterleave2 <= rows; k += 8 * kInterleave2) group.template operator()<kInterleave2, false>(k);
+      for (; k + 8 <= rows; k += 8) group.template operator()<1, false>(k);
+    } else {
+      for (; k + 8 * kInterleave2 <= rows; k += 8 * kInterleave2) group.template operator()<kInterleave2, true>(k);
+      for (; k + 8 <= rows; k += 8) group.template operator()<1, true>(k);
+    }
   }
 }
 
@@ -550,9 +569,16 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
   int64_t r = 0;
   for (int64_t c0 = 0; c0 + 8 <= n; c0 += kColRows2) {
     const int64_t rows = std::min<int64_t>(kColRows2, n - c0) & ~int64_t(7);
+    // NaN inputs (kNanBin in the ranked layout) are rare: a block without any takes the
+    // shorter split test.
+    bool nan_any = false;
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows2 + i)] = x[(c0 + i) * F + f];
-    avx2_block<T, R>(cf, xt.data(), rows, n, c0, acc);
+      for (int64_t f = 0; f < F; ++f) {
+        const int32_t v = x[(c0 + i) * F + f];
+        nan_any |= R ? v == kNanBin : (v & 0x7fffffff) > 0x7f800000;
+        xt[size_t(f * kColRows2 + i)] = v;
+      }
+    avx2_block<T, R>(cf, xt.data(), rows, !nan_any, n, c0, acc);
     r = c0 + rows;
   }
   return r;
