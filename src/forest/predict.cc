@@ -13,10 +13,7 @@
 namespace slim::forest {
 
 namespace {
-#ifndef SLIM_FA_BLOCK
-#define SLIM_FA_BLOCK 256
-#endif
-constexpr int64_t kBlockRows = SLIM_FA_BLOCK;
+constexpr int64_t kBlockRows = 256;
 }
 
 SimdLevel detected_simd_level() {
