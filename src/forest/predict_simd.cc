@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "forest/walk.h"
@@ -326,47 +327,43 @@ __attribute__((target("avx2"), always_inline)) inline __m256i path_lookup(const 
   }
 }
 
+// The tables of one tree (see avx2_block): per level d <= kRegLevels2 and path q, at
+// kLevelOff2[d] + q, the column offset of the node's input (c), the NaN-free test's
+// constant (nf: the plain threshold, or the ranked rank - 1), the full test's two (a, b);
+// the left child at the last table level (l) and, for trees no deeper than
+// kRegLevels2 + 1, the leaf values of that level's children (leaf: float or double).
+constexpr uint32_t kLevelOff2[kRegLevels2 + 1] = {0, 8, 16, 24, 32, 48};
+constexpr uint32_t kLevelEntries2 = 80;
+static_assert(kRegLevels2 == 5);
+struct alignas(64) PathTables {
+  int32_t c[kLevelEntries2], nf[kLevelEntries2], l[kTab2];
+  alignas(32) unsigned char leaf[2 * kTab2 * sizeof(double)];
+  int32_t a[kLevelEntries2], b[kLevelEntries2];
+};
+
 template <typename T, bool R>
-__attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const int32_t* xt, int64_t rows,
-                                                bool nan_free, int64_t n, int64_t r0, T* acc) {
+__attribute__((target("avx2"))) void build_path_tables(const CompiledForest& cf, uint32_t t, PathTables& pt) {
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
   const int* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
-  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
+  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i feat_mask = _mm256_set1_epi32(int32_t(feature_mask(R)));
   const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
-  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
-  const uint32_t T_ = cf.num_trees();
-  for (uint32_t t = 0; t < T_; ++t) {
-    const uint32_t root = cf.tree_root()[t];
-    const uint32_t depth = cf.tree_depth()[t];
-    if (t + 2 < T_) {
-      const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
-      for (uint32_t i = nb; i < ne; i += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
-        if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
-      }
-    }
-    // Per level d <= reg_levels and path q: the node's column (pointer and offset) and its
-    // test constants (a, b: C and B of the ranked test, or the threshold and the
-    // NaN-goes-right mask); at the last such level, its left child.
-    const uint32_t reg_levels = std::min<uint32_t>(kRegLevels2, depth ? depth - 1 : 0);
+  const uint32_t root = cf.tree_root()[t];
+  const uint32_t depth = cf.tree_depth()[t];
+  const uint32_t reg_levels = std::min<uint32_t>(kRegLevels2, depth ? depth - 1 : 0);
+  std::memset(&pt, 0, sizeof pt);
     // Built 8 paths per vector: every level's arrays hold at least 8 entries (a level of
     // 2^d < 8 paths repeats them), so the parents of paths 8j..8j+7 of level d are
     // entries 8j mod max(8, 2^(d-1)) onward of level d - 1, read with plain loads.
-    // tab_n (ranked) serves blocks without NaN: right iff bin > tab_n (rank - 1, INT_MAX on
-    // a leaf); the plain layout's NaN-free test is x >= tab_a alone.
-    alignas(32) int32_t tab_a[kRegLevels2 + 1][kTab2], tab_b[kRegLevels2 + 1][kTab2], tab_c[kRegLevels2 + 1][kTab2],
-        tab_n[kRegLevels2 + 1][kTab2],
-        node_at[kRegLevels2 + 1][kTab2], node_p[kRegLevels2 + 1][kTab2], node_l[kRegLevels2 + 1][kTab2];
-    const int32_t* cols[kBlendX2 + 1][1 << kBlendX2];
+    // nf serves blocks without NaN: ranked, right iff bin > nf (rank - 1, INT_MAX on a
+    // leaf); plain, right iff x >= nf (= a, the threshold).
+    alignas(32) int32_t node_at[kRegLevels2 + 1][kTab2], node_p[kRegLevels2 + 1][kTab2], node_l[kRegLevels2 + 1][kTab2];
     {
       const __m256i fmask = _mm256_set1_epi32(int32_t(feature_mask(R)));
       for (uint32_t d = 0; d <= reg_levels; ++d) {
-        const uint32_t entries = std::max<uint32_t>(8, 1u << d);
+        const uint32_t entries = std::max<uint32_t>(8, 1u << d);  // kLevelOff2[d + 1] - kLevelOff2[d]
         for (uint32_t j = 0; j < entries; j += 8) {
           __m256i i;
           if (d == 0) {
@@ -386,7 +383,7 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
           _mm256_store_si256(reinterpret_cast<__m256i*>(node_at[d] + j), i);
           _mm256_store_si256(reinterpret_cast<__m256i*>(node_p[d] + j), p);
           _mm256_store_si256(reinterpret_cast<__m256i*>(node_l[d] + j), _mm256_i32gather_epi32(left, i, 4));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(tab_c[d] + j),
+          _mm256_store_si256(reinterpret_cast<__m256i*>(pt.c + kLevelOff2[d] + j),
                              _mm256_andnot_si256(leaf, _mm256_slli_epi32(_mm256_and_si256(p, fmask), kColShift2)));
           __m256i ta, tb;
           if constexpr (R) {
@@ -396,7 +393,7 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
                 leaf, _mm256_sub_epi32(_mm256_sub_epi32(_mm256_set1_epi32(kNanBin + 1), rank), _mm256_srli_epi32(p, 31)));
             ta = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(0x80000000u)), rank);
             tb = _mm256_xor_si256(u, _mm256_set1_epi32(int32_t(0x80000000u)));
-            _mm256_store_si256(reinterpret_cast<__m256i*>(tab_n[d] + j),
+            _mm256_store_si256(reinterpret_cast<__m256i*>(pt.nf + kLevelOff2[d] + j),
                                _mm256_blendv_epi8(_mm256_sub_epi32(rank, _mm256_set1_epi32(1)), _mm256_set1_epi32(INT32_MAX), leaf));
           } else {
             __m256 th = _mm256_i32gather_ps(thr, i, 4);
@@ -405,21 +402,20 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
             ta = _mm256_castps_si256(th);
             tb = _mm256_andnot_si256(_mm256_or_si256(leaf, dl), _mm256_set1_epi32(-1));
           }
-          _mm256_store_si256(reinterpret_cast<__m256i*>(tab_a[d] + j), ta);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(tab_b[d] + j), tb);
+          if constexpr (!R) _mm256_store_si256(reinterpret_cast<__m256i*>(pt.nf + kLevelOff2[d] + j), ta);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(pt.a + kLevelOff2[d] + j), ta);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(pt.b + kLevelOff2[d] + j), tb);
         }
-        if (d <= kBlendX2)
-          for (uint32_t q = 0; q < (1u << d); ++q) cols[d][q] = xt + tab_c[d][q];
       }
     }
-    const int32_t* tab_l = node_l[reg_levels];
+    std::memcpy(pt.l, node_l[reg_levels], sizeof pt.l);
     // When the last table level is the tree's last split level (depth <= kRegLevels2 + 1),
     // its children are all leaves: their values go into a table too, the left child's of
     // path q at q and the right child's at q + P, and a lane reads its leaf value with one
     // gather from that small table instead of a gather by node (two in the ranked layout).
     const bool leaf_tab = reg_levels >= 1 && depth == reg_levels + 1;
     const uint32_t leaf_half = std::max<uint32_t>(8, 1u << reg_levels);  // P
-    alignas(32) T tab_v[2 * kTab2];
+    T* tab_v = reinterpret_cast<T*>(pt.leaf);
     if (leaf_tab) {
       for (uint32_t j = 0; j < leaf_half; j += 8) {
         const __m256i l = _mm256_load_si256(reinterpret_cast<const __m256i*>(node_l[reg_levels] + j));
@@ -442,6 +438,67 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
         }
       }
     }
+}
+
+// Built on the first AVX2 batch walk of a forest (by whichever thread gets there first).
+}  // namespace
+}  // namespace slim::forest::detail
+namespace slim::forest {
+struct CompiledForest::WalkCache {
+  std::once_flag once;
+  std::vector<detail::PathTables> trees;
+};
+}  // namespace slim::forest
+namespace slim::forest::detail {
+namespace {
+
+template <typename T, bool R>
+__attribute__((target("avx2"))) const PathTables* path_tables(const CompiledForest& cf) {
+  CompiledForest::WalkCache* cache = cf.walk_cache();
+  if (!cache) return nullptr;
+  std::call_once(cache->once, [&] {
+    cache->trees.resize(cf.num_trees());
+    for (uint32_t t = 0; t < cf.num_trees(); ++t) build_path_tables<T, R>(cf, t, cache->trees[t]);
+  });
+  return cache->trees.data();
+}
+
+template <typename T, bool R>
+__attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const PathTables* tables, const int32_t* xt,
+                                                int64_t rows, bool nan_free, int64_t n, int64_t r0, T* acc) {
+  const int* packed = reinterpret_cast<const int*>(cf.packed());
+  const float* thr = cf.threshold();
+  const int* left = cf.left();
+  const T* leaves = static_cast<const T*>(cf.leaf_values());
+  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);  // implies float leaves
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i feat_mask = _mm256_set1_epi32(int32_t(feature_mask(R)));
+  const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
+  const __m256i leaf_bit = _mm256_set1_epi32(int32_t(kNodeLeaf));
+  const uint32_t T_ = cf.num_trees();
+  for (uint32_t t = 0; t < T_; ++t) {
+    const uint32_t root = cf.tree_root()[t];
+    const uint32_t depth = cf.tree_depth()[t];
+    if (t + 2 < T_) {
+      const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
+      for (uint32_t i = nb; i < ne; i += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
+        if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
+      }
+    }
+    const uint32_t reg_levels = std::min<uint32_t>(kRegLevels2, depth ? depth - 1 : 0);
+    const PathTables& pt = tables[t];
+    if (t + 1 < T_)
+      for (size_t o = 0; o < sizeof(PathTables); o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(&tables[t + 1]) + o, _MM_HINT_T0);
+    const int32_t* cols[kBlendX2 + 1][1 << kBlendX2];
+    for (uint32_t d = 0; d <= std::min(reg_levels, kBlendX2); ++d)
+      for (uint32_t q = 0; q < (1u << d); ++q) cols[d][q] = xt + pt.c[kLevelOff2[d] + q];
+    const int32_t* tab_l = pt.l;
+    const bool leaf_tab = reg_levels >= 1 && depth == reg_levels + 1;
+    const uint32_t leaf_half = std::max<uint32_t>(8, 1u << reg_levels);  // P
+    const T* tab_v = reinterpret_cast<const T*>(pt.leaf);
     T* a = acc + int64_t(cf.tree_group()[t]) * n + r0;
 
     auto test = [&](__m256i xv, __m256i ta, __m256i tb) __attribute__((target("avx2"), always_inline)) {
@@ -455,7 +512,6 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
       }
     };
     // The test of a NaN-free block: one table per level instead of two.
-    const int32_t(*tab_nf)[kTab2] = R ? tab_n : tab_a;
     auto test_nf = [&](__m256i xv, __m256i tn) __attribute__((target("avx2"), always_inline)) {
       if constexpr (R) return _mm256_cmpgt_epi32(xv, tn);
       else return _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(xv), _mm256_castsi256_ps(tn), _CMP_GE_OQ));
@@ -465,12 +521,12 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
       if (depth == 0) {
         for (int v = 0; v < V; ++v) idx[v] = _mm256_set1_epi32(int32_t(root));
       } else {
-        const __m256i a0 = _mm256_set1_epi32(tab_a[0][0]), b0 = _mm256_set1_epi32(tab_b[0][0]);
-        const __m256i n0 = _mm256_set1_epi32(tab_nf[0][0]);
+        const __m256i a0 = _mm256_set1_epi32(pt.a[0]), b0 = _mm256_set1_epi32(pt.b[0]);
+        const __m256i n0 = _mm256_set1_epi32(pt.nf[0]);
         for (int v = 0; v < V; ++v) {
           const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[0][0] + k + 8 * v));
           const __m256i right = N ? test(x0, a0, b0) : test_nf(x0, n0);
-          if (reg_levels == 0) idx[v] = _mm256_sub_epi32(_mm256_set1_epi32(tab_l[0]), right);
+          if (reg_levels == 0) idx[v] = _mm256_sub_epi32(_mm256_set1_epi32(pt.l[0]), right);
           else q[v] = _mm256_srli_epi32(right, 31);
         }
       }
@@ -488,10 +544,10 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
             xv = c[0];
           } else {
             const __m256i row = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(k + 8 * v)));
-            xv = _mm256_i32gather_epi32(xt, _mm256_add_epi32(path_lookup<D>(tab_c[D], q[v]), row), 4);
+            xv = _mm256_i32gather_epi32(xt, _mm256_add_epi32(path_lookup<D>(pt.c + kLevelOff2[D], q[v]), row), 4);
           }
-          const __m256i right = N ? test(xv, path_lookup<D>(tab_a[D], q[v]), path_lookup<D>(tab_b[D], q[v]))
-                                  : test_nf(xv, path_lookup<D>(tab_nf[D], q[v]));
+          const __m256i right = N ? test(xv, path_lookup<D>(pt.a + kLevelOff2[D], q[v]), path_lookup<D>(pt.b + kLevelOff2[D], q[v]))
+                                  : test_nf(xv, path_lookup<D>(pt.nf + kLevelOff2[D], q[v]));
           if (D == reg_levels && leaf_tab) {
             const __m256i li = _mm256_or_si256(q[v], _mm256_and_si256(right, _mm256_set1_epi32(int32_t(leaf_half))));
             T* out = a + k + 8 * v;
@@ -560,6 +616,8 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
                                                   int64_t n, T* acc) {
   const int64_t F = cf.num_features();
   if (F > 4096) return 0;
+  const PathTables* tables = path_tables<T, R>(cf);
+  if (!tables) return 0;
   thread_local std::vector<int32_t> xt;
   xt.resize(size_t(F) * kColRows2);
   int64_t r = 0;
@@ -574,7 +632,7 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
         nan_any |= R ? v == kNanBin : (v & 0x7fffffff) > 0x7f800000;
         xt[size_t(f * kColRows2 + i)] = v;
       }
-    avx2_block<T, R>(cf, xt.data(), rows, !nan_any, n, c0, acc);
+    avx2_block<T, R>(cf, tables, xt.data(), rows, !nan_any, n, c0, acc);
     r = c0 + rows;
   }
   return r;
@@ -811,6 +869,7 @@ int64_t walk_avx2_f32(const CompiledForest& cf, const void* x, int64_t n, float*
 int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc) {
   return dispatch_walk<avx2_walk<double, true>, avx2_walk<double, false>>(cf, x, n, acc);
 }
+std::shared_ptr<CompiledForest::WalkCache> new_walk_cache() { return std::make_shared<CompiledForest::WalkCache>(); }
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
   return bin_rows_impl(true, cf, x, n, bins);
 }

@@ -75,6 +75,8 @@ int64_t walk_avx512_f32(const CompiledForest& cf, const void* x, int64_t n, floa
 int64_t walk_avx512_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
 int64_t walk_avx2_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc);
 int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
+// An empty CompiledForest::WalkCache (filled by the first AVX2 batch walk).
+std::shared_ptr<CompiledForest::WalkCache> new_walk_cache();
 // One row through every tree, several trees per vector; adds the leaves to acc[group]
 // in tree order.
 void row_avx512_f32(const CompiledForest& cf, const void* row, float* acc);
