@@ -728,8 +728,8 @@ __attribute__((target("avx512f"))) void avx512_row(const CompiledForest& cf, con
   }
 }
 
-template <typename T, bool R>
-__attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const int32_t* row, T* acc) {
+template <typename T, bool R, int K>
+__attribute__((target("avx2"))) void avx2_row_k(const CompiledForest& cf, const int32_t* row, T* acc) {
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
   const int* left = cf.left();
@@ -742,38 +742,52 @@ __attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const in
   const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
   const __m256i one = _mm256_set1_epi32(1);
   const uint32_t T_ = cf.num_trees();
-  alignas(32) int32_t lidx[8];
-  for (uint32_t t0 = 0; t0 < T_; t0 += 8) {
-    const uint32_t cnt = std::min<uint32_t>(8, T_ - t0);
-    alignas(32) int32_t start[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // K vectors (8 trees each) per pass: the walks are chains of dependent loads, and more
+  // independent chains in flight hide more of their latency.
+  alignas(32) int32_t lidx[8 * K];
+  for (uint32_t t0 = 0; t0 < T_; t0 += 8 * K) {
+    const uint32_t cnt = std::min<uint32_t>(8 * K, T_ - t0);
+    alignas(32) int32_t start[8 * K] = {};
     uint32_t depth = 0;
     for (uint32_t k = 0; k < cnt; ++k) {
       start[k] = int32_t(roots[t0 + k]);
       depth = std::max(depth, depths[t0 + k]);
     }
-    __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(start));
+    __m256i idx[K];
+    for (int v = 0; v < K; ++v) idx[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(start + 8 * v));
     for (uint32_t d = 0; d < depth; ++d) {
-      const __m256i p = _mm256_i32gather_epi32(packed, idx, 4);
-      const __m256 th = R ? _mm256_setzero_ps() : _mm256_i32gather_ps(thr, idx, 4);
-      const __m256i l = _mm256_i32gather_epi32(left, idx, 4);
-      const __m256i leaf = leaf_lanes256(p);
-      const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), row, _mm256_and_si256(p, feat_mask),
-                                                     _mm256_xor_si256(leaf, _mm256_set1_epi32(-1)), 4);
-      idx = _mm256_add_epi32(l, _mm256_andnot_si256(stay_mask256<R>(xv, p, th, leaf), one));
+      for (int v = 0; v < K; ++v) {
+        const __m256i p = _mm256_i32gather_epi32(packed, idx[v], 4);
+        const __m256 th = R ? _mm256_setzero_ps() : _mm256_i32gather_ps(thr, idx[v], 4);
+        const __m256i l = _mm256_i32gather_epi32(left, idx[v], 4);
+        const __m256i leaf = leaf_lanes256(p);
+        const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), row, _mm256_and_si256(p, feat_mask),
+                                                       _mm256_xor_si256(leaf, _mm256_set1_epi32(-1)), 4);
+        idx[v] = _mm256_add_epi32(l, _mm256_andnot_si256(stay_mask256<R>(xv, p, th, leaf), one));
+      }
     }
-    // Lanes past the last tree may stand on an internal node of tree 0: their index is
-    // masked to a valid slot and never used.
+    // Lanes past the last tree walked tree 0 for a depth that is not its own and may stand
+    // on an internal node: what they read is never added.
     if (leaf_in_thr) {
-      // (Lanes past the last tree read some node's slot; they are not added.)
-      alignas(32) float lv[8];
-      _mm256_store_ps(lv, _mm256_i32gather_ps(thr, idx, 4));
+      alignas(32) float lv[8 * K];
+      for (int v = 0; v < K; ++v) _mm256_store_ps(lv + 8 * v, _mm256_i32gather_ps(thr, idx[v], 4));
       for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += lv[k];
       continue;
     }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lidx),
-                       _mm256_and_si256(_mm256_i32gather_epi32(packed, idx, 4), leaf_mask));
+    for (int v = 0; v < K; ++v)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lidx + 8 * v),
+                         _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask));
     for (uint32_t k = 0; k < cnt; ++k) acc[groups[t0 + k]] += leaves[lidx[k]];
   }
+}
+
+// 16 trees per pass, 32 for large forests: against 8, single-row time (forced AVX2) went
+// 2.92 -> 1.82 (16) or 2.08 us (32) on 100 trees of depth 6 and 49.7 -> 27.2 or 23.1 us
+// on 1,000 trees of depth 8.
+template <typename T, bool R>
+__attribute__((target("avx2"))) void avx2_row(const CompiledForest& cf, const int32_t* row, T* acc) {
+  if (cf.num_trees() >= 512) avx2_row_k<T, R, 4>(cf, row, acc);
+  else avx2_row_k<T, R, 2>(cf, row, acc);
 }
 
 // Bins for the ranked layout: per value, a descent of the feature's search tree
