@@ -341,13 +341,17 @@ struct alignas(64) PathTables {
   int32_t a[kLevelEntries2], b[kLevelEntries2];
 };
 
-template <typename T, bool R>
+// RN: the nodes are in the ranked layout; R: the walk compares bins (else floats, whose
+// thresholds a ranked forest keeps in its per-feature tables: x < t[rank - 1] exactly when
+// bin < rank).
+template <typename T, bool RN, bool R>
 __attribute__((target("avx2"))) void build_path_tables(const CompiledForest& cf, uint32_t t, PathTables& pt) {
+  static_assert(RN || !R);
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
   const int* left = cf.left();
   const T* leaves = static_cast<const T*>(cf.leaf_values());
-  const bool leaf_in_thr = !R && (cf.header().flags & kLeafInThreshold);
+  const bool leaf_in_thr = !RN && (cf.header().flags & kLeafInThreshold);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i leaf_mask = _mm256_set1_epi32(int32_t(kNodeFeatureMask));
   const uint32_t root = cf.tree_root()[t];
@@ -361,7 +365,7 @@ __attribute__((target("avx2"))) void build_path_tables(const CompiledForest& cf,
     // leaf); plain, right iff x >= nf (= a, the threshold).
     alignas(32) int32_t node_at[kRegLevels2 + 1][kTab2], node_p[kRegLevels2 + 1][kTab2], node_l[kRegLevels2 + 1][kTab2];
     {
-      const __m256i fmask = _mm256_set1_epi32(int32_t(feature_mask(R)));
+      const __m256i fmask = _mm256_set1_epi32(int32_t(feature_mask(RN)));
       for (uint32_t d = 0; d <= reg_levels; ++d) {
         const uint32_t entries = std::max<uint32_t>(8, 1u << d);  // kLevelOff2[d + 1] - kLevelOff2[d]
         for (uint32_t j = 0; j < entries; j += 8) {
@@ -396,7 +400,18 @@ __attribute__((target("avx2"))) void build_path_tables(const CompiledForest& cf,
             _mm256_store_si256(reinterpret_cast<__m256i*>(pt.nf + kLevelOff2[d] + j),
                                _mm256_blendv_epi8(_mm256_sub_epi32(rank, _mm256_set1_epi32(1)), _mm256_set1_epi32(INT32_MAX), leaf));
           } else {
-            __m256 th = _mm256_i32gather_ps(thr, i, 4);
+            __m256 th;
+            if constexpr (RN) {
+              const __m256i rank = _mm256_and_si256(_mm256_srli_epi32(p, kRankShift), _mm256_set1_epi32(int32_t(kRankMask)));
+              const __m256i split = _mm256_xor_si256(leaf, _mm256_set1_epi32(-1));
+              const __m256i off = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(cf.bin_offsets()),
+                                                              _mm256_and_si256(p, fmask), split, 4);
+              th = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), cf.bin_values(),
+                                            _mm256_sub_epi32(_mm256_add_epi32(off, rank), _mm256_set1_epi32(1)),
+                                            _mm256_castsi256_ps(split), 4);
+            } else {
+              th = _mm256_i32gather_ps(thr, i, 4);
+            }
             th = _mm256_blendv_ps(th, _mm256_set1_ps(-std::numeric_limits<float>::infinity()), _mm256_cmp_ps(th, th, _CMP_UNORD_Q));
             th = _mm256_blendv_ps(th, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), _mm256_castsi256_ps(leaf));
             ta = _mm256_castps_si256(th);
@@ -446,21 +461,25 @@ __attribute__((target("avx2"))) void build_path_tables(const CompiledForest& cf,
 namespace slim::forest {
 struct CompiledForest::WalkCache {
   std::once_flag once;
+  int mode = -1;  // which tables (RN * 2 + R) were built
   std::vector<detail::PathTables> trees;
 };
 }  // namespace slim::forest
 namespace slim::forest::detail {
 namespace {
 
-template <typename T, bool R>
+// A forest's tables serve one kind of walk (the entry points pick it from the forest, so
+// it never changes); another kind gets none and falls back.
+template <typename T, bool RN, bool R>
 __attribute__((target("avx2"))) const PathTables* path_tables(const CompiledForest& cf) {
   CompiledForest::WalkCache* cache = cf.walk_cache();
   if (!cache) return nullptr;
   std::call_once(cache->once, [&] {
     cache->trees.resize(cf.num_trees());
-    for (uint32_t t = 0; t < cf.num_trees(); ++t) build_path_tables<T, R>(cf, t, cache->trees[t]);
+    for (uint32_t t = 0; t < cf.num_trees(); ++t) build_path_tables<T, RN, R>(cf, t, cache->trees[t]);
+    cache->mode = int(RN) * 2 + int(R);
   });
-  return cache->trees.data();
+  return cache->mode == int(RN) * 2 + int(R) ? cache->trees.data() : nullptr;
 }
 
 template <typename T, bool R>
@@ -611,12 +630,17 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
   }
 }
 
-template <typename T, bool R>
+// RN && !R: a ranked forest walked on float rows, its thresholds taken from the
+// per-feature tables (no binning); only for forests whose every level is in the path
+// tables (max depth <= kRegLevels2 + 1), as the node-gathering levels read thresholds
+// from the plain layout's table.
+template <typename T, bool R, bool RN = R>
 __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, const int32_t* x,
                                                   int64_t n, T* acc) {
   const int64_t F = cf.num_features();
   if (F > 4096) return 0;
-  const PathTables* tables = path_tables<T, R>(cf);
+  if (RN && !R && cf.max_depth() > kRegLevels2 + 1) return 0;
+  const PathTables* tables = path_tables<T, RN, R>(cf);
   if (!tables) return 0;
   thread_local std::vector<int32_t> xt;
   xt.resize(size_t(F) * kColRows2);
@@ -882,6 +906,12 @@ int64_t walk_avx2_f32(const CompiledForest& cf, const void* x, int64_t n, float*
 }
 int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc) {
   return dispatch_walk<avx2_walk<double, true>, avx2_walk<double, false>>(cf, x, n, acc);
+}
+int64_t walk_avx2_ranked_floats_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc) {
+  return cf.ranked() ? avx2_walk<float, false, true>(cf, reinterpret_cast<const int32_t*>(x), n, acc) : 0;
+}
+int64_t walk_avx2_ranked_floats_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc) {
+  return cf.ranked() ? avx2_walk<double, false, true>(cf, reinterpret_cast<const int32_t*>(x), n, acc) : 0;
 }
 std::shared_ptr<CompiledForest::WalkCache> new_walk_cache() { return std::make_shared<CompiledForest::WalkCache>(); }
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins) {
