@@ -593,7 +593,16 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
           const __m256i row = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(k + 8 * v)));
           const __m256i xi = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(p, feat_mask), kColShift2), row);
           const __m256i xv = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), xt, xi, split, 4);
-          idx[v] = _mm256_sub_epi32(l, right_lanes256<R>(xv, p, th));
+          __m256i right;
+          if constexpr (N) {
+            right = right_lanes256<R>(xv, p, th);
+          } else if constexpr (R) {  // no NaN bin: right iff bin >= rank, on a split
+            const __m256i rank = _mm256_and_si256(_mm256_srli_epi32(p, kRankShift), _mm256_set1_epi32(int32_t(kRankMask)));
+            right = _mm256_andnot_si256(_mm256_cmpgt_epi32(rank, xv), split);
+          } else {  // no NaN input: right iff x >= t, on a split
+            right = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(xv), th, _CMP_GE_OQ)), split);
+          }
+          idx[v] = _mm256_sub_epi32(l, right);
         }
       };
       if constexpr (kRegLevels2 >= 1) if (reg_levels >= 1) reg_level.template operator()<1>();
