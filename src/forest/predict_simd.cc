@@ -463,6 +463,9 @@ struct CompiledForest::WalkCache {
   std::once_flag once;
   int mode = -1;  // which tables (RN * 2 + R) were built
   std::vector<detail::PathTables> trees;
+  // Ranked forests: each node's leaf value (0 on splits), float or double as the sums,
+  // so a lane reads its leaf with one gather by node instead of two (index, then value).
+  std::vector<unsigned char> node_values;
 };
 }  // namespace slim::forest
 namespace slim::forest::detail {
@@ -477,13 +480,20 @@ __attribute__((target("avx2"))) const PathTables* path_tables(const CompiledFore
   std::call_once(cache->once, [&] {
     cache->trees.resize(cf.num_trees());
     for (uint32_t t = 0; t < cf.num_trees(); ++t) build_path_tables<T, RN, R>(cf, t, cache->trees[t]);
+    if (RN) {
+      cache->node_values.assign(size_t(cf.num_nodes()) * sizeof(T), 0);
+      T* nv = reinterpret_cast<T*>(cache->node_values.data());
+      const T* leaves = static_cast<const T*>(cf.leaf_values());
+      for (uint32_t i = 0; i < cf.num_nodes(); ++i)
+        if (cf.packed()[i] & kNodeLeaf) nv[i] = leaves[cf.packed()[i] & kNodeFeatureMask];
+    }
     cache->mode = int(RN) * 2 + int(R);
   });
   return cache->mode == int(RN) * 2 + int(R) ? cache->trees.data() : nullptr;
 }
 
 template <typename T, bool R>
-__attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const PathTables* tables, const int32_t* xt,
+__attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const PathTables* tables, const T* node_val, const int32_t* xt,
                                                 int64_t rows, bool nan_free, int64_t n, int64_t r0, T* acc) {
   const int* packed = reinterpret_cast<const int*>(cf.packed());
   const float* thr = cf.threshold();
@@ -617,8 +627,14 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
         T* out = a + k + 8 * v;
         if constexpr (std::is_same_v<T, float>) {
           const __m256 lv = leaf_in_thr ? _mm256_i32gather_ps(thr, idx[v], 4)
+                            : node_val  ? _mm256_i32gather_ps(node_val, idx[v], 4)
                                         : _mm256_i32gather_ps(leaves, _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask), 4);
           _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), lv));
+        } else if (node_val) {
+          const __m256d lo = _mm256_i32gather_pd(node_val, _mm256_castsi256_si128(idx[v]), 8);
+          const __m256d hi = _mm256_i32gather_pd(node_val, _mm256_extracti128_si256(idx[v], 1), 8);
+          _mm256_storeu_pd(out, _mm256_add_pd(_mm256_loadu_pd(out), lo));
+          _mm256_storeu_pd(out + 4, _mm256_add_pd(_mm256_loadu_pd(out + 4), hi));
         } else {
           const __m256i li = _mm256_and_si256(_mm256_i32gather_epi32(packed, idx[v], 4), leaf_mask);
           const __m256d lo = _mm256_i32gather_pd(leaves, _mm256_castsi256_si128(li), 8);
@@ -651,6 +667,7 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
   if (RN && !R && cf.max_depth() > kRegLevels2 + 1) return 0;
   const PathTables* tables = path_tables<T, RN, R>(cf);
   if (!tables) return 0;
+  const T* node_val = RN ? reinterpret_cast<const T*>(cf.walk_cache()->node_values.data()) : nullptr;
   thread_local std::vector<int32_t> xt;
   xt.resize(size_t(F) * kColRows2);
   int64_t r = 0;
@@ -665,7 +682,7 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
         nan_any |= R ? v == kNanBin : (v & 0x7fffffff) > 0x7f800000;
         xt[size_t(f * kColRows2 + i)] = v;
       }
-    avx2_block<T, R>(cf, tables, xt.data(), rows, !nan_any, n, c0, acc);
+    avx2_block<T, R>(cf, tables, node_val, xt.data(), rows, !nan_any, n, c0, acc);
     r = c0 + rows;
   }
   return r;
