@@ -261,12 +261,14 @@ __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf,
 // the outer loop, 8 rows per vector and several vectors interleaved. At levels
 // 0..kRegLevels2 a lane's node is fixed by the path it took so far (q: bit j set when it
 // went right at level j), so the node's constants come from small per-tree tables
-// indexed by q (vpermd; 16 and 32 entries take 2 or 4 and blends), built once per block
-// 8 paths at a time. Inputs of levels 0..kBlendX2 are blended from the 2^d columns those
-// nodes read, deeper ones gathered from the column block at the table's column offset;
-// only levels below kRegLevels2 gather nodes. Trees no deeper than kRegLevels2 + 1 read
-// their leaf value from a table of the last level's children. The split test is folded
-// into per-node constants:
+// indexed by q (vpermd; 16 and 32 entries take 2 or 4 and blends), built once per forest
+// (path_tables), 8 paths at a time. Inputs of levels 0..kBlendX2 are blended from the 2^d
+// columns those nodes read, deeper ones gathered from the column block at the table's
+// column offset; only levels past kRegLevels2 gather nodes. Trees no deeper than
+// kRegLevels2 + 1 read their leaf value from a table of the last level's children; ranked
+// forests that shallow are walked on the float rows (thresholds from the per-feature
+// tables, no binning), deeper ones read leaves from a per-node value table. The split
+// test is folded into per-node constants:
 // - ranked: right iff bin - rank (mod 2^32) < U (unsigned), U = kNanBin - rank (+1 when
 //   NaN goes right), 0 on a leaf; with the sign bit flipped that is one signed compare,
 //   cmpgt(B, bin + C), C = 2^31 - rank, B = U ^ 2^31. A block without NaN needs only
