@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # slim forest vs XGBoost (Debian libxgboost, C API) on 100x6 and 1000x8 tree models with
-# 30 features. Installs libxgboost-dev itself (the unit tests do not need it), builds
+# 30 features. Arguments go to vs_xgboost: `--isa avx2` (or SLIM_ISA=avx2) forces slim's
+# kernel set lower; `--large-batch-only` times batch 10,000 only. Installs libxgboost-dev itself (the unit tests do not need it), builds
 # slim_forest in build-bench-forest, trains the models once into bench/.work/vs_xgboost.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,4 +22,4 @@ g++ -O3 -std=c++20 -Iinclude bench/vs_xgboost/vs_xgboost.cc \
 # spinning worker takes the core that the other engine's second thread needs (and slim's
 # idle workers would do the same to XGBoost). Passive waiting makes both faster here,
 # XGBoost's 2-thread batch about 2x.
-OMP_WAIT_POLICY=passive "$WORK/vs_xgboost" "$WORK/xgb_100x6.json" "$WORK/xgb_1000x8.json"
+OMP_WAIT_POLICY=passive "$WORK/vs_xgboost" "$@" "$WORK/xgb_100x6.json" "$WORK/xgb_1000x8.json"

@@ -3,7 +3,10 @@
 // call), nthread set per configuration. slim side: CompiledForest::predict over a pool of
 // the same size, and predict_row for single rows.
 //
-// usage: vs_xgboost MODEL.json [MODEL.json ...]
+// usage: vs_xgboost [--isa scalar|avx2|avx512] [--large-batch-only] MODEL.json [MODEL.json ...]
+// --isa lowers slim's kernel set (as SLIM_ISA does); XGBoost's predictor has no
+// AVX-512 or AVX2 path of its own (scalar C++ tree walks over OpenMP threads), so it runs
+// the same code whatever the flag. --large-batch-only times only batch 10,000.
 #include <xgboost/c_api.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "slim/core/cpu_features.h"
 #include "slim/core/thread_pool.h"
 #include "slim/forest/compiled_forest.h"
 #include "slim/forest/slimf.h"
@@ -115,6 +119,8 @@ static std::string array_interface(const float* data, int64_t rows, int64_t cols
   return buf;
 }
 
+static bool g_large_batch_only = false;
+
 static void bench_model(const std::string& path, bool ranked) {
   BoosterHandle booster;
   XGB_CHECK(XGBoosterCreate(nullptr, 0, &booster));
@@ -168,6 +174,7 @@ static void bench_model(const std::string& path, bool ranked) {
     XGB_CHECK(XGBoosterSetParam(booster, "nthread", std::to_string(threads).c_str()));
     slim::ThreadPool pool(threads);
     for (int64_t batch : {int64_t(1), int64_t(64), int64_t(10000)}) {
+      if (g_large_batch_only && batch != 10000) continue;
       const std::string ai = array_interface(x.data(), batch, F);
       std::vector<float> out(size_t(batch) * cf.num_groups());
       const Rates r = rows_per_second(
@@ -185,6 +192,10 @@ static void bench_model(const std::string& path, bool ranked) {
       std::printf("  %-6lld %-7d | %14.0f %14.0f %6.1fx | %14.0f %14.0f %6.1fx\n", static_cast<long long>(batch),
                   threads, r.xgb_wall, r.slim_wall, r.ratio_wall, r.xgb_cpu, r.slim_cpu, r.ratio_cpu);
     }
+  }
+  if (g_large_batch_only) {
+    XGBoosterFree(booster);
+    return;
   }
   XGB_CHECK(XGBoosterSetParam(booster, "nthread", "1"));
   const int64_t calls = 20000;
@@ -207,14 +218,25 @@ static void bench_model(const std::string& path, bool ranked) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.json [MODEL.json ...]\n", argv[0]);
-    return 2;
-  }
-  std::printf("slim simd level: %s\n", simd_level_name(detected_simd_level()));
+  std::vector<std::string> models;
   try {
-    for (int i = 1; i < argc; ++i)
-      for (bool ranked : {false, true}) bench_model(argv[i], ranked);
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--isa" && i + 1 < argc) slim::set_isa_limit(argv[++i]);
+      else if (a == "--large-batch-only") g_large_batch_only = true;
+      else models.push_back(a);
+    }
+    if (models.empty()) {
+      std::fprintf(stderr, "usage: %s [--isa %s] [--large-batch-only] MODEL.json [MODEL.json ...]\n", argv[0],
+                   slim::isa_names().c_str());
+      return 2;
+    }
+    std::printf("slim ISA: %s (walk: %s; CPU: %s)\n", slim::isa_name(slim::active_isa()),
+                simd_level_name(detected_simd_level()), slim::isa_name(slim::hardware_isa()));
+    std::printf("XGBoost: its own predictor (scalar C++ tree walks, OpenMP threads); it has no AVX2 or AVX-512"
+                " path, so it runs the same code whatever slim's ISA\n");
+    for (const auto& m : models)
+      for (bool ranked : {false, true}) bench_model(m, ranked);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

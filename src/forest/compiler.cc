@@ -10,6 +10,7 @@
 
 #include "slim/core/error.h"
 #include "slim/core/tensor.h"
+#include "forest/walk.h"
 #include "slim/forest/compiled_forest.h"
 
 namespace slim::forest {
@@ -546,6 +547,7 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
     throw bad("inconsistent node tables");
   }
   if (ranked) cf.bin_tree_ = build_bin_tree(cf);
+  cf.walk_cache_ = detail::new_walk_cache();
   cf.simd_ = detected_simd_level();
   return cf;
 }

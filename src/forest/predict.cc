@@ -52,17 +52,23 @@ void block_margins(const CompiledForest& cf, SimdLevel simd, const float* x, int
   const double* bm = cf.base_margin();
   for (uint32_t g = 0; g < G; ++g) std::fill(acc + g * n, acc + (g + 1) * n, T(bm[g]));
   const bool ranked = cf.ranked();
+  const bool simd_ok = !(cf.header().flags & (kHasCategorical | kHasZeroMissing)) &&
+                       uint64_t(F) * 16 < (uint64_t(1) << 31);
+  int64_t done = 0;
+  // The AVX2 walk of a shallow ranked forest compares floats with the thresholds its
+  // tables hold, so only the rows it leaves to the scalar walk need bins.
+  if (ranked && simd_ok && simd == SimdLevel::avx2) {
+    if constexpr (std::is_same_v<T, float>) done = detail::walk_avx2_ranked_floats_f32(cf, x, n, acc);
+    else done = detail::walk_avx2_ranked_floats_f64(cf, x, n, acc);
+  }
   const void* rows = x;
   if (ranked) {
     thread_local std::vector<int32_t> bins;
     bins.resize(size_t(n) * F);
-    cf.bin_rows(x, n, bins.data());
+    cf.bin_rows(x + done * F, n - done, bins.data() + done * F);
     rows = bins.data();
   }
-  int64_t done = 0;
-  const bool simd_ok = !(cf.header().flags & (kHasCategorical | kHasZeroMissing)) &&
-                       uint64_t(F) * 16 < (uint64_t(1) << 31);
-  if (simd_ok && simd != SimdLevel::scalar) {
+  if (done == 0 && simd_ok && simd != SimdLevel::scalar) {
     if constexpr (std::is_same_v<T, float>) {
       done = simd == SimdLevel::avx512 ? detail::walk_avx512_f32(cf, rows, n, acc)
                                        : detail::walk_avx2_f32(cf, rows, n, acc);
@@ -158,7 +164,9 @@ void CompiledForest::bin_rows(const float* x, int64_t n, int32_t* bins) const {
   const uint32_t F = num_features();
   const uint32_t* off = bin_offsets();
   const float* val = bin_values();
-  int64_t done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins) : 0;
+  int64_t done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins)
+                 : simd_ == SimdLevel::avx2 ? detail::bin_rows_avx2(*this, x, n, bins)
+                                            : 0;
   for (int64_t r = done; r < n; ++r)
     for (uint32_t f = 0; f < F; ++f)
       bins[r * F + f] = bin_of(val + off[f], off[f + 1] - off[f], x[r * F + f]);

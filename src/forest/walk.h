@@ -75,13 +75,20 @@ int64_t walk_avx512_f32(const CompiledForest& cf, const void* x, int64_t n, floa
 int64_t walk_avx512_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
 int64_t walk_avx2_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc);
 int64_t walk_avx2_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
+// Ranked forests no deeper than 6 on float rows, without binning (0 rows otherwise).
+int64_t walk_avx2_ranked_floats_f32(const CompiledForest& cf, const float* x, int64_t n, float* acc);
+int64_t walk_avx2_ranked_floats_f64(const CompiledForest& cf, const float* x, int64_t n, double* acc);
+// An empty CompiledForest::WalkCache (filled by the first AVX2 batch walk).
+std::shared_ptr<CompiledForest::WalkCache> new_walk_cache();
 // One row through every tree, several trees per vector; adds the leaves to acc[group]
 // in tree order.
 void row_avx512_f32(const CompiledForest& cf, const void* row, float* acc);
 void row_avx512_f64(const CompiledForest& cf, const void* row, double* acc);
 void row_avx2_f32(const CompiledForest& cf, const void* row, float* acc);
 void row_avx2_f64(const CompiledForest& cf, const void* row, double* acc);
-// Bins of n rows for the ranked layout, 16 rows per step; returns rows done.
+// Bins of n rows for the ranked layout (a descent of CompiledForest::BinTree per value);
+// returns rows done.
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
+int64_t bin_rows_avx2(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
 
 }  // namespace slim::forest::detail

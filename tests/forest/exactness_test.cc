@@ -244,6 +244,102 @@ TEST(ForestExactness, RandomForestsOfEveryWidthMatchTheReference) {
   }
 }
 
+// The batch walks' special cases against the scalar walk and the reference evaluator:
+// trees of every depth from 0 (a lone leaf) to 6 or 11, with leaves at every level (the AVX2
+// walk takes levels 0-5 from per-path tables and reads the leaves of trees up to depth 6
+// from a table), float and double sums, one and three groups, both layouts, blocks of
+// rows with and without NaN inputs (a NaN-free block takes a shorter split test), inputs
+// equal to thresholds and their neighbours, and row counts that leave tails of every
+// kind (fewer than a vector, part of a vector, part of a 256-row block).
+TEST(ForestExactness, BatchWalksOfEveryDepthMatchTheScalarWalk) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const uint32_t F = 23;
+  std::vector<float> pool;  // thresholds come from here; inputs hit them exactly or next to them
+  for (int i = 0; i < 60; ++i) pool.push_back(normal(rng));
+  // Forests no deeper than 6 take the AVX2 walk's table-only path (ranked ones on float
+  // rows, without bins); deeper ones gather nodes past level 5.
+  for (int max_depth : {6, 11})
+  for (bool dbl : {false, true}) {
+    for (uint32_t G : {1u, 3u}) {
+      Forest f;
+      f.num_features = F;
+      f.num_groups = G;
+      f.accumulate_double = dbl;
+      for (uint32_t g = 0; g < G; ++g) f.base_margin.push_back(0.125 * g - 0.5);
+      for (int depth = 0; depth <= max_depth; ++depth) {
+        for (int copy = 0; copy < 3; ++copy) {
+          Tree tree;
+          tree.group = uint32_t(depth * 3 + copy) % G;
+          tree.nodes.push_back(TreeNode{});
+          std::vector<int> node_depth = {0};
+          // The first copy is complete to its depth; the others stop early at random.
+          for (size_t i = 0; i < tree.nodes.size(); ++i) {
+            if (node_depth[i] >= depth || (copy > 0 && i > 0 && rng() % 6 == 0)) {
+              tree.nodes[i].leaf_value = double(normal(rng)) / 7.0;
+              continue;
+            }
+            TreeNode& n = tree.nodes[i];
+            n.is_leaf = false;
+            n.feature = uint32_t(rng() % F);
+            n.threshold = pool[rng() % pool.size()];
+            n.default_left = rng() % 2;
+            n.left = int32_t(tree.nodes.size());
+            n.right = n.left + 1;
+            const int d = node_depth[i] + 1;
+            tree.nodes.resize(tree.nodes.size() + 2);
+            node_depth.insert(node_depth.end(), {d, d});
+          }
+          f.trees.push_back(std::move(tree));
+        }
+      }
+      const int64_t n = 1000;
+      std::vector<float> x(size_t(n) * F);
+      for (int64_t r = 0; r < n; ++r)
+        for (uint32_t c = 0; c < F; ++c) {
+          const float t = pool[rng() % pool.size()];
+          const uint32_t how = rng() % 8;
+          float v = how < 2 ? t : how == 2 ? std::nextafter(t, -1e9f) : how == 3 ? std::nextafter(t, 1e9f) : normal(rng);
+          // Rows 256-511 (the second block) and the last rows carry NaN; the rest do not.
+          if (((r >= 256 && r < 512) || r >= 990) && rng() % 9 == 0) v = std::nanf("");
+          x[size_t(r) * F + c] = v;
+        }
+      std::vector<double> want(size_t(n) * G);
+      for (int64_t r = 0; r < n; ++r) reference_margin(f, x.data() + r * F, want.data() + r * G);
+      for (bool ranked : {false, true}) {
+        const CompiledForest base = compile_forest(f, ranked);
+        ASSERT_EQ(base.max_depth(), uint32_t(max_depth));
+        ThreadPool pool2(2);
+        for (SimdLevel level : levels()) {
+          CompiledForest cf = base;
+          cf.set_simd_level(level);
+          const std::string label = "depth " + std::to_string(max_depth) + (dbl ? " double" : " float") + " G=" + std::to_string(G) +
+                                    (ranked ? " ranked " : " plain ") + simd_level_name(level);
+          for (int64_t rows : {int64_t(5), int64_t(8), int64_t(13), int64_t(263), int64_t(600), n}) {
+            // Starting at row 400 puts NaN rows in the first block of some batches.
+            for (int64_t start : {int64_t(0), int64_t(400)}) {
+              if (start + rows > n) continue;
+              for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+                std::vector<double> got(size_t(rows) * G);
+                cf.predict_margin(x.data() + start * F, rows, got.data(), p);
+                for (int64_t i = 0; i < rows * int64_t(G); ++i)
+                  ASSERT_EQ(got[size_t(i)], want[size_t(start * G + i)])
+                      << label << " rows " << rows << " from " << start << " value " << i;
+              }
+            }
+          }
+          std::vector<float> o(G);
+          for (int64_t r = 0; r < n; r += 7) {
+            cf.predict_row(x.data() + r * F, o.data(), true);
+            for (uint32_t g = 0; g < G; ++g)
+              ASSERT_EQ(o[g], float(want[size_t(r * G + g)])) << label << " predict_row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
 // A feature with 5,000 distinct thresholds (a four-level binning tree) and one with 17
 // (two levels, the second block nearly empty): bins of values on, between and beyond the
 // thresholds route like the float compares on every SIMD level.

@@ -135,6 +135,11 @@ class CompiledForest {
   };
   const BinTree* bin_tree() const { return bin_tree_.get(); }
 
+  // The AVX2 batch walk's per-tree tables (src/forest/predict_simd.cc), built on its
+  // first use and shared by copies of this forest.
+  struct WalkCache;
+  WalkCache* walk_cache() const { return walk_cache_.get(); }
+
  private:
   const uint32_t* u32(uint64_t off) const { return reinterpret_cast<const uint32_t*>(base_ + off); }
   void margin_block(const float* x, int64_t n, double* out) const;
@@ -145,6 +150,7 @@ class CompiledForest {
   const CompiledHeader* h_ = nullptr;
   SimdLevel simd_ = SimdLevel::scalar;
   std::shared_ptr<const BinTree> bin_tree_;  // ranked layout only
+  std::shared_ptr<WalkCache> walk_cache_;
 };
 
 // Lays the loaded forest out as a compiled payload (breadth-first per tree). `ranked`
