@@ -26,6 +26,15 @@ constexpr int kInterleave = 4;
 constexpr int kColRows = 256;
 constexpr uint32_t kColShift = 8;  // log2(kColRows)
 
+// The calling thread's buffer for a column block, at least n values. Compiled for no
+// particular ISA and never inlined: a thread_local built inside a target function would
+// run that ISA's code wherever it is constructed (tests/isa/check_target_regions.py).
+__attribute__((noinline)) int32_t* column_buffer(size_t n) {
+  thread_local std::vector<int32_t> buffer;
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 // Levels whose inputs are blended from whole columns instead of gathered.
 constexpr uint32_t kBlendLevels = 3;
 
@@ -244,14 +253,13 @@ __attribute__((target("avx512f"))) int64_t avx512_walk(const CompiledForest& cf,
   // The column block must stay small (it lives in L1/L2 next to the tree); very wide
   // inputs take the scalar walk.
   if (F > 4096) return 0;
-  thread_local std::vector<int32_t> xt;
-  xt.resize(size_t(F) * kColRows);
+  int32_t* xt = column_buffer(size_t(F) * kColRows);
   int64_t r = 0;
   for (int64_t c0 = 0; c0 + 16 <= n; c0 += kColRows) {
     const int64_t rows = std::min<int64_t>(kColRows, n - c0) & ~int64_t(15);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t f = 0; f < F; ++f) xt[size_t(f * kColRows + i)] = x[(c0 + i) * F + f];
-    avx512_block<T, R>(cf, xt.data(), rows, n, c0, acc);
+    avx512_block<T, R>(cf, xt, rows, n, c0, acc);
     r = c0 + rows;
   }
   return r;
@@ -670,8 +678,7 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
   const PathTables* tables = path_tables<T, RN, R>(cf);
   if (!tables) return 0;
   const T* node_val = RN ? reinterpret_cast<const T*>(cf.walk_cache()->node_values.data()) : nullptr;
-  thread_local std::vector<int32_t> xt;
-  xt.resize(size_t(F) * kColRows2);
+  int32_t* xt = column_buffer(size_t(F) * kColRows2);
   int64_t r = 0;
   for (int64_t c0 = 0; c0 + 8 <= n; c0 += kColRows2) {
     const int64_t rows = std::min<int64_t>(kColRows2, n - c0) & ~int64_t(7);
@@ -684,7 +691,7 @@ __attribute__((target("avx2"))) int64_t avx2_walk(const CompiledForest& cf, cons
         nan_any |= R ? v == kNanBin : (v & 0x7fffffff) > 0x7f800000;
         xt[size_t(f * kColRows2 + i)] = v;
       }
-    avx2_block<T, R>(cf, tables, node_val, xt.data(), rows, !nan_any, n, c0, acc);
+    avx2_block<T, R>(cf, tables, node_val, xt, rows, !nan_any, n, c0, acc);
     r = c0 + rows;
   }
   return r;
