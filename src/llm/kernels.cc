@@ -586,23 +586,38 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int64_t n) {
 // ones; the float part is the same fma(float(dot), d_w x d_x, acc) per (row, token).
 
 // One column of Q8_0 or Q4_0 codes split into planes: P[h][2k] = low nibbles and
-// P[h][2k + 1] = high nibbles of code vector k, half h (rows 8h..8h+7).
+// P[h][2k + 1] = high nibbles of code vector k, half h (rows 8h..8h+7). Batches split a
+// column once into this buffer, which all their tokens read; one token (decode) splits
+// the codes as it goes (PlanesDirect), saving the stores and loads.
 template <bool Q8>
 struct PlanesX16 {
   static constexpr int kVectors = Q8 ? 8 : 4;
   __m256i p[2][2 * kVectors];
+  void split(const uint8_t* col) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < kVectors; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32 + 64 * k + 32 * h));
+        p[h][2 * k] = _mm256_and_si256(v, m4);
+        p[h][2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      }
+  }
+  // Low and high planes of code vector k, half h.
+  void get(int h, int k, __m256i& lo, __m256i& hi) const {
+    lo = p[h][2 * k];
+    hi = p[h][2 * k + 1];
+  }
 };
 
-template <bool Q8>
-inline void split_planes_x16(const uint8_t* col, PlanesX16<Q8>& pl) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int h = 0; h < 2; ++h)
-    for (int k = 0; k < PlanesX16<Q8>::kVectors; ++k) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32 + 64 * k + 32 * h));
-      pl.p[h][2 * k] = _mm256_and_si256(v, m4);
-      pl.p[h][2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    }
-}
+struct PlanesDirect {
+  const uint8_t* col;
+  void get(int h, int k, __m256i& lo, __m256i& hi) const {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32 + 64 * k + 32 * h));
+    lo = _mm256_and_si256(v, m4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+  }
+};
 
 inline __m256i bcast4(const int8_t* q) {
   int32_t v;
@@ -612,16 +627,18 @@ inline __m256i bcast4(const int8_t* q) {
 
 // The exact integer dot of one block for the 8 rows of half h: Q4_0 sums codes x
 // activations (then -8 x sum), Q8_0 low planes + 16 x high planes (then -128 x sum).
-template <bool Q8>
-inline __m256i block_dot_x16(const PlanesX16<Q8>& pl, int h, const int8_t* q, __m256i bias) {
+template <bool Q8, typename Planes>
+inline __m256i block_dot_x16(const Planes& pl, int h, const int8_t* q, __m256i bias) {
   const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (Q8) {
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) {
       const __m256i xv = bcast4(q + 4 * k);
-      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(pl.p[h][2 * k], xv));
-      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(pl.p[h][2 * k + 1], xv));
+      __m256i pl_lo, pl_hi;
+      pl.get(h, k, pl_lo, pl_hi);
+      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(pl_lo, xv));
+      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(pl_hi, xv));
     }
     return _mm256_add_epi32(_mm256_add_epi32(bias, _mm256_madd_epi16(lo, ones)),
                             _mm256_madd_epi16(hi, _mm256_set1_epi16(16)));
@@ -629,8 +646,10 @@ inline __m256i block_dot_x16(const PlanesX16<Q8>& pl, int h, const int8_t* q, __
     __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(pl.p[h][2 * k], bcast4(q + 4 * k)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(pl.p[h][2 * k + 1], bcast4(q + 16 + 4 * k)));
+      __m256i pl_lo, pl_hi;
+      pl.get(h, k, pl_lo, pl_hi);
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(pl_lo, bcast4(q + 4 * k)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(pl_hi, bcast4(q + 16 + 4 * k)));
     }
     return _mm256_add_epi32(bias, _mm256_madd_epi16(s, ones));
   }
@@ -643,12 +662,13 @@ void tile_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int6
   const int64_t nb = n / 32, aux_off = q8_0_aux_offset(n);
   __m256 acc[NT][2];
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  PlanesX16<Q8> pl;
+  std::conditional_t<NT == 1, PlanesDirect, PlanesX16<Q8>> pl;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* col = w + b * kColumn;
     for (int64_t o = 0; o < kColumn; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(col + kAhead * kColumn + o), _MM_HINT_T0);
-    split_planes_x16<Q8>(col, pl);
+    if constexpr (NT == 1) pl.col = col;
+    else pl.split(col);
     const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
     const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 16)));
     // One token at a time: unrolling the tokens let GCC interleave them and spill the
