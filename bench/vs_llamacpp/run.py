@@ -2,7 +2,8 @@
 """slim vs llama.cpp on the same GGUF files, in the same run.
 
 Rows: prefill of 512 tokens and decode of 128 tokens, 1 and 2 threads, for
-  - the shared model /work/shared/models/slimlm-f16.gguf (F16; 15.7 M parameters: too small
+  - the shared model shared/models/slimlm-f16.gguf (shared/ next to the repository, or
+    --shared-model; F16, 15.7 M parameters: too small
     for a like-for-like comparison, node-llama-cpp's per-token JavaScript loop weighs on it),
   - a generated ~1.1 B-parameter random-weight Llama at Q8_0 and at Q4_0.
 Prints medians of --repeats runs and the slim/llama.cpp ratios, then compares greedy
@@ -11,14 +12,23 @@ prompts, against llama.cpp with flash attention off and with its default; the ex
 says whether the model card's prompt gives identical tokens at F16 and Q8_0 with flash
 attention off.
 
-Usage: bench/vs_llamacpp/run.py [--slim BUILD/tools/slim] [--repeats 3] [--layers 22] [--skip-1b]
+Usage: bench/vs_llamacpp/run.py [--slim BUILD/tools/slim] [--isa native|avx2|avx512] [--repeats 3]
+                                [--layers 22] [--skip-1b] [--model FILE.gguf ...]
 Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/node_modules.
+
+--isa avx2 holds both engines to AVX2: slim through SLIM_ISA=avx2, and llama.cpp through a
+llama-bench built from the llama.cpp sources that node-llama-cpp ships (its git bundle),
+configured without native tuning and without AVX-512 (the prebuilt binaries pick a zen4,
+AVX-512 variant on AVX-512 CPUs); the build goes to bench/.work/llama.cpp-avx2 once. Its
+rows are llama-bench's pp512 and tg128 at a depth of 512 tokens (decode after the prompt,
+as slim's rows are). native and avx512 time the prebuilt node-llama-cpp library.
 """
 import argparse
 import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,28 +36,91 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORK = os.path.join(ROOT, "bench", ".work")
-SHARED = "/work/shared/models/slimlm-f16.gguf"
+LLAMA_BUNDLE = os.path.join(HERE, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle")
 GREEDY_PROMPTS = ["The PostgreSQL server", "Once upon a time", "In 1969, the", "To create a table, use", "git commit -m",
                   "The Python interpreter", "And God said", "SELECT * FROM", "The Debian package manager",
                   "A function that returns"]
+
+
+def slim_env(isa):
+    """The environment for slim held to an ISA (SLIM_ISA; native: the CPU's best)."""
+    env = dict(os.environ)
+    env.pop("SLIM_ISA", None)
+    if isa != "native":
+        env["SLIM_ISA"] = isa
+    return env
 
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
+NODE_LLAMA_CPP = "node-llama-cpp@3.21.1"
+
+
 def ensure_node_llama_cpp():
     if not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-        print("installing node-llama-cpp@3.21.1 ...", file=sys.stderr)
+        print("installing %s ..." % NODE_LLAMA_CPP, file=sys.stderr)
         subprocess.run(["npm", "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
-                        "node-llama-cpp@3.21.1"], cwd=HERE, check=True)
+                        NODE_LLAMA_CPP], cwd=HERE, check=True)
 
 
-def slim_speed(slim, model, threads, tokens_file, decode_n, repeats):
+def find_shared_model():
+    """shared/models/slimlm-f16.gguf in the repository's parent directory (for a git worktree,
+    also the parent of the main checkout), or None."""
+    parents = [os.path.dirname(ROOT)]
+    try:
+        common = sh(["git", "-C", ROOT, "rev-parse", "--path-format=absolute", "--git-common-dir"]).stdout.strip()
+        parents.append(os.path.dirname(os.path.dirname(common)))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pass
+    for p in parents:
+        path = os.path.join(p, "shared", "models", "slimlm-f16.gguf")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def build_llama_bench(isa):
+    """llama-bench from node-llama-cpp's llama.cpp sources, held to the given ISA (avx2)."""
+    src = os.path.join(WORK, "llama.cpp-src")
+    build = os.path.join(WORK, "llama.cpp-" + isa)
+    exe = os.path.join(build, "bin", "llama-bench")
+    if os.path.exists(exe):
+        return exe
+    if not os.path.isdir(src):
+        print("unpacking llama.cpp sources from %s ..." % LLAMA_BUNDLE, file=sys.stderr)
+        sh(["git", "clone", "-q", LLAMA_BUNDLE, src])
+    flags = {"avx2": ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_AVX512=OFF"]}[isa]
+    print("building llama-bench (%s) in %s ..." % (isa, build), file=sys.stderr)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", src, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
+                    *flags, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DCMAKE_RUNTIME_OUTPUT_DIRECTORY=" + os.path.join(build, "bin")], check=True,
+                   stdout=subprocess.DEVNULL)
+    # Two jobs: the machines these benchmarks run on are small and shared.
+    subprocess.run(["cmake", "--build", build, "--target", "llama-bench", "-j2"], check=True, stdout=subprocess.DEVNULL)
+    return exe
+
+
+def llama_bench_speed(exe, model, threads, decode_n):
+    """One pp512 and one tg<decode_n> (at depth 512) run of llama-bench: tokens/s."""
+    out = []
+    for args in (["-p", "512", "-n", "0"], ["-p", "0", "-n", str(decode_n), "-d", "512"]):
+        try:
+            r = sh([exe, "-m", model, "-t", str(threads), "-r", "1", "-o", "json", *args], timeout=1200)
+            out.append(json.loads(r.stdout)[0]["avg_ts"])
+        except subprocess.TimeoutExpired:
+            print("llama-bench timed out (20 min): %s, %d threads" % (model, threads), file=sys.stderr)
+            out.append(float("nan"))
+    return [out[0]], [out[1]]
+
+
+def slim_speed(slim, model, threads, tokens_file, decode_n, repeats, isa="native"):
     pre, dec = [], []
     for _ in range(repeats):
         r = sh([slim, "generate", model, "--tokens-file", tokens_file, "-n", str(decode_n), "--temp", "0",
-                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"])
+                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"], env=slim_env(isa))
         pre.append(float(re.search(r"prefill: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
         dec.append(float(re.search(r"decode: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
     return pre, dec
@@ -75,9 +148,21 @@ def main():
     ap.add_argument("--decode", type=int, default=128, help="decode tokens per run")
     ap.add_argument("--only", default="", help="run only models whose label contains this text")
     ap.add_argument("--greedy-only", action="store_true", help="skip the speed rows")
+    ap.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native",
+                    help="instruction set both engines are held to (see the module docstring)")
+    ap.add_argument("--shared-model", default=None, help="the shared F16 model (default: shared/models next to the repo)")
+    ap.add_argument("--model", action="append", default=[],
+                    help="time this GGUF file instead of the default models (repeatable)")
+    ap.add_argument("--skip-greedy", action="store_true", help="skip the greedy-decoding comparison")
     a = ap.parse_args()
     ensure_node_llama_cpp()
     os.makedirs(WORK, exist_ok=True)
+    shared = a.shared_model or find_shared_model()
+    llama_bench = build_llama_bench(a.isa) if a.isa == "avx2" and not a.greedy_only else None
+    slim_isa = a.isa
+    llama_isa = ("llama-bench built for AVX2 (no AVX-512)" if llama_bench else
+                 "node-llama-cpp %s prebuilt" % NODE_LLAMA_CPP)
+    print("ISA: slim %s, llama.cpp %s" % ({"native": "native (best the CPU has)"}.get(slim_isa, slim_isa), llama_isa))
 
     rng = random.Random(7)
     prompt = [rng.randrange(300, 8000) for _ in range(512)]
@@ -88,8 +173,15 @@ def main():
     with open(tokens_json, "w") as f:
         json.dump(prompt, f)
 
-    models = [("slimlm F16 (15.7M)", SHARED)]
-    if not a.skip_1b:
+    models = []
+    if shared:
+        models.append(("slimlm F16 (15.7M)", shared))
+    else:
+        print("shared/models/slimlm-f16.gguf not found next to the repository (--shared-model): its rows are skipped",
+              file=sys.stderr)
+    if a.model:
+        models = [(os.path.basename(m), m) for m in a.model]
+    elif not a.skip_1b:
         for q in ("q8_0", "q4_0"):
             path = os.path.join(WORK, "random-1b-%s-L%d.gguf" % (q, a.layers))
             if not os.path.exists(path):
@@ -109,14 +201,17 @@ def main():
             # interleaving exposes both engines to the same drift.
             sp, sd, lp, ld = [], [], [], []
             for _ in range(a.repeats):
-                p, d = slim_speed(a.slim, path, t, tokens_file, a.decode, 1)
+                p, d = slim_speed(a.slim, path, t, tokens_file, a.decode, 1, slim_isa)
                 sp += p
                 sd += d
-                p, d = llama_speed(path, t, tokens_json, a.decode, 1)
+                if llama_bench:
+                    p, d = llama_bench_speed(llama_bench, path, t, a.decode)
+                else:
+                    p, d = llama_speed(path, t, tokens_json, a.decode, 1)
                 lp += p
                 ld += d
             load = os.getloadavg()[0]
-            row = dict(model=name, threads=t, slim_prefill=statistics.median(sp), llama_prefill=statistics.median(lp),
+            row = dict(model=name, threads=t, slim_isa=slim_isa, llama_isa=llama_isa, slim_prefill=statistics.median(sp), llama_prefill=statistics.median(lp),
                        slim_decode=statistics.median(sd), llama_decode=statistics.median(ld), load=load)
             rows.append(row)
             print("%-22s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f | %5.1f" % (
@@ -124,22 +219,26 @@ def main():
                 row["slim_decode"], row["llama_decode"], row["slim_decode"] / row["llama_decode"], load), flush=True)
     print("(tokens/s, medians of %d alternating runs; pp = prefill of 512 tokens, tg = decode of %d tokens; "
           "load = 1-minute load average of the machine after the row)" % (a.repeats, a.decode))
+    if a.skip_greedy or not shared or a.model:
+        with open(os.path.join(WORK, "vs_llamacpp.json"), "w") as f:
+            json.dump(dict(rows=rows), f, indent=1)
+        return 0
 
     # Greedy agreement on the shared model, at F16 and at Q8_0, against llama.cpp with flash
     # attention off (the attention slim computes: scores, softmax, then the weighted sum in
     # f32) and with its default ("auto", on here: it accumulates the weighted values in f16,
     # which moves near-tied logits).
     q8 = os.path.join(WORK, "slimlm-q8_0.gguf")
-    sh([a.slim, "quantize", SHARED, q8, "--type", "q8_0"])
+    sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=slim_env(slim_isa))
     greedy = {}
     for flash in ("off", "auto"):
-        for label, path in (("F16", SHARED), ("Q8_0", q8)):
+        for label, path in (("F16", shared), ("Q8_0", q8)):
             results = []
             for prompt in GREEDY_PROMPTS:
                 g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", path, prompt, "64",
                                    flash]).stdout.strip().splitlines()[-1])
                 r = sh([a.slim, "generate", path, "--tokens", ",".join(map(str, g["prompt"])), "-n", "64", "--temp",
-                        "0", "--ids", "--threads", "1", "--ignore-eos"])
+                        "0", "--ids", "--threads", "1", "--ignore-eos"], env=slim_env(slim_isa))
                 slim_tokens = [int(x) for x in r.stdout.split()]
                 first_diff = next((i for i, (x, y) in enumerate(zip(slim_tokens, g["tokens"])) if x != y), None)
                 results.append(dict(prompt=prompt, identical=slim_tokens == g["tokens"], first_difference=first_diff))

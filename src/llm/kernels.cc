@@ -364,6 +364,7 @@ int64_t argmax_scalar(const float* x, int64_t n) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
+#include "simd_exp_avx2.h"  // exp_nonpositive_avx2: the SiLU's sigmoid
 #include "simd_hsum.h"  // hsum8
 
 namespace {
@@ -571,6 +572,415 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int64_t n) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+// ---- 16-row repacked tiles (repack_x16) on AVX2 ----
+// Int32 lane r of a register is row r of a group of eight, so 16 rows are two registers
+// ("halves") and a block's dot for 8 rows needs no horizontal sums. Codes are split into
+// 4-bit planes (0..15) and multiplied with maddubs (unsigned planes x signed activation
+// bytes broadcast four at a time): a pair of products is at most 2 x 15 x 127 = 3,810, so
+// eight maddubs results add up in int16 without saturating (30,480) before one madd
+// widens them. Q8_0's unsigned codes (offset by 128) are low plane + 16 x high plane;
+// both Q8_0 and Q4_0 correct for their unsigned codes with the activation sum (Q8Aux), as
+// the scalar tile does. The integer block dots are therefore exact and equal the scalar
+// ones; the float part is the same fma(float(dot), d_w x d_x, acc) per (row, token).
+
+// One column of Q8_0 or Q4_0 codes split into planes: P[h][2k] = low nibbles and
+// P[h][2k + 1] = high nibbles of code vector k, half h (rows 8h..8h+7). Batches split a
+// column once into this buffer, which all their tokens read; one token (decode) splits
+// the codes as it goes (PlanesDirect), saving the stores and loads.
+template <bool Q8>
+struct PlanesX16 {
+  static constexpr int kVectors = Q8 ? 8 : 4;
+  __m256i p[2][2 * kVectors];
+  void split(const uint8_t* col) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < kVectors; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32 + 64 * k + 32 * h));
+        p[h][2 * k] = _mm256_and_si256(v, m4);
+        p[h][2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      }
+  }
+  // Low and high planes of code vector k, half h.
+  void get(int h, int k, __m256i& lo, __m256i& hi) const {
+    lo = p[h][2 * k];
+    hi = p[h][2 * k + 1];
+  }
+};
+
+struct PlanesDirect {
+  const uint8_t* col;
+  void get(int h, int k, __m256i& lo, __m256i& hi) const {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32 + 64 * k + 32 * h));
+    lo = _mm256_and_si256(v, m4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+  }
+};
+
+inline __m256i bcast4(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// The exact integer dot of one block for the 8 rows of half h: Q4_0 sums codes x
+// activations (then -8 x sum), Q8_0 low planes + 16 x high planes (then -128 x sum).
+template <bool Q8, typename Planes>
+inline __m256i block_dot_x16(const Planes& pl, int h, const int8_t* q, __m256i bias) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Q8) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m256i xv = bcast4(q + 4 * k);
+      __m256i pl_lo, pl_hi;
+      pl.get(h, k, pl_lo, pl_hi);
+      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(pl_lo, xv));
+      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(pl_hi, xv));
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(bias, _mm256_madd_epi16(lo, ones)),
+                            _mm256_madd_epi16(hi, _mm256_set1_epi16(16)));
+  } else {
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m256i pl_lo, pl_hi;
+      pl.get(h, k, pl_lo, pl_hi);
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(pl_lo, bcast4(q + 4 * k)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(pl_hi, bcast4(q + 16 + 4 * k)));
+    }
+    return _mm256_add_epi32(bias, _mm256_madd_epi16(s, ones));
+  }
+}
+
+template <int NT, bool Q8>
+void tile_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+  constexpr int64_t kColumn = Q8 ? 16 * int64_t(sizeof(BlockQ8_0)) : 16 * int64_t(sizeof(BlockQ4_0));
+  constexpr int64_t kAhead = (8192 + kColumn - 1) / kColumn;  // prefetch about 8 KiB ahead
+  const int64_t nb = n / 32, aux_off = q8_0_aux_offset(n);
+  __m256 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  std::conditional_t<NT == 1, PlanesDirect, PlanesX16<Q8>> pl;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* col = w + b * kColumn;
+    for (int64_t o = 0; o < kColumn; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + kAhead * kColumn + o), _MM_HINT_T0);
+    if constexpr (NT == 1) pl.col = col;
+    else pl.split(col);
+    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
+    const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 16)));
+    // One token at a time: unrolling the tokens let GCC interleave them and spill the
+    // partial products (Q8_0 ran at a third of Q4_0's rate).
+#pragma GCC unroll 1
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* xt = x + t * xs;
+      const int8_t* q = reinterpret_cast<const BlockQ8_0*>(xt)[b].qs;
+      const Q8Aux* aux = reinterpret_cast<const Q8Aux*>(xt + aux_off) + b;
+      const __m256i bias = _mm256_set1_epi32((Q8 ? -128 : -8) * aux->sum);
+      const __m256 dx = _mm256_set1_ps(aux->d);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_x16<Q8>(pl, 0, q, bias)), _mm256_mul_ps(dw0, dx), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_x16<Q8>(pl, 1, q, bias)), _mm256_mul_ps(dw1, dx), acc[t][1]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    alignas(32) float v[16];
+    _mm256_store_ps(v, acc[t][0]);
+    _mm256_store_ps(v + 8, acc[t][1]);
+    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
+  }
+}
+
+void tile_q4_0_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                        int64_t ldy) {
+  with_token_count<8>(nt, [&](auto NT) { tile_x16_avx2_t<NT.value, false>(n, w, nr, x, xs, y, ldy); });
+}
+
+// Q8_0 batches: the sign trick, |w| x sign(x, w) per code vector (|w| <= 128, |x| <= 127:
+// a pair is at most 32,512), one madd per vector. The column's signed codes and their
+// absolute values are made once for all tokens. Kernel alone, one thread (2048 x 2048, 64
+// tokens, thread CPU time): 44-47 GMAC/s against 37-39 for the nibble planes of Q4_0's
+// kind, which need twice the maddubs and twice the buffer loads. One token (decode, bound
+// by memory) keeps the nibble planes split in registers.
+struct Q8SignPlanes {
+  __m256i ws[2][8], aw[2][8];
+  void split(const uint8_t* col) {
+    const __m256i k80 = _mm256_set1_epi8(char(0x80));
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 8; ++k) {
+        const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32 + 64 * k + 32 * h)), k80);
+        ws[h][k] = v;
+        aw[h][k] = _mm256_abs_epi8(v);
+      }
+  }
+};
+
+inline __m256i block_dot_q8_sign(const Q8SignPlanes& pl, int h, const int8_t* q) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    const __m256i xv = bcast4(q + 4 * k);
+    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(pl.aw[h][k], _mm256_sign_epi8(xv, pl.ws[h][k])), ones));
+  }
+  return s;
+}
+
+template <int NT>
+void tile_q8_sign_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+  constexpr int64_t kColumn = 16 * int64_t(sizeof(BlockQ8_0));
+  constexpr int64_t kAhead = (8192 + kColumn - 1) / kColumn;
+  const int64_t nb = n / 32, aux_off = q8_0_aux_offset(n);
+  __m256 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  Q8SignPlanes pl;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* col = w + b * kColumn;
+    for (int64_t o = 0; o < kColumn; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + kAhead * kColumn + o), _MM_HINT_T0);
+    pl.split(col);
+    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
+    const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 16)));
+#pragma GCC unroll 1
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* xt = x + t * xs;
+      const int8_t* q = reinterpret_cast<const BlockQ8_0*>(xt)[b].qs;
+      const Q8Aux* aux = reinterpret_cast<const Q8Aux*>(xt + aux_off) + b;
+      const __m256 dx = _mm256_set1_ps(aux->d);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_q8_sign(pl, 0, q)), _mm256_mul_ps(dw0, dx), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_q8_sign(pl, 1, q)), _mm256_mul_ps(dw1, dx), acc[t][1]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    alignas(32) float v[16];
+    _mm256_store_ps(v, acc[t][0]);
+    _mm256_store_ps(v + 8, acc[t][1]);
+    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
+  }
+}
+
+void tile_q8_0_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                       int64_t ldy) {
+  if (nt == 1) return tile_x16_avx2_t<1, true>(n, w, nr, x, xs, y, ldy);
+  with_token_count<8>(nt, [&](auto NT) { tile_q8_sign_avx2_t<NT.value>(n, w, nr, x, xs, y, ldy); });
+}
+
+
+// Repacked Q4_K (repack_x16): lane r is row r of a half. Per column the sub-block scales
+// become int16 pairs (s, s) per lane, so one madd multiplies a sub-block's int16 partial
+// dots by its scale and widens them; the mins term is four madds of (m_2k, m_2k+1) pairs
+// with the activation's (bsums) pairs. A sub-block is 8 maddubs per half (at most 30,480
+// per int16), so the integer sums are exact and the two FMAs per block follow the scalar
+// tile. Decode (one token) splits the code nibbles as it goes; batches split them once per
+// column into a buffer that all their tokens read.
+struct Q4KColumnX16 {
+  __m256i sc[2][8];   // per half and sub-block: the scale in both int16 of every lane
+  __m256i mn[2][4];   // per half: mins (m_2k, m_2k+1) per lane
+  __m256 dw[2], dmin[2];
+};
+
+inline void q4_k_column_x16(const uint8_t* col, Q4KColumnX16& c) {
+  const __m256i m6 = _mm256_set1_epi32(63), m4d = _mm256_set1_epi32(0xF);
+  for (int h = 0; h < 2; ++h) {
+    c.dw[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 16 * h)));
+    c.dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 32 + 16 * h)));
+    __m256i S[12];
+    for (int k = 0; k < 12; ++k)
+      S[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(col + 64 + 16 * k + 8 * h)));
+    __m256i sc[8], mn[8];
+    for (int j = 0; j < 4; ++j) {
+      sc[j] = _mm256_and_si256(S[j], m6);
+      mn[j] = _mm256_and_si256(S[j + 4], m6);
+      sc[j + 4] = _mm256_or_si256(_mm256_and_si256(S[j + 8], m4d), _mm256_slli_epi32(_mm256_srli_epi32(S[j], 6), 4));
+      mn[j + 4] = _mm256_or_si256(_mm256_srli_epi32(S[j + 8], 4), _mm256_slli_epi32(_mm256_srli_epi32(S[j + 4], 6), 4));
+    }
+    for (int j = 0; j < 8; ++j) c.sc[h][j] = _mm256_or_si256(sc[j], _mm256_slli_epi32(sc[j], 16));
+    for (int k = 0; k < 4; ++k) c.mn[h][k] = _mm256_or_si256(mn[2 * k], _mm256_slli_epi32(mn[2 * k + 1], 16));
+  }
+}
+
+template <int NT>
+void tile_q4_k_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y,
+                          int64_t ldy) {
+  constexpr int64_t kColumn = 16 * int64_t(sizeof(BlockQ4K));
+  constexpr bool kBuffered = NT > 1;
+  const int64_t nb = n / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  Q4KColumnX16 cs;
+  // planes[h][c][v][0/1]: low / high nibbles of code vector 8c + v, half h.
+  __m256i planes[kBuffered ? 2 : 1][4][8][2];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* col = w + b * kColumn;
+    for (int64_t o = 0; o < kColumn; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + 4 * kColumn + o), _MM_HINT_T0);
+    q4_k_column_x16(col, cs);
+    if constexpr (kBuffered)
+      for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 4; ++c)
+          for (int v = 0; v < 8; ++v) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 256 + 64 * (8 * c + v) + 32 * h));
+            planes[h][c][v][0] = _mm256_and_si256(q, m4);
+            planes[h][c][v][1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          }
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8K& xb = reinterpret_cast<const BlockQ8K*>(x + t * xs)[b];
+      __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int c = 0; c < 4; ++c) {
+        __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; ++v) {
+          const __m256i xl = bcast4(xb.qs + 64 * c + 4 * v), xh = bcast4(xb.qs + 64 * c + 32 + 4 * v);
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {
+            __m256i pl, ph;
+            if constexpr (kBuffered) {
+              pl = planes[h][c][v][0];
+              ph = planes[h][c][v][1];
+            } else {
+              const __m256i q =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 256 + 64 * (8 * c + v) + 32 * h));
+              pl = _mm256_and_si256(q, m4);
+              ph = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            }
+            lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(pl, xl));
+            hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(ph, xh));
+          }
+        }
+        for (int h = 0; h < 2; ++h)
+          sumi[h] = _mm256_add_epi32(sumi[h], _mm256_add_epi32(_mm256_madd_epi16(lo[h], cs.sc[h][2 * c]),
+                                                               _mm256_madd_epi16(hi[h], cs.sc[h][2 * c + 1])));
+      }
+      const __m256 dx = _mm256_set1_ps(xb.d);
+      for (int h = 0; h < 2; ++h) {
+        __m256i summ = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {
+          const int32_t bs0 = xb.bsums[4 * k] + xb.bsums[4 * k + 1], bs1 = xb.bsums[4 * k + 2] + xb.bsums[4 * k + 3];
+          const __m256i bp = _mm256_set1_epi32(int32_t(uint32_t(uint16_t(bs0)) | (uint32_t(uint16_t(bs1)) << 16)));
+          summ = _mm256_add_epi32(summ, _mm256_madd_epi16(cs.mn[h][k], bp));
+        }
+        acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[h]), _mm256_mul_ps(cs.dw[h], dx), acc[t][h]);
+        acc[t][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(cs.dmin[h], dx), acc[t][h]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    alignas(32) float v[16];
+    _mm256_store_ps(v, acc[t][0]);
+    _mm256_store_ps(v + 8, acc[t][1]);
+    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
+  }
+}
+
+void tile_q4_k_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                        int64_t ldy) {
+  with_token_count<8>(nt, [&](auto NT) { tile_q4_k_x16_avx2_t<NT.value>(n, w, nr, x, xs, y, ldy); });
+}
+
+// Repacked F16 against the f32 copy of f16 activations (widen_f16): lane r is row r of a
+// half, each column one conversion per half and one FMA per half and token into running
+// sum c mod 3, then (s0 + s1) + s2: the scalar tile's operations per (row, token). Two
+// tokens at a time (12 accumulators of the 16 registers); weights prefetched 16 KiB ahead.
+template <int NT>
+void tile_f16_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y, int64_t ldy) {
+  constexpr int64_t kAhead = 512;
+  const uint16_t* wh = reinterpret_cast<const uint16_t*>(w);
+  const float* xf[NT];
+  for (int t = 0; t < NT; ++t) xf[t] = reinterpret_cast<const float*>(x + t * xs + f16_copy_offset(n));
+  __m256 a[NT][2][3];
+  for (int t = 0; t < NT; ++t)
+    for (int h = 0; h < 2; ++h) a[t][h][0] = a[t][h][1] = a[t][h][2] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 3 <= n; c += 3) {
+    _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + kAhead)), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wh + 16 * (c + kAhead + 2)), _MM_HINT_T0);
+#pragma GCC unroll 3
+    for (int q = 0; q < 3; ++q) {
+      const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wh + 16 * (c + q))));
+      const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wh + 16 * (c + q) + 8)));
+#pragma GCC unroll 2
+      for (int t = 0; t < NT; ++t) {
+        const __m256 xv = _mm256_set1_ps(xf[t][c + q]);
+        a[t][0][q] = _mm256_fmadd_ps(w0, xv, a[t][0][q]);
+        a[t][1][q] = _mm256_fmadd_ps(w1, xv, a[t][1][q]);
+      }
+    }
+  }
+  for (int q = 0; c < n; ++c, ++q) {
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wh + 16 * c)));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wh + 16 * c + 8)));
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xv = _mm256_set1_ps(xf[t][c]);
+      a[t][0][q] = _mm256_fmadd_ps(w0, xv, a[t][0][q]);
+      a[t][1][q] = _mm256_fmadd_ps(w1, xv, a[t][1][q]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    alignas(32) float v[16];
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(v + 8 * h, _mm256_add_ps(_mm256_add_ps(a[t][h][0], a[t][h][1]), a[t][h][2]));
+    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
+  }
+}
+
+void tile_f16_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                       int64_t ldy) {
+  for (int t0 = 0; t0 < nt; t0 += 2) {
+    if (nt - t0 >= 2) tile_f16_x16_avx2_t<2>(n, w, nr, x + t0 * xs, xs, y + t0 * ldy, ldy);
+    else tile_f16_x16_avx2_t<1>(n, w, nr, x + t0 * xs, xs, y + t0 * ldy, ldy);
+  }
+}
+
+void widen_f16_avx2(const uint16_t* h, float* f, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, load_f16x8(h + i));
+  for (; i < n; ++i) f[i] = h2f(h[i]);
+}
+
+// g_i = g_i sigmoid(g_i) u_i with e = exp(-|g_i|): sigmoid is 1 / (1 + e) for g_i >= 0
+// and e / (1 + e) below (as the AVX-512 version).
+void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(x, sign));  // -|x|
+    const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) silu_mul_scalar(g + i, u + i, n - i);
+}
+
+// Per lane the first largest value and its index (NaN lanes never win a comparison; a
+// lane's first -inf counts), then the largest over the lanes, the lowest index among
+// equals, then the tail.
+int64_t argmax_avx2(const float* x, int64_t n) {
+  if (n >= (int64_t(1) << 31) || n < 8) return argmax_scalar(x, n);
+  __m256 best = _mm256_set1_ps(-INFINITY);
+  __m256i at = _mm256_set1_epi32(-1), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8), none_v = _mm256_set1_epi32(-1);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 none = _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, none_v));
+    const __m256 gt = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ),
+                                   _mm256_and_ps(none, _mm256_cmp_ps(v, best, _CMP_EQ_OQ)));
+    best = _mm256_blendv_ps(best, v, gt);
+    at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(idx), gt));
+    idx = _mm256_add_epi32(idx, step);
+  }
+  alignas(32) float bv[8];
+  alignas(32) int32_t bi[8];
+  _mm256_store_ps(bv, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bi), at);
+  int64_t r = -1;
+  for (int j = 0; j < 8; ++j)
+    if (bi[j] >= 0 && (r < 0 || bv[j] > x[r] || (bv[j] == x[r] && bi[j] < r))) r = bi[j];
+  for (; i < n; ++i)
+    if (!std::isnan(x[i]) && (r < 0 || x[i] > x[r])) r = i;
+  return r < 0 ? 0 : r;
 }
 
 }  // namespace
@@ -1180,9 +1590,15 @@ KernelSet make_scalar() {
 }
 
 KernelSet make_avx2() {
-  return {"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
+  KernelSet k{"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
           dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2,
-          silu_mul_scalar, argmax_scalar};
+          silu_mul_avx2, argmax_avx2};
+  k.tile_q8_0x16 = tile_q8_0_x16_avx2;
+  k.tile_q4_0x16 = tile_q4_0_x16_avx2;
+  k.tile_q4_kx16 = tile_q4_k_x16_avx2;
+  k.tile_f16x16 = tile_f16_x16_avx2;
+  k.widen_f16 = widen_f16_avx2;
+  return k;
 }
 
 KernelSet make_vnni() {

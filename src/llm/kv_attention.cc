@@ -148,6 +148,7 @@ void for_query_groups(int g, F&& f) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
+#include "simd_exp_avx2.h"  // exp_nonpositive_avx2: scores minus their maximum
 #include "simd_hsum.h"  // hsum8
 
 namespace {
@@ -265,6 +266,53 @@ void accumulate_q8_avx2(const KvQ8Rows& v, int n, const float* p, int64_t ldp, i
     const float* d = v.scales(r);
     accumulate_any(Q8Rows{x, hd}, len, [&](int j, int i) { return p[j * ldp + i0 + i] * d[i]; }, g, hd, out);
   });
+}
+
+// As softmax_avx512: scaled scores and their maximum, exp(s - max) by the polynomial of
+// simd_exp_avx2.h summed in double, then one multiply by the inverse sum (within 1e-6 of
+// the scalar std::exp form).
+void softmax_avx2(float* x, int n, float scale) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+    _mm256_storeu_ps(x + i, v);
+    vmax = _mm256_max_ps(vmax, v);
+  }
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, vmax);
+  float mx = -INFINITY;
+  for (float v : m8) mx = std::max(mx, v);
+  for (int j = i; j < n; ++j) {
+    x[j] *= scale;
+    mx = std::max(mx, x[j]);
+  }
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, e);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double d4[4];
+  _mm256_store_pd(d4, _mm256_add_pd(s0, s1));
+  double sum = (d4[0] + d4[1]) + (d4[2] + d4[3]);
+  if (i < n) {
+    alignas(32) float t[8] = {};
+    std::copy(x + i, x + n, t);
+    const __m256 e = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_load_ps(t), vm));
+    _mm256_store_ps(t, e);
+    for (int j = i; j < n; ++j) {
+      x[j] = t[j - i];
+      sum += t[j - i];
+    }
+  }
+  const float invf = float(1.0 / sum);
+  const __m256 inv = _mm256_set1_ps(invf);
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  for (; i < n; ++i) x[i] *= invf;
 }
 
 }  // namespace
@@ -618,7 +666,7 @@ const KvAttentionKernels& kv_attention_kernels() {
   if (isa_enabled(Isa::avx2)) {
     static const KvAttentionKernels k{"avx2",           scores_f16_avx2,      accumulate_f16_avx2,
                                       scores_q8_avx2,   accumulate_q8_avx2,   scores_q4_scalar,
-                                      accumulate_q4_scalar, softmax_scalar};
+                                      accumulate_q4_scalar, softmax_avx2};
     return k;
   }
   return kv_attention_kernels_scalar();

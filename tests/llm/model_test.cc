@@ -122,8 +122,11 @@ TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
 
 // Resident F16, Q8_0, Q4_0 and Q4_K matrices with rows in multiples of 16 are repacked for the
 // 16-row tiles (the 300-row output matrix is not); a mapped model keeps the GGUF layout.
-// Both give the logits of the reference computation, up to summation order (which F16
-// models amplify: a last-bit difference can round an f16 activation the other way).
+// Both give the logits of the reference computation, up to summation order, which the
+// activation rounding amplifies: a last-bit difference can round an f16 activation, or a
+// code of a Q8_0 activation block, the other way (see the tolerances above). With the
+// scalar and AVX2 sets (the GGUF layout goes through per-row dots there) llama_q4_0 has
+// such a flip: 3e-3, within the 1e-2 of one step of the Q8 grid; the VNNI set has none.
 TEST(Forward, RepackedAndMappedLayoutsAgree) {
   for (const char* name : {"llama_f16", "llama_q8_0", "llama_q4_0", "llama_q4_k"}) {
     const std::string path = fixture(std::string(name) + ".gguf");
@@ -147,7 +150,7 @@ TEST(Forward, RepackedAndMappedLayoutsAgree) {
         num = std::max(num, double(std::fabs(a.logits(int(i))[v] - b.logits(int(i))[v])));
         den = std::max(den, double(std::fabs(b.logits(int(i))[v])));
       }
-    EXPECT_LT(num / den, std::string(name) == "llama_f16" ? 2e-3 : 1e-5) << name;
+    EXPECT_LT(num / den, std::string(name) == "llama_f16" ? 2e-3 : 1e-2) << name;
   }
 }
 
