@@ -38,7 +38,8 @@ unpack_dnnl() {
   echo "setup_arm64: unpacking libdnnl-dev:arm64 $want into $DEPS"
   local tmp
   tmp=$(mktemp -d)
-  chmod 755 "$tmp"  # apt's download user must be able to write there
+  # apt-get download run as root fetches as the _apt user, which must be able to write there.
+  if [ "$(id -u)" -eq 0 ]; then chown _apt "$tmp" 2>/dev/null || true; fi
   (cd "$tmp" && apt-get download -qq "libdnnl-dev:arm64=$want" "libdnnl2:arm64=$want")
   rm -rf "$DEPS"
   mkdir -p "$DEPS"
