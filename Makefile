@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build demo test clean fuzz
+.PHONY: setup configure build demo test clean fuzz test-arm64
 
 setup:
 	bash scripts/setup.sh
@@ -21,10 +21,15 @@ demo: build
 test: build
 	cd $(BUILD) && SLIM_TEST_TMP=$(abspath $(BUILD))/test_tmp ctest --output-on-failure -j $(JOBS) --timeout 900
 
+# aarch64: cross-build with Debian's cross toolchain into build-arm64 and run the tests
+# under qemu-user (scripts/test_arm64.sh; it installs what it needs first).
+test-arm64:
+	JOBS=$(JOBS) bash scripts/test_arm64.sh build-arm64
+
 fuzz: setup
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
 	  -DSLIM_FUZZ=ON -DSLIM_BUILD_TESTS=OFF
 	cmake --build build-fuzz -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) build-fuzz
+	rm -rf $(BUILD) build-fuzz build-arm64 build-arm64-deps

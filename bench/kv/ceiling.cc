@@ -6,7 +6,9 @@
 // at a time" before attention and every other per-token cost. Also prints the machine's
 // 512-bit FMA peak (independent multiply-adds in registers), the 8-token tile's ceiling.
 //   bench/kv/ceiling.sh [BUILD_DIR]
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+#if defined(__x86_64__)
 // Multiply-adds per second of 24 independent 16-lane FMA chains (the FMA units' peak).
 [[gnu::target("avx512f")]] double fma_peak() {
   __m512 a[24];
@@ -51,6 +54,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   g_sink = sum;  // the chains' results are used, so they are computed
   return double(n) * 24 * 16 / best;
 }
+#else
+double fma_peak() { return 0; }  // measured on x86-64 (AVX-512) only
+#endif
 
 }  // namespace
 

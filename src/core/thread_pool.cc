@@ -19,6 +19,8 @@ void spin_until(F done, int us) {
     if (done()) return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
 #endif
     if (i % 64 == 0 && std::chrono::steady_clock::now() >= end) return;
   }

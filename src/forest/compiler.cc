@@ -1,6 +1,8 @@
 // ForestCompiler: lays a loaded forest out as the flat tables of CompiledForest, and the
 // checks that make a payload (fresh or read from a file) safe to walk.
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -341,6 +343,7 @@ bool check_nodes(const CompiledForest& cf, const std::string& where) {
 // mask. It accepts exactly what the scalar pass accepts (tests compare the two on
 // damaged payloads).
 // GCC 12 warns falsely about the intrinsics' internal undefined source operands.
+#if defined(__x86_64__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest& cf) {
@@ -428,6 +431,7 @@ __attribute__((target("avx512f"))) bool check_nodes_avx512(const CompiledForest&
   return fault == 0 && max_depth == h.max_depth;
 }
 #pragma GCC diagnostic pop
+#endif  // defined(__x86_64__)
 
 // The per-feature search trees of CompiledForest::BinTree, from the (checked) sorted
 // threshold tables. At most 65,535 thresholds per feature make at most 4 levels.
@@ -539,9 +543,13 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
   if ((h.flags & kLeafInThreshold) && (ranked || h.accumulate_double))
     throw bad("leaf values in threshold slots need the plain layout with float leaves");
   if (h.flags & ~(kHasCategorical | kHasZeroMissing | kRanked | kLeafInThreshold)) throw bad("unknown layout flags");
+#if defined(__x86_64__)
   const bool fast_ok = check_level == SimdLevel::avx512 && detected_simd_level() == SimdLevel::avx512
                            ? check_nodes_avx512(cf)
                            : check_nodes<false>(cf, where);
+#else
+  const bool fast_ok = check_nodes<false>(cf, where);
+#endif
   if (!fast_ok) {
     check_nodes<true>(cf, where);
     throw bad("inconsistent node tables");

@@ -17,8 +17,13 @@ constexpr int64_t kBlockRows = 256;
 }
 
 SimdLevel detected_simd_level() {
+#if defined(__x86_64__)
   if (isa_enabled(Isa::avx512)) return SimdLevel::avx512;
   if (isa_enabled(Isa::avx2)) return SimdLevel::avx2;
+#endif
+#if defined(__aarch64__)
+  if (isa_enabled(Isa::neon)) return SimdLevel::neon;
+#endif
   return SimdLevel::scalar;
 }
 
@@ -26,6 +31,7 @@ const char* simd_level_name(SimdLevel level) {
   switch (level) {
     case SimdLevel::avx512: return "avx512";
     case SimdLevel::avx2: return "avx2";
+    case SimdLevel::neon: return "neon";
     default: return "scalar";
   }
 }
@@ -55,12 +61,14 @@ void block_margins(const CompiledForest& cf, SimdLevel simd, const float* x, int
   const bool simd_ok = !(cf.header().flags & (kHasCategorical | kHasZeroMissing)) &&
                        uint64_t(F) * 16 < (uint64_t(1) << 31);
   int64_t done = 0;
+#if defined(__x86_64__)
   // The AVX2 walk of a shallow ranked forest compares floats with the thresholds its
   // tables hold, so only the rows it leaves to the scalar walk need bins.
   if (ranked && simd_ok && simd == SimdLevel::avx2) {
     if constexpr (std::is_same_v<T, float>) done = detail::walk_avx2_ranked_floats_f32(cf, x, n, acc);
     else done = detail::walk_avx2_ranked_floats_f64(cf, x, n, acc);
   }
+#endif
   const void* rows = x;
   if (ranked) {
     thread_local std::vector<int32_t> bins;
@@ -68,7 +76,8 @@ void block_margins(const CompiledForest& cf, SimdLevel simd, const float* x, int
     cf.bin_rows(x + done * F, n - done, bins.data() + done * F);
     rows = bins.data();
   }
-  if (done == 0 && simd_ok && simd != SimdLevel::scalar) {
+#if defined(__x86_64__)
+  if (done == 0 && simd_ok && (simd == SimdLevel::avx512 || simd == SimdLevel::avx2)) {
     if constexpr (std::is_same_v<T, float>) {
       done = simd == SimdLevel::avx512 ? detail::walk_avx512_f32(cf, rows, n, acc)
                                        : detail::walk_avx2_f32(cf, rows, n, acc);
@@ -77,6 +86,16 @@ void block_margins(const CompiledForest& cf, SimdLevel simd, const float* x, int
                                        : detail::walk_avx2_f64(cf, rows, n, acc);
     }
   }
+#endif
+#if defined(__aarch64__)
+  if (simd_ok && simd == SimdLevel::neon) {
+    if constexpr (std::is_same_v<T, float>) {
+      done = detail::walk_neon_f32(cf, rows, n, acc);
+    } else {
+      done = detail::walk_neon_f64(cf, rows, n, acc);
+    }
+  }
+#endif
   if (done < n) {
     // The tail rows keep their own group-major slices of acc.
     const int64_t rest = n - done;
@@ -164,9 +183,12 @@ void CompiledForest::bin_rows(const float* x, int64_t n, int32_t* bins) const {
   const uint32_t F = num_features();
   const uint32_t* off = bin_offsets();
   const float* val = bin_values();
-  int64_t done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins)
-                 : simd_ == SimdLevel::avx2 ? detail::bin_rows_avx2(*this, x, n, bins)
-                                            : 0;
+  int64_t done = 0;
+#if defined(__x86_64__)
+  done = simd_ == SimdLevel::avx512 ? detail::bin_rows_avx512(*this, x, n, bins)
+         : simd_ == SimdLevel::avx2 ? detail::bin_rows_avx2(*this, x, n, bins)
+                                    : 0;
+#endif
   for (int64_t r = done; r < n; ++r)
     for (uint32_t f = 0; f < F; ++f)
       bins[r * F + f] = bin_of(val + off[f], off[f + 1] - off[f], x[r * F + f]);
@@ -194,13 +216,17 @@ void CompiledForest::predict_row(const float* x_in, float* out, bool margin) con
   const uint32_t* root = tree_root();
   const uint32_t* group = tree_group();
   const uint32_t T = h.num_trees;
-  const SimdLevel row_simd = (h.flags & (kHasCategorical | kHasZeroMissing)) ? SimdLevel::scalar : simd_;
+  // The single-row SIMD walks are x86-64's (AVX-512, AVX2); elsewhere rows walk one tree at a time.
+  SimdLevel row_simd = (h.flags & (kHasCategorical | kHasZeroMissing)) ? SimdLevel::scalar : simd_;
+  if (row_simd != SimdLevel::avx512 && row_simd != SimdLevel::avx2) row_simd = SimdLevel::scalar;
   if (h.accumulate_double) {
     const double* leaves = static_cast<const double*>(leaf_values());
     for (uint32_t g = 0; g < G; ++g) m[g] = base_margin()[g];
+#if defined(__x86_64__)
     if (row_simd == SimdLevel::avx512) detail::row_avx512_f64(*this, x, m);
     else if (row_simd == SimdLevel::avx2) detail::row_avx2_f64(*this, x, m);
     else
+#endif
       for (uint32_t t = 0; t < T; ++t) m[group[t]] += leaves[detail::walk_any(*this, is_ranked, root[t], x)];
     for (uint32_t g = 0; g < G; ++g) m[g] /= h.average_divisor;
   } else {
@@ -208,8 +234,10 @@ void CompiledForest::predict_row(const float* x_in, float* out, bool margin) con
     if (row_simd != SimdLevel::scalar && G <= kStackGroups) {
       float acc[kStackGroups];
       for (uint32_t g = 0; g < G; ++g) acc[g] = float(base_margin()[g]);
+#if defined(__x86_64__)
       if (row_simd == SimdLevel::avx512) detail::row_avx512_f32(*this, x, acc);
       else detail::row_avx2_f32(*this, x, acc);
+#endif
       for (uint32_t g = 0; g < G; ++g) m[g] = acc[g];
     } else if (G == 1) {
       float acc = float(base_margin()[0]);

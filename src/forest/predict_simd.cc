@@ -3,6 +3,8 @@
 // so every lane takes exactly tree_depth steps with no per-lane branching. Several row
 // vectors are walked interleaved so their gathers overlap.
 // GCC 12 warns falsely about the gather intrinsics' internal undefined source operand.
+// x86-64 only (aarch64 has predict_neon.cc).
+#if defined(__x86_64__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
@@ -957,3 +959,5 @@ int64_t bin_rows_avx2(const CompiledForest& cf, const float* x, int64_t n, int32
 }
 
 }  // namespace slim::forest::detail
+
+#endif  // defined(__x86_64__)

@@ -90,5 +90,9 @@ void row_avx2_f64(const CompiledForest& cf, const void* row, double* acc);
 // returns rows done.
 int64_t bin_rows_avx512(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
 int64_t bin_rows_avx2(const CompiledForest& cf, const float* x, int64_t n, int32_t* bins);
+// aarch64 (predict_neon.cc): 4 rows per vector, several vectors interleaved; the same
+// contract as the AVX2 walks.
+int64_t walk_neon_f32(const CompiledForest& cf, const void* x, int64_t n, float* acc);
+int64_t walk_neon_f64(const CompiledForest& cf, const void* x, int64_t n, double* acc);
 
 }  // namespace slim::forest::detail

@@ -1,6 +1,11 @@
 #include "slim/llm/kernels.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -359,6 +364,10 @@ int64_t argmax_scalar(const float* x, int64_t n) {
 }
 
 }  // namespace
+
+// x86-64 only: the AVX2 and AVX-512 VNNI regions (other architectures have their own
+// sections below, or run the scalar set).
+#if defined(__x86_64__)
 
 // ---------------- AVX2 kernels ----------------
 #pragma GCC push_options
@@ -1580,6 +1589,8 @@ float dot_q4_k_vnni(int64_t n, const void* vw, const void* vx) {
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
+#endif  // defined(__x86_64__)
+
 namespace {
 
 KernelSet make_scalar() {
@@ -1589,6 +1600,7 @@ KernelSet make_scalar() {
           tile_x16_scalar<true>, tile_x16_scalar<false>, tile_q4_k_x16_scalar, tile_f16_x16_scalar};
 }
 
+#if defined(__x86_64__)
 KernelSet make_avx2() {
   KernelSet k{"avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2, dot_q4_k_avx2,
           dot_q6_k_avx2, quantize_q8_0_avx2, quantize_q8_k_scalar, axpy_f16_avx2, f32_to_f16_row_avx2,
@@ -1634,19 +1646,36 @@ const KernelSet& vnni_kernels() {
   return k;
 }
 bool vnni_enabled() { return isa_enabled(Isa::avx512) && cpu_features().avx512vnni; }
+#endif  // defined(__x86_64__)
 
 }  // namespace
 
+#if defined(__aarch64__)
+#include "kernels_neon.inc"  // the NEON sets (ASIMD, and SDOT where the CPU has it)
+#endif
+
 std::vector<const KernelSet*> available_kernel_sets() {
   std::vector<const KernelSet*> v{&scalar_kernels()};
+#if defined(__x86_64__)
   if (isa_enabled(Isa::avx2)) v.push_back(&avx2_kernels());
   if (vnni_enabled()) v.push_back(&vnni_kernels());
+#endif
+#if defined(__aarch64__)
+  if (isa_enabled(Isa::neon)) v.push_back(&neon_kernels());
+  if (neon_dotprod_enabled()) v.push_back(&neon_dotprod_kernels());
+#endif
   return v;
 }
 
 const KernelSet& kernels() {
+#if defined(__x86_64__)
   if (vnni_enabled()) return vnni_kernels();
   if (isa_enabled(Isa::avx2)) return avx2_kernels();
+#endif
+#if defined(__aarch64__)
+  if (neon_dotprod_enabled()) return neon_dotprod_kernels();
+  if (isa_enabled(Isa::neon)) return neon_kernels();
+#endif
   return scalar_kernels();
 }
 

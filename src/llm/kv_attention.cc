@@ -1,6 +1,11 @@
 #include "slim/llm/kv_attention.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -144,6 +149,8 @@ void for_query_groups(int g, F&& f) {
     }(std::make_integer_sequence<int, M>{});
   }
 }
+
+#if defined(__x86_64__)
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -649,6 +656,12 @@ void accumulate_q4_avx512(const uint8_t* x, const uint16_t* dm, int n, const flo
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
+#endif  // defined(__x86_64__)
+
+#if defined(__aarch64__)
+#include "kv_attention_neon.inc"
+#endif
+
 const KvAttentionKernels& kv_attention_kernels_scalar() {
   static const KvAttentionKernels k{"scalar",          scores_f16_scalar, accumulate_f16_scalar, scores_q8_scalar,
                                     accumulate_q8_scalar, scores_q4_scalar,  accumulate_q4_scalar,  softmax_scalar};
@@ -657,6 +670,10 @@ const KvAttentionKernels& kv_attention_kernels_scalar() {
 
 // Built on first use, outside the target regions (function pointers only).
 const KvAttentionKernels& kv_attention_kernels() {
+#if defined(__aarch64__)
+  if (isa_enabled(Isa::neon)) return kv_attention_kernels_neon();
+#endif
+#if defined(__x86_64__)
   if (isa_enabled(Isa::avx512)) {
     static const KvAttentionKernels k{"avx512",          scores_f16_avx512,    accumulate_f16_avx512,
                                       scores_q8_avx512,  accumulate_q8_avx512, scores_q4_avx512,
@@ -669,6 +686,7 @@ const KvAttentionKernels& kv_attention_kernels() {
                                       accumulate_q4_scalar, softmax_avx2};
     return k;
   }
+#endif
   return kv_attention_kernels_scalar();
 }
 

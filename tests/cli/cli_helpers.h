@@ -23,7 +23,16 @@ inline std::string env_or(const char* name, const std::string& fallback) {
   return v ? v : fallback;
 }
 
-inline std::string slim_binary() { return env_or("SLIM_BINARY_DIR", "build") + "/tools/slim"; }
+// A cross build's tests start the target's binary through its emulator (SLIM_TEST_EMULATOR,
+// e.g. "qemu-aarch64 -L /", from CMAKE_CROSSCOMPILING_EMULATOR).
+inline std::string slim_binary() {
+#ifdef SLIM_TEST_EMULATOR
+  const std::string emulator = SLIM_TEST_EMULATOR " ";
+#else
+  const std::string emulator;
+#endif
+  return emulator + env_or("SLIM_BINARY_DIR", "build") + "/tools/slim";
+}
 inline std::string source_dir() { return env_or("SLIM_SOURCE_DIR", "."); }
 
 // A fresh scratch folder per test name under the build tree.

@@ -36,7 +36,8 @@ Case load_case(const std::string& dir, const std::string& name, const std::strin
 
 std::vector<SimdLevel> levels() {
   std::vector<SimdLevel> out{SimdLevel::scalar};
-  if (detected_simd_level() != SimdLevel::scalar) out.push_back(SimdLevel::avx2);
+  if (detected_simd_level() == SimdLevel::neon) out.push_back(SimdLevel::neon);
+  else if (detected_simd_level() != SimdLevel::scalar) out.push_back(SimdLevel::avx2);
   if (detected_simd_level() == SimdLevel::avx512) out.push_back(SimdLevel::avx512);
   return out;
 }

@@ -25,7 +25,12 @@ class TrustCli : public ::testing::Test {
     dir_ = scratch_dir("cli");
   }
   CliResult run(const std::string& args) {
-    const std::string cmd = shell_quote(slim_.string()) + " " + args + " 2>&1";
+#ifdef SLIM_TEST_EMULATOR
+    const std::string emulator = SLIM_TEST_EMULATOR " ";  // a cross build's emulator (qemu)
+#else
+    const std::string emulator;
+#endif
+    const std::string cmd = emulator + shell_quote(slim_.string()) + " " + args + " 2>&1";
     CliResult r{-1, ""};
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return r;

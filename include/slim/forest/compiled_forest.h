@@ -56,7 +56,7 @@ inline constexpr uint32_t kRanked = 4;
 // the flag (older ones) keep zero there and take the two-gather path.
 inline constexpr uint32_t kLeafInThreshold = 8;
 
-enum class SimdLevel { scalar, avx2, avx512 };
+enum class SimdLevel { scalar, avx2, avx512, neon };
 // The walk's level at core's active_isa() (the CPU's, lowered by SLIM_ISA / --isa).
 SimdLevel detected_simd_level();
 const char* simd_level_name(SimdLevel level);

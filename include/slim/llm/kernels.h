@@ -1,6 +1,7 @@
 // Dot-product kernels over GGML blocks and the activation formats they pair with. One
-// implementation per ISA (scalar, AVX2, AVX-512 VNNI), picked at run time from core's CPU
-// probe (cpu_features.h), so one binary runs everywhere.
+// implementation per ISA (scalar; AVX2, AVX-512 VNNI on x86-64; NEON, NEON+dotprod on
+// aarch64), picked at run time from core's CPU probe (cpu_features.h), so one binary runs
+// everywhere.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // Attention kernels over runs of KV rows (a block of the paged cache, or the contiguous
 // cache): scores of many keys against one query and the probability-weighted sum of many
 // values, for f16, q8 and 4-bit rows. AVX-512 (rows of a multiple of 16 values; 4-bit: 32) and AVX2
-// versions are picked at startup when the CPU has them;
+// versions (x86-64), NEON f16/q8 ones (aarch64) are picked at startup when the CPU has them;
 // the scalar versions are the reference the tests hold them to.
 #pragma once
 

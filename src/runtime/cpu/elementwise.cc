@@ -91,19 +91,27 @@ SLIM_INLINE void unary_loop(const UnaryParams& p, const float* x, float* y, int6
   }
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) void unary_avx512(const UnaryParams& p, const float* x, float* y, int64_t n) {
   unary_loop<16>(p, x, y, n);
 }
 __attribute__((target("avx2,fma"))) void unary_avx2(const UnaryParams& p, const float* x, float* y, int64_t n) {
   unary_loop<8>(p, x, y, n);
 }
+#elif defined(__aarch64__)
+// ASIMD is part of the aarch64 base architecture: 4-lane vectors need no target attribute.
+void unary_neon(const UnaryParams& p, const float* x, float* y, int64_t n) { unary_loop<4>(p, x, y, n); }
+#endif
 
 void unary_run(const UnaryParams& p, const float* x, float* y, int64_t n) {
   switch (detected_isa()) {
+#if defined(__x86_64__)
     case Isa::avx512: return unary_avx512(p, x, y, n);
     case Isa::avx2: return unary_avx2(p, x, y, n);
-    case Isa::scalar:
-    case Isa::neon:
+#elif defined(__aarch64__)
+    case Isa::neon: return unary_neon(p, x, y, n);
+#endif
+    default:
       for (int64_t i = 0; i < n; ++i) y[i] = unary_scalar(p, x[i]);
       return;
   }
@@ -200,6 +208,7 @@ SLIM_INLINE void binary_row(Binary op, const float* a, int64_t sa, const float* 
   }
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) void binary_avx512(Binary op, const float* a, int64_t sa, const float* b, int64_t sb,
                                                       float* y, int64_t n) {
   binary_row<16>(op, a, sa, b, sb, y, n);
@@ -208,12 +217,20 @@ __attribute__((target("avx2,fma"))) void binary_avx2(Binary op, const float* a, 
                                                      float* y, int64_t n) {
   binary_row<8>(op, a, sa, b, sb, y, n);
 }
+#elif defined(__aarch64__)
+void binary_neon(Binary op, const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n) {
+  binary_row<4>(op, a, sa, b, sb, y, n);
+}
+#endif
 void binary_run(Binary op, const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n) {
   switch (detected_isa()) {
+#if defined(__x86_64__)
     case Isa::avx512: return binary_avx512(op, a, sa, b, sb, y, n);
     case Isa::avx2: return binary_avx2(op, a, sa, b, sb, y, n);
-    case Isa::scalar:
-    case Isa::neon:
+#elif defined(__aarch64__)
+    case Isa::neon: return binary_neon(op, a, sa, b, sb, y, n);
+#endif
+    default:
       for (int64_t i = 0; i < n; ++i) {
         const float x = a[sa * i], z = b[sb * i];
         y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
@@ -456,6 +473,7 @@ SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, f
   for (int64_t r = 0; r < rows; ++r) y[r] = row_sum<W>(x + r * n, n) * mul;
 }
 
+#if defined(__x86_64__)
 #define SLIM_DISPATCH3(name, params, args)                                                  \
   __attribute__((target("avx512f"))) void name##_avx512 params { name<16> args; }           \
   __attribute__((target("avx2,fma"))) void name##_avx2 params { name<8> args; }             \
@@ -467,6 +485,17 @@ SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, f
       case Isa::neon: return name<1> args;                                                  \
     }                                                                                       \
   }
+#elif defined(__aarch64__)
+// NEON: the same loops at 4 lanes (ASIMD is aarch64's baseline).
+#define SLIM_DISPATCH3(name, params, args)                                                  \
+  void name##_any params {                                                                  \
+    if (detected_isa() == Isa::neon) return name<4> args;                                   \
+    return name<1> args;                                                                    \
+  }
+#else
+#define SLIM_DISPATCH3(name, params, args) \
+  void name##_any params { return name<1> args; }
+#endif
 
 SLIM_DISPATCH3(softmax_rows, (const float* x, float* y, int64_t rows, int64_t n, bool log), (x, y, rows, n, log))
 SLIM_DISPATCH3(layer_norm_rows,
