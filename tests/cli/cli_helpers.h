@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "test_runner.h"
+
 namespace slim::test {
 
 struct CommandResult {
@@ -23,16 +25,7 @@ inline std::string env_or(const char* name, const std::string& fallback) {
   return v ? v : fallback;
 }
 
-// A cross build's tests start the target's binary through its emulator (SLIM_TEST_EMULATOR,
-// e.g. "qemu-aarch64 -L /", from CMAKE_CROSSCOMPILING_EMULATOR).
-inline std::string slim_binary() {
-#ifdef SLIM_TEST_EMULATOR
-  const std::string emulator = SLIM_TEST_EMULATOR " ";
-#else
-  const std::string emulator;
-#endif
-  return emulator + env_or("SLIM_BINARY_DIR", "build") + "/tools/slim";
-}
+inline std::string slim_binary() { return env_or("SLIM_BINARY_DIR", "build") + "/tools/slim"; }
 inline std::string source_dir() { return env_or("SLIM_SOURCE_DIR", "."); }
 
 // A fresh scratch folder per test name under the build tree.
@@ -67,11 +60,9 @@ inline CommandResult run_command(const std::string& cmdline) {
   return r;
 }
 
-// SLIM_TEST_RUNNER (e.g. "qemu-x86_64 -cpu max", set by the emulation tests) runs slim
-// under an emulated CPU too, not only the test binary.
+// Under an emulated CPU (test_runner.h) slim runs there too, not only the test binary.
 inline CommandResult run_slim(const std::string& args) {
-  const std::string runner = env_or("SLIM_TEST_RUNNER", "");
-  return run_command((runner.empty() ? "" : runner + " ") + slim_binary() + " " + args);
+  return run_command(slim_runner_prefix() + slim_binary() + " " + args);
 }
 
 }  // namespace slim::test

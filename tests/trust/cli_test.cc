@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "test_runner.h"
 #include "trust/test_util.h"
 
 using namespace slim::trust::testing;
@@ -25,12 +26,7 @@ class TrustCli : public ::testing::Test {
     dir_ = scratch_dir("cli");
   }
   CliResult run(const std::string& args) {
-#ifdef SLIM_TEST_EMULATOR
-    const std::string emulator = SLIM_TEST_EMULATOR " ";  // a cross build's emulator (qemu)
-#else
-    const std::string emulator;
-#endif
-    const std::string cmd = emulator + shell_quote(slim_.string()) + " " + args + " 2>&1";
+    const std::string cmd = slim::test::slim_runner_prefix() + shell_quote(slim_.string()) + " " + args + " 2>&1";
     CliResult r{-1, ""};
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return r;
