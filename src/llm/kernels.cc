@@ -378,6 +378,14 @@ int64_t argmax_scalar(const float* x, int64_t n) {
 
 namespace {
 
+// The first nr <= 16 results of a 16-row tile (rows 0-7 in lo, 8-15 in hi) to y.
+inline void store_rows_x16(__m256 lo, __m256 hi, int nr, float* y) {
+  alignas(32) float v[16];
+  _mm256_store_ps(v, lo);
+  _mm256_store_ps(v + 8, hi);
+  std::memcpy(y, v, size_t(nr) * 4);
+}
+
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 float dot_f32_avx2(int64_t n, const void* vw, const void* vx) {
@@ -693,12 +701,7 @@ void tile_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int6
       acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_x16<Q8>(pl, 1, q, bias)), _mm256_mul_ps(dw1, dx), acc[t][1]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    alignas(32) float v[16];
-    _mm256_store_ps(v, acc[t][0]);
-    _mm256_store_ps(v + 8, acc[t][1]);
-    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
-  }
+  for (int t = 0; t < NT; ++t) store_rows_x16(acc[t][0], acc[t][1], nr, y + t * ldy);
 }
 
 void tile_q4_0_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
@@ -761,12 +764,7 @@ void tile_q8_sign_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, 
       acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_q8_sign(pl, 1, q)), _mm256_mul_ps(dw1, dx), acc[t][1]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    alignas(32) float v[16];
-    _mm256_store_ps(v, acc[t][0]);
-    _mm256_store_ps(v + 8, acc[t][1]);
-    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
-  }
+  for (int t = 0; t < NT; ++t) store_rows_x16(acc[t][0], acc[t][1], nr, y + t * ldy);
 }
 
 void tile_q8_0_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
@@ -875,12 +873,7 @@ void tile_q4_k_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x,
       }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    alignas(32) float v[16];
-    _mm256_store_ps(v, acc[t][0]);
-    _mm256_store_ps(v + 8, acc[t][1]);
-    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
-  }
+  for (int t = 0; t < NT; ++t) store_rows_x16(acc[t][0], acc[t][1], nr, y + t * ldy);
 }
 
 void tile_q4_k_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
@@ -926,11 +919,9 @@ void tile_f16_x16_avx2_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, 
       a[t][1][q] = _mm256_fmadd_ps(w1, xv, a[t][1][q]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    alignas(32) float v[16];
-    for (int h = 0; h < 2; ++h) _mm256_store_ps(v + 8 * h, _mm256_add_ps(_mm256_add_ps(a[t][h][0], a[t][h][1]), a[t][h][2]));
-    std::memcpy(y + t * ldy, v, size_t(nr) * 4);
-  }
+  for (int t = 0; t < NT; ++t)
+    store_rows_x16(_mm256_add_ps(_mm256_add_ps(a[t][0][0], a[t][0][1]), a[t][0][2]),
+                   _mm256_add_ps(_mm256_add_ps(a[t][1][0], a[t][1][1]), a[t][1][2]), nr, y + t * ldy);
 }
 
 void tile_f16_x16_avx2(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
