@@ -555,7 +555,9 @@ CompiledForest CompiledForest::from_payload(const uint8_t* data, size_t size,
     throw bad("inconsistent node tables");
   }
   if (ranked) cf.bin_tree_ = build_bin_tree(cf);
-  cf.walk_cache_ = detail::new_walk_cache();
+#if defined(__x86_64__)
+  cf.walk_cache_ = detail::new_walk_cache();  // the AVX2 walk's tables (predict_simd.cc)
+#endif
   cf.simd_ = detected_simd_level();
   return cf;
 }
