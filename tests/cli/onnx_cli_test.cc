@@ -105,6 +105,32 @@ TEST_F(OnnxCli, BadInputsAreClearErrors) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
+// The kernel level: reported by inspect, lowered by --isa or SLIM_ISA, and a name that is
+// no level, or a level this CPU cannot run, is a usage error before any output.
+TEST_F(OnnxCli, KernelLevelIsReportedAndOnlyLowered) {
+  auto r = run_slim("inspect " + model());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("kernels:   "), std::string::npos) << r.out;
+  r = run_slim("inspect " + model() + " --isa scalar");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("kernels:   scalar"), std::string::npos) << r.out;
+  r = run_slim("inspect " + model() + " --isa sse9");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'sse9' is no instruction set"), std::string::npos) << r.err;
+  r = run_command("SLIM_ISA=sse9 " + slim_runner_prefix() + slim_binary() + " inspect " + model());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("SLIM_ISA: 'sse9'"), std::string::npos) << r.err;
+#if defined(__aarch64__)
+  const std::string foreign = "avx2";
+#else
+  const std::string foreign = "neon";
+#endif
+  r = run_slim("run " + model() + " --isa " + foreign);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("this CPU cannot run " + foreign), std::string::npos) << r.err;
+}
+
 TEST(Cli, EveryCommandHasHelp) {
   const auto top = run_slim("--help");
   ASSERT_EQ(top.exit_code, 0);

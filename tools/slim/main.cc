@@ -21,6 +21,8 @@ void add_threads_option(CLI::App* cmd, int* threads) {
 }
 
 void add_isa_option(CLI::App* cmd) {
+  // A bad SLIM_ISA is an error before the command prints or does anything.
+  cmd->preparse_callback([](size_t) { active_isa(); });
   cmd->add_option_function<std::string>(
          "--isa", [](const std::string& name) { set_isa_limit(name); },
          "Kernel instruction set, at most the CPU's: " + isa_names() + " (default: the CPU's best, or SLIM_ISA)")
