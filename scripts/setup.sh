@@ -19,12 +19,8 @@ packages=(
   qemu-user valgrind
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
+. "$(dirname "$0")/packages.sh"
+missing_packages "${packages[@]}"
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"

@@ -56,12 +56,8 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   updated=1
 fi
 
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
+. "$(dirname "$0")/packages.sh"
+missing_packages "${packages[@]}"
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup_arm64: all ${#packages[@]} packages present"

@@ -10,7 +10,6 @@
 #include <random>
 
 #include "commands.h"
-#include "slim/core/cpu_features.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/core/thread_pool.h"
@@ -198,7 +197,7 @@ void inspect_cmd(const std::string& path) {
             << "\nsums in:    " << (h.accumulate_double ? "double" : "float32") << "\nbase margin:";
   for (uint32_t g = 0; g < std::min<uint32_t>(h.num_groups, 8); ++g) std::cout << " " << cf.base_margin()[g];
   std::cout << "\nsimd:       " << simd_level_name(cf.simd_level())
-            << (active_isa() != hardware_isa() ? std::string(" (CPU: ") + isa_name(hardware_isa()) + ")" : "")
+            << cpu_note()
             << ((h.flags & (kHasCategorical | kHasZeroMissing)) ? " (batch walks scalar: categorical or zero-as-missing splits)" : "")
             << "\ncompiled:   " << kib(double(cf.payload_size())) << "\n";
 }
@@ -233,7 +232,7 @@ void bench_cmd(const BenchOptions& o) {
   std::vector<float> out(size_t(n) * cf.num_groups());
   std::cout << "model " << o.model << ": " << cf.num_trees() << " trees, " << cf.num_nodes() << " nodes, load "
             << load_ms << " ms, simd " << simd_level_name(cf.simd_level())
-            << (active_isa() != hardware_isa() ? std::string(" (CPU: ") + isa_name(hardware_isa()) + ")" : "") << ", " << pool.num_threads()
+            << cpu_note() << ", " << pool.num_threads()
             << " thread(s)\n";
   Progress progress("forest bench", 4);
   int step = 0;

@@ -28,6 +28,8 @@ void add_threads_option(CLI::App* cmd, int* threads);
 // --isa scalar|avx2|avx512|neon: lowers the kernel sets below the CPU's best (as SLIM_ISA
 // does), for commands that choose kernels.
 void add_isa_option(CLI::App* cmd);
+// " (CPU: avx512)" when the kernel level was lowered below the CPU's, else "".
+std::string cpu_note();
 // The kernel level in use, for reports: "avx2" or "avx2 (CPU: avx512)" when lowered.
 std::string isa_report();
 // --mmap for commands that load a GGUF model (see LlamaModel::load).

@@ -29,10 +29,11 @@ void add_isa_option(CLI::App* cmd) {
       ->type_name("ISA");
 }
 
-std::string isa_report() {
-  const Isa active = active_isa(), best = hardware_isa();
-  return active == best ? isa_name(active) : std::string(isa_name(active)) + " (CPU: " + isa_name(best) + ")";
+std::string cpu_note() {
+  return active_isa() == hardware_isa() ? "" : std::string(" (CPU: ") + isa_name(hardware_isa()) + ")";
 }
+
+std::string isa_report() { return isa_name(active_isa()) + cpu_note(); }
 
 void add_mmap_flag(CLI::App* cmd, bool* map) {
   cmd->add_flag("--mmap", *map,
