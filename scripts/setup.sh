@@ -17,6 +17,9 @@ packages=(
   # The emulation tests run kernels under qemu-x86_64 and valgrind as CPUs without
   # AVX-512 / AVX2.
   qemu-user valgrind
+  # slim serve: HTTP (cpp-httplib) and gRPC front doors; its tests call it with curl,
+  # Python grpcio (stubs from grpc_python_plugin) and check metrics with promtool.
+  libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc python3-grpcio curl prometheus
 )
 
 . "$(dirname "$0")/packages.sh"

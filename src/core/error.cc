@@ -10,6 +10,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::not_found: return "not_found";
     case ErrorCode::resource_exhausted: return "resource_exhausted";
     case ErrorCode::integrity: return "integrity";
+    case ErrorCode::unavailable: return "unavailable";
     case ErrorCode::internal: return "internal";
   }
   return "internal";
@@ -18,7 +19,8 @@ std::string_view error_code_name(ErrorCode code) {
 int exit_code_for(ErrorCode code) {
   switch (code) {
     case ErrorCode::integrity: return 3;
-    case ErrorCode::resource_exhausted: return 4;
+    case ErrorCode::resource_exhausted:
+    case ErrorCode::unavailable: return 4;
     case ErrorCode::internal: return 1;
     default: return 2;
   }

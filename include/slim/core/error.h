@@ -16,13 +16,15 @@ enum class ErrorCode {
   not_found,           // a named file, model, tensor or key does not exist
   resource_exhausted,  // a budget (memory, queue, KV blocks) is used up
   integrity,           // a digest, signature or chain does not match
+  unavailable,         // cannot be served now: shutting down, not ready, timed out in a queue
   internal,            // a bug in slim
 };
 
 std::string_view error_code_name(ErrorCode code);
 
 // Exit code a command-line front door returns for an error of this kind:
-// 2 for bad input of any kind, 3 for integrity failures, 4 for exhausted resources,
+// 2 for bad input of any kind, 3 for integrity failures, 4 for exhausted resources and
+// unavailable services,
 // 1 for internal errors.
 int exit_code_for(ErrorCode code);
 

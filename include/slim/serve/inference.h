@@ -1,0 +1,59 @@
+// What the front doors (REST, gRPC) hand the server and get back: one inference request
+// with its input tensors, and its result. Protocol-neutral: no JSON, no protobuf.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "slim/core/error.h"
+#include "slim/core/tensor.h"
+
+namespace slim::serve {
+
+using Clock = std::chrono::steady_clock;
+
+struct RequestedOutput {
+  std::string name;
+  bool binary = false;  // REST binary tensor extension: send this output as raw bytes
+};
+
+struct InferRequest {
+  std::string model;
+  std::string version;  // "" : the version the version policy serves (the newest)
+  std::string id;       // echoed back
+  std::vector<std::pair<std::string, Tensor>> inputs;  // contiguous tensors
+  std::vector<RequestedOutput> outputs;                // empty: every output
+  std::optional<uint32_t> priority;                   // 1 = most urgent; none: model default
+  std::optional<uint64_t> timeout_us;                  // queue timeout override
+  Clock::time_point arrival = Clock::now();
+};
+
+struct InferResponse {
+  std::string model;
+  std::string version;
+  std::string id;
+  // In the order of the request's outputs (or the model's when it named none).
+  std::vector<std::pair<std::string, Tensor>> outputs;
+  std::vector<bool> binary;  // per output, as requested
+};
+
+// Exactly one of error / response is meaningful.
+struct InferResult {
+  std::optional<Error> error;
+  InferResponse response;
+};
+
+// Called exactly once per request, from a server thread (or inline when the request
+// fails before it is queued). Must not block for long.
+using InferCallback = std::function<void(InferResult&&)>;
+
+// Protocol status for an error code: HTTP status and gRPC status code number.
+int http_status_for(ErrorCode code);
+int grpc_status_for(ErrorCode code);
+
+}  // namespace slim::serve

@@ -1,0 +1,97 @@
+// InferenceServer: the protocol-neutral core of `slim serve`. It owns the model
+// repository, one scheduler per served model version, and the metrics; the front doors
+// (KServe v2 REST and gRPC, the Prometheus endpoint) translate their protocol into these
+// calls and back, nothing else.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slim/core/tensor_model.h"
+#include "slim/serve/inference.h"
+#include "slim/serve/model_config.h"
+
+namespace slim::serve {
+
+struct ServerOptions {
+  std::string repository;  // folder; empty: no repository (models added with add_model)
+  // none: load every model at start-up; explicit: only `load_models` at start-up, the
+  // repository API loads and unloads (Triton's --model-control-mode).
+  enum class ModelControl { none, explicit_ };
+  ModelControl model_control = ModelControl::none;
+  std::vector<std::string> load_models;  // explicit mode: loaded at start ("*": all)
+  int threads = 0;                       // compute-thread budget, 0: hardware threads
+  int64_t max_tensor_elements = int64_t(1) << 28;  // per input tensor
+  int64_t max_queue_size = 4096;  // per model and level when the config sets no bound
+  uint64_t request_timeout_us = 0;  // overall limit per request (0: none)
+};
+
+// The server's view of one version of a model, for metadata.
+struct ModelMetadata {
+  std::string name;
+  std::vector<std::string> versions;  // served versions, newest first
+  std::string platform;
+  int64_t max_batch_size = 0;
+  std::vector<TensorSpec> inputs;  // full shapes; -1 free (the batch dim when batching)
+  std::vector<TensorSpec> outputs;
+};
+
+struct RepositoryEntry {
+  std::string name;
+  std::string version;  // "" for a model that is not loaded
+  std::string state;    // "READY", "UNAVAILABLE", "LOADING"
+  std::string reason;   // why it is not ready (a load error), else ""
+};
+
+class Repository;
+class Metrics;
+
+class InferenceServer {
+ public:
+  explicit InferenceServer(ServerOptions options);
+  ~InferenceServer();  // stops the schedulers; callbacks of queued requests get `unavailable`
+  InferenceServer(const InferenceServer&) = delete;
+  InferenceServer& operator=(const InferenceServer&) = delete;
+
+  // Scans the repository and loads the models the control mode says to. A model that
+  // fails to load is logged (and reported by repository_index) and the others still load.
+  void start();
+
+  // Queues a request. `done` runs exactly once: inline when the request is refused before
+  // it is queued (unknown model, bad input, full queue, shutting down), else from a
+  // scheduler thread once the batch that holds it has run.
+  void infer(InferRequest request, InferCallback done);
+  InferResult infer_sync(InferRequest request);  // for tests and the CLI
+
+  bool live() const;
+  bool ready() const;  // started, not shutting down, and every model it should serve is ready
+  bool model_ready(const std::string& name, const std::string& version = "") const;
+  ModelMetadata model_metadata(const std::string& name, const std::string& version = "") const;
+  std::vector<RepositoryEntry> repository_index() const;
+  void load_model(const std::string& name);    // (re)loads from the repository
+  void unload_model(const std::string& name);  // waits for its queued requests
+
+  // Prometheus text exposition of every metric.
+  std::string metrics_text() const;
+  Metrics& metrics();
+
+  // Stops accepting (ready() turns false, new requests get `unavailable`), then waits up
+  // to `timeout` for queued and running requests to finish. Returns true when all did.
+  bool shutdown(std::chrono::milliseconds timeout);
+
+  // Requests accepted and not yet answered.
+  int64_t in_flight() const;
+
+  static constexpr const char* kName = "slim";
+  static std::vector<std::string> extensions();  // KServe extensions slim implements
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slim::serve
