@@ -1,0 +1,102 @@
+"""Starts `slim serve` for the server tests on free loopback ports and stops it.
+
+    with start_server(repo, ["--threads", "2"]) as srv:
+        srv.http_port, srv.grpc_port, srv.metrics_port, srv.proc
+
+The binary is SLIM_BINARY_DIR/tools/slim; SLIM_TEST_RUNNER (an emulator command line)
+is put in front of it when set. The server binds port 0 for each front door and prints
+the ports it bound, then "slim serve: ready"; stop() sends SIGTERM and returns the exit
+code, which a clean drain makes 0.
+"""
+import os
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+
+PORT_LINE = re.compile(r"^slim serve: (HTTP|gRPC|metrics) listening on ([0-9.]+):(\d+)$")
+
+
+def slim_binary():
+    build = os.environ.get("SLIM_BINARY_DIR")
+    if not build:
+        raise RuntimeError("SLIM_BINARY_DIR is not set (ctest sets it to the build folder)")
+    return os.path.join(build, "tools", "slim")
+
+
+class Server:
+    def __init__(self, args, env=None, ready_timeout=120):
+        runner = shlex.split(os.environ.get("SLIM_TEST_RUNNER", ""))
+        self.args = runner + [slim_binary(), "serve"] + args
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self.http_port = self.grpc_port = self.metrics_port = None
+        self.stdout_lines = []
+        self.stderr_lines = []
+        self._err_thread = threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr_lines),
+                                            daemon=True)
+        self._err_thread.start()
+        deadline = time.monotonic() + ready_timeout
+        ready = False
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            line = line.rstrip("\n")
+            self.stdout_lines.append(line)
+            m = PORT_LINE.match(line)
+            if m:
+                port = int(m.group(3))
+                if m.group(1) == "HTTP":
+                    self.http_port = port
+                elif m.group(1) == "gRPC":
+                    self.grpc_port = port
+                else:
+                    self.metrics_port = port
+            if line == "slim serve: ready":
+                ready = True
+                break
+        if not ready:
+            self.proc.kill()
+            self.proc.wait()
+            self._err_thread.join(5)
+            raise RuntimeError("slim serve did not become ready:\nstdout:\n" + "\n".join(self.stdout_lines) +
+                               "\nstderr:\n" + "\n".join(self.stderr_lines))
+        self._out_thread = threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout_lines),
+                                            daemon=True)
+        self._out_thread.start()
+
+    @staticmethod
+    def _drain(stream, lines):
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    def url(self, path=""):
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def stop(self, timeout=60):
+        """SIGTERM, wait for the drain, return the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise RuntimeError("slim serve did not exit within %d s of SIGTERM" % timeout)
+        self._err_thread.join(5)
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_server(repo, extra_args=(), env=None):
+    args = ["--model-repository", repo, "--host", "127.0.0.1", "--http-port", "0",
+            "--grpc-port", "0", "--metrics-port", "0"] + list(extra_args)
+    return Server(args, env=env)
