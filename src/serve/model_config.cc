@@ -95,6 +95,26 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+// Names end up in JSON replies (metadata, errors), which must be UTF-8; protobuf also
+// rejects string fields that are not.
+bool valid_utf8(std::string_view s) {
+  static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};  // shortest form per length
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+    if (n < 0 || s.size() - i <= size_t(n)) return false;
+    uint32_t cp = n == 0 ? c : c & (0x3F >> n);
+    for (int k = 1; k <= n; ++k) {
+      auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = cp << 6 | (d & 0x3F);
+    }
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
 // A number literal as protobuf's text format writes one: decimal or 0x hex integers,
 // floats with an optional f suffix, -inf / -nan.
 bool valid_number(std::string_view t) {
@@ -227,6 +247,7 @@ class TextParser {
         skip_space();
         if (at_end() || (cur() != '"' && cur() != '\'')) break;
       }
+      if (!valid_utf8(v.text)) fail(v.line, v.column, "string is not valid UTF-8");
     } else if (is_ident_start(c)) {
       v.kind = Node::Kind::identifier;
       v.text = identifier();
@@ -475,18 +496,12 @@ int64_t int_value(const Context& ctx, const Node& n, const std::string& path, in
   }
   uint64_t magnitude = 0;
   auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), magnitude, base);
-  bool whole = !t.empty() && end == t.data() + t.size();
-  if (ec == std::errc::result_out_of_range && whole)
-    ctx.fail(
-        n, path,
-        n.text + " is out of range (" + std::to_string(lo) + " to " + std::to_string(hi) + ")");
-  if (ec != std::errc() || !whole) ctx.fail(n, path, "expected an integer, found " + found(n));
+  if ((ec != std::errc() && ec != std::errc::result_out_of_range) || t.empty() ||
+      end != t.data() + t.size())
+    ctx.fail(n, path, "expected an integer, found " + found(n));
   constexpr uint64_t kMinMagnitude = uint64_t(kInt64Max) + 1;
-  bool fits = negative ? magnitude <= kMinMagnitude : magnitude <= uint64_t(kInt64Max);
-  int64_t v = !fits      ? 0
-              : negative ? (magnitude == kMinMagnitude ? std::numeric_limits<int64_t>::min()
-                                                       : -int64_t(magnitude))
-                         : int64_t(magnitude);
+  bool fits = ec == std::errc() && magnitude <= (negative ? kMinMagnitude : uint64_t(kInt64Max));
+  int64_t v = negative ? int64_t(0 - magnitude) : int64_t(magnitude);  // modular since C++20
   if (!fits || v < lo || v > hi)
     ctx.fail(
         n, path,
@@ -587,13 +602,13 @@ TensorConfig tensor_config(Context& ctx, Message& m, bool input, int64_t max_bat
 void read_tensors(Context& ctx, Message& top, std::string_view field, bool input,
                   int64_t max_batch_size, std::vector<TensorConfig>& out) {
   auto nodes = top.repeated(field);
+  std::set<std::string> names;
   for (size_t i = 0; i < nodes.size(); ++i) {
     Message m(ctx, *nodes[i], top.path(field, i));
     TensorConfig t = tensor_config(ctx, m, input, max_batch_size);
-    for (const TensorConfig& other : out)
-      if (other.name == t.name)
-        ctx.fail(*nodes[i], m.path("name"),
-                 "two " + std::string(input ? "inputs" : "outputs") + " named '" + t.name + "'");
+    if (!names.insert(t.name).second)
+      ctx.fail(*nodes[i], m.path("name"),
+               "two " + std::string(input ? "inputs" : "outputs") + " named '" + t.name + "'");
     out.push_back(std::move(t));
   }
 }
@@ -826,7 +841,7 @@ ModelConfig parse_model_config_json(std::string_view text, const std::string& or
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of double range
     throw Error(ErrorCode::invalid_model, origin + ": " + e.what());
   }
   if (!j.is_object())

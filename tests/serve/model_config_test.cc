@@ -355,6 +355,8 @@ TEST(ModelConfig, SyntaxErrorsNameLineAndColumn) {
       {"x: \"\\777\"", "config.pbtxt:1:5: octal escape above \\377"},
       {"x: \"\\ud800\"", "config.pbtxt:1:5: '\\u' escape is not a Unicode code point"},
       {"x: \"\\u12\"", "config.pbtxt:1:5: '\\u' needs 4 hex digits"},
+      {"x: \"\\xff\"", "config.pbtxt:1:4: string is not valid UTF-8"},
+      {"x: \"\xc3\" \"\xa9\" y: \"\xe0\x80\x80\"", "config.pbtxt:1:15: string is not valid UTF-8"},
       {"x: [ [ 1 ] ]", "config.pbtxt:1:6: expected a value for 'x', found '['"},
       {"\n\n  @", "config.pbtxt:3:3: expected a field name, found '@'"},
       {"x: \x01", "config.pbtxt:1:4: expected a value for 'x', found byte 0x01"},
@@ -380,6 +382,9 @@ TEST(ModelConfig, SyntaxErrorsNameLineAndColumn) {
           .second.find(
               "config.json: [json.exception.parse_error.101] parse error at line 1, column 10"),
       std::string::npos);
+  EXPECT_NE(json_error(R"({"x": 1e999})")
+                .second.find("config.json: [json.exception.out_of_range.406] number overflow"),
+            std::string::npos);
   EXPECT_EQ(json_error("[1]").second, "config.json: the configuration is not a JSON object");
   EXPECT_EQ(json_error(R"({"dims": [[1]]})").second,
             "config.json: field 'dims': a list inside a list");
@@ -414,6 +419,13 @@ TEST(ModelConfig, ValueErrorsNameTheField) {
       {"input { name: \"x\" data_type: TYPE_FP32 }",
        "field 'input[0].dims': 'x' has no dims; without batching"},
       {"input { name: \"x\" data_type: TYPE_FP32 dims: [ 2, -2 ] }",
+       "field 'input[0].dims[1]': -2 is not a dimension"},
+      {"input { name: \"x\" data_type: TYPE_FP32 dims: -9223372036854775808 }",
+       "field 'input[0].dims[0]': -9223372036854775808 is not a dimension"},
+      {"input { name: \"x\" data_type: TYPE_FP32 dims: -9223372036854775809 }",
+       "field 'input[0].dims[0]': -9223372036854775809 is out of range (-9223372036854775808 to "
+       "9223372036854775807)"},
+      {"input { name: \"x\" data_type: TYPE_FP32 dims: 0x7fffffffffffffff dims: -0x2 }",
        "field 'input[0].dims[1]': -2 is not a dimension"},
       {"input { name: \"x\" data_type: TYPE_FP32 dims: [ 0 ] }",
        "field 'input[0].dims[0]': 0 is not a dimension"},
