@@ -40,7 +40,7 @@ std::string excerpt(const json& v) {
 json parse_json(std::string_view text, const std::string& what) {
   try {
     return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a huge number
     std::string m = e.what();
     size_t p = m.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] "
     fail(what + " is not valid JSON: " + (p == std::string::npos ? m : m.substr(p + 2)));

@@ -208,6 +208,8 @@ TEST(RestDecode, EveryRefusalNamesTheProblem) {
                  "while parsing object key - invalid literal; last read: '{x'; expected string literal"},
       {"", {}, "request body is not valid JSON: parse error at line 1, column 1: syntax error while "
                "parsing value - unexpected end of input; expected '[', '{', or a literal"},
+      {R"({"inputs":[1e999]})", {},
+       "request body is not valid JSON: number overflow parsing '1e999'"},
       {"[1]", {}, "request body must be a JSON object"},
       {R"({"id":5,"inputs":[]})", {}, "request 'id' must be a string"},
       {R"({"parameters":[],"inputs":[]})", {}, "request: 'parameters' must be an object"},
