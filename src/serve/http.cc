@@ -3,6 +3,7 @@
 #include "slim/serve/http.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -130,17 +131,32 @@ class HttpService {
     const int limit = std::max(1, options_.max_connections);
     http.new_task_queue = [limit] { return new ConnectionQueue(limit); };
     http.set_tcp_nodelay(true);  // responses go out in two writes (head, body)
+    // httplib's default is SO_REUSEPORT, with which a second server on the same port binds
+    // too and the kernel splits the connections between them.
+    http.set_socket_options([](int sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     http.set_read_timeout(kIoTimeoutSeconds);
     http.set_write_timeout(kIoTimeoutSeconds);
     http.set_keep_alive_max_count(kRequestsPerConnection);
     http.set_payload_max_length(options_.max_body_bytes);
     http.set_pre_routing_handler([this](const Request& req, Response& res) {
       t_request_start = Clock::now();
-      return refuse_early(req, res) ? HandlerResponse::Handled : HandlerResponse::Unhandled;
+      if (refuse_early(req, res)) return HandlerResponse::Handled;
+      // A request with neither Content-Length nor Transfer-Encoding has no body (RFC 9112,
+      // 6.3), but httplib would read one until the client closes (`curl -X POST`). The
+      // request object is httplib's own, not const.
+      if (!req.has_header("Content-Length"))
+        const_cast<Request&>(req).set_header("Content-Length", "0");
+      return HandlerResponse::Unhandled;
     });
     // A client that asks before sending a large body is refused before it sends it.
-    http.set_expect_100_continue_handler([this](const Request& req, Response&) {
-      return req.get_header_value<uint64_t>("Content-Length") > options_.max_body_bytes ? 413 : 100;
+    // (httplib writes `res` for any status but 100 and 417, so it gets the status too.)
+    http.set_expect_100_continue_handler([this](const Request& req, Response& res) {
+      if (req.get_header_value<uint64_t>("Content-Length") <= options_.max_body_bytes) return 100;
+      res.status = 413;
+      return 413;
     });
     // Responses httplib makes itself (unknown route, unreadable request, body too large)
     // get a JSON error body like every other error.
@@ -153,6 +169,8 @@ class HttpService {
         set_error(res, 413, "request body of " + req.get_header_value("Content-Length") +
                                 " bytes is above the limit of " +
                                 std::to_string(options_.max_body_bytes) + " bytes");
+      } else if (res.status == 400) {
+        set_error(res, 400, "malformed or incomplete HTTP request");
       } else {
         set_error(res, res.status, "HTTP status " + std::to_string(res.status));
       }
