@@ -127,7 +127,7 @@ void log_access(const Request& req, const Response& res) {
 // One httplib server on its own listening thread, with the limits every front door shares.
 class HttpService {
  public:
-  HttpService(HttpOptions options, std::string what) : options_(std::move(options)), what_(what) {
+  HttpService(HttpOptions options, std::string what) : options_(std::move(options)), what_(std::move(what)) {
     const int limit = std::max(1, options_.max_connections);
     http.new_task_queue = [limit] { return new ConnectionQueue(limit); };
     http.set_tcp_nodelay(true);  // responses go out in two writes (head, body)
