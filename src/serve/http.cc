@@ -16,10 +16,6 @@
 
 #include "slim/serve/rest_codec.h"
 
-#ifndef SLIM_VERSION
-#error "SLIM_VERSION (the project version) is defined by the build"
-#endif
-
 namespace slim::serve {
 namespace {
 
@@ -261,7 +257,7 @@ void add_kserve_routes(httplib::Server& http, InferenceServer& server, RestLimit
   http.Get("/v2", [](const Request&, Response& res) {
     guarded(res, [&] {
       set_body(res,
-               encode_server_metadata(InferenceServer::kName, SLIM_VERSION,
+               encode_server_metadata(InferenceServer::kName, SLIM_VERSION_STRING,
                                       InferenceServer::extensions()),
                kJson);
     });
