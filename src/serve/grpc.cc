@@ -122,7 +122,7 @@ Tensor decode_input(const InputTensor& in, const std::string* raw) {
   if (!raw) return typed_input(in, dtype, shape, numel);
 
   check(!has_typed_values(in.contents()), ErrorCode::invalid_argument,
-        quoted(name) + "has typed contents in a request that sends raw_input_contents "
+        quoted(name) + "typed contents in a request that sends raw_input_contents "
                        "(one form per request)");
   const size_t esize = dtype_size(dtype);
   check(raw->size() % esize == 0 && int64_t(raw->size() / esize) == numel,
