@@ -37,7 +37,9 @@ grpc::Status guarded(F&& body) {
   }
 }
 
-std::string quoted(const std::string& input) { return "input '" + input + "': "; }
+std::string quoted(const std::string& input) {
+  return "input '" + input + "': ";
+}
 
 // One input's typed contents, as checked against its datatype and shape.
 struct TypedInput {
@@ -72,37 +74,45 @@ Tensor from_contents(const TypedInput& x, const Field& values, const char* field
   return t;
 }
 
+int64_t value_count(const pb::InferTensorContents& c) {
+  return int64_t(c.bool_contents_size()) + c.int_contents_size() + c.int64_contents_size() +
+         c.uint_contents_size() + c.uint64_contents_size() + c.fp32_contents_size() +
+         c.fp64_contents_size() + c.bytes_contents_size();
+}
+
 Tensor typed_input(const InputTensor& in, DType dtype, const Shape& shape, int64_t numel) {
   const pb::InferTensorContents& c = in.contents();
-  const TypedInput x{in, shape, numel,
-                     int64_t(c.bool_contents_size()) + c.int_contents_size() +
-                         c.int64_contents_size() + c.uint_contents_size() +
-                         c.uint64_contents_size() + c.fp32_contents_size() +
-                         c.fp64_contents_size() + c.bytes_contents_size()};
+  const TypedInput x{in, shape, numel, value_count(c)};
   switch (dtype) {
-    case DType::boolean: return from_contents<bool>(x, c.bool_contents(), "bool_contents");
-    case DType::i8: return from_contents<int8_t>(x, c.int_contents(), "int_contents");
-    case DType::i16: return from_contents<int16_t>(x, c.int_contents(), "int_contents");
-    case DType::i32: return from_contents<int32_t>(x, c.int_contents(), "int_contents");
-    case DType::i64: return from_contents<int64_t>(x, c.int64_contents(), "int64_contents");
-    case DType::u8: return from_contents<uint8_t>(x, c.uint_contents(), "uint_contents");
-    case DType::u16: return from_contents<uint16_t>(x, c.uint_contents(), "uint_contents");
-    case DType::u32: return from_contents<uint32_t>(x, c.uint_contents(), "uint_contents");
-    case DType::u64: return from_contents<uint64_t>(x, c.uint64_contents(), "uint64_contents");
-    case DType::f32: return from_contents<float>(x, c.fp32_contents(), "fp32_contents");
-    case DType::f64: return from_contents<double>(x, c.fp64_contents(), "fp64_contents");
+    case DType::boolean:
+      return from_contents<bool>(x, c.bool_contents(), "bool_contents");
+    case DType::i8:
+      return from_contents<int8_t>(x, c.int_contents(), "int_contents");
+    case DType::i16:
+      return from_contents<int16_t>(x, c.int_contents(), "int_contents");
+    case DType::i32:
+      return from_contents<int32_t>(x, c.int_contents(), "int_contents");
+    case DType::i64:
+      return from_contents<int64_t>(x, c.int64_contents(), "int64_contents");
+    case DType::u8:
+      return from_contents<uint8_t>(x, c.uint_contents(), "uint_contents");
+    case DType::u16:
+      return from_contents<uint16_t>(x, c.uint_contents(), "uint_contents");
+    case DType::u32:
+      return from_contents<uint32_t>(x, c.uint_contents(), "uint_contents");
+    case DType::u64:
+      return from_contents<uint64_t>(x, c.uint64_contents(), "uint64_contents");
+    case DType::f32:
+      return from_contents<float>(x, c.fp32_contents(), "fp32_contents");
+    case DType::f64:
+      return from_contents<double>(x, c.fp64_contents(), "fp64_contents");
     case DType::f16:
-    case DType::bf16: break;
+    case DType::bf16:
+      break;
   }
   throw Error(ErrorCode::invalid_argument,
               quoted(in.name()) + in.datatype() +
                   " has no typed contents field; send it in raw_input_contents");
-}
-
-bool has_typed_values(const pb::InferTensorContents& c) {
-  return c.bool_contents_size() || c.int_contents_size() || c.int64_contents_size() ||
-         c.uint_contents_size() || c.uint64_contents_size() || c.fp32_contents_size() ||
-         c.fp64_contents_size() || c.bytes_contents_size();
 }
 
 // `raw`: the input's raw_input_contents entry, or null when the request sends typed
@@ -121,9 +131,10 @@ Tensor decode_input(const InputTensor& in, const std::string* raw) {
   }
   if (!raw) return typed_input(in, dtype, shape, numel);
 
-  check(!has_typed_values(in.contents()), ErrorCode::invalid_argument,
-        quoted(name) + "typed contents in a request that sends raw_input_contents "
-                       "(one form per request)");
+  check(value_count(in.contents()) == 0, ErrorCode::invalid_argument,
+        quoted(name) +
+            "typed contents in a request that sends raw_input_contents "
+            "(one form per request)");
   const size_t esize = dtype_size(dtype);
   check(raw->size() % esize == 0 && int64_t(raw->size() / esize) == numel,
         ErrorCode::invalid_argument,
@@ -140,7 +151,8 @@ std::optional<uint64_t> count_parameter(const pb::ModelInferRequest& req, const 
   const auto it = req.parameters().find(key);
   if (it == req.parameters().end()) return std::nullopt;
   switch (it->second.parameter_choice_case()) {
-    case pb::InferParameter::kUint64Param: return it->second.uint64_param();
+    case pb::InferParameter::kUint64Param:
+      return it->second.uint64_param();
     case pb::InferParameter::kInt64Param:
       check(it->second.int64_param() >= 0, ErrorCode::invalid_argument,
             "parameter '" + key + "' must not be negative (got " +
@@ -164,7 +176,8 @@ InferRequest decode_request(const pb::ModelInferRequest& req) {
   r.inputs.reserve(req.inputs_size());
   for (int i = 0; i < req.inputs_size(); ++i) {
     const InputTensor& in = req.inputs(i);
-    r.inputs.emplace_back(in.name(), decode_input(in, raw_count ? &req.raw_input_contents(i) : nullptr));
+    r.inputs.emplace_back(in.name(),
+                          decode_input(in, raw_count ? &req.raw_input_contents(i) : nullptr));
   }
   for (const auto& out : req.outputs()) r.outputs.push_back({out.name(), false});
   // Priority 0 and timeout 0 mean "the model's default", as Triton's clients send them.
@@ -205,7 +218,8 @@ void check_repository_request(const Request& req, const char* rpc) {
         std::string(rpc) + ": 'repository_name' is not supported (slim serves one repository)");
   if constexpr (requires { req.parameters(); }) {
     for (const auto& [key, value] : req.parameters())
-      throw Error(ErrorCode::unsupported, std::string(rpc) + ": parameter '" + key + "' is not supported");
+      throw Error(ErrorCode::unsupported,
+                  std::string(rpc) + ": parameter '" + key + "' is not supported");
   }
 }
 
@@ -254,22 +268,26 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
  public:
   explicit Service(InferenceServer& server) : server_(server) {}
 
-  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx, const pb::ServerLiveRequest*,
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
+                                       const pb::ServerLiveRequest*,
                                        pb::ServerLiveResponse* resp) override {
     return answer(ctx, [&] { resp->set_live(server_.live()); });
   }
 
-  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx, const pb::ServerReadyRequest*,
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx,
+                                        const pb::ServerReadyRequest*,
                                         pb::ServerReadyResponse* resp) override {
     return answer(ctx, [&] { resp->set_ready(server_.ready()); });
   }
 
-  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx, const pb::ModelReadyRequest* req,
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
+                                       const pb::ModelReadyRequest* req,
                                        pb::ModelReadyResponse* resp) override {
     return answer(ctx, [&] { resp->set_ready(server_.model_ready(req->name(), req->version())); });
   }
 
-  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx, const pb::ServerMetadataRequest*,
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx,
+                                           const pb::ServerMetadataRequest*,
                                            pb::ServerMetadataResponse* resp) override {
     return answer(ctx, [&] {
       resp->set_name(InferenceServer::kName);
@@ -278,7 +296,8 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
     });
   }
 
-  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx, const pb::ModelMetadataRequest* req,
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
+                                          const pb::ModelMetadataRequest* req,
                                           pb::ModelMetadataResponse* resp) override {
     return answer(ctx, [&] {
       const serve::ModelMetadata m = server_.model_metadata(req->name(), req->version());
@@ -292,7 +311,8 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
 
   // The reactor is finished by the server's callback, from a scheduler thread once the
   // batch that holds the request has run (or inline when the server refuses it).
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx, const pb::ModelInferRequest* req,
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
+                                       const pb::ModelInferRequest* req,
                                        pb::ModelInferResponse* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     InferRequest request;
@@ -307,7 +327,8 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx, const pb::RepositoryIndexRequest* req,
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const pb::RepositoryIndexRequest* req,
                                             pb::RepositoryIndexResponse* resp) override {
     return answer(ctx, [&] {
       check_repository_request(*req, "RepositoryIndex");
@@ -349,7 +370,8 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   }
 
   // The request and response stay alive until the reactor is finished.
-  grpc::ServerUnaryReactor* answer_later(grpc::CallbackServerContext* ctx, std::function<void()> body) {
+  grpc::ServerUnaryReactor* answer_later(grpc::CallbackServerContext* ctx,
+                                         std::function<void()> body) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     repository_.post([reactor, body = std::move(body)] { reactor->Finish(guarded(body)); });
     return reactor;
@@ -382,7 +404,9 @@ GrpcFrontend::GrpcFrontend(InferenceServer& server, GrpcOptions options)
         "gRPC max message size must be positive (got " + std::to_string(o.max_message_bytes) + ")");
 }
 
-GrpcFrontend::~GrpcFrontend() { stop(); }
+GrpcFrontend::~GrpcFrontend() {
+  stop();
+}
 
 int GrpcFrontend::start() {
   check(!impl_->server, ErrorCode::internal, "the gRPC front door is already started");

@@ -12,7 +12,7 @@ namespace slim::serve {
 
 struct GrpcOptions {
   std::string host = "0.0.0.0";
-  int port = 8001;                     // 0: a free port
+  int port = 8001;                   // 0: a free port
   int max_message_bytes = 64 << 20;  // per request and per response
 };
 
