@@ -5,6 +5,9 @@
 
 #include "slim/core/error.h"
 
+#if defined(__x86_64__) && defined(__clang__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -21,7 +24,14 @@ CpuFeatures probe() {
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
+#if defined(__clang__) && __clang_major__ < 15
+  // clang 14's builtin does not know "f16c" (the fuzz builds use Debian's clang 14): read
+  // CPUID leaf 1, ECX bit 29. F16C operates on YMM state, which the AVX check above covers.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+#else
   f.f16c = __builtin_cpu_supports("f16c");
+#endif
   f.popcnt = __builtin_cpu_supports("popcnt");
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");

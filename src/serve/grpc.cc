@@ -291,7 +291,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
                                            pb::ServerMetadataResponse* resp) override {
     return answer(ctx, [&] {
       resp->set_name(InferenceServer::kName);
-      resp->set_version(SLIM_VERSION);
+      resp->set_version(SLIM_VERSION_STRING);
       for (const auto& e : InferenceServer::extensions()) resp->add_extensions(e);
     });
   }

@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
       "gradient-boosted trees.\n\n"
       "Exit codes: 0 success; 1 internal error; 2 bad input (usage, malformed file, "
       "unsupported model, missing file); 3 integrity failure (digest, signature, audit "
-      "chain); 4 resource exhausted."};
+      "chain); 4 resource exhausted or service unavailable."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "slim 0.1.0");
+  app.set_version_flag("--version", "slim " SLIM_VERSION_STRING);
   auto& reg = slim::cli::command_registry();
   std::stable_sort(reg.begin(), reg.end(),
                    [](const auto& a, const auto& b) { return a.order < b.order; });

@@ -16,6 +16,7 @@ struct TensorSpec {
   std::string name;
   DType dtype = DType::f32;
   Shape shape;
+  bool rank_known = true;  // false: the model does not say (shape is then empty)
 };
 
 class TensorModel {

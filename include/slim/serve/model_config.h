@@ -30,6 +30,7 @@ struct TensorConfig {
   DType dtype = DType::f32;
   std::vector<int64_t> dims;
   bool allow_ragged_batch = false;  // parsed, not acted on (warning)
+  bool operator==(const TensorConfig&) const = default;
 };
 
 struct VersionPolicy {
@@ -37,6 +38,7 @@ struct VersionPolicy {
   Kind kind = Kind::latest;
   uint32_t latest_num_versions = 1;
   std::vector<int64_t> specific_versions;
+  bool operator==(const VersionPolicy&) const = default;
 };
 
 struct QueuePolicy {
@@ -45,6 +47,7 @@ struct QueuePolicy {
   uint64_t default_timeout_microseconds = 0;  // 0: no timeout
   bool allow_timeout_override = false;
   uint32_t max_queue_size = 0;  // 0: unbounded (the server's own limit still applies)
+  bool operator==(const QueuePolicy&) const = default;
 };
 
 struct DynamicBatchingConfig {
@@ -58,12 +61,13 @@ struct DynamicBatchingConfig {
   uint32_t default_priority_level = 0;
   QueuePolicy default_queue_policy;
   std::map<uint32_t, QueuePolicy> priority_queue_policy;  // level -> policy
+  bool operator==(const DynamicBatchingConfig&) const = default;
 };
 
 struct ModelConfig {
   std::string name;
-  std::string platform;  // "onnxruntime_onnx", "slim_forest", ...
-  std::string backend;   // "onnxruntime", "slim", ...
+  std::string platform;        // "onnxruntime_onnx", "slim_forest", ...
+  std::string backend;         // "onnxruntime", "slim", ...
   int64_t max_batch_size = 0;  // 0: the model does not batch; dims are full shapes
   std::vector<TensorConfig> inputs;
   std::vector<TensorConfig> outputs;
@@ -72,14 +76,17 @@ struct ModelConfig {
   std::optional<DynamicBatchingConfig> dynamic_batching;
   std::string default_model_filename;  // "" : the file name from the model kind
   // Fields the parser saw but slim does not act on, and other non-fatal remarks, each a
-  // full sentence naming the field ("config.pbtxt: unknown field 'optimization' ignored").
+  // full sentence naming the field and, in the text form, where it is
+  // ("config.pbtxt:7:15: unknown field 'optimisation' ignored").
   std::vector<std::string> warnings;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Parse the text / JSON form. `origin` names the file in messages. A syntax error, a
 // wrong value type, a value out of range or a contradiction (priority level above
 // priority_levels, preferred size above max_batch_size, ...) throws `invalid_model`
-// naming the origin, line and field.
+// naming the origin, line and field (JSON: the field only); TYPE_STRING throws
+// `unsupported`. Nesting is limited to 64 levels.
 ModelConfig parse_model_config_pbtxt(std::string_view text, const std::string& origin);
 ModelConfig parse_model_config_json(std::string_view text, const std::string& origin);
 

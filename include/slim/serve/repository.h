@@ -1,0 +1,71 @@
+// Repository: a folder of models in Triton's layout, REPO/<model>/config.pbtxt (or
+// config.json, or no config: it is then read off the model) and REPO/<model>/<version>/
+// with one model file. Loading a model reads its config, checks it against the model's
+// real inputs and outputs, and builds one scheduler per version its version policy
+// serves. A loaded model is immutable: the server swaps whole LoadedModels atomically.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slim/core/tensor_model.h"
+#include "slim/serve/batcher.h"
+#include "slim/serve/metrics.h"
+#include "slim/serve/model_config.h"
+
+namespace slim::serve {
+
+// One tensor as the protocol shows it, and how it maps onto the model's own tensor.
+struct ServedTensor {
+  TensorSpec spec;         // config name, dtype and full shape (-1 first when batching)
+  Shape sample_dims;       // the config's dims (after the batch dim when batching)
+  Shape model_sample_dims; // the model's, when they differ (a reshape); else empty
+};
+
+struct LoadedVersion {
+  int64_t version = 0;
+  std::string name;  // the version as a string
+  std::unique_ptr<DynamicBatcher> batcher;
+  int64_t memory_bytes = 0;  // weights and planned buffers of every instance
+};
+
+struct LoadedModel {
+  std::string name;
+  ModelConfig config;
+  std::string platform;  // "onnxruntime_onnx" or "slim_forest"
+  std::vector<ServedTensor> inputs, outputs;
+  BatchPolicy policy;
+  std::map<int64_t, std::shared_ptr<LoadedVersion>, std::greater<>> versions;  // newest first
+  ~LoadedModel();  // stops the schedulers, draining what they hold
+};
+
+struct LoadOptions {
+  int threads = 0;                // kernel threads of each ONNX session
+  int64_t max_queue_size = 4096;  // per level when the config sets no bound
+  Metrics* metrics = nullptr;
+};
+
+class Repository {
+ public:
+  explicit Repository(std::string root);
+  const std::string& root() const { return root_; }
+  // Sub-folders that hold a model (a config file or a numeric version folder), sorted.
+  std::vector<std::string> model_names() const;
+  // Loads every version of `name` its version policy serves. Throws not_found for an
+  // unknown name, invalid_model / unsupported naming the file for anything wrong.
+  std::shared_ptr<LoadedModel> load(const std::string& name, const LoadOptions& options,
+                                    std::vector<std::string>* warnings) const;
+
+ private:
+  std::string root_;
+};
+
+// Builds a model version's executors from one model file (.onnx, a forest file).
+std::vector<std::shared_ptr<TensorModel>> load_model_file(const std::string& path, int instances, int threads,
+                                                          int64_t* memory_bytes, std::string* platform);
+
+}  // namespace slim::serve

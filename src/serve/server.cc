@@ -1,0 +1,401 @@
+#include "slim/serve/server.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+
+#include "slim/core/thread_pool.h"
+#include "slim/serve/metrics.h"
+#include "slim/serve/repository.h"
+
+namespace slim::serve {
+namespace {
+
+struct ModelSlot {
+  std::shared_ptr<LoadedModel> model;  // null while not loaded
+  std::string reason;                  // why it is not loaded
+  bool wanted = false;                 // counts for strict readiness
+};
+
+std::string names_of(const std::vector<ServedTensor>& ts) {
+  std::string s;
+  for (const auto& t : ts) s += (s.empty() ? "" : ", ") + t.spec.name;
+  return s;
+}
+
+std::string sample_str(const Tensor& t, bool batching) {
+  Shape s = t.shape();
+  if (batching) s.erase(s.begin());
+  return shape_str(s);
+}
+
+// Process CPU time and resident memory, read from /proc at each scrape.
+void collect_process(Metrics& m, double start_unix) {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (std::getline(stat, line)) {
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::string f;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> f; ++i) {
+      if (i == 14) utime = std::stod(f);
+      if (i == 15) stime = std::stod(f);
+    }
+    m.gauge("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
+        .set((utime + stime) / double(sysconf(_SC_CLK_TCK)));
+  }
+  std::ifstream statm("/proc/self/statm");
+  double size = 0, resident = 0;
+  if (statm >> size >> resident)
+    m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.")
+        .set(resident * double(sysconf(_SC_PAGESIZE)));
+  m.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.").set(start_unix);
+}
+
+}  // namespace
+
+struct InferenceServer::Impl {
+  ServerOptions opt;
+  Metrics metrics;
+  std::unique_ptr<Repository> repo;
+  mutable std::mutex mu;  // slots; loads and unloads of one model are serialized by load_mu
+  std::map<std::string, ModelSlot> slots;
+  std::mutex load_mu;
+  std::atomic<bool> started{false}, stopping{false};
+  std::atomic<int64_t> in_flight{0};
+  std::mutex flight_mu;
+  std::condition_variable flight_cv;
+
+  std::shared_ptr<LoadedModel> find(const std::string& name) const {
+    std::lock_guard lock(mu);
+    auto it = slots.find(name);
+    if (it == slots.end()) throw Error(ErrorCode::not_found, "unknown model '" + name + "'");
+    if (!it->second.model)
+      throw Error(ErrorCode::unavailable, "model '" + name + "' is not ready" +
+                                              (it->second.reason.empty() ? "" : ": " + it->second.reason));
+    return it->second.model;
+  }
+
+  static std::shared_ptr<LoadedVersion> version_of(const LoadedModel& m, const std::string& version) {
+    if (version.empty()) return m.versions.begin()->second;
+    for (const auto& [v, lv] : m.versions)
+      if (lv->name == version) return lv;
+    std::string served;
+    for (const auto& [v, lv] : m.versions) served += (served.empty() ? "" : ", ") + lv->name;
+    throw Error(ErrorCode::not_found,
+                "model '" + m.name + "' has no version '" + version + "' (serving: " + served + ")");
+  }
+
+  std::unique_ptr<ScheduledRequest> schedule(const LoadedModel& m, InferRequest req, InferCallback done) const;
+  void load(const std::string& name);
+};
+
+std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedModel& m, InferRequest req,
+                                                                  InferCallback done) const {
+  const bool batching = m.config.max_batch_size > 0;
+  auto s = std::make_unique<ScheduledRequest>();
+  const std::string model = "model '" + m.name + "'";
+  int64_t rows = -1;
+  std::vector<bool> seen(m.inputs.size());
+  for (auto& [name, t] : req.inputs) {
+    auto it = std::find_if(m.inputs.begin(), m.inputs.end(), [&](const ServedTensor& st) { return st.spec.name == name; });
+    check(it != m.inputs.end(), ErrorCode::invalid_argument,
+          model + " has no input '" + name + "' (its inputs: " + names_of(m.inputs) + ")");
+    const size_t k = size_t(it - m.inputs.begin());
+    check(!seen[k], ErrorCode::invalid_argument, "input '" + name + "' is given twice");
+    seen[k] = true;
+    check(t.defined(), ErrorCode::invalid_argument, "input '" + name + "' has no data");
+    check(t.dtype() == it->spec.dtype, ErrorCode::invalid_argument,
+          "input '" + name + "' is " + std::string(kserve_dtype_name(t.dtype())) + ", " + model + " expects " +
+              std::string(kserve_dtype_name(it->spec.dtype)));
+    check(t.numel() <= opt.max_tensor_elements, ErrorCode::invalid_argument,
+          "input '" + name + "' has " + std::to_string(t.numel()) + " elements, above the server's limit of " +
+              std::to_string(opt.max_tensor_elements));
+    const Shape& want = it->spec.shape;
+    bool ok = t.rank() == int(want.size());
+    for (size_t i = batching ? 1 : 0; ok && i < want.size(); ++i) ok = want[i] < 0 || want[i] == t.shape()[i];
+    check(ok, ErrorCode::invalid_argument,
+          "input '" + name + "' has shape " + shape_str(t.shape()) + ", " + model + " expects " + shape_str(want));
+    if (batching) {
+      const int64_t n = t.shape()[0];
+      check(n >= 1 && n <= m.config.max_batch_size, ErrorCode::invalid_argument,
+            "input '" + name + "' has batch size " + std::to_string(n) + ", " + model + " takes 1 to " +
+                std::to_string(m.config.max_batch_size));
+      check(rows < 0 || rows == n, ErrorCode::invalid_argument,
+            "inputs disagree on the batch size (" + std::to_string(rows) + " and " + std::to_string(n) + ")");
+      rows = n;
+    }
+    Tensor in = t.contiguous();
+    if (!it->model_sample_dims.empty()) {
+      Shape shape = it->model_sample_dims;
+      if (batching) shape.insert(shape.begin(), rows);
+      in = in.reshape(shape);
+    }
+    s->shape_key += sample_str(t, batching) + ";";
+    s->inputs[name] = std::move(in);
+  }
+  for (size_t k = 0; k < seen.size(); ++k)
+    check(seen[k], ErrorCode::invalid_argument, model + " needs input '" + m.inputs[k].spec.name + "'");
+  s->rows = batching ? rows : 1;
+
+  auto add_output = [&](const ServedTensor& st) {
+    s->outputs.push_back(st.spec.name);
+    s->output_sample_dims.push_back(st.model_sample_dims.empty() ? Shape{} : st.sample_dims);
+  };
+  if (req.outputs.empty()) {
+    for (const auto& st : m.outputs) add_output(st);
+  } else {
+    for (const auto& o : req.outputs) {
+      auto it = std::find_if(m.outputs.begin(), m.outputs.end(), [&](const ServedTensor& st) { return st.spec.name == o.name; });
+      check(it != m.outputs.end(), ErrorCode::invalid_argument,
+            model + " has no output '" + o.name + "' (its outputs: " + names_of(m.outputs) + ")");
+      add_output(*it);
+    }
+  }
+
+  const BatchPolicy& p = m.policy;
+  s->level = p.default_level;
+  if (req.priority && *req.priority != 0 && p.levels > 1) {
+    check(*req.priority <= p.levels, ErrorCode::invalid_argument,
+          "priority " + std::to_string(*req.priority) + " is outside 1.." + std::to_string(p.levels) + " of " + model);
+    s->level = *req.priority;
+  }
+  const QueuePolicy& qp = p.queue_policy[s->level - 1];
+  uint64_t timeout = qp.default_timeout_microseconds;
+  if (req.timeout_us && qp.allow_timeout_override) timeout = *req.timeout_us;
+  if (opt.request_timeout_us && (timeout == 0 || timeout > opt.request_timeout_us)) timeout = opt.request_timeout_us;
+  if (timeout > 0) s->deadline = req.arrival + std::chrono::microseconds(timeout);
+
+  s->request = std::move(req);
+  s->done = std::move(done);
+  return s;
+}
+
+void InferenceServer::Impl::load(const std::string& name) {
+  std::lock_guard load_lock(load_mu);
+  std::vector<std::string> warnings;
+  LoadOptions lo;
+  lo.threads = opt.threads;
+  lo.max_queue_size = opt.max_queue_size;
+  lo.metrics = &metrics;
+  std::shared_ptr<LoadedModel> fresh, old;
+  try {
+    check(repo != nullptr, ErrorCode::not_found, "the server has no model repository to load '" + name + "' from");
+    fresh = repo->load(name, lo, &warnings);
+  } catch (const Error& e) {
+    for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
+    std::lock_guard lock(mu);
+    ModelSlot& slot = slots[name];
+    slot.wanted = true;
+    if (!slot.model) slot.reason = e.what();  // a failed reload keeps the version that serves
+    throw;
+  }
+  for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
+  {
+    std::lock_guard lock(mu);
+    ModelSlot& slot = slots[name];
+    old = std::move(slot.model);
+    slot.model = fresh;
+    slot.reason.clear();
+    slot.wanted = true;
+  }
+  std::string versions;
+  for (const auto& [v, lv] : fresh->versions) versions += (versions.empty() ? "" : ", ") + lv->name;
+  std::cerr << "slim serve: loaded model '" << name << "' version " << versions << " (" << fresh->platform << ")\n";
+  old.reset();  // drains the replaced versions outside the lock
+}
+
+InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->opt = std::move(options);
+  set_num_threads(impl_->opt.threads);
+  if (!impl_->opt.repository.empty()) impl_->repo = std::make_unique<Repository>(impl_->opt.repository);
+  const double start_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  impl_->metrics.add_collector([start_unix](Metrics& m) { collect_process(m, start_unix); });
+}
+
+InferenceServer::~InferenceServer() {
+  impl_->stopping = true;
+  std::map<std::string, ModelSlot> slots;
+  {
+    std::lock_guard lock(impl_->mu);
+    slots.swap(impl_->slots);
+  }
+  slots.clear();  // each LoadedModel drains and stops its schedulers
+}
+
+void InferenceServer::start() {
+  if (impl_->repo) {
+    const auto names = impl_->repo->model_names();
+    const auto& wanted = impl_->opt.load_models;
+    const bool all = impl_->opt.model_control == ServerOptions::ModelControl::none ||
+                     std::find(wanted.begin(), wanted.end(), "*") != wanted.end();
+    for (const auto& name : names) {
+      std::lock_guard lock(impl_->mu);
+      impl_->slots[name].reason = "not loaded";
+    }
+    std::vector<std::string> to_load = all ? names : wanted;
+    to_load.erase(std::remove(to_load.begin(), to_load.end(), "*"), to_load.end());
+    for (const auto& name : to_load) {
+      try {
+        impl_->load(name);
+      } catch (const Error& e) {
+        std::cerr << "slim serve: model '" << name << "' failed to load: " << e.what() << "\n";
+      }
+    }
+  }
+  impl_->started = true;
+}
+
+void InferenceServer::infer(InferRequest request, InferCallback done) {
+  std::unique_ptr<ScheduledRequest> s;
+  std::shared_ptr<LoadedVersion> lv;
+  try {
+    check(!impl_->stopping, ErrorCode::unavailable, "the server is shutting down");
+    const auto m = impl_->find(request.model);
+    lv = Impl::version_of(*m, request.version);
+    std::vector<bool> binary;
+    if (request.outputs.empty()) binary.assign(m->outputs.size(), false);
+    for (const auto& o : request.outputs) binary.push_back(o.binary);
+    impl_->in_flight.fetch_add(1);
+    Impl* impl = impl_.get();
+    auto finish = [impl, done = std::move(done), binary = std::move(binary)](InferResult&& r) {
+      r.response.binary = binary;
+      done(std::move(r));
+      if (impl->in_flight.fetch_sub(1) == 1) {
+        std::lock_guard lock(impl->flight_mu);
+        impl->flight_cv.notify_all();
+      }
+    };
+    try {
+      s = impl_->schedule(*m, std::move(request), finish);
+    } catch (const Error& e) {
+      InferResult r;
+      r.error = e;
+      finish(std::move(r));
+      return;
+    }
+  } catch (const Error& e) {
+    InferResult r;
+    r.error = e;
+    done(std::move(r));
+    return;
+  }
+  lv->batcher->enqueue(std::move(s));
+}
+
+InferResult InferenceServer::infer_sync(InferRequest request) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<InferResult> out;
+  infer(std::move(request), [&](InferResult&& r) {
+    std::lock_guard lock(mu);
+    out = std::move(r);
+    cv.notify_all();
+  });
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return out.has_value(); });
+  return std::move(*out);
+}
+
+bool InferenceServer::live() const { return !impl_->stopping; }
+
+bool InferenceServer::ready() const {
+  if (!impl_->started || impl_->stopping) return false;
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [name, slot] : impl_->slots)
+    if (slot.wanted && !slot.model) return false;
+  return true;
+}
+
+bool InferenceServer::model_ready(const std::string& name, const std::string& version) const {
+  try {
+    const auto m = impl_->find(name);
+    Impl::version_of(*m, version);
+    return !impl_->stopping;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+ModelMetadata InferenceServer::model_metadata(const std::string& name, const std::string& version) const {
+  const auto m = impl_->find(name);
+  Impl::version_of(*m, version);
+  ModelMetadata md;
+  md.name = m->name;
+  if (version.empty()) {
+    for (const auto& [v, lv] : m->versions) md.versions.push_back(lv->name);
+  } else {
+    md.versions.push_back(version);
+  }
+  md.platform = m->platform;
+  md.max_batch_size = m->config.max_batch_size;
+  for (const auto& t : m->inputs) md.inputs.push_back(t.spec);
+  for (const auto& t : m->outputs) md.outputs.push_back(t.spec);
+  return md;
+}
+
+std::vector<RepositoryEntry> InferenceServer::repository_index() const {
+  std::map<std::string, ModelSlot> slots;
+  {
+    std::lock_guard lock(impl_->mu);
+    slots = impl_->slots;
+  }
+  if (impl_->repo)
+    for (const auto& name : impl_->repo->model_names()) slots.try_emplace(name, ModelSlot{nullptr, "not loaded", false});
+  std::vector<RepositoryEntry> out;
+  for (const auto& [name, slot] : slots) {
+    if (!slot.model) {
+      out.push_back({name, "", "UNAVAILABLE", slot.reason});
+      continue;
+    }
+    for (const auto& [v, lv] : slot.model->versions) out.push_back({name, lv->name, "READY", ""});
+  }
+  return out;
+}
+
+void InferenceServer::load_model(const std::string& name) {
+  check(!impl_->stopping, ErrorCode::unavailable, "the server is shutting down");
+  impl_->load(name);
+}
+
+void InferenceServer::unload_model(const std::string& name) {
+  std::shared_ptr<LoadedModel> old;
+  {
+    std::lock_guard load_lock(impl_->load_mu);
+    {
+      std::lock_guard lock(impl_->mu);
+      auto it = impl_->slots.find(name);
+      check(it != impl_->slots.end(), ErrorCode::not_found, "unknown model '" + name + "'");
+      old = std::move(it->second.model);
+      it->second.reason = "unloaded";
+      it->second.wanted = false;
+    }
+    old.reset();  // drains its queued requests
+    impl_->metrics.remove_series({{"model", name}});
+  }
+  std::cerr << "slim serve: unloaded model '" << name << "'\n";
+}
+
+std::string InferenceServer::metrics_text() const { return impl_->metrics.render(); }
+
+Metrics& InferenceServer::metrics() { return impl_->metrics; }
+
+bool InferenceServer::shutdown(std::chrono::milliseconds timeout) {
+  impl_->stopping = true;
+  std::unique_lock lock(impl_->flight_mu);
+  return impl_->flight_cv.wait_for(lock, timeout, [&] { return impl_->in_flight.load() == 0; });
+}
+
+int64_t InferenceServer::in_flight() const { return impl_->in_flight.load(); }
+
+std::vector<std::string> InferenceServer::extensions() {
+  return {"model_repository", "binary_tensor_data", "statistics_metrics"};
+}
+
+}  // namespace slim::serve
