@@ -136,7 +136,8 @@ LoadedModel::~LoadedModel() {
 }
 
 std::vector<std::shared_ptr<TensorModel>> load_model_file(const std::string& path, int instances, int threads,
-                                                          int64_t* memory_bytes, std::string* platform) {
+                                                          int64_t batch_sizes, int64_t* memory_bytes,
+                                                          std::string* platform) {
   const std::string ext = fs::path(path).extension().string();
   std::vector<std::shared_ptr<TensorModel>> out;
   *memory_bytes = 0;
@@ -148,6 +149,10 @@ std::vector<std::shared_ptr<TensorModel>> load_model_file(const std::string& pat
     *platform = "onnxruntime_onnx";
     SessionOptions opt;
     opt.num_threads = threads;
+    // A session compiles a plan per input shape it sees twice and keeps the last few; a
+    // batcher that forms sizes 1..max_batch_size would evict them in turn and recompile
+    // (probing every node, transforming weights) on most batches.
+    opt.shape_specializations = int(std::max<int64_t>(opt.shape_specializations, batch_sizes));
     for (int i = 0; i < instances; ++i) {
       auto model = std::make_shared<SessionModel>(Session::load(path, opt));
       *memory_bytes += int64_t(fs::file_size(path)) + model->session().stats().memory.planned_bytes;
@@ -251,8 +256,8 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
     lv->version = v;
     lv->name = std::to_string(v);
     std::string platform;
-    auto instances = load_model_file(file.string(), int(cfg.instance_count), options.threads, &lv->memory_bytes,
-                                     &platform);
+    auto instances = load_model_file(file.string(), int(cfg.instance_count), options.threads, cfg.max_batch_size,
+                                     &lv->memory_bytes, &platform);
     if (m->versions.empty()) {  // the newest version fixes the served signature; the others must agree
       m->platform = platform;
       m->inputs = reconcile_all(cfg.inputs, instances[0]->input_specs(), batching, true, "input", file.string());

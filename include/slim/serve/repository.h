@@ -65,7 +65,10 @@ class Repository {
 };
 
 // Builds a model version's executors from one model file (.onnx, a forest file).
+// `batch_sizes`: how many batch sizes the scheduler may run (max_batch_size), so an ONNX
+// session keeps a compiled plan for each instead of recompiling as sizes alternate.
 std::vector<std::shared_ptr<TensorModel>> load_model_file(const std::string& path, int instances, int threads,
-                                                          int64_t* memory_bytes, std::string* platform);
+                                                          int64_t batch_sizes, int64_t* memory_bytes,
+                                                          std::string* platform);
 
 }  // namespace slim::serve
