@@ -1,0 +1,459 @@
+#!/usr/bin/python3
+"""bench/serve: `slim serve` under load from serve_loadgen, against slim's in-process
+numbers (`slim bench`) and the targets of issue 28. Scenarios:
+
+  footprint  start-up to ready and idle RSS, with an empty repository and with digits
+  overhead   digits MLP, batch 1, one client: p50 over REST JSON, REST binary and gRPC
+             minus the in-process p50 of the same input
+  batching   32 closed-loop gRPC clients on a CNN and a BERT-style encoder, dynamic
+             batching on vs off, vs in-process throughput at the batch size the server formed
+  priority   CNN: a priority-1 Poisson stream at 10% of capacity, alone (idle) and beside a
+             priority-3 Poisson stream offering 3x capacity into a bounded queue
+
+Each server's CPU time per answered request (/proc/PID/stat) and peak RSS (VmHWM) is
+reported. Writes RESULTS/serve_bench.json, results.md (the tables) and serve_bench.png.
+Called by run.sh, which builds the binaries and the models.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+PORT_LINE = re.compile(r"^slim serve: (HTTP|gRPC|metrics) listening on [0-9.]+:(\d+)$")
+TICK = os.sysconf("SC_CLK_TCK")
+TARGETS = {"rest_overhead_us": 150, "grpc_overhead_us": 100, "batching_gain": 2.0, "batching_vs_inprocess": 0.85,
+           "priority_p99_ratio": 2.0, "idle_rss_mb": 30, "startup_ms": 200}
+
+DIGITS = """max_batch_size: 32
+input [ { name: "pixels", data_type: TYPE_FP32, dims: [ 64 ] } ]
+output [ { name: "probabilities", data_type: TYPE_FP32, dims: [ 10 ] } ]
+"""
+# The batching models: name, file, input, its npy, its config lines.
+MODELS = {
+    "cnn": ("resnet18_32.onnx", "input", "image",
+            'input [ { name: "input", data_type: TYPE_FP32, dims: [ 3, 32, 32 ] } ]\n'
+            'output [ { name: "output", data_type: TYPE_FP32, dims: [ 1000 ] } ]\n'),
+    "bert": ("bert_mini.onnx", "input_ids", "ids",
+             'input [ { name: "input_ids", data_type: TYPE_INT64, dims: [ 64 ] } ]\n'
+             'output [ { name: "output", data_type: TYPE_FP32, dims: [ 64, 256 ] } ]\n'),
+}
+# 32 clients, batches of up to 16: one batch runs while the next one fills.
+BATCH = 16
+BATCHING_ON = f"""dynamic_batching {{
+  preferred_batch_size: [ {BATCH} ]
+  max_queue_delay_microseconds: 2000
+}}
+"""
+# Three levels; level 3 (bulk) has a bounded queue, so overload is refused at once.
+PRIORITY_BATCH = 8
+PRIORITY = """dynamic_batching {
+  preferred_batch_size: [ 8 ]
+  max_queue_delay_microseconds: 500
+  priority_levels: 3
+  default_priority_level: 2
+  priority_queue_policy { key: 3, value: { max_queue_size: 32 } }
+}
+"""
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def write_repo(path, models):
+    """A Triton-style repository: models is {name: (onnx file, config lines)}; the model
+    file is a link to the one in models/."""
+    os.makedirs(path, exist_ok=True)
+    for name, (onnx, config) in models.items():
+        os.makedirs(os.path.join(path, name, "1"), exist_ok=True)
+        with open(os.path.join(path, name, "config.pbtxt"), "w") as f:
+            f.write(f'name: "{name}"\nplatform: "onnxruntime_onnx"\n' + config)
+        link = os.path.join(path, name, "1", "model.onnx")
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.abspath(onnx), link)
+    return path
+
+
+class Server:
+    """`slim serve` on free loopback ports; reads its CPU time and memory from /proc."""
+
+    def __init__(self, slim, repo, threads):
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([slim, "serve", "--model-repository", repo, "--host", "127.0.0.1", "--http-port", "0",
+                                      "--grpc-port", "0", "--metrics-port", "0", "--threads", str(threads)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.ports, self.stderr = {}, []
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        for line in self.proc.stdout:
+            m = PORT_LINE.match(line.strip())
+            if m:
+                self.ports[m.group(1)] = int(m.group(2))
+            if line.strip() == "slim serve: ready":
+                break
+        else:
+            self.proc.wait()
+            raise RuntimeError("slim serve did not become ready:\n" + "".join(self.stderr))
+        self.ready_ms = (time.monotonic() - t0) * 1e3
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+        time.sleep(0.2)  # let start-up's transient threads and buffers settle
+        self.idle_rss_mb = self.status_mb("VmRSS")
+
+    def cpu_s(self):
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+
+    def status_mb(self, key):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no {key} in /proc/{self.proc.pid}/status")
+
+    def metric(self, name, model):
+        """Sum of a metric's samples for one model."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=10).read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and f'model="{model}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self):
+        peak = self.status_mb("VmHWM")
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(60)
+        if rc != 0:
+            raise RuntimeError(f"slim serve exited {rc} after SIGTERM:\n" + "".join(self.stderr[-20:]))
+        return peak
+
+
+class Bench:
+    def __init__(self, args):
+        self.a = args
+        self.work = args.work
+        os.makedirs(os.path.join(self.work, "runs"), exist_ok=True)
+        self.results = {"machine": machine(), "scenarios": {}}
+        self.servers = []  # per server: what it served, requests, CPU seconds, peak RSS
+
+    def loadgen(self, server, model, inputs, streams, duration, tag, warmup=None, account=True):
+        out = os.path.join(self.work, "runs", tag + ".json")
+        cmd = [self.a.loadgen, "--http-port", str(server.ports["HTTP"]), "--grpc-port", str(server.ports["gRPC"]),
+               "--model", model, "--duration", str(duration), "--warmup", str(self.a.warmup if warmup is None else warmup),
+               "--json", out]
+        cmd += [x for i in inputs for x in ("--input", i)] + [x for s in streams for x in ("--stream", s)]
+        cpu0 = server.cpu_s()
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cpu = server.cpu_s() - cpu0
+        if p.returncode != 0:
+            raise RuntimeError(f"serve_loadgen failed ({tag}):\n{p.stdout}")
+        with open(out) as f:
+            r = json.load(f)
+        if not account:
+            return r
+        log(f"-- {tag}\n{p.stdout.rstrip()}")
+        server.requests += r["requests_total"]
+        server.cpu += cpu
+        r["server_cpu_us_per_request"] = cpu / max(1, r["requests_total"]) * 1e6
+        return r
+
+    def warm(self, server, model, in_name, npy, max_batch):
+        """Runs every batch size the batcher can form twice, one request of that many rows at
+        a time: the runtime compiles a plan for an input shape on its second sighting and
+        runs the first on its generic plan, where Conv and MatMul fall back to the reference
+        kernels (tens of ms a sample). Returns the seconds it took."""
+        t0 = time.monotonic()
+        x = np.load(os.path.join(self.work, "models", npy + "1.npy"))
+        for b in range(1, max_batch + 1):
+            path = os.path.join(self.work, "models", f"{npy}{b}.npy")
+            np.save(path, np.repeat(x, b, axis=0))
+            self.loadgen(server, model, [f"{in_name}={path}"], ["clients=1,requests=2"], 600, "warm", warmup=0,
+                         account=False)
+        return time.monotonic() - t0
+
+    def start(self, repo, label):
+        s = Server(self.a.slim, repo, self.a.threads)
+        s.label, s.requests, s.cpu = label, 0, 0.0
+        return s
+
+    def stop(self, s):
+        peak = s.stop()
+        self.servers.append({"server": s.label, "requests": s.requests, "cpu_us_per_request":
+                             s.cpu / s.requests * 1e6 if s.requests else None, "peak_rss_mb": peak,
+                             "idle_rss_mb": s.idle_rss_mb, "ready_ms": s.ready_ms})
+
+    def inprocess(self, model, inputs, iters, warmup=10):
+        out = os.path.join(self.work, "runs", "inprocess.json")
+        cmd = [self.a.slim, "bench", model, "--threads", str(self.a.threads), "--iters", str(iters), "--warmup",
+               str(warmup), "--json", out] + [x for i in inputs for x in ("--input", i)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)
+
+    # ---- scenarios
+    def footprint(self):
+        res = {}
+        empty = os.path.join(self.work, "repo_empty")
+        os.makedirs(empty, exist_ok=True)
+        for label, repo in (("empty", empty), ("digits", self.digits_repo())):
+            ready, rss = [], []
+            for _ in range(self.a.repeat):
+                s = Server(self.a.slim, repo, self.a.threads)
+                ready.append(s.ready_ms)
+                rss.append(s.idle_rss_mb)
+                s.stop()
+            res[label] = {"ready_ms": statistics.median(ready), "idle_rss_mb": statistics.median(rss)}
+        ip = self.inprocess(os.path.join(self.work, "models/digits/digits_mlp.onnx"), [], 10)
+        res["digits"]["model_load_ms"] = ip["cold_start_ms"]
+        self.results["scenarios"]["footprint"] = res
+
+    def digits_repo(self):
+        return write_repo(os.path.join(self.work, "repo_digits"),
+                          {"digits": (os.path.join(self.work, "models/digits/digits_mlp.onnx"), DIGITS)})
+
+    def overhead(self):
+        inp = ["pixels=" + os.path.join(self.work, "models/digit1.npy")]
+        s = self.start(self.digits_repo(), "overhead (digits)")
+        p50 = {p: [] for p in ("rest-json", "rest-binary", "grpc")}
+        cpu = {p: [] for p in p50}
+        inproc = []
+        for i in range(self.a.repeat):
+            for proto in p50:
+                r = self.loadgen(s, "digits", inp, [f"clients=1,protocol={proto}"], self.a.overhead_s, f"overhead_{proto}_{i}")
+                p50[proto].append(r["total"]["latency_us"]["p50"])
+                cpu[proto].append(r["server_cpu_us_per_request"])
+            ip = self.inprocess(os.path.join(self.work, "models/digits/digits_mlp.onnx"), inp, 5000, 200)
+            inproc.append(ip["p50_ms"] * 1e3)
+        self.stop(s)
+        base = statistics.median(inproc)
+        res = {"inprocess_p50_us": base, "inprocess_runs_us": inproc}
+        for proto, v in p50.items():
+            res[proto] = {"p50_us": statistics.median(v), "runs_us": v, "overhead_us": statistics.median(v) - base,
+                          "server_cpu_us_per_request": statistics.median(cpu[proto])}
+        self.results["scenarios"]["overhead"] = res
+
+    def batching(self):
+        res = {}
+        for name, (onnx, in_name, npy, config) in MODELS.items():
+            onnx = os.path.join(self.work, "models", onnx)
+            inp = [f"{in_name}=" + os.path.join(self.work, "models", npy + "1.npy")]
+            res[name] = {"model": os.path.basename(onnx)}
+            for mode, extra in (("off", ""), ("on", BATCHING_ON)):
+                repo = write_repo(os.path.join(self.work, f"repo_{name}_{mode}"),
+                                  {name: (onnx, f"max_batch_size: {BATCH}\n" + config + extra)})
+                s = self.start(repo, f"batching {name} {mode}")
+                res[name][mode] = {"warm_s": self.warm(s, name, in_name, npy, BATCH if mode == "on" else 1)}
+                thr, batch = [], []
+                for i in range(self.a.repeat):
+                    n0, e0 = s.metric("slim_inference_count_total", name), s.metric("slim_inference_exec_count_total", name)
+                    r = self.loadgen(s, name, inp, ["clients=32"], self.a.batching_s, f"batching_{name}_{mode}_{i}")
+                    n1, e1 = s.metric("slim_inference_count_total", name), s.metric("slim_inference_exec_count_total", name)
+                    thr.append(r["total"]["throughput_rps"])
+                    batch.append((n1 - n0) / max(1.0, e1 - e0))
+                self.stop(s)
+                res[name][mode] |= {"throughput_rps": statistics.median(thr), "runs_rps": thr,
+                                   "mean_batch": statistics.median(batch),
+                                   "p50_us": r["total"]["latency_us"]["p50"], "p99_us": r["total"]["latency_us"]["p99"]}
+            # In-process at the batch size the server formed (the input repeated along dim 0).
+            b = max(1, round(res[name]["on"]["mean_batch"]))
+            x = np.load(os.path.join(self.work, "models", npy + "1.npy"))
+            path = os.path.join(self.work, "models", f"{npy}{b}.npy")
+            np.save(path, np.repeat(x, b, axis=0))
+            ip = self.inprocess(onnx, [f"{in_name}={path}"], max(5, int(200 / b)), 3)
+            res[name]["inprocess"] = {"batch": b, "throughput_sps": b / (ip["p50_ms"] / 1e3), "p50_ms": ip["p50_ms"]}
+            ip1 = self.inprocess(onnx, inp, 100, 5)
+            res[name]["inprocess_b1"] = {"throughput_sps": 1 / (ip1["p50_ms"] / 1e3), "p50_ms": ip1["p50_ms"]}
+            res[name]["gain"] = res[name]["on"]["throughput_rps"] / res[name]["off"]["throughput_rps"]
+            res[name]["vs_inprocess"] = res[name]["on"]["throughput_rps"] / res[name]["inprocess"]["throughput_sps"]
+        self.results["scenarios"]["batching"] = res
+
+    def priority(self):
+        onnx, in_name, npy, config = MODELS["cnn"]
+        repo = write_repo(os.path.join(self.work, "repo_priority"),
+                          {"cnn": (os.path.join(self.work, "models", onnx),
+                                   f"max_batch_size: {PRIORITY_BATCH}\n" + config + PRIORITY)})
+        inp = [f"{in_name}=" + os.path.join(self.work, "models", npy + "1.npy")]
+        s = self.start(repo, "priority (cnn)")
+        warm_s = self.warm(s, "cnn", in_name, npy, PRIORITY_BATCH)
+        d = self.a.priority_s
+        runs = {"capacity": [], "idle_p99": [], "idle_p50": [], "loaded_p99": [], "loaded_p50": [], "high_rejected": [],
+                "low_ok_rps": [], "low_rejected": [], "high_rps": []}
+        for i in range(self.a.repeat):
+            cap = self.loadgen(s, "cnn", inp, ["priority=2,clients=16"], d, f"priority_capacity_{i}")["total"]["throughput_rps"]
+            high = f"priority=1,rate={0.1 * cap:.1f}"
+            idle = self.loadgen(s, "cnn", inp, [high], d, f"priority_idle_{i}")["levels"][0]
+            low = f"priority=3,rate={3 * cap:.1f},connections=128"
+            loaded = self.loadgen(s, "cnn", inp, [high, low], d, f"priority_loaded_{i}")
+            lv = {l["priority"]: l for l in loaded["levels"]}
+            runs["capacity"].append(cap)
+            runs["idle_p50"].append(idle["latency_us"]["p50"])
+            runs["idle_p99"].append(idle["latency_us"]["p99"])
+            runs["loaded_p50"].append(lv[1]["latency_us"]["p50"])
+            runs["loaded_p99"].append(lv[1]["latency_us"]["p99"])
+            runs["high_rejected"].append(lv[1]["sent"] - lv[1]["ok"])
+            runs["high_rps"].append(lv[1]["throughput_rps"])
+            runs["low_ok_rps"].append(lv[3]["throughput_rps"])
+            runs["low_rejected"].append(lv[3]["rejected"])
+        self.stop(s)
+        res = {k: statistics.median(v) for k, v in runs.items()}
+        res["high_rejected"] = sum(runs["high_rejected"])
+        res["p99_ratio"] = res["loaded_p99"] / res["idle_p99"]
+        res["runs"] = runs
+        res["max_batch_size"] = PRIORITY_BATCH
+        res["warm_s"] = warm_s
+        self.results["scenarios"]["priority"] = res
+
+
+def machine():
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    flags = open("/proc/cpuinfo").read()
+    isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else "sse"
+    return {"cpu": cpu, "cores": os.cpu_count(), "isa": isa, "load_average": os.getloadavg()}
+
+
+def mark(ok):
+    return "met" if ok else "**missed**"
+
+
+def tables(r):
+    """The results as markdown tables (printed and written to results.md)."""
+    m, sc = r["machine"], r["scenarios"]
+    out = [f"Machine: {m['cpu']}, {m['cores']} cores ({m['isa']}); load average at start "
+           f"{m['load_average'][0]:.2f}; server and load generator on the same cores; "
+           f"server --threads {r['threads']}, medians of {r['repeat']} runs.", ""]
+    if "overhead" in sc:
+        o = sc["overhead"]
+        out += ["| Server overhead (digits MLP, batch 1, 1 client) | p50 | over in-process | target | | server CPU per request |",
+                "|---|---:|---:|---:|---|---:|",
+                f"| in-process (`slim bench`) | {o['inprocess_p50_us']:.1f} µs | | | | |"]
+        for proto, target in (("rest-json", "rest"), ("rest-binary", "rest"), ("grpc", "grpc")):
+            t = TARGETS[target + "_overhead_us"]
+            out.append(f"| {proto} | {o[proto]['p50_us']:.1f} µs | {o[proto]['overhead_us']:.1f} µs | ≤ {t} µs | "
+                       f"{mark(o[proto]['overhead_us'] <= t)} | {o[proto]['server_cpu_us_per_request']:.0f} µs |")
+        out.append("")
+    if "batching" in sc:
+        out += [f"| Dynamic batching (32 gRPC clients, max batch {BATCH}) | off | on (mean batch) | on/off | in-process at that batch | "
+                "on/in-process | in-process batch 1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, b in sc["batching"].items():
+            out.append(f"| {name} ({b['model']}) | {b['off']['throughput_rps']:.1f}/s | {b['on']['throughput_rps']:.1f}/s "
+                       f"({b['on']['mean_batch']:.1f}) | {b['gain']:.2f}× (≥ 2×: {mark(b['gain'] >= 2)}) | "
+                       f"{b['inprocess']['throughput_sps']:.1f}/s (batch {b['inprocess']['batch']}) | "
+                       f"{100 * b['vs_inprocess']:.0f} % (≥ 85 %: {mark(b['vs_inprocess'] >= 0.85)}) | "
+                       f"{b['inprocess_b1']['throughput_sps']:.1f}/s |")
+        out.append("")
+    if "priority" in sc:
+        p = sc["priority"]
+        out += [f"| Priority isolation (cnn, max batch {p['max_batch_size']}, gRPC) | value |", "|---|---:|",
+                f"| capacity (16 closed-loop clients) | {p['capacity']:.1f}/s |",
+                f"| priority 1 alone at 10 % of capacity: p50 / p99 | {p['idle_p50'] / 1e3:.2f} / {p['idle_p99'] / 1e3:.2f} ms |",
+                f"| priority 1 beside priority 3 at 3× capacity: p50 / p99 | {p['loaded_p50'] / 1e3:.2f} / "
+                f"{p['loaded_p99'] / 1e3:.2f} ms |",
+                f"| p99 loaded / idle | {p['p99_ratio']:.2f}× (≤ 2×: {mark(p['p99_ratio'] <= 2)}) |",
+                f"| priority 1 rejected or failed (all runs) | {p['high_rejected']} ({mark(p['high_rejected'] == 0)}) |",
+                f"| priority 3 answered / rejected | {p['low_ok_rps']:.1f}/s / {p['low_rejected']:.0f} per run |", ""]
+    if "footprint" in sc:
+        f = sc["footprint"]
+        d = f["digits"]
+        out += ["| Footprint | start-up to ready | idle RSS |", "|---|---:|---:|",
+                f"| empty repository | {f['empty']['ready_ms']:.0f} ms (≤ 200 ms: {mark(f['empty']['ready_ms'] <= 200)}) | "
+                f"{f['empty']['idle_rss_mb']:.1f} MB (≤ 30 MB: {mark(f['empty']['idle_rss_mb'] <= 30)}) |",
+                f"| digits (in-process load + compile + first run {d['model_load_ms']:.1f} ms) | {d['ready_ms']:.0f} ms "
+                f"(≤ 200 ms + load: {mark(d['ready_ms'] <= 200 + d['model_load_ms'])}) | {d['idle_rss_mb']:.1f} MB |", ""]
+    if r["servers"]:
+        out += ["| Server process | answered requests | CPU per request | peak RSS | idle RSS | ready |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for s in r["servers"]:
+            cpu = f"{s['cpu_us_per_request']:.0f} µs" if s["cpu_us_per_request"] is not None else "-"
+            out.append(f"| {s['server']} | {s['requests']} | {cpu} | {s['peak_rss_mb']:.1f} MB | {s['idle_rss_mb']:.1f} MB | "
+                       f"{s['ready_ms']:.0f} ms |")
+    return "\n".join(out) + "\n"
+
+
+def plot(r, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sc = r["scenarios"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    if "overhead" in sc:
+        o = sc["overhead"]
+        names = ["in-process", "rest-json", "rest-binary", "grpc"]
+        vals = [o["inprocess_p50_us"]] + [o[n]["p50_us"] for n in names[1:]]
+        axes[0].bar(names, vals, color=["gray", "C0", "C1", "C2"])
+        axes[0].set_title("digits MLP, batch 1, 1 client: p50")
+        axes[0].set_ylabel("µs")
+    if "batching" in sc:
+        b = sc["batching"]
+        x = np.arange(len(b))
+        for i, (key, label) in enumerate((("off", "batching off"), ("on", "batching on"), ("inprocess", "in-process"))):
+            vals = [v[key]["throughput_rps" if key != "inprocess" else "throughput_sps"] for v in b.values()]
+            axes[1].bar(x + (i - 1) * 0.27, vals, 0.27, label=label)
+        axes[1].set_xticks(x, [f"{k} ({v['model']})" for k, v in b.items()])
+        axes[1].set_yscale("log")
+        axes[1].set_ylabel("samples / s")
+        axes[1].set_title("32 clients: throughput")
+        axes[1].legend()
+    if "priority" in sc:
+        p = sc["priority"]
+        x = np.arange(2)
+        axes[2].bar(x - 0.2, [p["idle_p50"] / 1e3, p["loaded_p50"] / 1e3], 0.4, label="p50")
+        axes[2].bar(x + 0.2, [p["idle_p99"] / 1e3, p["loaded_p99"] / 1e3], 0.4, label="p99")
+        axes[2].set_xticks(x, ["idle server", "3× low-priority overload"])
+        axes[2].set_ylabel("ms")
+        axes[2].set_title("priority-1 stream at 10 % of capacity")
+        axes[2].legend()
+    fig.suptitle(f"slim serve on {r['machine']['cpu']}, {r['machine']['cores']} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slim", required=True, help="slim binary")
+    ap.add_argument("--loadgen", required=True, help="serve_loadgen binary")
+    ap.add_argument("--work", required=True, help="folder with models/ (make_models.py); repositories go here")
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--scenarios", default="footprint,overhead,batching,priority")
+    ap.add_argument("--threads", type=int, default=1, help="server compute threads and slim bench threads (default 1)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; tables show medians (default 3)")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measurement")
+    ap.add_argument("--overhead-s", type=float, default=3.0)
+    ap.add_argument("--batching-s", type=float, default=6.0)
+    ap.add_argument("--priority-s", type=float, default=5.0)
+    a = ap.parse_args()
+    bench = Bench(a)
+    t0 = time.monotonic()
+    for name in a.scenarios.split(","):
+        log(f"== {name}")
+        getattr(bench, name)()
+    r = bench.results
+    r.update(threads=a.threads, repeat=a.repeat, servers=bench.servers, targets=TARGETS,
+             load_average_end=os.getloadavg(), seconds=time.monotonic() - t0)
+    os.makedirs(a.results, exist_ok=True)
+    with open(os.path.join(a.results, "serve_bench.json"), "w") as f:
+        json.dump(r, f, indent=2)
+    text = tables(r)
+    with open(os.path.join(a.results, "results.md"), "w") as f:
+        f.write(text)
+    print(text)
+    plot(r, os.path.join(a.results, "serve_bench.png"))
+    log(f"wrote {a.results}/serve_bench.json, results.md and serve_bench.png in {r['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
