@@ -184,14 +184,14 @@ class ServerTest(unittest.TestCase):
         start("a", 512)  # the blocker: runs while the others queue
         self.wait_metric("slim_inference_pending_requests", 0, model="slow", version="1", priority="2")
         time.sleep(0.05)
-        start("bb", 32)
-        start("ccc", 32)
+        start("bb", 128)
+        start("ccc", 128)
         self.wait_metric("slim_inference_pending_requests", 2, model="slow", version="1", priority="2")
         # The third low-priority request finds its level's queue full: refused at once.
         r = self.infer("slow", [("x", "FP32", np.zeros((1, 32, 256), np.float32))])
         self.assertEqual(r.status, 429)
         self.assertIn("the queue of model 'slow' at priority level 2 is full (2 requests)", r.error())
-        start("dddd", 16, priority=1)  # more urgent, another shape: its own batch, first
+        start("dddd", 8, priority=1)  # more urgent, another shape: its own batch, first
         self.wait_metric("slim_inference_pending_requests", 1, model="slow", version="1", priority="1")
         for t in threads:
             t.join()
