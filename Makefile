@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build demo test clean fuzz test-arm64
+.PHONY: setup configure build demo serve test clean fuzz test-arm64
 
 setup:
 	bash scripts/setup.sh
@@ -17,6 +17,10 @@ build: configure
 
 demo: build
 	bash examples/demo.sh $(BUILD)
+
+# slim serve on the example repository (the demo's digits model and a forest), Ctrl-C stops it.
+serve: build
+	bash examples/serve/serve.sh $(BUILD)
 
 test: build
 	cd $(BUILD) && SLIM_TEST_TMP=$(abspath $(BUILD))/test_tmp ctest --output-on-failure -j $(JOBS) --timeout 900

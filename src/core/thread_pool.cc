@@ -90,7 +90,13 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
-  std::lock_guard<std::mutex> run_lock(run_mu_);
+  // Another thread's job holds the workers (two models served side by side): run this one
+  // on the calling thread instead of waiting for that job to end.
+  std::unique_lock<std::mutex> run_lock(run_mu_, std::try_to_lock);
+  if (!run_lock.owns_lock()) {
+    fn(0, n);
+    return;
+  }
   const int64_t chunk = (n + max_chunks - 1) / max_chunks;
   std::unique_lock<std::mutex> lock(mu_);
   job_ = &fn;

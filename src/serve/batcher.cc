@@ -267,18 +267,20 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
   }
   const Clock::time_point t2 = Clock::now();
 
+  // Each request's rows of the outputs: views of the batch's tensors, no copy.
+  std::vector<InferResult> results(batch.size());
   int64_t offset = 0;
-  for (auto& r : batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ScheduledRequest& r = *batch[i];
     const int64_t begin = offset;
-    offset += r->rows;
-    InferResult result;
-    InferResponse& resp = result.response;
+    offset += r.rows;
+    InferResponse& resp = results[i].response;
     resp.model = model_;
     resp.version = version_;
-    resp.id = r->request.id;
+    resp.id = r.request.id;
     try {
-      for (size_t k = 0; k < r->outputs.size(); ++k) {
-        const std::string& name = r->outputs[k];
+      for (size_t k = 0; k < r.outputs.size(); ++k) {
+        const std::string& name = r.outputs[k];
         auto it = outputs.find(name);
         check(it != outputs.end(), ErrorCode::internal, "model '" + model_ + "' did not return output '" + name + "'");
         Tensor t = it->second;
@@ -286,23 +288,20 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
           check(t.rank() >= 1 && t.dim(0) == rows, ErrorCode::internal,
                 "model '" + model_ + "' returned " + t.describe() + " for output '" + name + "' of a batch of " +
                     std::to_string(rows) + " rows");
-          if (batch.size() > 1) t = t.slice(0, begin, begin + r->rows);
+          if (batch.size() > 1) t = t.slice(0, begin, begin + r.rows);
         }
-        if (!r->output_sample_dims[k].empty()) {
-          Shape shape = r->output_sample_dims[k];
-          if (policy_.max_batch_size > 0) shape.insert(shape.begin(), r->rows);
+        if (!r.output_sample_dims[k].empty()) {
+          Shape shape = r.output_sample_dims[k];
+          if (policy_.max_batch_size > 0) shape.insert(shape.begin(), r.rows);
           t = t.contiguous().reshape(shape);
         }
         resp.outputs.emplace_back(name, std::move(t));
       }
     } catch (const Error& e) {
-      fail(std::move(r), e, false);
-      continue;
+      results[i].error = e;
     }
-    stats_.success->inc();
-    stats_.request_seconds->observe(std::chrono::duration<double>(Clock::now() - r->request.arrival).count());
-    r->done(std::move(result));
   }
+  // The counters are up to date before any client sees its response.
   const Clock::time_point t3 = Clock::now();
   stats_.exec_count->inc();
   stats_.inference_count->inc(double(rows));
@@ -310,6 +309,12 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
   stats_.compute_input_seconds->inc(seconds(t1 - t0));
   stats_.compute_infer_seconds->inc(seconds(t2 - t1));
   stats_.compute_output_seconds->inc(seconds(t3 - t2));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    (results[i].error ? stats_.failure_other : stats_.success)->inc();
+    if (!results[i].error)
+      stats_.request_seconds->observe(std::chrono::duration<double>(t3 - batch[i]->request.arrival).count());
+  }
+  for (size_t i = 0; i < batch.size(); ++i) batch[i]->done(std::move(results[i]));
 }
 
 void DynamicBatcher::stop(bool drain) {

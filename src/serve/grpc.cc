@@ -6,7 +6,9 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -217,9 +219,10 @@ void check_repository_request(const Request& req, const char* rpc) {
   check(req.repository_name().empty(), ErrorCode::unsupported,
         std::string(rpc) + ": 'repository_name' is not supported (slim serves one repository)");
   if constexpr (requires { req.parameters(); }) {
-    for (const auto& [key, value] : req.parameters())
-      throw Error(ErrorCode::unsupported,
-                  std::string(rpc) + ": parameter '" + key + "' is not supported");
+    if (!req.parameters().empty())
+      throw Error(ErrorCode::unsupported, std::string(rpc) + ": parameter '" +
+                                              req.parameters().begin()->first +
+                                              "' is not supported");
   }
 }
 

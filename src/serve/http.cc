@@ -140,11 +140,16 @@ class HttpService {
     http.set_pre_routing_handler([this](const Request& req, Response& res) {
       t_request_start = Clock::now();
       if (refuse_early(req, res)) return HandlerResponse::Handled;
-      // A request with neither Content-Length nor Transfer-Encoding has no body (RFC 9112,
-      // 6.3), but httplib would read one until the client closes (`curl -X POST`). The
-      // request object is httplib's own, not const.
-      if (!req.has_header("Content-Length"))
-        const_cast<Request&>(req).set_header("Content-Length", "0");
+      // Two of httplib's ways of reading a body do not fit this protocol, so the request
+      // (httplib's own object, not const) is corrected before the body is read:
+      Request& request = const_cast<Request&>(req);
+      // - a request with neither Content-Length nor Transfer-Encoding has no body (RFC
+      //   9112, 6.3), but httplib would read one until the client closes (`curl -X POST`);
+      if (!req.has_header("Content-Length")) request.set_header("Content-Length", "0");
+      // - KServe bodies are JSON or binary, but `curl -d` labels them a form, which
+      //   httplib parses as one and refuses above 8 KiB.
+      if (req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0)
+        request.headers.erase("Content-Type");
       return HandlerResponse::Unhandled;
     });
     // A client that asks before sending a large body is refused before it sends it.

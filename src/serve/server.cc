@@ -47,7 +47,7 @@ void collect_process(Metrics& m, double start_unix) {
       if (i == 14) utime = std::stod(f);
       if (i == 15) stime = std::stod(f);
     }
-    m.gauge("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
+    m.counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
         .set((utime + stime) / double(sysconf(_SC_CLK_TCK)));
   }
   std::ifstream statm("/proc/self/statm");

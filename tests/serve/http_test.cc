@@ -184,7 +184,7 @@ TEST_F(HttpFrontendTest, BodyAndHeaderLimits) {
             R"j({"error":"Inference-Header-Content-Length 11 is above the limit of 10 bytes"})j");
 }
 
-TEST_F(HttpFrontendTest, BodiesWithoutALengthCheckAreRefusedOrEmpty) {
+TEST_F(HttpFrontendTest, BodiesHttplibWouldMisreadAreRefusedOrRead) {
   serve(loopback());
   RawConnection chunked(port_);
   chunked.send(
@@ -200,6 +200,12 @@ TEST_F(HttpFrontendTest, BodiesWithoutALengthCheckAreRefusedOrEmpty) {
   EXPECT_EQ(gz->status, 415);
   EXPECT_EQ(gz->body,
             R"j({"error":"compressed request bodies are not accepted (Content-Encoding: gzip)"})j");
+
+  // A body labelled as a form (curl -d) is read as it is, at any size.
+  auto form = client_->Post("/v2/repository/index", "{}" + std::string(10000, ' '),
+                            "application/x-www-form-urlencoded");
+  EXPECT_EQ(form->status, 200);
+  EXPECT_EQ(form->body, "[]");
 
   // No Content-Length and no Transfer-Encoding: no body (not "read until close").
   RawConnection bare(port_);

@@ -242,13 +242,14 @@ class RestServer(unittest.TestCase):
         meta, raw = self.split_binary(r)
         self.assertEqual(meta["outputs"][0]["parameters"], {"binary_data_size": 40})
         self.assertNotIn("data", meta["outputs"][0])
-        np.testing.assert_array_equal(np.frombuffer(raw, "<f4"), json_out)
+        # Two runs of the model, not one output twice: equal up to the kernels' rounding.
+        np.testing.assert_allclose(np.frombuffer(raw, "<f4"), json_out, atol=1e-6, rtol=0)
 
     # Refusals: status and message.
 
     def test_codec_errors(self):
         r = curl(self.url("/v2/models/digits/infer"), b"{\"inputs\": [", ["Content-Type: application/json"])
-        self.assert_error(r, 400, "request body is not valid JSON: parse error at line 1, column 12: "
+        self.assert_error(r, 400, "request body is not valid JSON: parse error at line 1, column 13: "
                                   "syntax error while parsing value - unexpected end of input; "
                                   "expected '[', '{', or a literal")
         self.assert_error(self.infer("digits", infer_body("pixels", "FP32", [2, 64], [0.0] * 127)), 400,
@@ -267,6 +268,34 @@ class RestServer(unittest.TestCase):
         self.assert_error(self.infer("digits", infer_body("pixels", "FP32", [1], [1],
                                                           parameters={"priority": -1})), 400,
                           "request parameter 'priority' must be a non-negative integer")
+
+    def test_model_errors(self):
+        z = [0.0] * 64
+        cases = [
+            ("nothing", infer_body("pixels", "FP32", [1, 64], z), 404, "unknown model 'nothing'"),
+            ("digits/versions/3", infer_body("pixels", "FP32", [1, 64], z), 404,
+             "model 'digits' has no version '3' (serving: 1)"),
+            ("digits", infer_body("pix", "FP32", [1, 64], z), 400,
+             "model 'digits' has no input 'pix' (its inputs: pixels)"),
+            ("digits", {"inputs": []}, 400, "model 'digits' needs input 'pixels'"),
+            ("digits", infer_body("pixels", "INT32", [1, 64], [0] * 64), 400,
+             "input 'pixels' is INT32, model 'digits' expects FP32"),
+            ("digits", infer_body("pixels", "FP32", [1, 63], z[:63]), 400,
+             "input 'pixels' has shape [1,63], model 'digits' expects [-1,64]"),
+            ("digits", infer_body("pixels", "FP32", [33, 64], z * 33), 400,
+             "input 'pixels' has batch size 33, model 'digits' takes 1 to 32"),
+            ("digits", infer_body("pixels", "FP32", [1, 64], z, parameters={"priority": 7}), 400,
+             "priority 7 is outside 1..3 of model 'digits'"),
+            ("digits", infer_body("pixels", "FP32", [1, 64], z, outputs=[{"name": "nope"}]), 400,
+             "model 'digits' has no output 'nope' (its outputs: probabilities)"),
+            ("plain", infer_body("x", "FP32", [3, 2], [0] * 6), 400,
+             "input 'x' has shape [3,2], model 'plain' expects [2,3]"),
+        ]
+        for model, body, status, message in cases:
+            self.assert_error(self.infer(model, body), status, message)
+        self.assert_error(curl(self.url("/v2/models/nothing")), 404, "unknown model 'nothing'")
+        self.assert_error(curl(self.url("/v2/models/digits/versions/3")), 404,
+                          "model 'digits' has no version '3' (serving: 1)")
 
     def test_binary_errors(self):
         x = np.zeros((1, 64), np.float32).tobytes()
@@ -360,6 +389,13 @@ class RestRepository(unittest.TestCase):
         self.assertEqual((r.status, r.json()), (200, {}))
         self.assertEqual(curl(self.base + "/v2/models/plain/ready").status, 400)
         self.assertNotIn("plain", self.index(b'{"ready": true}'))
+        r = post_json(self.base + "/v2/models/plain/infer", infer_body("x", "FP32", [2, 3], x))
+        self.assertEqual((r.status, r.error()), (503, "model 'plain' is not ready: unloaded"))
+
+    def test_load_errors(self):
+        r = curl(self.base + "/v2/repository/models/nothing/load", b"")
+        self.assertEqual(r.status, 404)
+        self.assertEqual(r.error(), "no model 'nothing' in repository " + self.repo)
 
     def test_index_errors(self):
         r = curl(self.base + "/v2/repository/index", b'{"ready": "yes"}')

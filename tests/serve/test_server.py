@@ -72,14 +72,20 @@ def metric(text, name, **labels):
     return 0.0
 
 
+def make_repo(tmp):
+    """The fixture repository plus the slow model; returns its path."""
+    repo = os.path.join(tmp, "repo")
+    subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), repo], check=True)
+    make_repository.write(os.path.join(repo, "slow", "config.pbtxt"), SLOW_CONFIG)
+    make_repository.save(slow_model(), os.path.join(repo, "slow", "1", "model.onnx"))
+    return repo
+
+
 class ServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="slim_serve_core_")
-        cls.repo = os.path.join(cls.tmp, "repo")
-        subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), cls.repo], check=True)
-        make_repository.write(os.path.join(cls.repo, "slow", "config.pbtxt"), SLOW_CONFIG)
-        make_repository.save(slow_model(), os.path.join(cls.repo, "slow", "1", "model.onnx"))
+        cls.repo = make_repo(cls.tmp)
         make_repository.write(os.path.join(cls.repo, "broken", "config.pbtxt"), BROKEN_CONFIG)
         os.makedirs(os.path.join(cls.repo, "broken", "1"))
         shutil.copy(os.path.join(cls.repo, "digits", "1", "model.onnx"), os.path.join(cls.repo, "broken", "1"))
@@ -184,14 +190,14 @@ class ServerTest(unittest.TestCase):
         start("a", 512)  # the blocker: runs while the others queue
         self.wait_metric("slim_inference_pending_requests", 0, model="slow", version="1", priority="2")
         time.sleep(0.05)
-        start("bb", 32)
-        start("ccc", 32)
+        start("bb", 128)
+        start("ccc", 128)
         self.wait_metric("slim_inference_pending_requests", 2, model="slow", version="1", priority="2")
         # The third low-priority request finds its level's queue full: refused at once.
         r = self.infer("slow", [("x", "FP32", np.zeros((1, 32, 256), np.float32))])
         self.assertEqual(r.status, 429)
         self.assertIn("the queue of model 'slow' at priority level 2 is full (2 requests)", r.error())
-        start("dddd", 16, priority=1)  # more urgent, another shape: its own batch, first
+        start("dddd", 8, priority=1)  # more urgent, another shape: its own batch, first
         self.wait_metric("slim_inference_pending_requests", 1, model="slow", version="1", priority="1")
         for t in threads:
             t.join()
@@ -222,10 +228,7 @@ class ServerTest(unittest.TestCase):
 class ControlAndShutdownTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="slim_serve_ctl_")
-        self.repo = os.path.join(self.tmp, "repo")
-        subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), self.repo], check=True)
-        make_repository.write(os.path.join(self.repo, "slow", "config.pbtxt"), SLOW_CONFIG)
-        make_repository.save(slow_model(), os.path.join(self.repo, "slow", "1", "model.onnx"))
+        self.repo = make_repo(self.tmp)
 
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -20,6 +20,8 @@ using Labels = std::vector<std::pair<std::string, std::string>>;
 class Counter {
  public:
   void inc(double v = 1) { value_.fetch_add(v, std::memory_order_relaxed); }
+  // For collectors that copy a total kept elsewhere (the kernel's CPU time of the process).
+  void set(double v) { value_.store(v, std::memory_order_relaxed); }
   double value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
