@@ -113,7 +113,7 @@ StreamSpec parse_stream(const std::string& text, Protocol default_protocol) {
   if ((s.clients > 0) == (s.rate > 0))
     throw Error(ErrorCode::invalid_argument, "--stream '" + text + "': give either clients=N (closed loop) or rate=R (open loop)");
   // Enough connections to keep the schedule while answers take up to 50 ms each.
-  if (s.rate > 0 && s.connections == 0) s.connections = std::clamp(int(std::ceil(s.rate * 0.05)), 4, 256);
+  if (s.rate > 0 && s.connections == 0) s.connections = std::clamp(int(std::ceil(s.rate * 0.05)), 8, 256);
   return s;
 }
 

@@ -120,14 +120,18 @@ class Server:
                     return int(line.split()[1]) / 1024
         raise RuntimeError(f"no {key} in /proc/{self.proc.pid}/status")
 
-    def metric(self, name, model):
-        """Sum of a metric's samples for one model."""
+    def counters(self, model):
+        """The model's batching counters (each summed over its series)."""
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=10).read().decode()
-        total = 0.0
+        names = {"slim_inference_count_total": "rows", "slim_inference_exec_count_total": "batches",
+                 "slim_inference_compute_infer_duration_seconds_total": "infer_s",
+                 "slim_inference_queue_duration_seconds_total": "queue_s"}
+        c = dict.fromkeys(names.values(), 0.0)
         for line in text.splitlines():
-            if line.startswith(name + "{") and f'model="{model}"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            name = line.split("{", 1)[0]
+            if name in names and f'model="{model}"' in line:
+                c[names[name]] += float(line.rsplit(" ", 1)[1])
+        return c
 
     def stop(self):
         peak = self.status_mb("VmHWM")
@@ -136,6 +140,14 @@ class Server:
         if rc != 0:
             raise RuntimeError(f"slim serve exited {rc} after SIGTERM:\n" + "".join(self.stderr[-20:]))
         return peak
+
+
+def batching_stats(before, after):
+    """Mean rows per batch and model time per batch between two counters() snapshots."""
+    d = {k: after[k] - before[k] for k in after}
+    batches = max(1.0, d["batches"])
+    return {"mean_batch": d["rows"] / batches, "infer_ms_per_batch": d["infer_s"] / batches * 1e3,
+            "queue_ms_per_request": d["queue_s"] / max(1.0, d["rows"]) * 1e3}
 
 
 class Bench:
@@ -253,23 +265,24 @@ class Bench:
                                   {name: (onnx, f"max_batch_size: {BATCH}\n" + config + extra)})
                 s = self.start(repo, f"batching {name} {mode}")
                 res[name][mode] = {"warm_s": self.warm(s, name, in_name, npy, BATCH if mode == "on" else 1)}
-                thr, batch = [], []
+                thr, batch, infer = [], [], []
                 for i in range(self.a.repeat):
-                    n0, e0 = s.metric("slim_inference_count_total", name), s.metric("slim_inference_exec_count_total", name)
+                    c0 = s.counters(name)
                     r = self.loadgen(s, name, inp, ["clients=32"], self.a.batching_s, f"batching_{name}_{mode}_{i}")
-                    n1, e1 = s.metric("slim_inference_count_total", name), s.metric("slim_inference_exec_count_total", name)
+                    b = batching_stats(c0, s.counters(name))
                     thr.append(r["total"]["throughput_rps"])
-                    batch.append((n1 - n0) / max(1.0, e1 - e0))
+                    batch.append(b["mean_batch"])
+                    infer.append(b["infer_ms_per_batch"])
                 self.stop(s)
                 res[name][mode] |= {"throughput_rps": statistics.median(thr), "runs_rps": thr,
-                                   "mean_batch": statistics.median(batch),
+                                   "mean_batch": statistics.median(batch), "infer_ms_per_batch": statistics.median(infer),
                                    "p50_us": r["total"]["latency_us"]["p50"], "p99_us": r["total"]["latency_us"]["p99"]}
             # In-process at the batch size the server formed (the input repeated along dim 0).
             b = max(1, round(res[name]["on"]["mean_batch"]))
             x = np.load(os.path.join(self.work, "models", npy + "1.npy"))
             path = os.path.join(self.work, "models", f"{npy}{b}.npy")
             np.save(path, np.repeat(x, b, axis=0))
-            ip = self.inprocess(onnx, [f"{in_name}={path}"], max(5, int(200 / b)), 3)
+            ip = self.inprocess(onnx, [f"{in_name}={path}"], max(10, int(400 / b)), 3)
             res[name]["inprocess"] = {"batch": b, "throughput_sps": b / (ip["p50_ms"] / 1e3), "p50_ms": ip["p50_ms"]}
             ip1 = self.inprocess(onnx, inp, 100, 5)
             res[name]["inprocess_b1"] = {"throughput_sps": 1 / (ip1["p50_ms"] / 1e3), "p50_ms": ip1["p50_ms"]}
@@ -287,13 +300,22 @@ class Bench:
         warm_s = self.warm(s, "cnn", in_name, npy, PRIORITY_BATCH)
         d = self.a.priority_s
         runs = {"capacity": [], "idle_p99": [], "idle_p50": [], "loaded_p99": [], "loaded_p50": [], "high_rejected": [],
-                "low_ok_rps": [], "low_rejected": [], "high_rps": []}
+                "low_ok_rps": [], "low_rejected": [], "high_rps": [], "idle_infer_ms": [], "loaded_infer_ms": [],
+                "loaded_batch": [], "loaded_cpu_us": []}
         for i in range(self.a.repeat):
             cap = self.loadgen(s, "cnn", inp, ["priority=2,clients=16"], d, f"priority_capacity_{i}")["total"]["throughput_rps"]
-            high = f"priority=1,rate={0.1 * cap:.1f}"
+            # Pools large enough that neither stream waits for a free connection.
+            high = f"priority=1,rate={0.1 * cap:.1f},connections=32"
+            c0 = s.counters("cnn")
             idle = self.loadgen(s, "cnn", inp, [high], d, f"priority_idle_{i}")["levels"][0]
+            c1 = s.counters("cnn")
             low = f"priority=3,rate={3 * cap:.1f},connections=128"
             loaded = self.loadgen(s, "cnn", inp, [high, low], d, f"priority_loaded_{i}")
+            c2 = s.counters("cnn")
+            runs["idle_infer_ms"].append(batching_stats(c0, c1)["infer_ms_per_batch"])
+            runs["loaded_infer_ms"].append(batching_stats(c1, c2)["infer_ms_per_batch"])
+            runs["loaded_batch"].append(batching_stats(c1, c2)["mean_batch"])
+            runs["loaded_cpu_us"].append(loaded["server_cpu_us_per_request"])
             lv = {l["priority"]: l for l in loaded["levels"]}
             runs["capacity"].append(cap)
             runs["idle_p50"].append(idle["latency_us"]["p50"])
@@ -348,13 +370,19 @@ def tables(r):
         out.append("")
     if "batching" in sc:
         out += [f"| Dynamic batching (32 gRPC clients, max batch {BATCH}) | off | on (mean batch) | on/off | in-process at that batch | "
-                "on/in-process | in-process batch 1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+                "on/in-process | in-process batch 1 | in-process gain from batching |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, b in sc["batching"].items():
             out.append(f"| {name} ({b['model']}) | {b['off']['throughput_rps']:.1f}/s | {b['on']['throughput_rps']:.1f}/s "
                        f"({b['on']['mean_batch']:.1f}) | {b['gain']:.2f}× (≥ 2×: {mark(b['gain'] >= 2)}) | "
                        f"{b['inprocess']['throughput_sps']:.1f}/s (batch {b['inprocess']['batch']}) | "
                        f"{100 * b['vs_inprocess']:.0f} % (≥ 85 %: {mark(b['vs_inprocess'] >= 0.85)}) | "
-                       f"{b['inprocess_b1']['throughput_sps']:.1f}/s |")
+                       f"{b['inprocess_b1']['throughput_sps']:.1f}/s | "
+                       f"{b['inprocess']['throughput_sps'] / b['inprocess_b1']['throughput_sps']:.2f}× |")
+        out.append("")
+        out.append("Model time per batch in the server (metrics) vs in-process at that batch: " + "; ".join(
+            f"{name} {b['on']['infer_ms_per_batch']:.1f} vs {b['inprocess']['p50_ms']:.1f} ms" for name, b in sc["batching"].items()) +
+            ". Warm-up before measuring (every batch size run twice): " + "; ".join(
+            f"{name} {b['on']['warm_s']:.1f} s" for name, b in sc["batching"].items()) + ".")
         out.append("")
     if "priority" in sc:
         p = sc["priority"]
@@ -365,7 +393,10 @@ def tables(r):
                 f"{p['loaded_p99'] / 1e3:.2f} ms |",
                 f"| p99 loaded / idle | {p['p99_ratio']:.2f}× (≤ 2×: {mark(p['p99_ratio'] <= 2)}) |",
                 f"| priority 1 rejected or failed (all runs) | {p['high_rejected']} ({mark(p['high_rejected'] == 0)}) |",
-                f"| priority 3 answered / rejected | {p['low_ok_rps']:.1f}/s / {p['low_rejected']:.0f} per run |", ""]
+                f"| priority 3 answered / rejected | {p['low_ok_rps']:.1f}/s / {p['low_rejected']:.0f} per run |",
+                f"| model time per batch: idle / overloaded (mean batch {p['loaded_batch']:.1f}) | {p['idle_infer_ms']:.2f} / "
+                f"{p['loaded_infer_ms']:.2f} ms |",
+                f"| server CPU per request (answered or rejected) under overload | {p['loaded_cpu_us']:.0f} µs |", ""]
     if "footprint" in sc:
         f = sc["footprint"]
         d = f["digits"]
@@ -400,11 +431,12 @@ def plot(r, path):
     if "batching" in sc:
         b = sc["batching"]
         x = np.arange(len(b))
-        for i, (key, label) in enumerate((("off", "batching off"), ("on", "batching on"), ("inprocess", "in-process"))):
-            vals = [v[key]["throughput_rps" if key != "inprocess" else "throughput_sps"] for v in b.values()]
-            axes[1].bar(x + (i - 1) * 0.27, vals, 0.27, label=label)
+        bars = (("off", "server, batching off"), ("on", "server, batching on"), ("inprocess_b1", "in-process, batch 1"),
+                ("inprocess", "in-process, the server's batch"))
+        for i, (key, label) in enumerate(bars):
+            vals = [v[key]["throughput_sps" if key.startswith("inprocess") else "throughput_rps"] for v in b.values()]
+            axes[1].bar(x + (i - 1.5) * 0.2, vals, 0.2, label=label)
         axes[1].set_xticks(x, [f"{k} ({v['model']})" for k, v in b.items()])
-        axes[1].set_yscale("log")
         axes[1].set_ylabel("samples / s")
         axes[1].set_title("32 clients: throughput")
         axes[1].legend()
