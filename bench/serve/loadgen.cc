@@ -6,7 +6,10 @@
 // the request instead of hiding the server's queueing). Requests are encoded once per
 // stream, so the client adds only its transport's microseconds. Loopback only.
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,13 +21,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <grpcpp/grpcpp.h>
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include "serve/grpc_service.grpc.pb.h"
 #include "slim/core/error.h"
@@ -47,19 +46,22 @@ Protocol parse_protocol(const std::string& s) {
   if (s == "rest-json") return Protocol::rest_json;
   if (s == "rest-binary") return Protocol::rest_binary;
   if (s == "grpc") return Protocol::grpc;
-  throw Error(ErrorCode::invalid_argument, "protocol '" + s + "': expected rest-json, rest-binary or grpc");
+  throw Error(ErrorCode::invalid_argument,
+              "protocol '" + s + "': expected rest-json, rest-binary or grpc");
 }
 const char* protocol_name(Protocol p) {
-  return p == Protocol::rest_json ? "rest-json" : p == Protocol::rest_binary ? "rest-binary" : "grpc";
+  return p == Protocol::rest_json     ? "rest-json"
+         : p == Protocol::rest_binary ? "rest-binary"
+                                      : "grpc";
 }
 
 struct StreamSpec {
-  std::string text;          // as given, for the report
-  uint32_t priority = 0;     // 0: the model's default level (the parameter is not sent)
-  int clients = 0;           // closed loop
-  double rate = 0;           // open loop, requests per second
-  int connections = 0;       // open loop pool size (0: chosen from the rate)
-  int64_t requests = 0;      // count bound (0: only the time bounds)
+  std::string text;       // as given, for the report
+  uint32_t priority = 0;  // 0: the model's default level (the parameter is not sent)
+  int clients = 0;        // closed loop
+  double rate = 0;        // open loop, requests per second
+  int connections = 0;    // open loop pool size (0: chosen from the rate)
+  int64_t requests = 0;   // count bound (0: only the time bounds)
   Protocol protocol = Protocol::grpc;
 };
 
@@ -70,7 +72,8 @@ int64_t to_int(const std::string& key, const std::string& v) {
     n = std::stoll(v, &end);
   } catch (const std::exception&) {
   }
-  if (end != v.size() || n < 0) throw Error(ErrorCode::invalid_argument, "--stream " + key + "='" + v + "': expected a count");
+  if (end != v.size() || n < 0)
+    throw Error(ErrorCode::invalid_argument, "--stream " + key + "='" + v + "': expected a count");
   return n;
 }
 
@@ -85,7 +88,9 @@ StreamSpec parse_stream(const std::string& text, Protocol default_protocol) {
     const std::string item = text.substr(pos, comma - pos);
     pos = comma + 1;
     const size_t eq = item.find('=');
-    if (eq == std::string::npos) throw Error(ErrorCode::invalid_argument, "--stream '" + text + "': '" + item + "' is not KEY=VALUE");
+    if (eq == std::string::npos)
+      throw Error(ErrorCode::invalid_argument,
+                  "--stream '" + text + "': '" + item + "' is not KEY=VALUE");
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "priority") {
       s.priority = uint32_t(to_int(key, value));
@@ -98,7 +103,8 @@ StreamSpec parse_stream(const std::string& text, Protocol default_protocol) {
       } catch (const std::exception&) {
       }
       if (end != value.size() || !(s.rate > 0))
-        throw Error(ErrorCode::invalid_argument, "--stream rate='" + value + "': expected requests per second > 0");
+        throw Error(ErrorCode::invalid_argument,
+                    "--stream rate='" + value + "': expected requests per second > 0");
     } else if (key == "connections") {
       s.connections = int(to_int(key, value));
     } else if (key == "requests") {
@@ -107,13 +113,17 @@ StreamSpec parse_stream(const std::string& text, Protocol default_protocol) {
       s.protocol = parse_protocol(value);
     } else {
       throw Error(ErrorCode::invalid_argument,
-                  "--stream '" + text + "': unknown key '" + key + "' (priority, clients, rate, connections, requests, protocol)");
+                  "--stream '" + text + "': unknown key '" + key +
+                      "' (priority, clients, rate, connections, requests, protocol)");
     }
   }
   if ((s.clients > 0) == (s.rate > 0))
-    throw Error(ErrorCode::invalid_argument, "--stream '" + text + "': give either clients=N (closed loop) or rate=R (open loop)");
+    throw Error(
+        ErrorCode::invalid_argument,
+        "--stream '" + text + "': give either clients=N (closed loop) or rate=R (open loop)");
   // Enough connections to keep the schedule while answers take up to 50 ms each.
-  if (s.rate > 0 && s.connections == 0) s.connections = std::clamp(int(std::ceil(s.rate * 0.05)), 8, 256);
+  if (s.rate > 0 && s.connections == 0)
+    s.connections = std::clamp(int(std::ceil(s.rate * 0.05)), 8, 256);
   return s;
 }
 
@@ -136,20 +146,37 @@ json tensor_values(const Tensor& t) {
     for (int64_t i = 0; i < t.numel(); ++i) a.push_back(p[i]);
   };
   switch (t.dtype()) {
-    case slim::DType::f32: each(t.data<float>()); break;
-    case slim::DType::f64: each(t.data<double>()); break;
-    case slim::DType::i64: each(t.data<int64_t>()); break;
-    case slim::DType::i32: each(t.data<int32_t>()); break;
-    case slim::DType::u8: each(t.data<uint8_t>()); break;
-    case slim::DType::i8: each(t.data<int8_t>()); break;
-    case slim::DType::boolean: each(t.data<bool>()); break;
+    case slim::DType::f32:
+      each(t.data<float>());
+      break;
+    case slim::DType::f64:
+      each(t.data<double>());
+      break;
+    case slim::DType::i64:
+      each(t.data<int64_t>());
+      break;
+    case slim::DType::i32:
+      each(t.data<int32_t>());
+      break;
+    case slim::DType::u8:
+      each(t.data<uint8_t>());
+      break;
+    case slim::DType::i8:
+      each(t.data<int8_t>());
+      break;
+    case slim::DType::boolean:
+      each(t.data<bool>());
+      break;
     default:
-      throw Error(ErrorCode::unsupported, "input " + t.describe() + ": JSON encoding supports f32, f64, i64, i32, u8, i8, bool");
+      throw Error(
+          ErrorCode::unsupported,
+          "input " + t.describe() + ": JSON encoding supports f32, f64, i64, i32, u8, i8, bool");
   }
   return a;
 }
 
-Payload make_payload(const StreamSpec& s, const std::string& model, const std::vector<std::pair<std::string, Tensor>>& inputs) {
+Payload make_payload(const StreamSpec& s, const std::string& model,
+                     const std::vector<std::pair<std::string, Tensor>>& inputs) {
   Payload p;
   if (s.protocol == Protocol::grpc) {
     p.grpc.set_model_name(model);
@@ -169,7 +196,9 @@ Payload make_payload(const StreamSpec& s, const std::string& model, const std::v
   if (binary) header["parameters"]["binary_data_output"] = true;
   std::string tail;
   for (const auto& [name, t] : inputs) {
-    json in = {{"name", name}, {"datatype", slim::serve::kserve_dtype_name(t.dtype())}, {"shape", t.shape()}};
+    json in = {{"name", name},
+               {"datatype", slim::serve::kserve_dtype_name(t.dtype())},
+               {"shape", t.shape()}};
     if (binary) {
       in["parameters"]["binary_data_size"] = t.nbytes();
       tail.append(static_cast<const char*>(t.raw_data()), t.nbytes());
@@ -198,7 +227,8 @@ class Connection {
 
 class RestConnection : public Connection {
  public:
-  RestConnection(const std::string& host, int port, const Payload& p, int timeout_s) : client_(host, port), p_(p) {
+  RestConnection(const std::string& host, int port, const Payload& p, int timeout_s)
+      : client_(host, port), p_(p) {
     client_.set_keep_alive(true);
     client_.set_tcp_nodelay(true);
     client_.set_connection_timeout(timeout_s);
@@ -213,7 +243,9 @@ class RestConnection : public Connection {
     }
     if (res->status == 200) return Outcome::ok;
     *error = "HTTP " + std::to_string(res->status) + ": " + res->body.substr(0, 200);
-    return res->status == 429 ? Outcome::rejected : res->status == 503 ? Outcome::unavailable : Outcome::error;
+    return res->status == 429   ? Outcome::rejected
+           : res->status == 503 ? Outcome::unavailable
+                                : Outcome::error;
   }
 
  private:
@@ -223,15 +255,19 @@ class RestConnection : public Connection {
 
 class GrpcConnection : public Connection {
  public:
-  GrpcConnection(const std::string& host, int port, const Payload& p, int timeout_s) : p_(p), timeout_s_(timeout_s) {
+  GrpcConnection(const std::string& host, int port, const Payload& p, int timeout_s)
+      : p_(p), timeout_s_(timeout_s) {
     grpc::ChannelArguments args;
     // A channel of its own per connection: channels with equal arguments would otherwise
     // share one subchannel (one TCP connection) through gRPC's global pool.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetMaxReceiveMessageSize(-1);
-    auto channel = grpc::CreateCustomChannel(host + ":" + std::to_string(port), grpc::InsecureChannelCredentials(), args);
-    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(timeout_s)))
-      throw Error(ErrorCode::unavailable, "gRPC: cannot connect to " + host + ":" + std::to_string(port));
+    auto channel = grpc::CreateCustomChannel(host + ":" + std::to_string(port),
+                                             grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(timeout_s)))
+      throw Error(ErrorCode::unavailable,
+                  "gRPC: cannot connect to " + host + ":" + std::to_string(port));
     stub_ = inference::GRPCInferenceService::NewStub(channel);
   }
   Outcome send(std::string* error) override {
@@ -240,12 +276,17 @@ class GrpcConnection : public Connection {
     inference::ModelInferResponse res;
     const grpc::Status st = stub_->ModelInfer(&ctx, p_.grpc, &res);
     if (st.ok()) return Outcome::ok;
-    *error = "gRPC " + std::to_string(int(st.error_code())) + ": " + st.error_message().substr(0, 200);
+    *error =
+        "gRPC " + std::to_string(int(st.error_code())) + ": " + st.error_message().substr(0, 200);
     switch (st.error_code()) {
-      case grpc::StatusCode::RESOURCE_EXHAUSTED: return Outcome::rejected;
-      case grpc::StatusCode::UNAVAILABLE: return Outcome::unavailable;
-      case grpc::StatusCode::DEADLINE_EXCEEDED: return Outcome::timeout;
-      default: return Outcome::error;
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+        return Outcome::rejected;
+      case grpc::StatusCode::UNAVAILABLE:
+        return Outcome::unavailable;
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        return Outcome::timeout;
+      default:
+        return Outcome::error;
     }
   }
 
@@ -256,7 +297,7 @@ class GrpcConnection : public Connection {
 };
 
 struct Record {
-  double start_us;    // scheduled (open loop) or actual (closed loop) send time, from the run's start
+  double start_us;  // scheduled (open loop) or actual (closed loop) send time, from the run's start
   double latency_us;  // from that time to the answer
   double lag_us;      // open loop: how late the send left (client saturation), else 0
   Outcome outcome;
@@ -323,7 +364,8 @@ Stats summarize(const std::vector<const Record*>& recs, double duration_s) {
 
 json stats_json(const Stats& s) {
   json j = {{"throughput_rps", s.throughput()},
-            {"latency_us", {{"p50", s.p50}, {"p95", s.p95}, {"p99", s.p99}, {"mean", s.mean}, {"max", s.max}}},
+            {"latency_us",
+             {{"p50", s.p50}, {"p95", s.p95}, {"p99", s.p99}, {"mean", s.mean}, {"max", s.max}}},
             {"client_lag_p99_us", s.lag_p99},
             {"sent", s.sent()}};
   for (int o = 0; o < 5; ++o) j[kOutcomeNames[o]] = s.counts[o];
@@ -338,7 +380,8 @@ class Run {
     std::vector<std::pair<std::string, Tensor>> inputs;
     for (const std::string& spec : o_.inputs) {
       const size_t eq = spec.find('=');
-      if (eq == std::string::npos || eq == 0) throw Error(ErrorCode::invalid_argument, "--input '" + spec + "': expected NAME=FILE.npy");
+      if (eq == std::string::npos || eq == 0)
+        throw Error(ErrorCode::invalid_argument, "--input '" + spec + "': expected NAME=FILE.npy");
       inputs.emplace_back(spec.substr(0, eq), slim::read_npy(spec.substr(eq + 1)));
     }
     const Protocol default_protocol = parse_protocol(o_.protocol);
@@ -382,8 +425,9 @@ class Run {
     const double duration = measured_seconds();
     std::map<uint32_t, std::vector<const Record*>> by_level;
     std::vector<const Record*> all;
-    json out = {{"host", o_.host}, {"model", o_.model}, {"duration_s", o_.duration_s}, {"warmup_s", o_.warmup_s},
-                {"streams", json::array()}, {"levels", json::array()}};
+    json out = {
+        {"host", o_.host},         {"model", o_.model},        {"duration_s", o_.duration_s},
+        {"warmup_s", o_.warmup_s}, {"streams", json::array()}, {"levels", json::array()}};
     for (const auto& s : streams_) {
       std::vector<const Record*> recs;
       for (const Record& r : s->records)
@@ -402,19 +446,23 @@ class Run {
       out["streams"].push_back(std::move(j));
     }
 
-    std::printf("%-8s %-28s %8s %8s %8s %6s %6s %10s %9s %9s %9s %9s\n", "priority", "streams", "sent", "ok", "rejected", "unav",
-                "errors", "ok/s", "p50 us", "p95 us", "p99 us", "max us");
+    std::printf("%-8s %-28s %8s %8s %8s %6s %6s %10s %9s %9s %9s %9s\n", "priority", "streams",
+                "sent", "ok", "rejected", "unav", "errors", "ok/s", "p50 us", "p95 us", "p99 us",
+                "max us");
     const auto row = [&](const std::string& level, const std::string& what, const Stats& st) {
-      std::printf("%-8s %-28s %8lld %8lld %8lld %6lld %6lld %10.1f %9.0f %9.0f %9.0f %9.0f\n", level.c_str(), what.c_str(),
-                  (long long)st.sent(), (long long)st.counts[0], (long long)st.counts[1], (long long)st.counts[2],
-                  (long long)(st.counts[3] + st.counts[4]), st.throughput(), st.p50, st.p95, st.p99, st.max);
+      std::printf("%-8s %-28s %8lld %8lld %8lld %6lld %6lld %10.1f %9.0f %9.0f %9.0f %9.0f\n",
+                  level.c_str(), what.c_str(), (long long)st.sent(), (long long)st.counts[0],
+                  (long long)st.counts[1], (long long)st.counts[2],
+                  (long long)(st.counts[3] + st.counts[4]), st.throughput(), st.p50, st.p95, st.p99,
+                  st.max);
     };
     for (const auto& [level, recs] : by_level) {
       std::string what;
       for (const auto& s : streams_)
         if (s->spec.priority == level) {
           what += (what.empty() ? "" : "+") + std::string(protocol_name(s->spec.protocol)) + " " +
-                  (s->spec.clients ? std::to_string(s->spec.clients) + "c" : std::to_string(int(s->spec.rate)) + "/s");
+                  (s->spec.clients ? std::to_string(s->spec.clients) + "c"
+                                   : std::to_string(int(s->spec.rate)) + "/s");
         }
       const Stats st = summarize(recs, duration);
       row(level ? std::to_string(level) : "default", what, st);
@@ -431,15 +479,21 @@ class Run {
     out["total"] = stats_json(total);
     for (size_t i = 0; i < streams_.size(); ++i) {
       const Stream& s = *streams_[i];
-      if (!s.first_error.empty()) std::printf("stream '%s': first error: %s\n", s.spec.text.c_str(), s.first_error.c_str());
+      if (!s.first_error.empty())
+        std::printf("stream '%s': first error: %s\n", s.spec.text.c_str(), s.first_error.c_str());
       const double lag = out["streams"][i]["client_lag_p99_us"];
       if (lag > 1000)
-        std::printf("stream '%s': the client sent late (p99 %.0f us behind schedule): raise connections=\n", s.spec.text.c_str(), lag);
+        std::printf(
+            "stream '%s': sends left p99 %.0f us behind schedule (all connections busy, or no free "
+            "core "
+            "for the client); that delay counts in its latency\n",
+            s.spec.text.c_str(), lag);
     }
 
     if (!o_.json_path.empty()) {
       std::ofstream f(o_.json_path);
-      if (!f) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + o_.json_path + "'");
+      if (!f)
+        throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + o_.json_path + "'");
       f << out.dump(2) << "\n";
     }
     if (!o_.csv_path.empty()) {
@@ -449,19 +503,22 @@ class Run {
       for (size_t i = 0; i < streams_.size(); ++i)
         for (const Record& r : streams_[i]->records)
           if (measured(r))
-            f << i << ',' << streams_[i]->spec.priority << ',' << int64_t(r.start_us) << ',' << int64_t(r.latency_us) << ','
-              << kOutcomeNames[int(r.outcome)] << '\n';
+            f << i << ',' << streams_[i]->spec.priority << ',' << int64_t(r.start_us) << ','
+              << int64_t(r.latency_us) << ',' << kOutcomeNames[int(r.outcome)] << '\n';
     }
   }
 
  private:
   std::unique_ptr<Connection> connect(const Stream& s) const {
-    if (s.spec.protocol == Protocol::grpc) return std::make_unique<GrpcConnection>(o_.host, o_.grpc_port, s.payload, o_.timeout_s);
+    if (s.spec.protocol == Protocol::grpc)
+      return std::make_unique<GrpcConnection>(o_.host, o_.grpc_port, s.payload, o_.timeout_s);
     return std::make_unique<RestConnection>(o_.host, o_.http_port, s.payload, o_.timeout_s);
   }
 
   double end_us() const { return (o_.warmup_s + o_.duration_s) * 1e6; }
-  double now_us() const { return std::chrono::duration<double, std::micro>(Clock::now() - start_).count(); }
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(Clock::now() - start_).count();
+  }
   bool measured(const Record& r) const { return r.start_us >= o_.warmup_s * 1e6; }
   // The window the measured requests started in: the whole duration, or less when a
   // count bound ended the run first.
@@ -473,7 +530,9 @@ class Run {
   }
 
   // Claims the next request of the stream's count bound; false once it is spent.
-  static bool claim(Stream& s) { return s.spec.requests == 0 || s.issued.fetch_add(1) < s.spec.requests; }
+  static bool claim(Stream& s) {
+    return s.spec.requests == 0 || s.issued.fetch_add(1) < s.spec.requests;
+  }
 
   void work(Stream& s, Connection& c) {
     std::vector<Record> mine;
@@ -487,7 +546,9 @@ class Run {
           start = s.next_arrival_us;
         }
         if (start >= end_us()) break;
-        std::this_thread::sleep_until(start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(start)));
+        std::this_thread::sleep_until(start_ +
+                                      std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double, std::micro>(start)));
         lag = std::max(0.0, now_us() - start);
       }
       if (start >= end_us() || !claim(s)) break;
@@ -512,31 +573,47 @@ class Run {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{
-      "serve_loadgen: load generator for slim serve (KServe v2 REST JSON, REST binary tensors, gRPC), loopback only.\n"
-      "Each --stream is closed loop (clients=N) or open loop with Poisson arrivals (rate=R per second), with keys\n"
-      "priority=L (the KServe 'priority' parameter; default: none sent), connections=N (open loop pool),\n"
-      "requests=N (count bound) and protocol=rest-json|rest-binary|grpc. Reports throughput and p50/p95/p99\n"
+      "serve_loadgen: load generator for slim serve (KServe v2 REST JSON, REST binary tensors, "
+      "gRPC), loopback only.\n"
+      "Each --stream is closed loop (clients=N) or open loop with Poisson arrivals (rate=R per "
+      "second), with keys\n"
+      "priority=L (the KServe 'priority' parameter; default: none sent), connections=N (open loop "
+      "pool),\n"
+      "requests=N (count bound) and protocol=rest-json|rest-binary|grpc. Reports throughput and "
+      "p50/p95/p99\n"
       "latency per priority level. Example:\n"
       "  serve_loadgen --grpc-port 8001 --model cnn --input image=x.npy \\\n"
       "      --stream priority=1,rate=50 --stream priority=3,clients=32 --duration 10"};
   app.add_option("--host", o.host, "Server address; loopback only (default 127.0.0.1)");
-  app.add_option("--http-port", o.http_port, "REST port (default 8000)")->check(CLI::Range(1, 65535));
-  app.add_option("--grpc-port", o.grpc_port, "gRPC port (default 8001)")->check(CLI::Range(1, 65535));
+  app.add_option("--http-port", o.http_port, "REST port (default 8000)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--grpc-port", o.grpc_port, "gRPC port (default 8001)")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--model", o.model, "Model name")->required();
-  app.add_option("--input", o.inputs, "NAME=FILE.npy, one per model input (sent as is: the first dim is the batch)")->required();
+  app.add_option("--input", o.inputs,
+                 "NAME=FILE.npy, one per model input (sent as is: the first dim is the batch)")
+      ->required();
   app.add_option("--stream", o.streams, "Stream spec, repeatable (see above)")->required();
   app.add_option("--protocol", o.protocol, "Protocol of streams that name none (default grpc)")
       ->check(CLI::IsMember({"rest-json", "rest-binary", "grpc"}));
-  app.add_option("--duration", o.duration_s, "Measured seconds (default 10)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup_s, "Seconds of load before measuring (default 1)")->check(CLI::NonNegativeNumber);
-  app.add_option("--timeout", o.timeout_s, "Client timeout per request and connection, seconds (default 30)")->check(CLI::PositiveNumber);
+  app.add_option("--duration", o.duration_s, "Measured seconds (default 10)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup_s, "Seconds of load before measuring (default 1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout", o.timeout_s,
+                 "Client timeout per request and connection, seconds (default 30)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "Seed of the arrival schedules (default 1)");
   app.add_option("--json", o.json_path, "Write the results as JSON");
-  app.add_option("--csv", o.csv_path, "Write one line per measured request: stream,priority,start_us,latency_us,outcome");
+  app.add_option(
+      "--csv", o.csv_path,
+      "Write one line per measured request: stream,priority,start_us,latency_us,outcome");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!is_loopback(o.host))
-      throw Error(ErrorCode::invalid_argument, "--host '" + o.host + "' is not a loopback address: the load generator only loads this machine");
+      throw Error(ErrorCode::invalid_argument,
+                  "--host '" + o.host +
+                      "' is not a loopback address: the load generator only loads this machine");
     Run run(o);
     run.execute();
     run.report();

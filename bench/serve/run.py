@@ -255,37 +255,38 @@ class Bench:
         self.results["scenarios"]["overhead"] = res
 
     def batching(self):
+        """Each server run is followed by its in-process counterpart (batch 1 after batching
+        off, the server's mean batch after batching on), so both see the same machine load."""
         res = {}
         for name, (onnx, in_name, npy, config) in MODELS.items():
             onnx = os.path.join(self.work, "models", onnx)
-            inp = [f"{in_name}=" + os.path.join(self.work, "models", npy + "1.npy")]
             res[name] = {"model": os.path.basename(onnx)}
             for mode, extra in (("off", ""), ("on", BATCHING_ON)):
                 repo = write_repo(os.path.join(self.work, f"repo_{name}_{mode}"),
                                   {name: (onnx, f"max_batch_size: {BATCH}\n" + config + extra)})
                 s = self.start(repo, f"batching {name} {mode}")
                 res[name][mode] = {"warm_s": self.warm(s, name, in_name, npy, BATCH if mode == "on" else 1)}
-                thr, batch, infer = [], [], []
+                runs = {"thr": [], "batch": [], "infer": [], "p50": [], "p99": [], "ip_ms": []}
                 for i in range(self.a.repeat):
                     c0 = s.counters(name)
+                    inp = [f"{in_name}=" + os.path.join(self.work, "models", npy + "1.npy")]
                     r = self.loadgen(s, name, inp, ["clients=32"], self.a.batching_s, f"batching_{name}_{mode}_{i}")
                     b = batching_stats(c0, s.counters(name))
-                    thr.append(r["total"]["throughput_rps"])
-                    batch.append(b["mean_batch"])
-                    infer.append(b["infer_ms_per_batch"])
+                    for k, v in (("thr", r["total"]["throughput_rps"]), ("batch", b["mean_batch"]),
+                                 ("infer", b["infer_ms_per_batch"]), ("p50", r["total"]["latency_us"]["p50"]),
+                                 ("p99", r["total"]["latency_us"]["p99"])):
+                        runs[k].append(v)
+                    # In-process at the batch size the server formed (the input repeated along dim 0).
+                    ip_batch = max(1, round(runs["batch"][0]))
+                    path = os.path.join(self.work, "models", f"{npy}{ip_batch}.npy")
+                    runs["ip_ms"].append(self.inprocess(onnx, [f"{in_name}={path}"], max(10, 400 // ip_batch), 3)["p50_ms"])
                 self.stop(s)
-                res[name][mode] |= {"throughput_rps": statistics.median(thr), "runs_rps": thr,
-                                   "mean_batch": statistics.median(batch), "infer_ms_per_batch": statistics.median(infer),
-                                   "p50_us": r["total"]["latency_us"]["p50"], "p99_us": r["total"]["latency_us"]["p99"]}
-            # In-process at the batch size the server formed (the input repeated along dim 0).
-            b = max(1, round(res[name]["on"]["mean_batch"]))
-            x = np.load(os.path.join(self.work, "models", npy + "1.npy"))
-            path = os.path.join(self.work, "models", f"{npy}{b}.npy")
-            np.save(path, np.repeat(x, b, axis=0))
-            ip = self.inprocess(onnx, [f"{in_name}={path}"], max(10, int(400 / b)), 3)
-            res[name]["inprocess"] = {"batch": b, "throughput_sps": b / (ip["p50_ms"] / 1e3), "p50_ms": ip["p50_ms"]}
-            ip1 = self.inprocess(onnx, inp, 100, 5)
-            res[name]["inprocess_b1"] = {"throughput_sps": 1 / (ip1["p50_ms"] / 1e3), "p50_ms": ip1["p50_ms"]}
+                m = {k: statistics.median(v) for k, v in runs.items()}
+                res[name][mode] |= {"throughput_rps": m["thr"], "runs_rps": runs["thr"], "mean_batch": m["batch"],
+                                   "infer_ms_per_batch": m["infer"], "p50_us": m["p50"], "p99_us": m["p99"]}
+                res[name]["inprocess" if mode == "on" else "inprocess_b1"] = {
+                    "batch": ip_batch, "throughput_sps": ip_batch / (m["ip_ms"] / 1e3), "p50_ms": m["ip_ms"],
+                    "runs_ms": runs["ip_ms"]}
             res[name]["gain"] = res[name]["on"]["throughput_rps"] / res[name]["off"]["throughput_rps"]
             res[name]["vs_inprocess"] = res[name]["on"]["throughput_rps"] / res[name]["inprocess"]["throughput_sps"]
         self.results["scenarios"]["batching"] = res
