@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -475,6 +476,11 @@ class Run {
     int64_t requests_total = 0;
     for (const auto& s : streams_) requests_total += int64_t(s->records.size());
     out["requests_total"] = requests_total;
+    // The client's own CPU time: on a small machine it competes with the server's.
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    out["client_cpu_s"] = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                          double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     if (by_level.size() > 1) row("all", "", total);
     out["total"] = stats_json(total);
     for (size_t i = 0; i < streams_.size(); ++i) {

@@ -177,6 +177,7 @@ class Bench:
         server.requests += r["requests_total"]
         server.cpu += cpu
         r["server_cpu_us_per_request"] = cpu / max(1, r["requests_total"]) * 1e6
+        r["client_cpu_us_per_request"] = r["client_cpu_s"] / max(1, r["requests_total"]) * 1e6
         return r
 
     def warm(self, server, model, in_name, npy, max_batch):
@@ -302,7 +303,7 @@ class Bench:
         d = self.a.priority_s
         runs = {"capacity": [], "idle_p99": [], "idle_p50": [], "loaded_p99": [], "loaded_p50": [], "high_rejected": [],
                 "low_ok_rps": [], "low_rejected": [], "high_rps": [], "idle_infer_ms": [], "loaded_infer_ms": [],
-                "loaded_batch": [], "loaded_cpu_us": []}
+                "loaded_batch": [], "loaded_cpu_us": [], "loaded_client_cpu_us": []}
         for i in range(self.a.repeat):
             cap = self.loadgen(s, "cnn", inp, ["priority=2,clients=16"], d, f"priority_capacity_{i}")["total"]["throughput_rps"]
             # Pools large enough that neither stream waits for a free connection.
@@ -317,6 +318,7 @@ class Bench:
             runs["loaded_infer_ms"].append(batching_stats(c1, c2)["infer_ms_per_batch"])
             runs["loaded_batch"].append(batching_stats(c1, c2)["mean_batch"])
             runs["loaded_cpu_us"].append(loaded["server_cpu_us_per_request"])
+            runs["loaded_client_cpu_us"].append(loaded["client_cpu_us_per_request"])
             lv = {l["priority"]: l for l in loaded["levels"]}
             runs["capacity"].append(cap)
             runs["idle_p50"].append(idle["latency_us"]["p50"])
@@ -397,7 +399,8 @@ def tables(r):
                 f"| priority 3 answered / rejected | {p['low_ok_rps']:.1f}/s / {p['low_rejected']:.0f} per run |",
                 f"| model time per batch: idle / overloaded (mean batch {p['loaded_batch']:.1f}) | {p['idle_infer_ms']:.2f} / "
                 f"{p['loaded_infer_ms']:.2f} ms |",
-                f"| server CPU per request (answered or rejected) under overload | {p['loaded_cpu_us']:.0f} µs |", ""]
+                f"| CPU per request (answered or rejected) under overload: server / load generator | "
+                f"{p['loaded_cpu_us']:.0f} / {p['loaded_client_cpu_us']:.0f} µs |", ""]
     if "footprint" in sc:
         f = sc["footprint"]
         d = f["digits"]
