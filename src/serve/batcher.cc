@@ -172,10 +172,16 @@ std::vector<std::unique_ptr<ScheduledRequest>> DynamicBatcher::take_batch(Clock:
   const Clock::time_point now = Clock::now();
   *wake = Clock::time_point::max();
   // The most urgent request leads; delayed requests come after every level's regular ones.
+  // A batch holds one level: a more urgent request is not slowed by less urgent rows
+  // filling its batch (the rows it waits for are the batches in flight, nothing more).
   ScheduledRequest* lead = nullptr;
+  size_t level = 0;
   for (auto* lists : {&queues_, &delayed_})
-    for (auto& q : *lists)
-      if (!lead && !q.empty()) lead = q.front().get();
+    for (size_t l = 0; l < lists->size() && !lead; ++l)
+      if (!(*lists)[l].empty()) {
+        lead = (*lists)[l].front().get();
+        level = l;
+      }
   if (!lead) return {};
 
   std::unordered_set<const ScheduledRequest*> chosen{lead};
@@ -183,18 +189,17 @@ std::vector<std::unique_ptr<ScheduledRequest>> DynamicBatcher::take_batch(Clock:
   Clock::time_point oldest = lead->request.arrival;
   bool full = !policy_.dynamic;
   if (policy_.dynamic) {
-    for (auto* lists : {&queues_, &delayed_})
-      for (auto& q : *lists)
-        for (auto& r : q) {
-          if (chosen.count(r.get()) || r->shape_key != lead->shape_key) continue;
-          if (rows + r->rows > policy_.max_batch_size) {
-            full = true;
-            continue;
-          }
-          chosen.insert(r.get());
-          rows += r->rows;
-          oldest = std::min(oldest, r->request.arrival);
+    for (auto* q : {&queues_[level], &delayed_[level]})
+      for (auto& r : *q) {
+        if (chosen.count(r.get()) || r->shape_key != lead->shape_key) continue;
+        if (rows + r->rows > policy_.max_batch_size) {
+          full = true;
+          continue;
         }
+        chosen.insert(r.get());
+        rows += r->rows;
+        oldest = std::min(oldest, r->request.arrival);
+      }
     full = full || rows >= policy_.max_batch_size;
     const bool preferred = std::find(policy_.preferred_batch_size.begin(), policy_.preferred_batch_size.end(),
                                      rows) != policy_.preferred_batch_size.end();
@@ -206,19 +211,16 @@ std::vector<std::unique_ptr<ScheduledRequest>> DynamicBatcher::take_batch(Clock:
   }
 
   std::vector<std::unique_ptr<ScheduledRequest>> batch;
-  for (auto* lists : {&queues_, &delayed_})
-    for (size_t l = 0; l < lists->size(); ++l) {
-      auto& q = (*lists)[l];
-      for (auto it = q.begin(); it != q.end();) {
-        if (chosen.count(it->get())) {
-          stats_.pending[l]->add(-1);
-          batch.push_back(std::move(*it));
-          it = q.erase(it);
-        } else {
-          ++it;
-        }
+  for (auto* q : {&queues_[level], &delayed_[level]})
+    for (auto it = q->begin(); it != q->end();) {
+      if (chosen.count(it->get())) {
+        batch.push_back(std::move(*it));
+        it = q->erase(it);
+      } else {
+        ++it;
       }
     }
+  stats_.pending[level]->add(-double(batch.size()));
   queued_ -= int64_t(batch.size());
   return batch;
 }

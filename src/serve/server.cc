@@ -395,7 +395,9 @@ bool InferenceServer::shutdown(std::chrono::milliseconds timeout) {
 int64_t InferenceServer::in_flight() const { return impl_->in_flight.load(); }
 
 std::vector<std::string> InferenceServer::extensions() {
-  return {"model_repository", "binary_tensor_data", "statistics_metrics"};
+  // Triton's names: the repository API, binary tensors, priority and queue policies, and
+  // request parameters (priority, timeout, binary_data_output).
+  return {"model_repository", "binary_tensor_data", "schedule_policy", "parameters"};
 }
 
 }  // namespace slim::serve

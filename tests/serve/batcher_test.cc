@@ -136,6 +136,20 @@ TEST(Batcher, MoreUrgentLevelsRunFirst) {
   EXPECT_EQ(order, (std::vector<float>{100, 11, 21, 31, 32}));
 }
 
+TEST(Batcher, ABatchHoldsOneLevel) {
+  Harness h(batching(8, 2));
+  h.model->close();
+  auto first = h.submit(100, 1, 2);
+  h.model->wait_started(1);
+  auto low1 = h.submit(21, 1, 2), low2 = h.submit(22, 1, 2), high = h.submit(11, 1, 1);
+  h.model->open();
+  for (auto* f : {&first, &low1, &low2, &high}) ASSERT_FALSE(f->get().error);
+  const auto b = h.model->batches();
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[1], (std::pair<int64_t, float>{1, 11}));  // the urgent request alone, not filled with level 2
+  EXPECT_EQ(b[2], (std::pair<int64_t, float>{2, 21}));
+}
+
 TEST(Batcher, FullQueueRejectsAtOnce) {
   BatchPolicy p = batching(1, 2);
   p.queue_policy = {QueuePolicy{}, QueuePolicy{}};

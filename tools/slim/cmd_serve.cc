@@ -72,6 +72,7 @@ void run_serve(ServeOptions& o) {
     serve::HttpOptions m = http;
     m.port = o.metrics_port;
     m.access_log = false;
+    m.max_connections = 8;  // scrapers, not clients: no need for a thread per client
     metrics = std::make_unique<serve::MetricsFrontend>(server, m);
     std::cout << "slim serve: metrics listening on " << o.host << ":" << metrics->start() << std::endl;
   }

@@ -1,7 +1,7 @@
 // DynamicBatcher: the scheduler of one served model version. Requests wait in one queue
 // per priority level (level 1 the most urgent, Triton's convention); each executor (one
-// per instance) takes the most urgent request, adds requests of the same sample shape in
-// priority order up to max_batch_size, waits at most max_queue_delay for a fuller batch
+// per instance) takes the most urgent request, adds requests of its level with the same
+// sample shape up to max_batch_size, waits at most max_queue_delay for a fuller batch
 // unless it already has a preferred size, runs the model once on the rows stacked along
 // the first dimension, and hands each request its rows of the outputs as views of the
 // batch's output tensors (no copy). It never parses a protocol.
