@@ -73,7 +73,8 @@ DynamicBatcher::DynamicBatcher(std::string model, std::string version, BatchPoli
       instances_(std::move(instances)),
       stats_(std::move(stats)),
       queues_(policy_.levels),
-      delayed_(policy_.levels) {
+      delayed_(policy_.levels),
+      busy_(instances_.size(), false) {
   check(!instances_.empty(), ErrorCode::internal, "batcher for " + model_ + " has no instances");
   for (size_t i = 0; i < instances_.size(); ++i) threads_.emplace_back([this, i] { run_executor(i); });
   threads_.emplace_back([this] { run_reaper(); });
@@ -111,6 +112,24 @@ void DynamicBatcher::enqueue(std::unique_ptr<ScheduledRequest> r) {
                                                          std::to_string(l + 1) + " is full (" +
                                                          std::to_string(limit) + " requests)"),
                 true);
+  }
+  // Nothing queued, an instance free, and nothing to gain by waiting for company: run it on
+  // the calling thread, which saves the two thread hand-offs of the queue.
+  const bool waits_for_batch = policy_.dynamic && policy_.max_queue_delay_us > 0 && r->rows < policy_.max_batch_size;
+  if (queued_ == 0 && !waits_for_batch) {
+    for (size_t i = 0; i < busy_.size(); ++i) {
+      if (busy_[i]) continue;
+      busy_[i] = true;
+      lock.unlock();
+      std::vector<std::unique_ptr<ScheduledRequest>> batch;
+      batch.push_back(std::move(r));
+      execute(*instances_[i], batch);
+      lock.lock();
+      busy_[i] = false;
+      lock.unlock();
+      cv_.notify_all();  // requests may have queued for this instance meanwhile
+      return;
+    }
   }
   stats_.pending[l]->add(1);
   queues_[l].push_back(std::move(r));
@@ -228,13 +247,16 @@ std::vector<std::unique_ptr<ScheduledRequest>> DynamicBatcher::take_batch(Clock:
 void DynamicBatcher::run_executor(size_t index) {
   std::unique_lock lock(mu_);
   for (;;) {
-    Clock::time_point wake;
-    auto batch = take_batch(&wake);
+    Clock::time_point wake = Clock::time_point::max();
+    // While a caller runs a request on this executor's instance (see enqueue), it waits.
+    auto batch = busy_[index] ? std::vector<std::unique_ptr<ScheduledRequest>>{} : take_batch(&wake);
     if (stopping_ && queued_ == 0) cv_.notify_all();  // the other threads may exit now
     if (!batch.empty()) {
+      busy_[index] = true;
       lock.unlock();
       execute(*instances_[index], batch);
       lock.lock();
+      busy_[index] = false;
       continue;
     }
     if (stopping_ && queued_ == 0) return;
@@ -343,6 +365,9 @@ void DynamicBatcher::stop(bool drain) {
          true);
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // Requests that callers run themselves (see enqueue) finish before the batcher goes.
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return std::none_of(busy_.begin(), busy_.end(), [](bool b) { return b; }); });
 }
 
 }  // namespace slim::serve

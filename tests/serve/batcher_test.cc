@@ -50,10 +50,25 @@ struct Harness {
   BatchPolicy policy;
   std::unique_ptr<DynamicBatcher> batcher;
 
+  std::vector<std::thread> blockers;
+
   explicit Harness(BatchPolicy p) : policy(std::move(p)) {
     if (policy.queue_policy.empty()) policy.queue_policy.assign(policy.levels, QueuePolicy{});
     batcher = std::make_unique<DynamicBatcher>("m", "1", policy, std::vector<std::shared_ptr<TensorModel>>{model},
                                                ModelStats::create(metrics, "m", "1", policy));
+  }
+  ~Harness() {
+    for (auto& t : blockers) t.join();
+  }
+  // A request that finds the batcher idle runs on the submitting thread: the blocker is
+  // submitted from a thread of its own and holds the (closed) model until the test opens it.
+  std::future<InferResult> block(float value, uint32_t level = 1) {
+    auto promise = std::make_shared<std::promise<InferResult>>();
+    auto f = promise->get_future();
+    const int started = int(model->batches().size()) + 1;
+    blockers.emplace_back([this, promise, value, level] { promise->set_value(submit(value, 1, level).get()); });
+    model->wait_started(started);
+    return f;
   }
   // Queues `rows` rows of width 2 filled with `value`, at `level`; the future holds the result.
   std::future<InferResult> submit(float value, int64_t rows = 1, uint32_t level = 1, int64_t width = 2,
@@ -86,8 +101,7 @@ BatchPolicy batching(int64_t max_batch, uint32_t levels = 1) {
 TEST(Batcher, MergesQueuedRequestsAndGivesEachItsRows) {
   Harness h(batching(16));
   h.model->close();
-  auto first = h.submit(100);
-  h.model->wait_started(1);  // the first request runs alone and blocks the executor
+  auto first = h.block(100);  // runs alone and holds the model
   std::vector<std::future<InferResult>> rest;
   for (int i = 0; i < 5; ++i) rest.push_back(h.submit(float(i), 2));
   h.model->open();
@@ -109,8 +123,7 @@ TEST(Batcher, MergesQueuedRequestsAndGivesEachItsRows) {
 TEST(Batcher, BatchesStopAtMaxBatchSizeAndMatchingShapes) {
   Harness h(batching(4));
   h.model->close();
-  auto first = h.submit(100);
-  h.model->wait_started(1);
+  auto first = h.block(100);
   auto a = h.submit(1, 3), b = h.submit(2, 3), c = h.submit(3, 1, 1, /*width=*/5), d = h.submit(4, 1);
   h.model->open();
   for (auto* f : {&first, &a, &b, &c, &d}) ASSERT_FALSE(f->get().error);
@@ -126,8 +139,7 @@ TEST(Batcher, MoreUrgentLevelsRunFirst) {
   BatchPolicy p = batching(1, 3);
   Harness h(p);
   h.model->close();
-  auto first = h.submit(100, 1, 3);
-  h.model->wait_started(1);
+  auto first = h.block(100, 3);
   auto low1 = h.submit(31, 1, 3), low2 = h.submit(32, 1, 3), mid = h.submit(21, 1, 2), high = h.submit(11, 1, 1);
   h.model->open();
   for (auto* f : {&first, &low1, &low2, &mid, &high}) ASSERT_FALSE(f->get().error);
@@ -139,8 +151,7 @@ TEST(Batcher, MoreUrgentLevelsRunFirst) {
 TEST(Batcher, ABatchHoldsOneLevel) {
   Harness h(batching(8, 2));
   h.model->close();
-  auto first = h.submit(100, 1, 2);
-  h.model->wait_started(1);
+  auto first = h.block(100, 2);
   auto low1 = h.submit(21, 1, 2), low2 = h.submit(22, 1, 2), high = h.submit(11, 1, 1);
   h.model->open();
   for (auto* f : {&first, &low1, &low2, &high}) ASSERT_FALSE(f->get().error);
@@ -156,8 +167,7 @@ TEST(Batcher, FullQueueRejectsAtOnce) {
   p.queue_policy[1].max_queue_size = 2;
   Harness h(p);
   h.model->close();
-  auto first = h.submit(0, 1, 2);
-  h.model->wait_started(1);
+  auto first = h.block(0, 2);
   auto q1 = h.submit(1, 1, 2), q2 = h.submit(2, 1, 2);
   auto refused = h.submit(3, 1, 2);
   ASSERT_EQ(refused.wait_for(std::chrono::seconds(5)), std::future_status::ready);
@@ -178,8 +188,7 @@ TEST(Batcher, TimeoutRejectsOrDelays) {
   p.queue_policy[0].timeout_action = QueuePolicy::TimeoutAction::delay;
   Harness h(p);
   h.model->close();
-  auto first = h.submit(0, 1, 2);
-  h.model->wait_started(1);
+  auto first = h.block(0, 2);
   auto rejected = h.submit(1, 1, 2, 2, 1000);
   auto delayed = h.submit(2, 1, 1, 2, 1000);
   auto later = h.submit(3, 1, 1);
@@ -199,8 +208,7 @@ TEST(Batcher, StopDrainsOrFailsQueuedRequests) {
   for (bool drain : {true, false}) {
     Harness h(batching(1));
     h.model->close();
-    auto first = h.submit(0);
-    h.model->wait_started(1);
+    auto first = h.block(0);
     auto queued = h.submit(1);
     std::thread stopper([&] { h.batcher->stop(drain); });
     if (!drain) {

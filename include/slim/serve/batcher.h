@@ -4,7 +4,9 @@
 // sample shape up to max_batch_size, waits at most max_queue_delay for a fuller batch
 // unless it already has a preferred size, runs the model once on the rows stacked along
 // the first dimension, and hands each request its rows of the outputs as views of the
-// batch's output tensors (no copy). It never parses a protocol.
+// batch's output tensors (no copy). A request that finds nothing queued, an instance free
+// and no reason to wait for a fuller batch runs at once on the calling thread. It never
+// parses a protocol.
 #pragma once
 
 #include <condition_variable>
@@ -107,6 +109,7 @@ class DynamicBatcher {
   // Per level: requests in arrival order, and requests whose DELAY timeout passed
   // (served only when the level has nothing else).
   std::vector<std::deque<std::unique_ptr<ScheduledRequest>>> queues_, delayed_;
+  std::vector<bool> busy_;  // per instance: running a batch (its executor's or a caller's)
   int64_t queued_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> threads_;  // executors, then the reaper
