@@ -9,23 +9,36 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// Stacks the requests' tensors of one input along the first dimension.
+// Stacks the requests' tensors of one input along the first dimension, then repeats the
+// last row up to `total_rows` (padding).
 Tensor stack_rows(const std::vector<std::unique_ptr<ScheduledRequest>>& batch, const std::string& name,
                   int64_t total_rows) {
   const Tensor& first = batch[0]->inputs.at(name);
   Shape shape = first.shape();
   shape[0] = total_rows;
   Tensor out(first.dtype(), shape);
-  auto* dst = static_cast<char*>(out.raw_data());
+  auto* const begin = static_cast<char*>(out.raw_data());
+  char* dst = begin;
   for (const auto& r : batch) {
     const Tensor t = r->inputs.at(name).contiguous();
     std::memcpy(dst, t.raw_data(), t.nbytes());
     dst += t.nbytes();
   }
+  const size_t row_bytes = out.nbytes() / size_t(total_rows);
+  for (char* end = begin + out.nbytes(); dst < end; dst += row_bytes) std::memcpy(dst, dst - row_bytes, row_bytes);
   return out;
 }
 
 }  // namespace
+
+std::vector<int64_t> batch_ladder(int64_t max_batch_size, const std::vector<int64_t>& preferred) {
+  std::vector<int64_t> sizes(preferred.begin(), preferred.end());
+  for (int64_t b = 1; b < max_batch_size; b *= 2) sizes.push_back(b);
+  sizes.push_back(max_batch_size);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
 
 ModelStats ModelStats::create(Metrics& m, const std::string& model, const std::string& version,
                               const BatchPolicy& p) {
@@ -272,11 +285,14 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
     stats_.queue_seconds->inc(seconds(t0 - r->request.arrival));
     rows += r->rows;
   }
+  int64_t run_rows = rows;
+  if (!policy_.padded_sizes.empty())
+    run_rows = *std::lower_bound(policy_.padded_sizes.begin(), policy_.padded_sizes.end(), rows);
   std::map<std::string, Tensor> inputs;
-  if (batch.size() == 1) {
+  if (batch.size() == 1 && run_rows == rows) {
     inputs = batch[0]->inputs;
   } else {
-    for (const auto& [name, t] : batch[0]->inputs) inputs[name] = stack_rows(batch, name, rows);
+    for (const auto& [name, t] : batch[0]->inputs) inputs[name] = stack_rows(batch, name, run_rows);
   }
   const Clock::time_point t1 = Clock::now();
   std::map<std::string, Tensor> outputs;
@@ -309,10 +325,10 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
         check(it != outputs.end(), ErrorCode::internal, "model '" + model_ + "' did not return output '" + name + "'");
         Tensor t = it->second;
         if (policy_.max_batch_size > 0) {
-          check(t.rank() >= 1 && t.dim(0) == rows, ErrorCode::internal,
+          check(t.rank() >= 1 && t.dim(0) == run_rows, ErrorCode::internal,
                 "model '" + model_ + "' returned " + t.describe() + " for output '" + name + "' of a batch of " +
-                    std::to_string(rows) + " rows");
-          if (batch.size() > 1) t = t.slice(0, begin, begin + r.rows);
+                    std::to_string(run_rows) + " rows");
+          if (batch.size() > 1 || run_rows != rows) t = t.slice(0, begin, begin + r.rows);
         }
         if (!r.output_sample_dims[k].empty()) {
           Shape shape = r.output_sample_dims[k];

@@ -149,9 +149,9 @@ std::vector<std::shared_ptr<TensorModel>> load_model_file(const std::string& pat
     *platform = "onnxruntime_onnx";
     SessionOptions opt;
     opt.num_threads = threads;
-    // A session compiles a plan per input shape it sees twice and keeps the last few; a
-    // batcher that forms sizes 1..max_batch_size would evict them in turn and recompile
-    // (probing every node, transforming weights) on most batches.
+    // A session compiles a plan per input shape it sees twice and keeps the last few; the
+    // batcher pads its batches to `batch_sizes` sizes (batch_ladder), which would evict
+    // each other with fewer plans and run on the generic plan (reference kernels).
     opt.shape_specializations = int(std::max<int64_t>(opt.shape_specializations, batch_sizes));
     for (int i = 0; i < instances; ++i) {
       auto model = std::make_shared<SessionModel>(Session::load(path, opt));
@@ -256,10 +256,15 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
     lv->version = v;
     lv->name = std::to_string(v);
     std::string platform;
-    auto instances = load_model_file(file.string(), int(cfg.instance_count), options.threads, cfg.max_batch_size,
-                                     &lv->memory_bytes, &platform);
+    const std::vector<int64_t> ladder =
+        batch_ladder(cfg.max_batch_size, cfg.dynamic_batching ? cfg.dynamic_batching->preferred_batch_size
+                                                              : std::vector<int64_t>{});
+    auto instances = load_model_file(file.string(), int(cfg.instance_count), options.threads,
+                                     int64_t(ladder.size()), &lv->memory_bytes, &platform);
     if (m->versions.empty()) {  // the newest version fixes the served signature; the others must agree
       m->platform = platform;
+      // ONNX sessions compile a plan per batch size: keep the sizes few. Forests take any.
+      if (batching && platform == "onnxruntime_onnx") m->policy.padded_sizes = ladder;
       m->inputs = reconcile_all(cfg.inputs, instances[0]->input_specs(), batching, true, "input", file.string());
       m->outputs = reconcile_all(cfg.outputs, instances[0]->output_specs(), batching, false, "output", file.string());
     } else {

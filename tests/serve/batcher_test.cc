@@ -135,6 +135,21 @@ TEST(Batcher, BatchesStopAtMaxBatchSizeAndMatchingShapes) {
   EXPECT_EQ(batches[3], (std::pair<int64_t, float>{1, 3}));
 }
 
+TEST(Batcher, PadsBatchesToTheLadderAndReturnsOnlyRealRows) {
+  EXPECT_EQ(batch_ladder(12, {6}), (std::vector<int64_t>{1, 2, 4, 6, 8, 12}));
+  EXPECT_EQ(batch_ladder(1, {}), (std::vector<int64_t>{1}));
+  BatchPolicy p = batching(8);
+  p.padded_sizes = batch_ladder(8, {});
+  Harness h(p);
+  InferResult r = h.submit(5, 3).get();
+  ASSERT_FALSE(r.error);
+  const Tensor& y = r.response.outputs.at(0).second;
+  EXPECT_EQ(y.shape(), (Shape{3, 2}));
+  for (int64_t k = 0; k < y.numel(); ++k) EXPECT_EQ(y.data<float>()[k], 10.0f);
+  EXPECT_EQ(h.model->batches().at(0), (std::pair<int64_t, float>{4, 5}));  // the model ran 4 rows
+  EXPECT_EQ(h.metrics.counter("slim_inference_count_total", "", {{"model", "m"}, {"version", "1"}}).value(), 3);
+}
+
 TEST(Batcher, MoreUrgentLevelsRunFirst) {
   BatchPolicy p = batching(1, 3);
   Harness h(p);

@@ -34,7 +34,15 @@ struct BatchPolicy {
   uint32_t default_level = 1;
   std::vector<QueuePolicy> queue_policy;  // per level, index level - 1
   int64_t max_queue_size = 4096;          // per level when its policy sets none
+  // When set, a batch of n rows runs padded (with copies of its last row) to the smallest
+  // of these sizes >= n, ascending and ending at max_batch_size: an ONNX session compiles
+  // a plan per input shape, so the sizes it sees are kept few (see batch_ladder).
+  std::vector<int64_t> padded_sizes;
 };
+
+// The batch sizes a padded batcher runs: powers of two below max_batch_size, the
+// preferred sizes, and max_batch_size itself.
+std::vector<int64_t> batch_ladder(int64_t max_batch_size, const std::vector<int64_t>& preferred);
 
 // The series of one model version, created when it loads.
 struct ModelStats {
