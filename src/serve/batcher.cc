@@ -129,7 +129,7 @@ void DynamicBatcher::enqueue(std::unique_ptr<ScheduledRequest> r) {
   // Nothing queued, an instance free, and nothing to gain by waiting for company: run it on
   // the calling thread, which saves the two thread hand-offs of the queue.
   const bool waits_for_batch = policy_.dynamic && policy_.max_queue_delay_us > 0 && r->rows < policy_.max_batch_size;
-  if (queued_ == 0 && !waits_for_batch) {
+  if (r->request.caller_may_run && queued_ == 0 && !waits_for_batch) {
     for (size_t i = 0; i < busy_.size(); ++i) {
       if (busy_[i]) continue;
       busy_[i] = true;

@@ -293,6 +293,7 @@ void add_kserve_routes(httplib::Server& http, InferenceServer& server, RestLimit
       // The server answers on its own thread; this connection's thread waits for it.
       auto done = std::make_shared<std::promise<InferResult>>();
       std::future<InferResult> result = done->get_future();
+      decoded.request.caller_may_run = true;  // this connection's thread waits for the answer anyway
       server.infer(std::move(decoded.request),
                    [done](InferResult&& r) { done->set_value(std::move(r)); });
       InferResult r = result.get();

@@ -5,8 +5,8 @@
 // unless it already has a preferred size, runs the model once on the rows stacked along
 // the first dimension, and hands each request its rows of the outputs as views of the
 // batch's output tensors (no copy). A request that finds nothing queued, an instance free
-// and no reason to wait for a fuller batch runs at once on the calling thread. It never
-// parses a protocol.
+// and no reason to wait for a fuller batch runs at once on the calling thread, when the
+// front door allows it (InferRequest::caller_may_run). It never parses a protocol.
 #pragma once
 
 #include <condition_variable>

@@ -31,6 +31,10 @@ struct InferRequest {
   std::optional<uint32_t> priority;                   // 1 = most urgent; none: model default
   std::optional<uint64_t> timeout_us;                  // queue timeout override
   Clock::time_point arrival = Clock::now();
+  // The calling thread may run the model itself when nothing is queued: a thread with a
+  // full-size stack that may block (REST's connection threads). gRPC's callback threads
+  // may not: a ResNet batch run on one crashed.
+  bool caller_may_run = false;
 };
 
 struct InferResponse {
