@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the aarch64 cross build and its tests need on a Debian 12 (amd64) machine:
 # Debian's cross toolchain, qemu-user to run the tests, and the arm64 builds of slim's
-# dependencies through multiarch (protoc stays the host's). Idempotent and non-interactive:
-# packages already present are skipped. The host packages come from scripts/setup.sh
-# (python3 and its modules generate the test fixtures on the build machine).
+# dependencies through multiarch (protoc and grpc_cpp_plugin stay the host's).
+# Idempotent and non-interactive: packages already present are skipped. The host packages
+# come from scripts/setup.sh (python3 and its modules generate the test fixtures and run
+# the server tests' clients on the build machine).
 set -euo pipefail
 
 SUDO=""
@@ -23,6 +24,13 @@ packages=(
   crossbuild-essential-arm64 qemu-user
   libprotobuf-dev:arm64 libonnx1:arm64 libssl-dev:arm64 libzstd-dev:arm64 libxxhash-dev:arm64
   libgtest-dev:arm64 libgmock-dev:arm64 libdnnl2:arm64 libgomp1:arm64
+  # The serve module. Code generation runs the host's protoc and grpc_cpp_plugin
+  # (protobuf-compiler, protobuf-compiler-grpc: Multi-Arch foreign, from setup.sh), which
+  # gRPC's arm64 CMake config finds at /usr/bin.
+  libgrpc++-dev:arm64 libcpp-httplib-dev:arm64
+  # The fuzz replay tests are built with ASan and UBSan (the cross toolchain's copies sit
+  # outside qemu's library prefix).
+  libasan8:arm64 libubsan1:arm64
   # The tests run under qemu with / as its library prefix (see cmake/aarch64-linux-gnu.cmake).
   libc6:arm64
 )

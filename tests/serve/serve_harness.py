@@ -26,10 +26,15 @@ def slim_binary():
     return os.path.join(build, "tools", "slim")
 
 
+def slim_command(*args):
+    """The command line that runs slim with ARGS: SLIM_TEST_RUNNER (a cross build's
+    emulator, an emulated CPU) first when set."""
+    return shlex.split(os.environ.get("SLIM_TEST_RUNNER", "")) + [slim_binary()] + list(args)
+
+
 class Server:
     def __init__(self, args, env=None, ready_timeout=120):
-        runner = shlex.split(os.environ.get("SLIM_TEST_RUNNER", ""))
-        self.args = runner + [slim_binary(), "serve"] + args
+        self.args = slim_command("serve", *args)
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
         self.http_port = self.grpc_port = self.metrics_port = None

@@ -19,7 +19,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from serve_harness import slim_binary, start_server  # noqa: E402
+from serve_harness import slim_command, start_server  # noqa: E402
 
 import grpc  # noqa: E402
 
@@ -126,7 +126,7 @@ class GrpcFrontDoor(GrpcCase):
     def test_server_metadata(self):
         m = self.stub.ServerMetadata(pb.ServerMetadataRequest())
         self.assertEqual(m.name, "slim")
-        version = subprocess.run([slim_binary(), "--version"], capture_output=True, text=True,
+        version = subprocess.run(slim_command("--version"), capture_output=True, text=True,
                                  check=True).stdout.split()[1]
         self.assertEqual(m.version, version)
         self.assertIn("model_repository", m.extensions)

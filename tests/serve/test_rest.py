@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_harness import slim_binary, start_server  # noqa: E402
+from serve_harness import slim_command, start_server  # noqa: E402
 
 
 class Reply:
@@ -120,7 +120,7 @@ class RestServer(unittest.TestCase):
             self.assertEqual((r.status, r.body), (200, b""), path)
 
     def test_server_metadata(self):
-        version = subprocess.run([slim_binary(), "--version"], capture_output=True, text=True,
+        version = subprocess.run(slim_command("--version"), capture_output=True, text=True,
                                  check=True).stdout.split()[1]
         meta = curl(self.url("/v2")).json()
         self.assertEqual(meta["name"], "slim")
