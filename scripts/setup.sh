@@ -17,22 +17,40 @@ packages=(
   # The emulation tests run kernels under qemu-x86_64 and valgrind as CPUs without
   # AVX-512 / AVX2.
   qemu-user valgrind
-  # slim serve: HTTP (cpp-httplib) and gRPC front doors; its tests call it with curl,
-  # Python grpcio (stubs from grpc_python_plugin) and check metrics with promtool.
-  libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc python3-grpcio curl prometheus
+  # slim serve: HTTP (cpp-httplib) and gRPC front doors; its tests call it with curl and
+  # Python grpcio (stubs from grpc_python_plugin), and check metrics with promtool (below).
+  libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc python3-grpcio curl
 )
 
 . "$(dirname "$0")/packages.sh"
 missing_packages "${packages[@]}"
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#packages[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+else
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# promtool, which the server tests run on the metrics text, comes in Debian's prometheus
+# package, whose installation would also start a Prometheus server on the machine: take
+# the one binary out of the package into build-tools/bin (git-ignored) instead.
+tools="$(cd "$(dirname "$0")/.." && pwd)/build-tools"
+if [ ! -x "$tools/bin/promtool" ]; then
+  tmp=$(mktemp -d)
+  # apt-get download run as root fetches as the _apt user, which must be able to write there.
+  if [ "$(id -u)" -eq 0 ]; then chown _apt "$tmp" 2>/dev/null || true; fi
+  if ! (cd "$tmp" && apt-get download -qq prometheus 2>/dev/null); then
+    $SUDO apt-get update -qq
+    (cd "$tmp" && apt-get download -qq prometheus)
+  fi
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/unpacked"
+  mkdir -p "$tools/bin"
+  cp "$tmp/unpacked/usr/bin/promtool" "$tools/bin/promtool"
+  rm -rf "$tmp"
+  echo "setup: promtool unpacked into $tools/bin"
+fi
