@@ -37,6 +37,20 @@ __attribute__((noinline)) int32_t* column_buffer(size_t n) {
   return buffer.data();
 }
 
+// Streams tree t + 1's node tables into the cache while tree t is walked: a large forest
+// does not fit in L2, and each block of rows visits every tree once. (_mm_prefetch is
+// baseline SSE, so the AVX-512 and AVX2 walks both inline this.)
+template <bool R>
+inline void prefetch_next_tree(const CompiledForest& cf, uint32_t t) {
+  if (t + 2 >= cf.num_trees()) return;
+  const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
+  for (uint32_t i = nb; i < ne; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(cf.packed() + i), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(cf.left() + i), _MM_HINT_T0);
+    if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(cf.threshold() + i), _MM_HINT_T0);
+  }
+}
+
 // Levels whose inputs are blended from whole columns instead of gathered.
 constexpr uint32_t kBlendLevels = 3;
 
@@ -116,16 +130,7 @@ __attribute__((target("avx512f"))) void avx512_block(const CompiledForest& cf, c
   for (uint32_t t = 0; t < T_; ++t) {
     const uint32_t root = cf.tree_root()[t];
     const uint32_t depth = cf.tree_depth()[t];
-    // The next tree's node tables stream in while this one is walked: a large forest
-    // does not fit in L2, and each block of rows visits every tree once.
-    if (t + 2 < T_) {
-      const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
-      for (uint32_t i = nb; i < ne; i += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
-        if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
-      }
-    }
+    prefetch_next_tree<R>(cf, t);
     // The first 64 nodes of the tree (its top levels in breadth-first order) sit in
     // registers; while every lane is among them, permutes replace the node gathers.
     const uint32_t size = (t + 1 < T_ ? cf.tree_root()[t + 1] : cf.num_nodes()) - root;
@@ -520,14 +525,7 @@ __attribute__((target("avx2"))) void avx2_block(const CompiledForest& cf, const 
   for (uint32_t t = 0; t < T_; ++t) {
     const uint32_t root = cf.tree_root()[t];
     const uint32_t depth = cf.tree_depth()[t];
-    if (t + 2 < T_) {
-      const uint32_t nb = cf.tree_root()[t + 1], ne = cf.tree_root()[t + 2];
-      for (uint32_t i = nb; i < ne; i += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(packed + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(left + i), _MM_HINT_T0);
-        if constexpr (!R) _mm_prefetch(reinterpret_cast<const char*>(thr + i), _MM_HINT_T0);
-      }
-    }
+    prefetch_next_tree<R>(cf, t);
     const uint32_t reg_levels = std::min<uint32_t>(kRegLevels2, depth ? depth - 1 : 0);
     const PathTables& pt = tables[t];
     if (t + 1 < T_)
