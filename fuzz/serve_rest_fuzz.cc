@@ -19,8 +19,9 @@ void decode_and_encode(std::string_view body, std::optional<size_t> header_lengt
     RestInferRequest d = decode_infer_request(body, header_length, "m", "", RestLimits{});
     InferResponse response;
     response.outputs = std::move(d.request.inputs);
-    for (size_t i = 0; i < response.outputs.size(); ++i) response.binary.push_back(i % 2);
-    encode_infer_response(response, d.all_outputs_binary);
+    std::vector<bool> binary;
+    for (size_t i = 0; i < response.outputs.size(); ++i) binary.push_back(i % 2);
+    encode_infer_response(response, d.all_outputs_binary, binary);
   } catch (const slim::Error&) {
   }
 }

@@ -7,12 +7,14 @@
 namespace slim::serve {
 namespace {
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 // Stacks the requests' tensors of one input along the first dimension, then repeats the
 // last row up to `total_rows` (padding).
-Tensor stack_rows(const std::vector<std::unique_ptr<ScheduledRequest>>& batch, const std::string& name,
-                  int64_t total_rows) {
+Tensor stack_rows(const std::vector<std::unique_ptr<ScheduledRequest>>& batch,
+                  const std::string& name, int64_t total_rows) {
   const Tensor& first = batch[0]->inputs.at(name);
   Shape shape = first.shape();
   shape[0] = total_rows;
@@ -25,7 +27,8 @@ Tensor stack_rows(const std::vector<std::unique_ptr<ScheduledRequest>>& batch, c
     dst += t.nbytes();
   }
   const size_t row_bytes = out.nbytes() / size_t(total_rows);
-  for (char* end = begin + out.nbytes(); dst < end; dst += row_bytes) std::memcpy(dst, dst - row_bytes, row_bytes);
+  for (char* end = begin + out.nbytes(); dst < end; dst += row_bytes)
+    std::memcpy(dst, dst - row_bytes, row_bytes);
   return out;
 }
 
@@ -44,17 +47,21 @@ ModelStats ModelStats::create(Metrics& m, const std::string& model, const std::s
                               const BatchPolicy& p) {
   const Labels l{{"model", model}, {"version", version}};
   ModelStats s;
-  s.success = &m.counter("slim_inference_request_success_total", "Inference requests answered with outputs.", l);
+  s.success = &m.counter("slim_inference_request_success_total",
+                         "Inference requests answered with outputs.", l);
   Labels rejected = l, failed = l;
   rejected.emplace_back("reason", "rejected");
   failed.emplace_back("reason", "model");
-  const char* failure_help = "Inference requests that failed: rejected at the queue (full, timed out, unloading) "
-                             "or failed by the model.";
+  const char* failure_help =
+      "Inference requests that failed: rejected at the queue (full, timed out, unloading) "
+      "or failed by the model.";
   s.failure_rejected = &m.counter("slim_inference_request_failure_total", failure_help, rejected);
   s.failure_other = &m.counter("slim_inference_request_failure_total", failure_help, failed);
-  s.inference_count = &m.counter("slim_inference_count_total",
-                                 "Samples inferred (batch rows); divided by executions it is the mean batch size.", l);
-  s.exec_count = &m.counter("slim_inference_exec_count_total", "Model executions (batches run).", l);
+  s.inference_count = &m.counter(
+      "slim_inference_count_total",
+      "Samples inferred (batch rows); divided by executions it is the mean batch size.", l);
+  s.exec_count =
+      &m.counter("slim_inference_exec_count_total", "Model executions (batches run).", l);
   s.queue_seconds = &m.counter("slim_inference_queue_duration_seconds_total",
                                "Time requests waited in the scheduler's queue.", l);
   s.compute_input_seconds = &m.counter("slim_inference_compute_input_duration_seconds_total",
@@ -67,19 +74,22 @@ ModelStats ModelStats::create(Metrics& m, const std::string& model, const std::s
                                    "Request latency from arrival to response, in the server.",
                                    exponential_buckets(50e-6, 2, 18), l);
   std::vector<double> sizes;
-  for (int64_t b = 1; b <= std::max<int64_t>(1, p.max_batch_size); b *= 2) sizes.push_back(double(b));
+  for (int64_t b = 1; b <= std::max<int64_t>(1, p.max_batch_size); b *= 2)
+    sizes.push_back(double(b));
   s.batch_size = &m.histogram("slim_inference_batch_size", "Rows per model execution.", sizes, l);
   for (uint32_t lv = 1; lv <= p.levels; ++lv) {
     Labels pl = l;
     pl.emplace_back("priority", std::to_string(lv));
-    s.pending.push_back(&m.gauge("slim_inference_pending_requests",
-                                 "Requests waiting in the queue, per priority level (1 most urgent).", pl));
+    s.pending.push_back(
+        &m.gauge("slim_inference_pending_requests",
+                 "Requests waiting in the queue, per priority level (1 most urgent).", pl));
   }
   return s;
 }
 
 DynamicBatcher::DynamicBatcher(std::string model, std::string version, BatchPolicy policy,
-                               std::vector<std::shared_ptr<TensorModel>> instances, ModelStats stats)
+                               std::vector<std::shared_ptr<TensorModel>> instances,
+                               ModelStats stats)
     : model_(std::move(model)),
       version_(std::move(version)),
       policy_(std::move(policy)),
@@ -88,12 +98,16 @@ DynamicBatcher::DynamicBatcher(std::string model, std::string version, BatchPoli
       queues_(policy_.levels),
       delayed_(policy_.levels),
       busy_(instances_.size(), false) {
-  check(!instances_.empty(), ErrorCode::internal, "batcher for " + model_ + " has no instances");
-  for (size_t i = 0; i < instances_.size(); ++i) threads_.emplace_back([this, i] { run_executor(i); });
+  if (instances_.empty())
+    throw Error(ErrorCode::internal, "batcher for " + model_ + " has no instances");
+  for (size_t i = 0; i < instances_.size(); ++i)
+    threads_.emplace_back([this, i] { run_executor(i); });
   threads_.emplace_back([this] { run_reaper(); });
 }
 
-DynamicBatcher::~DynamicBatcher() { stop(false); }
+DynamicBatcher::~DynamicBatcher() {
+  stop(false);
+}
 
 int64_t DynamicBatcher::pending() const {
   std::lock_guard lock(mu_);
@@ -111,8 +125,9 @@ void DynamicBatcher::enqueue(std::unique_ptr<ScheduledRequest> r) {
   std::unique_lock lock(mu_);
   if (stopping_) {
     lock.unlock();
-    return fail(std::move(r), Error(ErrorCode::unavailable, "model '" + model_ + "' version " + version_ +
-                                                               " is unloading and takes no new requests"),
+    return fail(std::move(r),
+                Error(ErrorCode::unavailable, "model '" + model_ + "' version " + version_ +
+                                                  " is unloading and takes no new requests"),
                 true);
   }
   const size_t l = r->level - 1;
@@ -120,15 +135,17 @@ void DynamicBatcher::enqueue(std::unique_ptr<ScheduledRequest> r) {
   const int64_t limit = bound > 0 ? int64_t(bound) : policy_.max_queue_size;
   if (int64_t(queues_[l].size() + delayed_[l].size()) >= limit) {
     lock.unlock();
-    return fail(std::move(r),
-                Error(ErrorCode::resource_exhausted, "the queue of model '" + model_ + "' at priority level " +
-                                                         std::to_string(l + 1) + " is full (" +
-                                                         std::to_string(limit) + " requests)"),
-                true);
+    return fail(
+        std::move(r),
+        Error(ErrorCode::resource_exhausted,
+              "the queue of model '" + model_ + "' at priority level " + std::to_string(l + 1) +
+                  " is full (" + std::to_string(limit) + " requests)"),
+        true);
   }
   // Nothing queued, an instance free, and nothing to gain by waiting for company: run it on
   // the calling thread, which saves the two thread hand-offs of the queue.
-  const bool waits_for_batch = policy_.dynamic && policy_.max_queue_delay_us > 0 && r->rows < policy_.max_batch_size;
+  const bool waits_for_batch =
+      policy_.dynamic && policy_.max_queue_delay_us > 0 && r->rows < policy_.max_batch_size;
   if (r->request.caller_may_run && queued_ == 0 && !waits_for_batch) {
     for (size_t i = 0; i < busy_.size(); ++i) {
       if (busy_[i]) continue;
@@ -185,18 +202,21 @@ void DynamicBatcher::run_reaper() {
     if (!expired.empty()) {
       lock.unlock();
       for (auto& r : expired) {
-        const std::string waited = std::to_string(int64_t(seconds(Clock::now() - r->request.arrival) * 1e6));
+        const std::string waited =
+            std::to_string(int64_t(seconds(Clock::now() - r->request.arrival) * 1e6));
         fail(std::move(r),
-             Error(ErrorCode::unavailable,
-                   "request timed out in the queue of model '" + model_ + "' after " + waited + " us"),
+             Error(ErrorCode::unavailable, "request timed out in the queue of model '" + model_ +
+                                               "' after " + waited + " us"),
              true);
       }
       lock.lock();
       cv_.notify_all();  // executors may be waiting to fill a batch that just lost requests
       continue;
     }
-    if (next == Clock::time_point::max()) cv_.wait(lock);
-    else cv_.wait_until(lock, next);
+    if (next == Clock::time_point::max())
+      cv_.wait(lock);
+    else
+      cv_.wait_until(lock, next);
   }
 }
 
@@ -233,8 +253,9 @@ std::vector<std::unique_ptr<ScheduledRequest>> DynamicBatcher::take_batch(Clock:
         oldest = std::min(oldest, r->request.arrival);
       }
     full = full || rows >= policy_.max_batch_size;
-    const bool preferred = std::find(policy_.preferred_batch_size.begin(), policy_.preferred_batch_size.end(),
-                                     rows) != policy_.preferred_batch_size.end();
+    const bool preferred =
+        std::find(policy_.preferred_batch_size.begin(), policy_.preferred_batch_size.end(), rows) !=
+        policy_.preferred_batch_size.end();
     const auto delay_end = oldest + std::chrono::microseconds(policy_.max_queue_delay_us);
     if (!full && !preferred && !stopping_ && now < delay_end) {
       *wake = std::min(*wake, delay_end);
@@ -262,7 +283,8 @@ void DynamicBatcher::run_executor(size_t index) {
   for (;;) {
     Clock::time_point wake = Clock::time_point::max();
     // While a caller runs a request on this executor's instance (see enqueue), it waits.
-    auto batch = busy_[index] ? std::vector<std::unique_ptr<ScheduledRequest>>{} : take_batch(&wake);
+    auto batch =
+        busy_[index] ? std::vector<std::unique_ptr<ScheduledRequest>>{} : take_batch(&wake);
     if (stopping_ && queued_ == 0) cv_.notify_all();  // the other threads may exit now
     if (!batch.empty()) {
       busy_[index] = true;
@@ -273,12 +295,15 @@ void DynamicBatcher::run_executor(size_t index) {
       continue;
     }
     if (stopping_ && queued_ == 0) return;
-    if (wake == Clock::time_point::max()) cv_.wait(lock);
-    else cv_.wait_until(lock, wake);
+    if (wake == Clock::time_point::max())
+      cv_.wait(lock);
+    else
+      cv_.wait_until(lock, wake);
   }
 }
 
-void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<ScheduledRequest>>& batch) {
+void DynamicBatcher::execute(TensorModel& model,
+                             std::vector<std::unique_ptr<ScheduledRequest>>& batch) {
   const Clock::time_point t0 = Clock::now();
   int64_t rows = 0;
   for (const auto& r : batch) {
@@ -322,12 +347,15 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
       for (size_t k = 0; k < r.outputs.size(); ++k) {
         const std::string& name = r.outputs[k];
         auto it = outputs.find(name);
-        check(it != outputs.end(), ErrorCode::internal, "model '" + model_ + "' did not return output '" + name + "'");
+        if (it == outputs.end())
+          throw Error(ErrorCode::internal,
+                      "model '" + model_ + "' did not return output '" + name + "'");
         Tensor t = it->second;
         if (policy_.max_batch_size > 0) {
-          check(t.rank() >= 1 && t.dim(0) == run_rows, ErrorCode::internal,
-                "model '" + model_ + "' returned " + t.describe() + " for output '" + name + "' of a batch of " +
-                    std::to_string(run_rows) + " rows");
+          if (!(t.rank() >= 1 && t.dim(0) == run_rows))
+            throw Error(ErrorCode::internal, "model '" + model_ + "' returned " + t.describe() +
+                                                 " for output '" + name + "' of a batch of " +
+                                                 std::to_string(run_rows) + " rows");
           if (batch.size() > 1 || run_rows != rows) t = t.slice(0, begin, begin + r.rows);
         }
         if (!r.output_sample_dims[k].empty()) {
@@ -352,7 +380,8 @@ void DynamicBatcher::execute(TensorModel& model, std::vector<std::unique_ptr<Sch
   for (size_t i = 0; i < batch.size(); ++i) {
     (results[i].error ? stats_.failure_other : stats_.success)->inc();
     if (!results[i].error)
-      stats_.request_seconds->observe(std::chrono::duration<double>(t3 - batch[i]->request.arrival).count());
+      stats_.request_seconds->observe(
+          std::chrono::duration<double>(t3 - batch[i]->request.arrival).count());
   }
   for (size_t i = 0; i < batch.size(); ++i) batch[i]->done(std::move(results[i]));
 }
@@ -377,13 +406,16 @@ void DynamicBatcher::stop(bool drain) {
   }
   cv_.notify_all();
   for (auto& r : dropped)
-    fail(std::move(r), Error(ErrorCode::unavailable, "model '" + model_ + "' was unloaded before the request ran"),
-         true);
+    fail(
+        std::move(r),
+        Error(ErrorCode::unavailable, "model '" + model_ + "' was unloaded before the request ran"),
+        true);
   for (auto& t : threads_) t.join();
   threads_.clear();
   // Requests that callers run themselves (see enqueue) finish before the batcher goes.
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return std::none_of(busy_.begin(), busy_.end(), [](bool b) { return b; }); });
+  cv_.wait(lock,
+           [&] { return std::none_of(busy_.begin(), busy_.end(), [](bool b) { return b; }); });
 }
 
 }  // namespace slim::serve

@@ -56,20 +56,23 @@ struct TypedInput {
 template <typename T, typename Field>
 Tensor from_contents(const TypedInput& x, const Field& values, const char* field) {
   const std::string& name = x.in.name();
-  check(values.size() == x.values, ErrorCode::invalid_argument,
-        quoted(name) + x.in.datatype() + " values belong in contents." + field +
-            ", but the contents use another field");
-  check(x.values == x.numel, ErrorCode::invalid_argument,
-        quoted(name) + "contents hold " + std::to_string(x.values) + " values, shape " +
-            shape_str(x.shape) + " needs " + std::to_string(x.numel));
+  if (values.size() != x.values)
+    throw Error(ErrorCode::invalid_argument, quoted(name) + x.in.datatype() +
+                                                 " values belong in contents." + field +
+                                                 ", but the contents use another field");
+  if (x.values != x.numel)
+    throw Error(ErrorCode::invalid_argument,
+                quoted(name) + "contents hold " + std::to_string(x.values) + " values, shape " +
+                    shape_str(x.shape) + " needs " + std::to_string(x.numel));
   Tensor t(dtype_of<T>(), x.shape);
   T* out = static_cast<T*>(t.raw_data());
   for (int i = 0; i < values.size(); ++i) {
     const auto v = values[i];
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      check(std::in_range<T>(v), ErrorCode::invalid_argument,
-            quoted(name) + "value " + std::to_string(v) + " at index " + std::to_string(i) +
-                " does not fit " + x.in.datatype());
+      if (!std::in_range<T>(v))
+        throw Error(ErrorCode::invalid_argument, quoted(name) + "value " + std::to_string(v) +
+                                                     " at index " + std::to_string(i) +
+                                                     " does not fit " + x.in.datatype());
     }
     out[i] = static_cast<T>(v);
   }
@@ -121,7 +124,7 @@ Tensor typed_input(const InputTensor& in, DType dtype, const Shape& shape, int64
 // contents. Sizes are checked before anything is allocated.
 Tensor decode_input(const InputTensor& in, const std::string* raw) {
   const std::string& name = in.name();
-  check(!name.empty(), ErrorCode::invalid_argument, "an input tensor has no name");
+  if (name.empty()) throw Error(ErrorCode::invalid_argument, "an input tensor has no name");
   DType dtype;
   Shape shape(in.shape().begin(), in.shape().end());
   int64_t numel;
@@ -133,16 +136,17 @@ Tensor decode_input(const InputTensor& in, const std::string* raw) {
   }
   if (!raw) return typed_input(in, dtype, shape, numel);
 
-  check(value_count(in.contents()) == 0, ErrorCode::invalid_argument,
-        quoted(name) +
-            "typed contents in a request that sends raw_input_contents "
-            "(one form per request)");
+  if (value_count(in.contents()) != 0)
+    throw Error(ErrorCode::invalid_argument,
+                quoted(name) +
+                    "typed contents in a request that sends raw_input_contents "
+                    "(one form per request)");
   const size_t esize = dtype_size(dtype);
-  check(raw->size() % esize == 0 && int64_t(raw->size() / esize) == numel,
-        ErrorCode::invalid_argument,
-        quoted(name) + "raw_input_contents holds " + std::to_string(raw->size()) +
-            " bytes, shape " + shape_str(shape) + " of " + in.datatype() + " needs " +
-            std::to_string(numel) + " x " + std::to_string(esize));
+  if (!(raw->size() % esize == 0 && int64_t(raw->size() / esize) == numel))
+    throw Error(ErrorCode::invalid_argument,
+                quoted(name) + "raw_input_contents holds " + std::to_string(raw->size()) +
+                    " bytes, shape " + shape_str(shape) + " of " + in.datatype() + " needs " +
+                    std::to_string(numel) + " x " + std::to_string(esize));
   Tensor t(dtype, shape);
   std::memcpy(t.raw_data(), raw->data(), raw->size());
   return t;
@@ -156,9 +160,10 @@ std::optional<uint64_t> count_parameter(const pb::ModelInferRequest& req, const 
     case pb::InferParameter::kUint64Param:
       return it->second.uint64_param();
     case pb::InferParameter::kInt64Param:
-      check(it->second.int64_param() >= 0, ErrorCode::invalid_argument,
-            "parameter '" + key + "' must not be negative (got " +
-                std::to_string(it->second.int64_param()) + ")");
+      if (it->second.int64_param() < 0)
+        throw Error(ErrorCode::invalid_argument,
+                    "parameter '" + key + "' must not be negative (got " +
+                        std::to_string(it->second.int64_param()) + ")");
       return uint64_t(it->second.int64_param());
     default:
       throw Error(ErrorCode::invalid_argument,
@@ -172,9 +177,10 @@ InferRequest decode_request(const pb::ModelInferRequest& req) {
   r.version = req.model_version();
   r.id = req.id();
   const int raw_count = req.raw_input_contents_size();
-  check(raw_count == 0 || raw_count == req.inputs_size(), ErrorCode::invalid_argument,
-        "raw_input_contents has " + std::to_string(raw_count) + " entries for " +
-            std::to_string(req.inputs_size()) + " inputs (one per input, or none)");
+  if (!(raw_count == 0 || raw_count == req.inputs_size()))
+    throw Error(ErrorCode::invalid_argument,
+                "raw_input_contents has " + std::to_string(raw_count) + " entries for " +
+                    std::to_string(req.inputs_size()) + " inputs (one per input, or none)");
   r.inputs.reserve(req.inputs_size());
   for (int i = 0; i < req.inputs_size(); ++i) {
     const InputTensor& in = req.inputs(i);
@@ -184,8 +190,9 @@ InferRequest decode_request(const pb::ModelInferRequest& req) {
   for (const auto& out : req.outputs()) r.outputs.push_back({out.name(), false});
   // Priority 0 and timeout 0 mean "the model's default", as Triton's clients send them.
   if (auto p = count_parameter(req, "priority"); p && *p) {
-    check(*p <= std::numeric_limits<uint32_t>::max(), ErrorCode::invalid_argument,
-          "parameter 'priority' is out of range (" + std::to_string(*p) + ")");
+    if (*p > std::numeric_limits<uint32_t>::max())
+      throw Error(ErrorCode::invalid_argument,
+                  "parameter 'priority' is out of range (" + std::to_string(*p) + ")");
     r.priority = uint32_t(*p);
   }
   if (auto t = count_parameter(req, "timeout"); t && *t) r.timeout_us = *t;
@@ -216,7 +223,9 @@ void set_tensor_metadata(const TensorSpec& spec, pb::ModelMetadataResponse::Tens
 // slim serves one repository: a request naming one is refused, like Triton does.
 template <typename Request>
 void check_repository_request(const Request& req, const char* rpc) {
-  check(req.repository_name().empty(), ErrorCode::unsupported,
+  if (!req.repository_name().empty())
+    throw Error(
+        ErrorCode::unsupported,
         std::string(rpc) + ": 'repository_name' is not supported (slim serves one repository)");
   if constexpr (requires { req.parameters(); }) {
     if (!req.parameters().empty())
@@ -401,10 +410,12 @@ struct GrpcFrontend::Impl {
 GrpcFrontend::GrpcFrontend(InferenceServer& server, GrpcOptions options)
     : impl_(std::make_unique<Impl>(server, std::move(options))) {
   const GrpcOptions& o = impl_->options;
-  check(o.port >= 0 && o.port <= 65535, ErrorCode::invalid_argument,
-        "gRPC port " + std::to_string(o.port) + " is out of range (0-65535)");
-  check(o.max_message_bytes > 0, ErrorCode::invalid_argument,
-        "gRPC max message size must be positive (got " + std::to_string(o.max_message_bytes) + ")");
+  if (!(o.port >= 0 && o.port <= 65535))
+    throw Error(ErrorCode::invalid_argument,
+                "gRPC port " + std::to_string(o.port) + " is out of range (0-65535)");
+  if (o.max_message_bytes <= 0)
+    throw Error(ErrorCode::invalid_argument, "gRPC max message size must be positive (got " +
+                                                 std::to_string(o.max_message_bytes) + ")");
 }
 
 GrpcFrontend::~GrpcFrontend() {
@@ -412,7 +423,7 @@ GrpcFrontend::~GrpcFrontend() {
 }
 
 int GrpcFrontend::start() {
-  check(!impl_->server, ErrorCode::internal, "the gRPC front door is already started");
+  if (impl_->server) throw Error(ErrorCode::internal, "the gRPC front door is already started");
   const std::string address = listen_address(impl_->options);
   grpc::ServerBuilder builder;
   int bound = 0;

@@ -294,11 +294,13 @@ void add_kserve_routes(httplib::Server& http, InferenceServer& server, RestLimit
       auto done = std::make_shared<std::promise<InferResult>>();
       std::future<InferResult> result = done->get_future();
       decoded.request.caller_may_run = true;  // this connection's thread waits for the answer anyway
+      std::vector<bool> binary;  // per output of the response, which keeps the request's order
+      for (const auto& o : decoded.request.outputs) binary.push_back(o.binary);
       server.infer(std::move(decoded.request),
                    [done](InferResult&& r) { done->set_value(std::move(r)); });
       InferResult r = result.get();
       if (r.error) throw *r.error;
-      RestBody out = encode_infer_response(r.response, decoded.all_outputs_binary);
+      RestBody out = encode_infer_response(r.response, decoded.all_outputs_binary, binary);
       if (out.header_length) {
         res.set_header(kHeaderLengthHeader, std::to_string(*out.header_length));
         set_body(res, std::move(out.body), "application/octet-stream");

@@ -384,7 +384,8 @@ RestInferRequest decode_infer_request(std::string_view body, std::optional<size_
   return out;
 }
 
-RestBody encode_infer_response(const InferResponse& response, bool all_outputs_binary) {
+RestBody encode_infer_response(const InferResponse& response, bool all_outputs_binary,
+                               const std::vector<bool>& binary_outputs) {
   std::string out = "{\"model_name\":" + dump(json(response.model)) +
                     ",\"model_version\":" + dump(json(response.version));
   if (!response.id.empty()) out += ",\"id\":" + dump(json(response.id));
@@ -396,7 +397,7 @@ RestBody encode_infer_response(const InferResponse& response, bool all_outputs_b
     if (i) out += ',';
     out += "{\"name\":" + dump(json(name)) + ",\"datatype\":\"" +
            std::string(kserve_dtype_name(t.dtype())) + "\",\"shape\":" + dump(json(t.shape()));
-    if (all_outputs_binary || (i < response.binary.size() && response.binary[i])) {
+    if (all_outputs_binary || (i < binary_outputs.size() && binary_outputs[i])) {
       out += ",\"parameters\":{\"binary_data_size\":" + std::to_string(t.nbytes()) + "}}";
       binary.push_back(std::move(t));
     } else {

@@ -55,7 +55,8 @@ void collect_process(Metrics& m, double start_unix) {
   if (statm >> size >> resident)
     m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.")
         .set(resident * double(sysconf(_SC_PAGESIZE)));
-  m.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.").set(start_unix);
+  m.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.")
+      .set(start_unix);
 }
 
 }  // namespace
@@ -77,26 +78,30 @@ struct InferenceServer::Impl {
     auto it = slots.find(name);
     if (it == slots.end()) throw Error(ErrorCode::not_found, "unknown model '" + name + "'");
     if (!it->second.model)
-      throw Error(ErrorCode::unavailable, "model '" + name + "' is not ready" +
-                                              (it->second.reason.empty() ? "" : ": " + it->second.reason));
+      throw Error(ErrorCode::unavailable,
+                  "model '" + name + "' is not ready" +
+                      (it->second.reason.empty() ? "" : ": " + it->second.reason));
     return it->second.model;
   }
 
-  static std::shared_ptr<LoadedVersion> version_of(const LoadedModel& m, const std::string& version) {
+  static std::shared_ptr<LoadedVersion> version_of(const LoadedModel& m,
+                                                   const std::string& version) {
     if (version.empty()) return m.versions.begin()->second;
     for (const auto& [v, lv] : m.versions)
       if (lv->name == version) return lv;
     std::string served;
     for (const auto& [v, lv] : m.versions) served += (served.empty() ? "" : ", ") + lv->name;
-    throw Error(ErrorCode::not_found,
-                "model '" + m.name + "' has no version '" + version + "' (serving: " + served + ")");
+    throw Error(ErrorCode::not_found, "model '" + m.name + "' has no version '" + version +
+                                          "' (serving: " + served + ")");
   }
 
-  std::unique_ptr<ScheduledRequest> schedule(const LoadedModel& m, InferRequest req, InferCallback done) const;
+  std::unique_ptr<ScheduledRequest> schedule(const LoadedModel& m, InferRequest req,
+                                             InferCallback done) const;
   void load(const std::string& name);
 };
 
-std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedModel& m, InferRequest req,
+std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedModel& m,
+                                                                  InferRequest req,
                                                                   InferCallback done) const {
   const bool batching = m.config.max_batch_size > 0;
   auto s = std::make_unique<ScheduledRequest>();
@@ -104,31 +109,42 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
   int64_t rows = -1;
   std::vector<bool> seen(m.inputs.size());
   for (auto& [name, t] : req.inputs) {
-    auto it = std::find_if(m.inputs.begin(), m.inputs.end(), [&](const ServedTensor& st) { return st.spec.name == name; });
-    check(it != m.inputs.end(), ErrorCode::invalid_argument,
-          model + " has no input '" + name + "' (its inputs: " + names_of(m.inputs) + ")");
+    auto it = std::find_if(m.inputs.begin(), m.inputs.end(),
+                           [&](const ServedTensor& st) { return st.spec.name == name; });
+    if (it == m.inputs.end())
+      throw Error(ErrorCode::invalid_argument,
+                  model + " has no input '" + name + "' (its inputs: " + names_of(m.inputs) + ")");
     const size_t k = size_t(it - m.inputs.begin());
-    check(!seen[k], ErrorCode::invalid_argument, "input '" + name + "' is given twice");
+    if (seen[k]) throw Error(ErrorCode::invalid_argument, "input '" + name + "' is given twice");
     seen[k] = true;
-    check(t.defined(), ErrorCode::invalid_argument, "input '" + name + "' has no data");
-    check(t.dtype() == it->spec.dtype, ErrorCode::invalid_argument,
-          "input '" + name + "' is " + std::string(kserve_dtype_name(t.dtype())) + ", " + model + " expects " +
-              std::string(kserve_dtype_name(it->spec.dtype)));
-    check(t.numel() <= opt.max_tensor_elements, ErrorCode::invalid_argument,
-          "input '" + name + "' has " + std::to_string(t.numel()) + " elements, above the server's limit of " +
-              std::to_string(opt.max_tensor_elements));
+    if (!t.defined()) throw Error(ErrorCode::invalid_argument, "input '" + name + "' has no data");
+    if (t.dtype() != it->spec.dtype)
+      throw Error(ErrorCode::invalid_argument,
+                  "input '" + name + "' is " + std::string(kserve_dtype_name(t.dtype())) + ", " +
+                      model + " expects " + std::string(kserve_dtype_name(it->spec.dtype)));
+    if (t.numel() > opt.max_tensor_elements)
+      throw Error(ErrorCode::invalid_argument, "input '" + name + "' has " +
+                                                   std::to_string(t.numel()) +
+                                                   " elements, above the server's limit of " +
+                                                   std::to_string(opt.max_tensor_elements));
     const Shape& want = it->spec.shape;
     bool ok = t.rank() == int(want.size());
-    for (size_t i = batching ? 1 : 0; ok && i < want.size(); ++i) ok = want[i] < 0 || want[i] == t.shape()[i];
-    check(ok, ErrorCode::invalid_argument,
-          "input '" + name + "' has shape " + shape_str(t.shape()) + ", " + model + " expects " + shape_str(want));
+    for (size_t i = batching ? 1 : 0; ok && i < want.size(); ++i)
+      ok = want[i] < 0 || want[i] == t.shape()[i];
+    if (!ok)
+      throw Error(ErrorCode::invalid_argument, "input '" + name + "' has shape " +
+                                                   shape_str(t.shape()) + ", " + model +
+                                                   " expects " + shape_str(want));
     if (batching) {
       const int64_t n = t.shape()[0];
-      check(n >= 1 && n <= m.config.max_batch_size, ErrorCode::invalid_argument,
-            "input '" + name + "' has batch size " + std::to_string(n) + ", " + model + " takes 1 to " +
-                std::to_string(m.config.max_batch_size));
-      check(rows < 0 || rows == n, ErrorCode::invalid_argument,
-            "inputs disagree on the batch size (" + std::to_string(rows) + " and " + std::to_string(n) + ")");
+      if (!(n >= 1 && n <= m.config.max_batch_size))
+        throw Error(ErrorCode::invalid_argument,
+                    "input '" + name + "' has batch size " + std::to_string(n) + ", " + model +
+                        " takes 1 to " + std::to_string(m.config.max_batch_size));
+      if (!(rows < 0 || rows == n))
+        throw Error(ErrorCode::invalid_argument, "inputs disagree on the batch size (" +
+                                                     std::to_string(rows) + " and " +
+                                                     std::to_string(n) + ")");
       rows = n;
     }
     Tensor in = t.contiguous();
@@ -141,7 +157,9 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
     s->inputs[name] = std::move(in);
   }
   for (size_t k = 0; k < seen.size(); ++k)
-    check(seen[k], ErrorCode::invalid_argument, model + " needs input '" + m.inputs[k].spec.name + "'");
+    if (!seen[k])
+      throw Error(ErrorCode::invalid_argument,
+                  model + " needs input '" + m.inputs[k].spec.name + "'");
   s->rows = batching ? rows : 1;
 
   auto add_output = [&](const ServedTensor& st) {
@@ -152,8 +170,11 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
     for (const auto& st : m.outputs) add_output(st);
   } else {
     for (const auto& o : req.outputs) {
-      auto it = std::find_if(m.outputs.begin(), m.outputs.end(), [&](const ServedTensor& st) { return st.spec.name == o.name; });
-      check(it != m.outputs.end(), ErrorCode::invalid_argument,
+      auto it = std::find_if(m.outputs.begin(), m.outputs.end(),
+                             [&](const ServedTensor& st) { return st.spec.name == o.name; });
+      if (it == m.outputs.end())
+        throw Error(
+            ErrorCode::invalid_argument,
             model + " has no output '" + o.name + "' (its outputs: " + names_of(m.outputs) + ")");
       add_output(*it);
     }
@@ -162,14 +183,17 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
   const BatchPolicy& p = m.policy;
   s->level = p.default_level;
   if (req.priority && *req.priority != 0 && p.levels > 1) {
-    check(*req.priority <= p.levels, ErrorCode::invalid_argument,
-          "priority " + std::to_string(*req.priority) + " is outside 1.." + std::to_string(p.levels) + " of " + model);
+    if (*req.priority > p.levels)
+      throw Error(ErrorCode::invalid_argument, "priority " + std::to_string(*req.priority) +
+                                                   " is outside 1.." + std::to_string(p.levels) +
+                                                   " of " + model);
     s->level = *req.priority;
   }
   const QueuePolicy& qp = p.queue_policy[s->level - 1];
   uint64_t timeout = qp.default_timeout_microseconds;
   if (req.timeout_us && qp.allow_timeout_override) timeout = *req.timeout_us;
-  if (opt.request_timeout_us && (timeout == 0 || timeout > opt.request_timeout_us)) timeout = opt.request_timeout_us;
+  if (opt.request_timeout_us && (timeout == 0 || timeout > opt.request_timeout_us))
+    timeout = opt.request_timeout_us;
   if (timeout > 0) s->deadline = req.arrival + std::chrono::microseconds(timeout);
 
   s->request = std::move(req);
@@ -186,7 +210,9 @@ void InferenceServer::Impl::load(const std::string& name) {
   lo.metrics = &metrics;
   std::shared_ptr<LoadedModel> fresh, old;
   try {
-    check(repo != nullptr, ErrorCode::not_found, "the server has no model repository to load '" + name + "' from");
+    if (repo == nullptr)
+      throw Error(ErrorCode::not_found,
+                  "the server has no model repository to load '" + name + "' from");
     fresh = repo->load(name, lo, &warnings);
   } catch (const Error& e) {
     for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
@@ -207,15 +233,18 @@ void InferenceServer::Impl::load(const std::string& name) {
   }
   std::string versions;
   for (const auto& [v, lv] : fresh->versions) versions += (versions.empty() ? "" : ", ") + lv->name;
-  std::cerr << "slim serve: loaded model '" << name << "' version " << versions << " (" << fresh->platform << ")\n";
+  std::cerr << "slim serve: loaded model '" << name << "' version " << versions << " ("
+            << fresh->platform << ")\n";
   old.reset();  // drains the replaced versions outside the lock
 }
 
 InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
   set_num_threads(impl_->opt.threads);
-  if (!impl_->opt.repository.empty()) impl_->repo = std::make_unique<Repository>(impl_->opt.repository);
-  const double start_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (!impl_->opt.repository.empty())
+    impl_->repo = std::make_unique<Repository>(impl_->opt.repository);
+  const double start_unix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   impl_->metrics.add_collector([start_unix](Metrics& m) { collect_process(m, start_unix); });
 }
 
@@ -256,16 +285,12 @@ void InferenceServer::infer(InferRequest request, InferCallback done) {
   std::unique_ptr<ScheduledRequest> s;
   std::shared_ptr<LoadedVersion> lv;
   try {
-    check(!impl_->stopping, ErrorCode::unavailable, "the server is shutting down");
+    if (impl_->stopping) throw Error(ErrorCode::unavailable, "the server is shutting down");
     const auto m = impl_->find(request.model);
     lv = Impl::version_of(*m, request.version);
-    std::vector<bool> binary;
-    if (request.outputs.empty()) binary.assign(m->outputs.size(), false);
-    for (const auto& o : request.outputs) binary.push_back(o.binary);
     impl_->in_flight.fetch_add(1);
     Impl* impl = impl_.get();
-    auto finish = [impl, done = std::move(done), binary = std::move(binary)](InferResult&& r) {
-      r.response.binary = binary;
+    auto finish = [impl, done = std::move(done)](InferResult&& r) {
       done(std::move(r));
       if (impl->in_flight.fetch_sub(1) == 1) {
         std::lock_guard lock(impl->flight_mu);
@@ -303,7 +328,9 @@ InferResult InferenceServer::infer_sync(InferRequest request) {
   return std::move(*out);
 }
 
-bool InferenceServer::live() const { return !impl_->stopping; }
+bool InferenceServer::live() const {
+  return !impl_->stopping;
+}
 
 bool InferenceServer::ready() const {
   if (!impl_->started || impl_->stopping) return false;
@@ -323,7 +350,8 @@ bool InferenceServer::model_ready(const std::string& name, const std::string& ve
   }
 }
 
-ModelMetadata InferenceServer::model_metadata(const std::string& name, const std::string& version) const {
+ModelMetadata InferenceServer::model_metadata(const std::string& name,
+                                              const std::string& version) const {
   const auto m = impl_->find(name);
   Impl::version_of(*m, version);
   ModelMetadata md;
@@ -347,7 +375,8 @@ std::vector<RepositoryEntry> InferenceServer::repository_index() const {
     slots = impl_->slots;
   }
   if (impl_->repo)
-    for (const auto& name : impl_->repo->model_names()) slots.try_emplace(name, ModelSlot{nullptr, "not loaded", false});
+    for (const auto& name : impl_->repo->model_names())
+      slots.try_emplace(name, ModelSlot{nullptr, "not loaded", false});
   std::vector<RepositoryEntry> out;
   for (const auto& [name, slot] : slots) {
     if (!slot.model) {
@@ -360,7 +389,7 @@ std::vector<RepositoryEntry> InferenceServer::repository_index() const {
 }
 
 void InferenceServer::load_model(const std::string& name) {
-  check(!impl_->stopping, ErrorCode::unavailable, "the server is shutting down");
+  if (impl_->stopping) throw Error(ErrorCode::unavailable, "the server is shutting down");
   impl_->load(name);
 }
 
@@ -371,7 +400,8 @@ void InferenceServer::unload_model(const std::string& name) {
     {
       std::lock_guard lock(impl_->mu);
       auto it = impl_->slots.find(name);
-      check(it != impl_->slots.end(), ErrorCode::not_found, "unknown model '" + name + "'");
+      if (it == impl_->slots.end())
+        throw Error(ErrorCode::not_found, "unknown model '" + name + "'");
       old = std::move(it->second.model);
       it->second.reason = "unloaded";
       it->second.wanted = false;
@@ -382,9 +412,13 @@ void InferenceServer::unload_model(const std::string& name) {
   std::cerr << "slim serve: unloaded model '" << name << "'\n";
 }
 
-std::string InferenceServer::metrics_text() const { return impl_->metrics.render(); }
+std::string InferenceServer::metrics_text() const {
+  return impl_->metrics.render();
+}
 
-Metrics& InferenceServer::metrics() { return impl_->metrics; }
+Metrics& InferenceServer::metrics() {
+  return impl_->metrics;
+}
 
 bool InferenceServer::shutdown(std::chrono::milliseconds timeout) {
   impl_->stopping = true;
@@ -392,7 +426,9 @@ bool InferenceServer::shutdown(std::chrono::milliseconds timeout) {
   return impl_->flight_cv.wait_for(lock, timeout, [&] { return impl_->in_flight.load() == 0; });
 }
 
-int64_t InferenceServer::in_flight() const { return impl_->in_flight.load(); }
+int64_t InferenceServer::in_flight() const {
+  return impl_->in_flight.load();
+}
 
 std::vector<std::string> InferenceServer::extensions() {
   // Triton's names: the repository API, binary tensors, priority and queue policies, and

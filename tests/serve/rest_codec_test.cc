@@ -329,13 +329,11 @@ TEST(RestDecode, ElementLimitIsConfigurable) {
             "Inference-Header-Content-Length 13 is above the limit of 10 bytes");
 }
 
-InferResponse response_with(std::vector<std::pair<std::string, Tensor>> outputs,
-                            std::vector<bool> binary = {}) {
+InferResponse response_with(std::vector<std::pair<std::string, Tensor>> outputs) {
   InferResponse r;
   r.model = "digits";
   r.version = "1";
   r.outputs = std::move(outputs);
-  r.binary = std::move(binary);
   return r;
 }
 
@@ -371,8 +369,8 @@ TEST(RestEncode, BinaryOutputsFollowTheJson) {
   Tensor f = Tensor::from_vector<float>({2}, {1.5f, -1});
   Tensor u = Tensor::from_vector<uint8_t>({3}, {1, 2, 3});
   Tensor v = Tensor::from_vector<int32_t>({1}, {-7});
-  RestBody out = encode_infer_response(response_with({{"f", f}, {"u", u}, {"v", v}}, {true, false, true}),
-                                       false);
+  RestBody out = encode_infer_response(response_with({{"f", f}, {"u", u}, {"v", v}}), false,
+                                       {true, false, true});
   const std::string json =
       R"({"model_name":"digits","model_version":"1","outputs":[)"
       R"({"name":"f","datatype":"FP32","shape":[2],"parameters":{"binary_data_size":8}},)"

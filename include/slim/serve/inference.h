@@ -43,7 +43,6 @@ struct InferResponse {
   std::string id;
   // In the order of the request's outputs (or the model's when it named none).
   std::vector<std::pair<std::string, Tensor>> outputs;
-  std::vector<bool> binary;  // per output, as requested
 };
 
 // Exactly one of error / response is meaningful.

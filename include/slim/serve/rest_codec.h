@@ -48,10 +48,11 @@ struct RestBody {
   std::optional<size_t> header_length;  // set when binary outputs follow the JSON
 };
 
-// The response JSON; an output sent as binary data (response.binary, or every output with
-// all_outputs_binary) is appended as raw bytes after it, in output order, and its JSON
+// The response JSON; an output sent as binary data (binary[i] for output i, or every output
+// with all_outputs_binary) is appended as raw bytes after it, in output order, and its JSON
 // gives parameters.binary_data_size instead of data.
-RestBody encode_infer_response(const InferResponse& response, bool all_outputs_binary);
+RestBody encode_infer_response(const InferResponse& response, bool all_outputs_binary,
+                               const std::vector<bool>& binary = {});
 
 std::string encode_server_metadata(const std::string& name, const std::string& version,
                                    const std::vector<std::string>& extensions);
