@@ -20,6 +20,8 @@ packages=(
   # slim serve: HTTP (cpp-httplib) and gRPC front doors; its tests call it with curl and
   # Python grpcio (stubs from grpc_python_plugin), and check metrics with promtool (below).
   libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc python3-grpcio curl
+  # The chat-template renderer is checked byte for byte against Python's jinja2.
+  python3-jinja2
 )
 
 . "$(dirname "$0")/packages.sh"
