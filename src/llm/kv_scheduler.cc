@@ -111,6 +111,11 @@ const KvBatchResult& KvBatchScheduler::result(int id) const {
   return it->second;
 }
 
+int64_t KvBatchScheduler::sequence_bytes(int id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() || it->second->seq < 0 ? 0 : ctx_.kv_cache().sequence_bytes(it->second->seq);
+}
+
 void KvBatchScheduler::evict(size_t entry) {
   ctx_.remove_sequence(cache_[entry].seq);
   cache_.erase(cache_.begin() + long(entry));
