@@ -149,7 +149,7 @@ void add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prefill-chunk", l.prefill_chunk,
                   "Language models: most prompt tokens of one sequence per step, so that long prompts do not stall "
-                  "running streams (default 256)")
+                  "running streams (default 128)")
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--default-priority", l.default_priority,
                   "Language models: priority of requests that give none (lower is more urgent; default 0)")

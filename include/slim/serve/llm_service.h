@@ -35,8 +35,11 @@ struct LlmOptions {
   std::string kv_policy;        // an eviction policy of the kv module ("" keeps every token)
   std::string kv_budget = "0.5";  // its budget: "0.25", "25%" or a token count
   int64_t kv_pool_bytes = 0;    // 0: room for every running sequence at full context
-  int prefill_chunk = 256;      // prompt tokens of one sequence per step
-  int max_step_tokens = 512;    // tokens per forward pass
+  // Prompt tokens of one sequence per step, and tokens per forward pass: a step is what an
+  // urgent request may have to wait for, so they stay small (prefill is compute-bound, so
+  // larger steps would gain little).
+  int prefill_chunk = 128;
+  int max_step_tokens = 256;
   int default_priority = 0;     // lower is more urgent (vLLM's convention)
   int max_queue = 256;          // requests per priority level, waiting and running; more get 429
   std::string chat_template;    // Jinja source overriding the model's; "" keeps the model's
