@@ -14,7 +14,7 @@
 #include <optional>
 #include <thread>
 
-#include "openai_routes.h"
+#include "http_routes.h"
 #include "slim/serve/rest_codec.h"
 
 namespace slim::serve {
@@ -76,16 +76,10 @@ void set_error(Response& res, int status, const std::string& message) {
   res.set_content(encode_error(message), kJson);
 }
 
-// Runs a handler; whatever it throws becomes an error response, never a dropped connection.
+// Runs a handler; whatever it throws becomes a KServe error response.
 template <typename Fn>
 void guarded(Response& res, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    set_error(res, http_status_for(e.code()), e.what());
-  } catch (const std::exception& e) {
-    set_error(res, 500, e.what());
-  }
+  run_guarded(fn, [&res](int status, const std::string& message) { set_error(res, status, message); });
 }
 
 void set_body(Response& res, std::string body, const char* content_type) {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "openai_routes.h"
+#include "http_routes.h"
 #include "slim/core/error.h"
 #include "slim/serve/inference.h"
 #include "slim/serve/openai.h"
@@ -30,15 +30,10 @@ void openai_error(Response& res, int status, const std::string& message) {
   if (status == 429) res.set_header("Retry-After", "1");
 }
 
+// Runs a handler; whatever it throws becomes an OpenAI error response.
 template <typename Fn>
 void guarded(Response& res, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    openai_error(res, http_status_for(e.code()), e.what());
-  } catch (const std::exception& e) {
-    openai_error(res, 500, e.what());
-  }
+  run_guarded(fn, [&res](int status, const std::string& message) { openai_error(res, status, message); });
 }
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
