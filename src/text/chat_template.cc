@@ -1482,7 +1482,7 @@ struct Renderer {
     charge(static_cast<int64_t>(d.entries.size()));
     Value v;
     v.kind = Kind::dict;
-    for (const auto& [k, x] : d.entries) v.depth = std::max<uint8_t>(v.depth, x.depth);
+    for (const auto& [k, x] : d.entries) v.depth = std::max({v.depth, k.depth, x.depth});
     if (++v.depth > kMaxValueDepth) fail("lists or dicts nested more than 50 deep");
     v.dict = std::make_shared<const DictData>(std::move(d));
     return v;
@@ -1721,7 +1721,8 @@ struct Renderer {
     Value m = method(obj, name);
     if (m.kind == Kind::function) return m;
     if (obj.kind == Kind::dict) {
-      if (const Value* x = find(*obj.dict, make_string(name))) return *x;
+      for (const auto& [k, x] : obj.dict->entries)
+        if (k.kind == Kind::string && k.s() == name) return x;
     } else if (obj.kind == Kind::ns) {
       for (const auto& [k, x] : obj.ns->attrs)
         if (k == name) return x;
@@ -1979,9 +1980,16 @@ struct Renderer {
     return {};
   }
 
+  static const Value* unhashable(const Value& v) {
+    if (v.kind == Kind::list || v.kind == Kind::dict || v.kind == Kind::ns) return &v;
+    if (v.kind == Kind::tuple)
+      for (const auto& x : *v.items)
+        if (const Value* u = unhashable(x)) return u;
+    return nullptr;
+  }
+
   void put(DictData& d, Value key, Value v) {
-    if (key.kind == Kind::list || key.kind == Kind::dict || key.kind == Kind::ns)
-      fail(std::string("unhashable type: '") + type_name(key) + "'");
+    if (const Value* u = unhashable(key)) fail(std::string("unhashable type: '") + type_name(*u) + "'");
     for (auto& [k, x] : d.entries)
       if (equal(k, key)) {
         x = std::move(v);
@@ -2915,12 +2923,6 @@ bool kind_test(Renderer& r, const Value& v, Args& a, const char* name, std::init
   return std::find(kinds.begin(), kinds.end(), v.kind) != kinds.end();
 }
 
-const Value& other(Renderer& r, Args& a, const char* name) {
-  static thread_local Value v;
-  v = r.bind(a, {"other"}, name, 1).get(0);
-  return v;
-}
-
 bool compare_test(Renderer& r, const Value& v, Args& a, const char* name, const char* op) {
   Bound b = r.bind(a, {"other"}, name, 1);
   return r.compare(op, v, b.get(0));
@@ -2979,7 +2981,7 @@ const TestDef kTests[] = {
     {"odd", [](Renderer& r, const Value& v, Args& a) { return parity(r, v, a, "odd", 1); }},
     {"sameas", [](Renderer& r, const Value& v, Args& a) {
        // Python's `is`: identity for objects; None, True and False are singletons.
-       const Value& o = other(r, a, "sameas");
+       const Value o = r.bind(a, {"other"}, "sameas", 1).get(0);
        if (v.kind != o.kind) return false;
        switch (v.kind) {
          case Kind::list: case Kind::tuple: return v.items == o.items;

@@ -19,7 +19,7 @@ const std::vector<ChatMessage> kChat = {
     {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
 
 std::string render(const std::string& source, const std::vector<ChatMessage>& messages = kChat,
-                   ChatTemplateContext ctx = {"<s>", "</s>", true, std::nullopt}) {
+                   ChatTemplateContext ctx = {"<s>", "</s>", true}) {
   return ChatTemplate(source).render(messages, ctx);
 }
 
@@ -31,7 +31,7 @@ std::string error_of(const std::string& source, bool at_render = true) {
       ADD_FAILURE() << "parsed: " << source;
       return "";
     }
-    t.render(kChat, {"<s>", "</s>", true, std::nullopt});
+    t.render(kChat, {"<s>", "</s>", true});
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
     return e.what();
@@ -44,7 +44,7 @@ TEST(ChatTemplate, ChatMLIsTheDefault) {
   EXPECT_EQ(render(ChatTemplate::chatml()),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(render(ChatTemplate::chatml(), {{"user", "x"}}, {"", "", false, std::nullopt}),
+  EXPECT_EQ(render(ChatTemplate::chatml(), {{"user", "x"}}, {"", "", false}),
             "<|im_start|>user\nx<|im_end|>\n");
 }
 
