@@ -8,7 +8,6 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
-#include <map>
 #include <string_view>
 #include <vector>
 
@@ -25,7 +24,7 @@ namespace uc = unicode;
 constexpr int kMaxNesting = 100;          // parser recursion and tree depth
 constexpr int kMaxEvalDepth = 500;        // nested evaluations in a render (macro recursion)
 constexpr int kMaxValueDepth = 50;        // lists and dicts nested in one another
-constexpr int64_t kMaxWork = 20'000'000;  // evaluations, iterations, elements, 16-byte units
+constexpr int64_t kMaxWork = 10'000'000;  // evaluations, iterations, elements, 16-byte units
 constexpr size_t kMaxString = 16u << 20;  // bytes of one string, and of the output
 constexpr size_t kMaxList = 1u << 20;     // elements of one list
 constexpr int64_t kMaxRange = 100000;     // jinja2's sandbox refuses larger ranges
@@ -440,20 +439,14 @@ class Lexer {
       size_t q = open + 2;
       char sign = 0;
       if (q < n && (s_[q] == '-' || s_[q] == '+')) sign = s_[q++];
-      std::string_view text = s_.substr(p, open - p);
-      if (sign == '-') {
-        text = text.substr(0, rstrip_end(text));
-      } else if (sign != '+' && kind != '{') {
-        const size_t nl = text.rfind('\n');
-        const size_t l = nl == std::string_view::npos ? 0 : nl + 1;
-        if ((l > 0 || line_starting) && l < text.size() && skip_space(text, l) == text.size())
-          text = text.substr(0, l);
-      }
+      const std::string_view text = strip_before_tag(s_.substr(p, open - p), sign, kind, line_starting);
       if (!text.empty()) push(Tok::data, p, std::string(text));
+      const size_t raw_body = kind == '%' ? raw_begin(q) : std::string_view::npos;
       if (kind == '#') {
         p = comment_end(q, open);
+      } else if (raw_body != std::string_view::npos) {
+        p = raw(raw_body, open);
       } else {
-        if (kind == '%' && is_raw(q)) fail_at(pos(open), "unsupported tag 'raw'");
         push(kind == '{' ? Tok::var_begin : Tok::block_begin, open);
         p = tag(q, kind, open);
       }
@@ -482,11 +475,46 @@ class Lexer {
     return h + 2 + (h + 2 < s_.size() && s_[h + 2] == '\n');
   }
 
-  bool is_raw(size_t q) const {
+  // The text before a tag: '-' strips its trailing whitespace; lstrip_blocks removes the
+  // spaces between the line start and a block or comment tag unless '+' keeps them.
+  static std::string_view strip_before_tag(std::string_view text, char sign, char kind, bool line_starting) {
+    if (sign == '-') return text.substr(0, rstrip_end(text));
+    if (sign == '+' || kind == '{') return text;
+    const size_t nl = text.rfind('\n');
+    const size_t l = nl == std::string_view::npos ? 0 : nl + 1;
+    if ((l > 0 || line_starting) && l < text.size() && skip_space(text, l) == text.size()) return text.substr(0, l);
+    return text;
+  }
+
+  // After "{%" and its sign: the offset after "raw %}", or npos when the tag is not raw.
+  size_t raw_begin(size_t q) const {
     q = skip_space(s_, q);
-    if (!at(q, "raw")) return false;
+    if (!at(q, "raw")) return std::string_view::npos;
     q = skip_space(s_, q + 3);
-    return at(q, "-%}") || at(q, "%}");
+    if (at(q, "-%}")) return skip_space(s_, q + 3);
+    if (at(q, "%}")) return q + 2;
+    return std::string_view::npos;
+  }
+
+  // A raw block's text up to {% endraw %}, as data; returns the offset after endraw's tag.
+  size_t raw(size_t body, size_t open) {
+    const size_t n = s_.size();
+    for (size_t k = s_.find("{%", body); k != std::string_view::npos; k = s_.find("{%", k + 1)) {
+      size_t q = k + 2;
+      const char sign = q < n && (s_[q] == '-' || s_[q] == '+') ? s_[q++] : 0;
+      q = skip_space(s_, q);
+      if (!at(q, "endraw")) continue;
+      q = skip_space(s_, q + 6);
+      size_t end;
+      if (at(q, "+%}")) end = q + 3;
+      else if (at(q, "-%}")) end = skip_space(s_, q + 3);
+      else if (at(q, "%}")) end = q + 2 + (q + 2 < n && s_[q + 2] == '\n');
+      else continue;
+      const std::string_view text = strip_before_tag(s_.substr(body, k - body), sign, '%', s_[body - 1] == '\n');
+      if (!text.empty()) push(Tok::data, body, std::string(text));
+      return end;
+    }
+    fail_at(pos(open), "missing {% endraw %} for this raw block");
   }
 
   // The inside of {{ }} or {% %} from q; returns the offset after the closing tag.
@@ -838,9 +866,7 @@ class Parser {
       const Token& t = cur();
       if (t.type == Tok::eof) {
         if (ends.size() == 0) return out;
-        std::string names;
-        for (auto e : ends) names += (names.empty() ? "'" : " or '") + std::string(e) + "'";
-        fail_at(tag_pos, "'" + tag + "' is not closed: expected " + names + " before the end of the template");
+        fail_at(tag_pos, "'" + tag + "' has no {% " + std::string(*(ends.end() - 1)) + " %}");
       }
       if (t.type == Tok::data) {
         auto s = stmt(St::text, t.pos);
@@ -886,7 +912,10 @@ class Parser {
     if (w == "print") {
       ++i_;
       auto s = stmt(St::output, t.pos);
-      s->exprs.push_back(tuple(true));
+      while (cur().type != Tok::block_end) {
+        if (!s->exprs.empty()) expect_op(",");
+        s->exprs.push_back(expression());
+      }
       return s;
     }
     if (w == "break" || w == "continue") {
@@ -1374,9 +1403,24 @@ class Parser {
 // ---------------------------------------------------------------------------------------
 // The interpreter.
 
+// The variables of one scope (few: a flat list), and the scope it is nested in.
 struct Frame {
-  std::map<std::string, Value, std::less<>> vars;
+  std::vector<std::pair<std::string, Value>> vars;
   std::shared_ptr<Frame> parent;
+
+  const Value* find(std::string_view name) const {
+    for (const auto& [k, v] : vars)
+      if (k == name) return &v;
+    return nullptr;
+  }
+  void set(std::string_view name, Value v) {
+    for (auto& [k, x] : vars)
+      if (k == name) {
+        x = std::move(v);
+        return;
+      }
+    vars.emplace_back(std::string(name), std::move(v));
+  }
 };
 
 enum class Flow { normal, break_, continue_ };
@@ -1406,12 +1450,14 @@ struct Renderer {
   std::string* out = nullptr;
   Value hole;  // the input of a {% filter %} or {% set x | f %} body
   std::vector<std::unique_ptr<NsData>> namespaces;
+  const Value no_previtem = make_undefined("there is no previous item");
+  const Value no_nextitem = make_undefined("there is no next item");
 
   [[noreturn]] void fail(const std::string& msg) const { fail_at(at, msg); }
 
   void charge(int64_t units) {
     work += units;
-    if (work > kMaxWork) fail("the template does too much work (over 20 million steps)");
+    if (work > kMaxWork) fail("the template does too much work (over 10 million steps)");
   }
   void check_size(const std::string& s) const {
     if (s.size() > kMaxString) fail("text longer than 16 MiB");
@@ -1436,7 +1482,7 @@ struct Renderer {
     charge(static_cast<int64_t>(d.entries.size()));
     Value v;
     v.kind = Kind::dict;
-    for (const auto& [k, x] : d.entries) v.depth = std::max<uint8_t>(v.depth, x.depth);
+    for (const auto& [k, x] : d.entries) v.depth = std::max({v.depth, k.depth, x.depth});
     if (++v.depth > kMaxValueDepth) fail("lists or dicts nested more than 50 deep");
     v.dict = std::make_shared<const DictData>(std::move(d));
     return v;
@@ -1660,8 +1706,7 @@ struct Renderer {
 
   Value lookup(std::string_view name) const {
     for (const Frame* f = frame.get(); f; f = f->parent.get()) {
-      const auto it = f->vars.find(name);
-      if (it != f->vars.end()) return it->second;
+      if (const Value* v = f->find(name)) return *v;
     }
     return make_undefined(quoted(name) + " is undefined");
   }
@@ -1676,7 +1721,8 @@ struct Renderer {
     Value m = method(obj, name);
     if (m.kind == Kind::function) return m;
     if (obj.kind == Kind::dict) {
-      if (const Value* x = find(*obj.dict, make_string(name))) return *x;
+      for (const auto& [k, x] : obj.dict->entries)
+        if (k.kind == Kind::string && k.s() == name) return x;
     } else if (obj.kind == Kind::ns) {
       for (const auto& [k, x] : obj.ns->attrs)
         if (k == name) return x;
@@ -1934,9 +1980,16 @@ struct Renderer {
     return {};
   }
 
+  static const Value* unhashable(const Value& v) {
+    if (v.kind == Kind::list || v.kind == Kind::dict || v.kind == Kind::ns) return &v;
+    if (v.kind == Kind::tuple)
+      for (const auto& x : *v.items)
+        if (const Value* u = unhashable(x)) return u;
+    return nullptr;
+  }
+
   void put(DictData& d, Value key, Value v) {
-    if (key.kind == Kind::list || key.kind == Kind::dict || key.kind == Kind::ns)
-      fail(std::string("unhashable type: '") + type_name(key) + "'");
+    if (const Value* u = unhashable(key)) fail(std::string("unhashable type: '") + type_name(*u) + "'");
     for (auto& [k, x] : d.entries)
       if (equal(k, key)) {
         x = std::move(v);
@@ -1952,7 +2005,7 @@ struct Renderer {
 
   void assign(const Stmt& s, const Value& v) {
     if (!s.unpack) {
-      frame->vars[s.names[0]] = v;
+      frame->set(s.names[0], v);
       return;
     }
     const ValueList parts = iterate(v);
@@ -1960,29 +2013,44 @@ struct Renderer {
       fail("not enough values to unpack (expected " + std::to_string(s.names.size()) + ", got " + std::to_string(parts.size()) + ")");
     if (parts.size() > s.names.size())
       fail("too many values to unpack (expected " + std::to_string(s.names.size()) + ")");
-    for (size_t k = 0; k < parts.size(); ++k) frame->vars[s.names[k]] = parts[k];
+    for (size_t k = 0; k < parts.size(); ++k) frame->set(s.names[k], parts[k]);
   }
 
-  Value loop_object(const ValueList& items, size_t k) {
+  NsData* new_namespace() {
+    charge(1);
+    namespaces.push_back(std::make_unique<NsData>());
+    return namespaces.back().get();
+  }
+
+  // jinja2's loop object, as a namespace whose attributes each iteration rewrites (one
+  // object per loop, not one per iteration).
+  Value loop_object(NsData* loop, const ValueList& items, size_t k) {
     const auto n = static_cast<int64_t>(items.size()), i = static_cast<int64_t>(k);
-    DictData d;
-    auto add = [&](const char* key, Value v) { d.entries.emplace_back(make_string(key), std::move(v)); };
-    add("index", make_int(i + 1));
-    add("index0", make_int(i));
-    add("revindex", make_int(n - i));
-    add("revindex0", make_int(n - i - 1));
-    add("first", make_bool(i == 0));
-    add("last", make_bool(i == n - 1));
-    add("length", make_int(n));
-    add("depth", make_int(1));
-    add("depth0", make_int(0));
-    if (i > 0) add("previtem", items[k - 1]);
-    if (i < n - 1) add("nextitem", items[k + 1]);
-    add("cycle", make_function("cycle", [k](Renderer& r, Args& a) {
-          if (a.pos.empty()) r.fail("no items for cycling given");
-          return a.pos[k % a.pos.size()];
-        }));
-    return make_dict(std::move(d));
+    if (loop->attrs.empty()) {
+      for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                                "depth0", "previtem", "nextitem"})
+        loop->attrs.emplace_back(name, Value());
+      loop->attrs.emplace_back("cycle", make_function("cycle", [loop](Renderer& r, Args& a) {
+        if (a.pos.empty()) r.fail("no items for cycling given");
+        return a.pos[static_cast<size_t>(loop->attrs[1].second.i) % a.pos.size()];
+      }));
+    }
+    auto& at = loop->attrs;
+    at[0].second = make_int(i + 1);
+    at[1].second = make_int(i);
+    at[2].second = make_int(n - i);
+    at[3].second = make_int(n - i - 1);
+    at[4].second = make_bool(i == 0);
+    at[5].second = make_bool(i == n - 1);
+    at[6].second = make_int(n);
+    at[7].second = make_int(1);
+    at[8].second = make_int(0);
+    at[9].second = i > 0 ? items[k - 1] : no_previtem;
+    at[10].second = i < n - 1 ? items[k + 1] : no_nextitem;
+    Value v;
+    v.kind = Kind::ns;
+    v.ns = loop;
+    return v;
   }
 
   Flow exec_for(const Stmt& s) {
@@ -2001,10 +2069,12 @@ struct Renderer {
       Scope scope(*this, frame);
       return exec(s.bodies[1]);
     }
+    NsData* loop = new_namespace();
     for (size_t k = 0; k < items.size(); ++k) {
+      charge(4);  // a scope and the loop object: about as much as four evaluations
       Scope scope(*this, frame);  // each iteration has its own variables, as in jinja2
       assign(s, items[k]);
-      frame->vars["loop"] = loop_object(items, k);
+      frame->set("loop", loop_object(loop, items, k));
       if (exec(s.bodies[0]) == Flow::break_) break;
     }
     return Flow::normal;
@@ -2018,20 +2088,20 @@ struct Renderer {
     Scope scope(*this, parent);
     std::vector<bool> given(n);
     for (size_t k = 0; k < a.pos.size(); ++k) {
-      frame->vars[m.names[k]] = std::move(a.pos[k]);
+      frame->set(m.names[k], std::move(a.pos[k]));
       given[k] = true;
     }
     for (auto& [name, v] : a.kw) {
       const size_t k = static_cast<size_t>(std::find(m.names.begin(), m.names.end(), name) - m.names.begin());
       if (k == n) fail("macro '" + m.text + "' takes no keyword argument '" + name + "'");
       if (given[k]) fail("macro '" + m.text + "' got multiple values for argument '" + name + "'");
-      frame->vars[name] = std::move(v);
+      frame->set(name, std::move(v));
       given[k] = true;
     }
     for (size_t k = 0; k < n; ++k)
       if (!given[k])
-        frame->vars[m.names[k]] = k >= first_default ? eval(*m.exprs[k - first_default])
-                                                     : make_undefined("parameter " + quoted(m.names[k]) + " was not provided");
+        frame->set(m.names[k], k >= first_default ? eval(*m.exprs[k - first_default])
+                                                  : make_undefined("parameter " + quoted(m.names[k]) + " was not provided"));
     Capture capture(*this);
     exec(m.bodies[0]);
     return str(std::move(capture.text));
@@ -2061,12 +2131,13 @@ struct Renderer {
       Flow flow = Flow::normal;
       switch (s.kind) {
         case St::text: emit(s.text); break;
-        case St::output: {
-          const Value v = eval(*s.exprs[0]);
-          if (v.kind == Kind::string) emit(v.s());
-          else append_str(*out, v);
+        case St::output:
+          for (const auto& e : s.exprs) {
+            const Value v = eval(*e);
+            if (v.kind == Kind::string) emit(v.s());
+            else append_str(*out, v);
+          }
           break;
-        }
         case St::if_: {
           size_t k = 0;
           while (k < s.exprs.size() && !truthy(eval(*s.exprs[k]))) ++k;
@@ -2094,16 +2165,16 @@ struct Renderer {
         case St::macro: {
           const Stmt* m = &s;
           std::weak_ptr<Frame> defined_in = frame;  // weak: the frame holds the macro
-          frame->vars[s.text] = make_function(s.text, [m, defined_in](Renderer& r, Args& a) {
+          frame->set(s.text, make_function(s.text, [m, defined_in](Renderer& r, Args& a) {
             return r.call_macro(*m, defined_in, a);
-          });
+          }));
           break;
         }
         case St::with: {
           ValueList values;
           for (const auto& x : s.exprs) values.push_back(eval(*x));
           Scope scope(*this, frame);
-          for (size_t k = 0; k < values.size(); ++k) frame->vars[s.names[k]] = std::move(values[k]);
+          for (size_t k = 0; k < values.size(); ++k) frame->set(s.names[k], std::move(values[k]));
           flow = exec(s.bodies[0]);
           break;
         }
@@ -2280,7 +2351,8 @@ struct Renderer {
     return neg ? -v : v;
   }
 
-  // strftime with the C locale's names; glibc's '-' flag drops the padding.
+  // glibc's strftime in the C locale, which Python's calls: the common directives, the '-'
+  // flag (no padding); unknown directives are copied.
   std::string strftime(const std::string& fmt, const std::tm& tm) {
     static const char* const kDays[] = {"Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"};
     static const char* const kMonths[] = {"January", "February", "March", "April", "May", "June", "July",
@@ -2293,7 +2365,10 @@ struct Renderer {
       }
       const bool pad = !(k + 1 < fmt.size() && fmt[k + 1] == '-');
       k += pad ? 1 : 2;
-      if (k >= fmt.size()) fail("strftime_now: format ends in '%'");
+      if (k >= fmt.size()) {
+        out += pad ? "%" : "%-";
+        break;
+      }
       const auto num = [&](int v, int width) {
         std::string d = std::to_string(v);
         if (pad && d.size() < static_cast<size_t>(width)) d.insert(0, static_cast<size_t>(width) - d.size(), '0');
@@ -2301,6 +2376,10 @@ struct Renderer {
       };
       switch (fmt[k]) {
         case 'd': num(tm.tm_mday, 2); break;
+        case 'e': out += pad && tm.tm_mday < 10 ? " " + std::to_string(tm.tm_mday) : std::to_string(tm.tm_mday); break;
+        case 'F': out += strftime("%Y-%m-%d", tm); break;
+        case 'T': out += strftime("%H:%M:%S", tm); break;
+        case 'D': out += strftime("%m/%d/%y", tm); break;
         case 'm': num(tm.tm_mon + 1, 2); break;
         case 'Y': num(tm.tm_year + 1900, 1); break;
         case 'y': num((tm.tm_year + 1900) % 100, 2); break;
@@ -2315,7 +2394,7 @@ struct Renderer {
         case 'b': case 'h': out += std::string(kMonths[tm.tm_mon], 3); break;
         case 'B': out += kMonths[tm.tm_mon]; break;
         case '%': out += '%'; break;
-        default: fail(std::string("strftime_now: unsupported directive %") + fmt[k]);
+        default: out += (pad ? "%" : "%-") + std::string(1, fmt[k]);  // as glibc: unknown ones stay
       }
     }
     return out;
@@ -2844,12 +2923,6 @@ bool kind_test(Renderer& r, const Value& v, Args& a, const char* name, std::init
   return std::find(kinds.begin(), kinds.end(), v.kind) != kinds.end();
 }
 
-const Value& other(Renderer& r, Args& a, const char* name) {
-  static thread_local Value v;
-  v = r.bind(a, {"other"}, name, 1).get(0);
-  return v;
-}
-
 bool compare_test(Renderer& r, const Value& v, Args& a, const char* name, const char* op) {
   Bound b = r.bind(a, {"other"}, name, 1);
   return r.compare(op, v, b.get(0));
@@ -2908,7 +2981,7 @@ const TestDef kTests[] = {
     {"odd", [](Renderer& r, const Value& v, Args& a) { return parity(r, v, a, "odd", 1); }},
     {"sameas", [](Renderer& r, const Value& v, Args& a) {
        // Python's `is`: identity for objects; None, True and False are singletons.
-       const Value& o = other(r, a, "sameas");
+       const Value o = r.bind(a, {"other"}, "sameas", 1).get(0);
        if (v.kind != o.kind) return false;
        switch (v.kind) {
          case Kind::list: case Kind::tuple: return v.items == o.items;
@@ -2944,7 +3017,7 @@ bool Renderer::apply_test(int fn, const Value& v, Args& args) { return kTests[fn
 // ---- globals: the template's variables and Hugging Face's functions
 
 void Renderer::add_globals(std::span<const ChatMessage> messages) {
-  auto& g = frame->vars;
+  Frame& g = *frame;
   ValueList list;
   for (const auto& m : messages) {
     DictData d;
@@ -2952,22 +3025,22 @@ void Renderer::add_globals(std::span<const ChatMessage> messages) {
     d.entries.emplace_back(make_string("content"), str(m.content));
     list.push_back(make_dict(std::move(d)));
   }
-  g["messages"] = seq(Kind::list, std::move(list));
-  g["bos_token"] = str(ctx.bos_token);
-  g["eos_token"] = str(ctx.eos_token);
-  g["add_generation_prompt"] = make_bool(ctx.add_generation_prompt);
-  g["raise_exception"] = make_function("raise_exception", [](Renderer& r, Args& a) -> Value {
+  g.set("messages", seq(Kind::list, std::move(list)));
+  g.set("bos_token", str(ctx.bos_token));
+  g.set("eos_token", str(ctx.eos_token));
+  g.set("add_generation_prompt", make_bool(ctx.add_generation_prompt));
+  g.set("raise_exception", make_function("raise_exception", [](Renderer& r, Args& a) -> Value {
     Bound b = r.bind(a, {"message"}, "raise_exception", 1);
     throw Error(ErrorCode::invalid_argument, r.to_str(b.get(0)));
-  });
-  g["strftime_now"] = make_function("strftime_now", [](Renderer& r, Args& a) {
+  }));
+  g.set("strftime_now", make_function("strftime_now", [](Renderer& r, Args& a) {
     Bound b = r.bind(a, {"format"}, "strftime_now", 1);
     const std::time_t t = r.ctx.now ? *r.ctx.now : std::time(nullptr);
     std::tm tm{};
     localtime_r(&t, &tm);
     return r.str(r.strftime(r.str_arg(b.get(0), "strftime_now format"), tm));
-  });
-  g["range"] = make_function("range", [](Renderer& r, Args& a) {
+  }));
+  g.set("range", make_function("range", [](Renderer& r, Args& a) {
     Bound b = r.bind(a, {"start", "stop", "step"}, "range", 1);
     int64_t start = 0, stop = r.int_arg(b.get(0), "range() argument"), step = 1;
     if (b.p[1]) {
@@ -2981,11 +3054,9 @@ void Renderer::add_globals(std::span<const ChatMessage> messages) {
     ValueList out;
     for (int64_t k = 0; k < static_cast<int64_t>(count); ++k) out.push_back(make_int(start + k * step));
     return r.seq(Kind::list, std::move(out));
-  });
-  g["namespace"] = make_function("namespace", [](Renderer& r, Args& a) {
-    r.charge(1);
-    r.namespaces.push_back(std::make_unique<NsData>());
-    NsData* ns = r.namespaces.back().get();
+  }));
+  g.set("namespace", make_function("namespace", [](Renderer& r, Args& a) {
+    NsData* ns = r.new_namespace();
     if (a.pos.size() > 1) r.fail("namespace() takes at most 1 positional argument");
     if (!a.pos.empty()) {
       if (a.pos[0].kind != Kind::dict) r.fail("namespace() argument must be a dict");
@@ -2996,8 +3067,8 @@ void Renderer::add_globals(std::span<const ChatMessage> messages) {
     v.kind = Kind::ns;
     v.ns = ns;
     return v;
-  });
-  g["dict"] = make_function("dict", [](Renderer& r, Args& a) {
+  }));
+  g.set("dict", make_function("dict", [](Renderer& r, Args& a) {
     DictData d;
     if (a.pos.size() > 1) r.fail("dict expected at most 1 argument");
     if (!a.pos.empty()) {
@@ -3006,7 +3077,7 @@ void Renderer::add_globals(std::span<const ChatMessage> messages) {
     }
     for (auto& [k, x] : a.kw) r.put(d, make_string(k), std::move(x));
     return r.make_dict(std::move(d));
-  });
+  }));
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ CONVERSATIONS = {
     "empty_content": [user(""), assistant(""), user(" ")],
     "long": [m for k in range(12) for m in (user(f"question {k}"), assistant(f"answer {k}"))] + [user("last")],
     "ends_with_assistant": [user("Write a haiku."), assistant("Leaves fall")],
+    "reasoning": [user("2+2?"), assistant("<think>\nadd them\n</think>\n\n4"), user("and 3+3?")],
     "tool_result": [user("Weather in Paris?"), assistant("Checking."), {"role": "tool", "content": '{"temp": 21}'},
                     user("Thanks")],
     # Role errors: the Llama 2, Mistral and Gemma templates raise_exception on these.

@@ -26,7 +26,7 @@ struct ChatTemplateContext {
   std::string bos_token, eos_token;  // the tokenizer's BOS/EOS text ("" when none)
   bool add_generation_prompt = true;
   // The clock strftime_now() reads (local time); unset: the current time. For tests.
-  std::optional<std::time_t> now;
+  std::optional<std::time_t> now = std::nullopt;
 };
 
 class ChatTemplate {
