@@ -317,7 +317,12 @@ LlmService::LlmService(std::string name, const std::string& gguf_path, LlmOption
               << "chat requests use ChatML\n";
     tmpl = text::ChatTemplate::chatml();
   }
-  m.chat = std::make_unique<text::ChatTemplate>(tmpl);
+  try {
+    m.chat = std::make_unique<text::ChatTemplate>(tmpl);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::unsupported, "model '" + name_ + "': its chat template cannot be rendered (" + e.what() +
+                                            "); give one that can with --chat-template FILE");
+  }
   // Generation ends at EOS and at the end-of-turn tokens chat templates write.
   m.end_of_generation.assign(size_t(m.tokenizer->vocab_size()), false);
   if (spec.eos_id >= 0) m.end_of_generation[size_t(spec.eos_id)] = true;
