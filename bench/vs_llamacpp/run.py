@@ -19,7 +19,7 @@ Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/nod
 --isa avx2 holds both engines to AVX2: slim through SLIM_ISA=avx2, and llama.cpp through a
 llama-bench built from the llama.cpp sources that node-llama-cpp ships (its git bundle),
 configured without native tuning and without AVX-512 (the prebuilt binaries pick a zen4,
-AVX-512 variant on AVX-512 CPUs); the build goes to bench/.work/llama.cpp-avx2 once. Its
+AVX-512 variant on AVX-512 CPUs); the build goes to bench/.work/llama.cpp-avx2 once (bench/llamacpp.py). Its
 rows are llama-bench's pp512 and tg128 at a depth of 512 tokens (decode after the prompt,
 as slim's rows are). native and avx512 time the prebuilt node-llama-cpp library.
 """
@@ -28,15 +28,16 @@ import json
 import os
 import random
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import llamacpp  # noqa: E402  (bench/llamacpp.py: the llama.cpp build shared with bench/serve_llm)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORK = os.path.join(ROOT, "bench", ".work")
-LLAMA_BUNDLE = os.path.join(HERE, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle")
 GREEDY_PROMPTS = ["The PostgreSQL server", "Once upon a time", "In 1969, the", "To create a table, use", "git commit -m",
                   "The Python interpreter", "And God said", "SELECT * FROM", "The Debian package manager",
                   "A function that returns"]
@@ -55,16 +56,6 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
-NODE_LLAMA_CPP = "node-llama-cpp@3.21.1"
-
-
-def ensure_node_llama_cpp():
-    if not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-        print("installing %s ..." % NODE_LLAMA_CPP, file=sys.stderr)
-        subprocess.run(["npm", "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
-                        NODE_LLAMA_CPP], cwd=HERE, check=True)
-
-
 def find_shared_model():
     """shared/models/slimlm-f16.gguf in the repository's parent directory (for a git worktree,
     also the parent of the main checkout), or None."""
@@ -79,28 +70,6 @@ def find_shared_model():
         if os.path.exists(path):
             return path
     return None
-
-
-def build_llama_bench(isa):
-    """llama-bench from node-llama-cpp's llama.cpp sources, held to the given ISA (avx2)."""
-    src = os.path.join(WORK, "llama.cpp-src")
-    build = os.path.join(WORK, "llama.cpp-" + isa)
-    exe = os.path.join(build, "bin", "llama-bench")
-    if os.path.exists(exe):
-        return exe
-    if not os.path.isdir(src):
-        print("unpacking llama.cpp sources from %s ..." % LLAMA_BUNDLE, file=sys.stderr)
-        sh(["git", "clone", "-q", LLAMA_BUNDLE, src])
-    flags = {"avx2": ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_AVX512=OFF"]}[isa]
-    print("building llama-bench (%s) in %s ..." % (isa, build), file=sys.stderr)
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    subprocess.run(["cmake", "-S", src, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
-                    *flags, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DCMAKE_RUNTIME_OUTPUT_DIRECTORY=" + os.path.join(build, "bin")], check=True,
-                   stdout=subprocess.DEVNULL)
-    # Two jobs: the machines these benchmarks run on are small and shared.
-    subprocess.run(["cmake", "--build", build, "--target", "llama-bench", "-j2"], check=True, stdout=subprocess.DEVNULL)
-    return exe
 
 
 def llama_bench_speed(exe, model, threads, decode_n):
@@ -155,13 +124,13 @@ def main():
                     help="time this GGUF file instead of the default models (repeatable)")
     ap.add_argument("--skip-greedy", action="store_true", help="skip the greedy-decoding comparison")
     a = ap.parse_args()
-    ensure_node_llama_cpp()
+    llamacpp.ensure_node_llama_cpp(HERE)
     os.makedirs(WORK, exist_ok=True)
     shared = a.shared_model or find_shared_model()
-    llama_bench = build_llama_bench(a.isa) if a.isa == "avx2" and not a.greedy_only else None
+    llama_bench = llamacpp.build("llama-bench", a.isa, HERE) if a.isa == "avx2" and not a.greedy_only else None
     slim_isa = a.isa
     llama_isa = ("llama-bench built for AVX2 (no AVX-512)" if llama_bench else
-                 "node-llama-cpp %s prebuilt" % NODE_LLAMA_CPP)
+                 "%s prebuilt" % llamacpp.NODE_LLAMA_CPP)
     print("ISA: slim %s, llama.cpp %s" % ({"native": "native (best the CPU has)"}.get(slim_isa, slim_isa), llama_isa))
 
     rng = random.Random(7)
