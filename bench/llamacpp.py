@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""llama.cpp tools built from the sources the node-llama-cpp npm package ships, for the
-benches that compare slim with llama.cpp (vs_llamacpp, serve_llm).
+"""What the benches that compare slim with llama.cpp (vs_llamacpp, serve_llm) share: llama.cpp
+tools built from the sources the node-llama-cpp npm package ships, the files of shared/models,
+and the generated random-weight 1.1 B Llama.
 
 node-llama-cpp carries llama.cpp as a git bundle (llama/gitRelease.bundle); it is cloned
 once into bench/.work/llama.cpp-src and each ISA variant is configured in its own folder,
@@ -26,6 +27,36 @@ ISA_FLAGS = {
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_AVX512=OFF"],
 }
+
+
+def find_shared(name):
+    """shared/models/NAME in the repository's parent directory (for a git worktree, also the
+    parent of the main checkout), or None."""
+    parents = [os.path.dirname(ROOT)]
+    try:
+        common = subprocess.run(["git", "-C", ROOT, "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+        parents.append(os.path.dirname(os.path.dirname(common)))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pass
+    for p in parents:
+        path = os.path.join(p, "shared", "models", name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def random_llama(qtype, layers=22):
+    """bench/.work/random-1b-QTYPE-L<layers>.gguf (vs_llamacpp/make_random_llama.py: TinyLlama's
+    shape, random weights), generated if missing; qtype q8_0 or q4_0."""
+    path = os.path.join(WORK, "random-1b-%s-L%d.gguf" % (qtype, layers))
+    if not os.path.exists(path):
+        print("generating %s ..." % path, file=sys.stderr)
+        os.makedirs(WORK, exist_ok=True)
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "vs_llamacpp", "make_random_llama.py"),
+                        path + ".tmp", qtype, str(layers)], check=True, capture_output=True)
+        os.rename(path + ".tmp", path)
+    return path
 
 
 def ensure_node_llama_cpp(node_dir):

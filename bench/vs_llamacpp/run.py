@@ -56,22 +56,6 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
-def find_shared_model():
-    """shared/models/slimlm-f16.gguf in the repository's parent directory (for a git worktree,
-    also the parent of the main checkout), or None."""
-    parents = [os.path.dirname(ROOT)]
-    try:
-        common = sh(["git", "-C", ROOT, "rev-parse", "--path-format=absolute", "--git-common-dir"]).stdout.strip()
-        parents.append(os.path.dirname(os.path.dirname(common)))
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        pass
-    for p in parents:
-        path = os.path.join(p, "shared", "models", "slimlm-f16.gguf")
-        if os.path.exists(path):
-            return path
-    return None
-
-
 def llama_bench_speed(exe, model, threads, decode_n):
     """One pp512 and one tg<decode_n> (at depth 512) run of llama-bench: tokens/s."""
     out = []
@@ -126,7 +110,7 @@ def main():
     a = ap.parse_args()
     llamacpp.ensure_node_llama_cpp(HERE)
     os.makedirs(WORK, exist_ok=True)
-    shared = a.shared_model or find_shared_model()
+    shared = a.shared_model or llamacpp.find_shared("slimlm-f16.gguf")
     llama_bench = llamacpp.build("llama-bench", a.isa, HERE) if a.isa == "avx2" and not a.greedy_only else None
     slim_isa = a.isa
     llama_isa = ("llama-bench built for AVX2 (no AVX-512)" if llama_bench else
@@ -152,11 +136,7 @@ def main():
         models = [(os.path.basename(m), m) for m in a.model]
     elif not a.skip_1b:
         for q in ("q8_0", "q4_0"):
-            path = os.path.join(WORK, "random-1b-%s-L%d.gguf" % (q, a.layers))
-            if not os.path.exists(path):
-                print("generating %s ..." % path, file=sys.stderr)
-                sh(["/usr/bin/python3", os.path.join(HERE, "make_random_llama.py"), path + ".tmp", q, str(a.layers)])
-                os.rename(path + ".tmp", path)
+            path = llamacpp.random_llama(q, a.layers)
             models.append(("random-1.1B %s" % q.upper(), path))
 
     rows = []
