@@ -29,6 +29,15 @@ ISA_FLAGS = {
 }
 
 
+def slim_env(isa):
+    """The environment for slim held to an ISA (SLIM_ISA; native: the CPU's best)."""
+    env = dict(os.environ)
+    env.pop("SLIM_ISA", None)
+    if isa != "native":
+        env["SLIM_ISA"] = isa
+    return env
+
+
 def find_shared(name):
     """shared/models/NAME in the repository's parent directory (for a git worktree, also the
     parent of the main checkout), or None."""

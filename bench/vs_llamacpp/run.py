@@ -43,15 +43,6 @@ GREEDY_PROMPTS = ["The PostgreSQL server", "Once upon a time", "In 1969, the", "
                   "A function that returns"]
 
 
-def slim_env(isa):
-    """The environment for slim held to an ISA (SLIM_ISA; native: the CPU's best)."""
-    env = dict(os.environ)
-    env.pop("SLIM_ISA", None)
-    if isa != "native":
-        env["SLIM_ISA"] = isa
-    return env
-
-
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
@@ -73,7 +64,7 @@ def slim_speed(slim, model, threads, tokens_file, decode_n, repeats, isa="native
     pre, dec = [], []
     for _ in range(repeats):
         r = sh([slim, "generate", model, "--tokens-file", tokens_file, "-n", str(decode_n), "--temp", "0",
-                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"], env=slim_env(isa))
+                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"], env=llamacpp.slim_env(isa))
         pre.append(float(re.search(r"prefill: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
         dec.append(float(re.search(r"decode: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
     return pre, dec
@@ -178,7 +169,7 @@ def main():
     # f32) and with its default ("auto", on here: it accumulates the weighted values in f16,
     # which moves near-tied logits).
     q8 = os.path.join(WORK, "slimlm-q8_0.gguf")
-    sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=slim_env(slim_isa))
+    sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=llamacpp.slim_env(slim_isa))
     greedy = {}
     for flash in ("off", "auto"):
         for label, path in (("F16", shared), ("Q8_0", q8)):
@@ -187,7 +178,7 @@ def main():
                 g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", path, prompt, "64",
                                    flash]).stdout.strip().splitlines()[-1])
                 r = sh([a.slim, "generate", path, "--tokens", ",".join(map(str, g["prompt"])), "-n", "64", "--temp",
-                        "0", "--ids", "--threads", "1", "--ignore-eos"], env=slim_env(slim_isa))
+                        "0", "--ids", "--threads", "1", "--ignore-eos"], env=llamacpp.slim_env(slim_isa))
                 slim_tokens = [int(x) for x in r.stdout.split()]
                 first_diff = next((i for i, (x, y) in enumerate(zip(slim_tokens, g["tokens"])) if x != y), None)
                 results.append(dict(prompt=prompt, identical=slim_tokens == g["tokens"], first_difference=first_diff))
