@@ -16,6 +16,8 @@ Sampler::Sampler(const SamplerOptions& options, int n_vocab)
   check(options.top_p > 0, ErrorCode::invalid_argument, "sampler: top_p must be > 0");
   check(options.min_p < 1, ErrorCode::invalid_argument, "sampler: min_p must be < 1");
   check(options.repeat_penalty > 0, ErrorCode::invalid_argument, "sampler: repeat_penalty must be > 0");
+  check(std::isfinite(options.presence_penalty) && std::isfinite(options.frequency_penalty), ErrorCode::invalid_argument,
+        "sampler: penalties must be finite");
   check(options.repeat_last_n >= 0, ErrorCode::invalid_argument, "sampler: repeat_last_n must be >= 0");
   cand_.resize(size_t(n_vocab));
   penalized_.resize(size_t(n_vocab));
@@ -23,18 +25,27 @@ Sampler::Sampler(const SamplerOptions& options, int n_vocab)
 
 int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
   const float* l = logits;
-  if (options_.repeat_penalty != 1.0f && options_.repeat_last_n > 0 && !history.empty()) {
+  const bool repeat = options_.repeat_penalty != 1.0f, presence = options_.presence_penalty != 0.f,
+             frequency = options_.frequency_penalty != 0.f;
+  if ((repeat || presence || frequency) && options_.repeat_last_n > 0 && !history.empty()) {
     std::copy(logits, logits + n_vocab_, penalized_.begin());
     const size_t start = history.size() > size_t(options_.repeat_last_n) ? history.size() - size_t(options_.repeat_last_n) : 0;
-    // Each distinct token is penalized once, however often it repeats (as llama.cpp).
+    counts_.clear();
     for (size_t i = start; i < history.size(); ++i) {
       const int32_t t = history[i];
       if (t < 0 || t >= n_vocab_) continue;
-      bool seen = false;
-      for (size_t j = start; j < i && !seen; ++j) seen = history[j] == t;
-      if (seen) continue;
+      auto it = std::find_if(counts_.begin(), counts_.end(), [t](const auto& c) { return c.first == t; });
+      if (it == counts_.end())
+        counts_.emplace_back(t, 1);
+      else
+        ++it->second;
+    }
+    // Each distinct token gets the repetition penalty once, however often it repeats (as
+    // llama.cpp), and the OpenAI penalties by its count.
+    for (const auto& [t, count] : counts_) {
       float& v = penalized_[size_t(t)];
-      v = v <= 0 ? v * options_.repeat_penalty : v / options_.repeat_penalty;
+      if (repeat) v = v <= 0 ? v * options_.repeat_penalty : v / options_.repeat_penalty;
+      v -= float(count) * options_.frequency_penalty + options_.presence_penalty;
     }
     l = penalized_.data();
   }

@@ -47,6 +47,25 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
   EXPECT_EQ(s3.sample(logits, hist2), 0);
 }
 
+TEST(Sampler, PresenceAndFrequencyPenaltiesSubtractPerTokenAndPerOccurrence) {
+  const float logits[] = {3.0f, 2.0f, 1.5f};
+  const int32_t hist[] = {0, 0, 1};
+  SamplerOptions o = greedy();
+  o.frequency_penalty = 0.6f;  // token 0: 3 - 1.2 = 1.8, token 1: 1.4, token 2: 1.5
+  Sampler s(o, 3);
+  EXPECT_EQ(s.sample(logits, hist), 0);
+  o.frequency_penalty = 0.8f;  // token 0: 1.4, token 1: 1.2, token 2: 1.5
+  Sampler s2(o, 3);
+  EXPECT_EQ(s2.sample(logits, hist), 2);
+  o.frequency_penalty = 0;
+  o.presence_penalty = 1.2f;  // 1.8, 0.8, 1.5: once per token, however often it occurs
+  Sampler s3(o, 3);
+  EXPECT_EQ(s3.sample(logits, hist), 0);
+  o.presence_penalty = 1.6f;  // 1.4, 0.4, 1.5
+  Sampler s4(o, 3);
+  EXPECT_EQ(s4.sample(logits, hist), 2);
+}
+
 TEST(Sampler, SeededDrawsAreReproducibleAndFollowSoftmax) {
   const std::vector<float> logits = {1.0f, 0.0f, -1.0f, 0.5f};
   SamplerOptions o;

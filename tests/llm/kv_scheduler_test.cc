@@ -1,6 +1,8 @@
 // Continuous batching: sequences decoded together, with chunked prefill and admission
 // between steps, produce exactly the tokens each produces alone; requests that do not fit
-// wait, and requests that can never fit are refused.
+// wait, and requests that can never fit are refused. Urgent requests preempt less urgent
+// ones, which resume with the same output; the prefix cache serves shared prompt prefixes
+// without changing any output; cancelled requests return their blocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,7 +55,7 @@ TEST(KvBatchScheduler, BatchedDecodingEqualsSeparateRuns) {
   for (size_t i = 0; i < prompts.size(); ++i) sched.submit({prompts[i], lens[i]});
   sched.run();
   for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(sched.results()[i].tokens, alone(model, prompts[i], lens[i])) << "request " << i;
+    EXPECT_EQ(sched.result(int(i)).tokens, alone(model, prompts[i], lens[i])) << "request " << i;
   const KvBatchStats& st = sched.stats();
   EXPECT_EQ(st.max_running, 3);
   EXPECT_EQ(st.prefill_tokens, 30 + 9 + 45 + 3);
@@ -80,9 +82,141 @@ TEST(KvBatchScheduler, SmallPoolMakesRequestsWaitAndRefusesImpossibleOnes) {
   }
   sched.run();
   EXPECT_EQ(sched.stats().max_running, 1);
-  EXPECT_EQ(sched.results()[0].tokens, alone(model, prompt(20, 5), 10));
-  EXPECT_EQ(sched.results()[1].tokens, alone(model, prompt(12, 6), 4));
-  EXPECT_GT(sched.results()[1].first_step, sched.results()[0].last_step);
+  EXPECT_EQ(sched.result(0).tokens, alone(model, prompt(20, 5), 10));
+  EXPECT_EQ(sched.result(1).tokens, alone(model, prompt(12, 6), 4));
+  EXPECT_GT(sched.result(1).first_step, sched.result(0).last_step);
+}
+
+TEST(KvBatchScheduler, UrgentRequestPreemptsAndTheVictimResumesWithTheSameOutput) {
+  auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
+  for (bool cache : {false, true}) {
+    LlamaContext ctx(model, paged(2));
+    KvBatchOptions o{64, 16};
+    o.max_running = 1;  // one running sequence; the other slot holds a cached prefix
+    o.prefix_cache = cache;
+    KvBatchScheduler sched(ctx, o);
+    KvBatchRequest background{prompt(20, 11), 30};
+    background.priority = 5;
+    int urgent_id = -1;
+    int seen = 0;
+    // The urgent request arrives once the background one has produced 6 tokens.
+    background.on_token = [&](int32_t, const float*) {
+      if (++seen == 6) {
+        KvBatchRequest urgent{prompt(10, 12), 8};
+        urgent.priority = 0;
+        urgent_id = sched.submit(urgent);
+      }
+      return true;
+    };
+    const int bg = sched.submit(background);
+    sched.run();
+    const KvBatchResult& b = sched.result(bg);
+    const KvBatchResult& u = sched.result(urgent_id);
+    EXPECT_EQ(b.preemptions, 1) << "cache " << cache;
+    EXPECT_EQ(sched.stats().preemptions, 1);
+    EXPECT_EQ(b.tokens, alone(model, prompt(20, 11), 30)) << "cache " << cache;
+    EXPECT_EQ(u.tokens, alone(model, prompt(10, 12), 8));
+    EXPECT_LT(u.last_step, b.last_step);  // the urgent one finished first
+    // With the cache the victim's KV (20 prompt + 6 generated tokens) was found again.
+    EXPECT_EQ(b.reused_tokens, cache ? 20 + 6 - 1 : 0);
+    sched.clear_prefix_cache();
+    EXPECT_EQ(ctx.kv_cache().pool().used_blocks(), 0);
+  }
+}
+
+TEST(KvBatchScheduler, EqualPrioritiesDoNotPreempt) {
+  auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
+  LlamaContext ctx(model, paged(1));
+  KvBatchScheduler sched(ctx, {64, 16});
+  const int a = sched.submit({prompt(8, 1), 10});
+  const int b = sched.submit({prompt(8, 2), 10});
+  sched.run();
+  EXPECT_EQ(sched.stats().preemptions, 0);
+  EXPECT_LT(sched.result(a).last_step, sched.result(b).first_step);  // first come, first served
+}
+
+TEST(KvBatchScheduler, PrefixCacheSharesBlocksAndKeepsOutputsExact) {
+  auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
+  LlamaContext ctx(model, paged(4));
+  KvBatchOptions o{64, 16};
+  o.max_running = 2;
+  o.prefix_cache = true;
+  KvBatchScheduler sched(ctx, o);
+  const std::vector<int32_t> system = prompt(40, 21);
+  auto with = [&](std::vector<int32_t> tail) {
+    std::vector<int32_t> p = system;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const int first = sched.submit({with(prompt(5, 22)), 6});
+  sched.run();
+  EXPECT_EQ(sched.cached_sequences(), 1);
+  // A follow-up turn: the whole first conversation plus a new message.
+  std::vector<int32_t> turn2 = with(prompt(5, 22));
+  turn2.insert(turn2.end(), sched.result(first).tokens.begin(), sched.result(first).tokens.end());
+  const std::vector<int32_t> user2 = prompt(7, 23);
+  turn2.insert(turn2.end(), user2.begin(), user2.end());
+  const int second = sched.submit({turn2, 5});
+  const int other = sched.submit({with(prompt(9, 24)), 5});  // shares only the system prompt
+  sched.run();
+  EXPECT_EQ(sched.result(second).tokens, alone(model, turn2, 5));
+  EXPECT_EQ(sched.result(other).tokens, alone(model, with(prompt(9, 24)), 5));
+  // The follow-up prefilled only what follows the first conversation's KV (45 prompt + 5
+  // of its 6 tokens: the last one was never fed back); the other reused the system prompt.
+  EXPECT_EQ(sched.result(second).reused_tokens, 45 + 5);
+  EXPECT_EQ(sched.result(other).reused_tokens, 40);
+  EXPECT_EQ(sched.stats().reused_tokens, 50 + 40);
+  EXPECT_EQ(sched.stats().prompt_tokens, 45 + int64_t(turn2.size()) + 49);
+  sched.clear_prefix_cache();
+  EXPECT_EQ(ctx.kv_cache().pool().used_blocks(), 0);
+}
+
+TEST(KvBatchScheduler, CachedPrefixesAreEvictedWhenRunningSequencesNeedTheRoom) {
+  auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
+  // 8 blocks: one 32-token request at a time; a cached prefix must make way for the next.
+  LlamaContext ctx(model, paged(3, 8 * 4096));
+  KvBatchOptions o{64, 64};
+  o.max_running = 1;
+  o.prefix_cache = true;
+  KvBatchScheduler sched(ctx, o);
+  for (uint32_t i = 0; i < 4; ++i) sched.submit({prompt(20, 30 + i), 10});
+  sched.run();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(sched.result(i).tokens, alone(model, prompt(20, 30 + uint32_t(i)), 10));
+  EXPECT_LE(sched.cached_sequences(), 2);
+}
+
+TEST(KvBatchScheduler, CallbacksStopAndCancelledRequestsFreeTheirBlocks) {
+  auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
+  LlamaContext ctx(model, paged(3));
+  KvBatchScheduler sched(ctx, {64, 16});
+  std::vector<KvBatchResult> finished;
+  KvBatchRequest stopper{prompt(12, 41), 20};
+  int n = 0;
+  stopper.on_token = [&](int32_t, const float*) { return ++n < 3; };
+  stopper.on_finish = [&](const KvBatchResult& r) { finished.push_back(r); };
+  sched.submit(stopper);
+  KvBatchRequest doomed{prompt(30, 42), 20};
+  doomed.on_finish = stopper.on_finish;
+  const int d = sched.submit(doomed);
+  KvBatchRequest waiting{prompt(30, 43), 20};
+  waiting.on_finish = stopper.on_finish;
+  const int w = sched.submit(waiting);
+  sched.step();
+  sched.step();
+  sched.cancel(d);
+  sched.cancel(w);
+  sched.run();
+  ASSERT_EQ(finished.size(), 3u);
+  int stopped = 0, cancelled = 0;
+  for (const KvBatchResult& r : finished) {
+    stopped += r.finish == KvFinish::stopped;
+    cancelled += r.finish == KvFinish::cancelled;
+  }
+  EXPECT_EQ(stopped, 1);
+  EXPECT_EQ(cancelled, 2);
+  EXPECT_THROW(sched.result(d), Error);  // results with a callback are not kept
+  EXPECT_EQ(ctx.kv_cache().pool().used_blocks(), 0);
+  EXPECT_EQ(sched.running() + sched.waiting(), 0);
 }
 
 TEST(KvBatchScheduler, NeedsAPagedCache) {

@@ -1,4 +1,4 @@
-// Token sampling for generation: repetition penalty, then top-k, top-p, min-p and
+// Token sampling for generation: repetition, presence and frequency penalties, then top-k, top-p, min-p and
 // temperature, then a seeded draw (the order llama.cpp's default chain uses); a
 // temperature of 0 is greedy argmax. All buffers are sized once per sampler.
 #pragma once
@@ -16,7 +16,11 @@ struct SamplerOptions {
   float top_p = 0.95f;         // >= 1: off
   float min_p = 0.05f;         // <= 0: off
   float repeat_penalty = 1.0f; // 1: off
-  int repeat_last_n = 64;      // how many recent tokens the penalty looks at
+  // OpenAI's penalties: a token's logit less presence_penalty once it occurs, less
+  // frequency_penalty per occurrence (0: off; -2..2 as OpenAI allows).
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  int repeat_last_n = 64;      // how many recent tokens the penalties look at
   uint64_t seed = 0;
 };
 
@@ -40,6 +44,7 @@ class Sampler {
   };
   std::vector<Candidate> cand_;
   std::vector<float> penalized_;
+  std::vector<std::pair<int32_t, int>> counts_;  // distinct tokens of the penalty window
 };
 
 // Log-probabilities of one logits row (in double, max-subtracted): what perplexity and
