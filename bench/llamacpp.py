@@ -6,8 +6,11 @@ and the generated random-weight 1.1 B Llama.
 node-llama-cpp carries llama.cpp as a git bundle (llama/gitRelease.bundle); it is cloned
 once into bench/.work/llama.cpp-src and each ISA variant is configured in its own folder,
 bench/.work/llama.cpp-<isa>, where any of its targets (llama-bench, llama-server) is built
-on demand. native: -DGGML_NATIVE=ON (the build machine's CPU); avx2: no native tuning and
-no AVX-512, so it runs like on an AVX2-only CPU. The build runs -j2 under nice -n 19: the
+on demand. native: -DGGML_NATIVE=ON (the build machine's CPU) but no AMX on x86-64: virtual
+machines that do not pass the AMX tile state through list amx in /proc/cpuinfo yet fault on
+the first tile instruction (SIGILL in ggml_backend_amx_mul_mat on Q4_0/Q8_0 models here), and
+slim does not use AMX either; avx2: no native tuning and no AVX-512, so it runs like on an
+AVX2-only CPU. The build runs -j2 under nice -n 19: the
 machines these benches run on are small and shared (15-30 minutes for one target).
 
 Usage: bench/llamacpp.py TARGET [--isa native|avx2] [--node-dir DIR]
@@ -15,6 +18,7 @@ Usage: bench/llamacpp.py TARGET [--isa native|avx2] [--node-dir DIR]
 """
 import argparse
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -22,8 +26,10 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 WORK = os.path.join(ROOT, "bench", ".work")
 NODE_LLAMA_CPP = "node-llama-cpp@3.21.1"
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # GCC and Clang: these win over -march=native
 ISA_FLAGS = {
-    "native": ["-DGGML_NATIVE=ON"],
+    "native": ["-DGGML_NATIVE=ON"] + (["-DCMAKE_C_FLAGS=" + NO_AMX, "-DCMAKE_CXX_FLAGS=" + NO_AMX]
+                                      if platform.machine() == "x86_64" else []),
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_AVX512=OFF"],
 }
