@@ -38,6 +38,15 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# Node.js and npm run the official `openai` client in the server tests (and the benchmarks'
+# npm peers). Only when missing: a Node.js from elsewhere (NodeSource) brings its own npm,
+# which Debian's npm package would conflict with.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: installing nodejs npm"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+
 # promtool, which the server tests run on the metrics text, comes in Debian's prometheus
 # package, whose installation would also start a Prometheus server on the machine: take
 # the one binary out of the package into build-tools/bin (git-ignored) instead.

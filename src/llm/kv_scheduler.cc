@@ -111,6 +111,11 @@ const KvBatchResult& KvBatchScheduler::result(int id) const {
   return it->second;
 }
 
+int64_t KvBatchScheduler::sequence_bytes(int id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() || it->second->seq < 0 ? 0 : ctx_.kv_cache().sequence_bytes(it->second->seq);
+}
+
 void KvBatchScheduler::evict(size_t entry) {
   ctx_.remove_sequence(cache_[entry].seq);
   cache_.erase(cache_.begin() + long(entry));
@@ -265,9 +270,14 @@ bool KvBatchScheduler::step() {
   std::vector<Job*> owner;
   int budget = options_.max_step_tokens;
   // Decoding sequences first, one token each, so long prompts never stall them; then
-  // prefill chunks in admission order.
+  // prefill chunks. Within each, the most urgent first: an urgent prompt is never left
+  // out of a step by less urgent ones.
+  std::vector<Job*> order = running_;
+  std::stable_sort(order.begin(), order.end(), [](const Job* a, const Job* b) {
+    return std::make_pair(a->req.priority, a->arrival) < std::make_pair(b->req.priority, b->arrival);
+  });
   for (int pass = 0; pass < 2; ++pass)
-    for (Job* j : running_) {
+    for (Job* j : order) {
       const int pending = int(j->history.size()) - j->n_eval;
       if ((pending == 1) != (pass == 0) || budget == 0) continue;
       const int n = std::min({options_.prefill_chunk, budget, pending});

@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "openai_routes.h"
 #include "slim/serve/rest_codec.h"
 
 namespace slim::serve {
@@ -332,6 +333,7 @@ HttpFrontend::HttpFrontend(InferenceServer& server, HttpOptions options)
   RestLimits limits;
   limits.max_header_bytes = service_->options().max_header_bytes;
   add_kserve_routes(service_->http, server, limits);
+  add_openai_routes(service_->http, server);
 }
 
 HttpFrontend::~HttpFrontend() = default;

@@ -794,7 +794,31 @@ ModelConfig map_config(Context& ctx, const Node& root) {
              "given with '" + std::string(schedulers[0]) + "': a model has one scheduler");
   if (batching) c.dynamic_batching = dynamic_batching(ctx, *batching, c.max_batch_size);
 
-  m.ignore({"optimization", "model_warmup", "parameters", "sequence_batching",
+  // Triton's map<string, ModelParameter>: repeated { key: K value { string_value: V } }
+  // entries in the text format, an object keyed by K in JSON.
+  auto add_parameter = [&](const std::string& key, const Node* value, const std::string& path) {
+    if (c.parameters.count(key)) ctx.fail(value ? *value : root, path, "parameter '" + key + "' is given twice");
+    std::string v;
+    if (value) {
+      Message pm(ctx, *value, path);
+      if (const Node* sv = pm.optional("string_value")) v = string_value(ctx, *sv, pm.path("string_value"));
+      pm.finish();
+    }
+    c.parameters[key] = v;
+  };
+  auto params = m.repeated("parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    Message e(ctx, *params[i], m.path("parameters", i));
+    if (ctx.json) {
+      for (const Field& f : params[i]->fields) add_parameter(f.name, &f.value, "parameters." + f.name);
+    } else {
+      const Node* key = e.optional("key");
+      if (!key) ctx.fail(*params[i], e.path("key"), "a map entry without a key");
+      add_parameter(string_value(ctx, *key, e.path("key")), e.optional("value"), e.path("value"));
+      e.finish();
+    }
+  }
+  m.ignore({"optimization", "model_warmup", "sequence_batching",
             "ensemble_scheduling", "model_transaction_policy", "response_cache", "model_operations",
             "model_repository_agents", "cc_model_filenames", "metric_tags", "runtime",
             "batch_input", "batch_output", "model_metrics"});

@@ -1,12 +1,14 @@
 #include "slim/serve/repository.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "slim/forest/forest_model.h"
 #include "slim/forest/slimf.h"
+#include "slim/llm/kv_policy.h"
 #include "slim/runtime/session_model.h"
 
 namespace slim::serve {
@@ -15,7 +17,7 @@ namespace {
 
 // Model file names looked for in a version folder, in order (Triton's FIL backend names too).
 const char* const kModelFiles[] = {"model.onnx", "model.slimf", "model.json", "model.ubj", "model.txt",
-                                   "xgboost.json", "xgboost.ubj", "lightgbm.txt", "model.gguf"};
+                                   "xgboost.json", "xgboost.ubj", "lightgbm.txt"};
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -128,6 +130,58 @@ BatchPolicy batch_policy(const ModelConfig& c, int64_t max_queue_size) {
   return p;
 }
 
+// A language model's options: the server's, overridden by its config's parameters.
+LlmOptions llm_options(LlmOptions o, const ModelConfig& cfg, const fs::path& dir, const std::string& origin) {
+  for (const auto& [key, value] : cfg.parameters) {
+    const std::string where = origin + ": parameter '" + key + "'";
+    auto number = [&](int64_t lo, int64_t hi) {
+      int64_t v = 0;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      check(ec == std::errc() && end == value.data() + value.size() && v >= lo && v <= hi, ErrorCode::invalid_model,
+            where + " must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", not '" +
+                value + "'");
+      return v;
+    };
+    try {
+      if (key == "max_sequences") {
+        o.max_sequences = int(number(1, 256));
+      } else if (key == "cache_sequences") {
+        o.cache_sequences = int(number(-1, 1024));
+      } else if (key == "context_length") {
+        o.n_ctx = int(number(0, 1 << 20));
+      } else if (key == "kv_type") {
+        llm::parse_kv_type(value);
+        o.kv_type = value;
+      } else if (key == "kv_policy") {
+        llm::make_kv_policy(value, llm::KvBudget{});  // a name it knows
+        o.kv_policy = value;
+      } else if (key == "kv_budget") {
+        llm::KvBudget::parse(value);
+        o.kv_budget = value;
+      } else if (key == "kv_pool_mb") {
+        o.kv_pool_bytes = number(0, int64_t(1) << 20) << 20;
+      } else if (key == "prefill_chunk") {
+        o.prefill_chunk = int(number(1, 65536));
+      } else if (key == "default_priority") {
+        o.default_priority = int(number(-1000, 1000));
+      } else if (key == "max_queue") {
+        o.max_queue = int(number(1, 1 << 20));
+      } else if (key == "chat_template") {
+        o.chat_template = read_text(dir / value);
+      } else {
+        throw Error(ErrorCode::invalid_model,
+                    where + " is not a language-model option (max_sequences, cache_sequences, context_length, "
+                            "kv_type, kv_policy, kv_budget, kv_pool_mb, prefill_chunk, default_priority, max_queue, "
+                            "chat_template)");
+      }
+    } catch (const Error& e) {
+      if (std::string(e.what()).rfind(where, 0) == 0) throw;
+      throw Error(ErrorCode::invalid_model, where + ": " + e.what());
+    }
+  }
+  return o;
+}
+
 }  // namespace
 
 LoadedModel::~LoadedModel() {
@@ -141,10 +195,6 @@ std::vector<std::shared_ptr<TensorModel>> load_model_file(const std::string& pat
   const std::string ext = fs::path(path).extension().string();
   std::vector<std::shared_ptr<TensorModel>> out;
   *memory_bytes = 0;
-  if (ext == ".gguf") {
-    throw Error(ErrorCode::unsupported, path + ": GGUF language models are not served over KServe v2; "
-                                              "slim serve hosts ONNX networks and tree ensembles here");
-  }
   if (ext == ".onnx") {
     *platform = "onnxruntime_onnx";
     SessionOptions opt;
@@ -238,6 +288,25 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
   }
 
   m->policy = batch_policy(cfg, options.max_queue_size);
+  if (!cfg.parameters.empty() && !fs::exists(dir / std::to_string(serve.front()) / "model.gguf"))
+    warnings->push_back(origin + ": 'parameters' are read by language models only; ignored");
+  if (const fs::path gguf = dir / std::to_string(serve.front()) /
+                            (cfg.default_model_filename.empty() ? "model.gguf" : cfg.default_model_filename);
+      gguf.extension() == ".gguf" && fs::exists(gguf)) {
+    // A language model: one version (the newest the policy serves), no tensors, no batcher
+    // (its scheduler batches tokens).
+    check(cfg.inputs.empty() && cfg.outputs.empty() && cfg.max_batch_size == 0, ErrorCode::invalid_model,
+          origin + ": a language model (" + gguf.string() + ") has no inputs, outputs or max_batch_size to configure");
+    auto lv = std::make_shared<LoadedVersion>();
+    lv->version = serve.front();
+    lv->name = std::to_string(serve.front());
+    lv->llm = std::make_shared<LlmService>(name, gguf.string(), llm_options(options.llm, cfg, dir, origin),
+                                           options.metrics);
+    lv->memory_bytes = int64_t(fs::file_size(gguf));
+    m->platform = "slim_llm";
+    m->versions[lv->version] = std::move(lv);
+    return m;
+  }
   const bool batching = cfg.max_batch_size > 0;
   for (int64_t v : serve) {
     const fs::path vdir = dir / std::to_string(v);

@@ -206,6 +206,7 @@ void InferenceServer::Impl::load(const std::string& name) {
   std::vector<std::string> warnings;
   LoadOptions lo;
   lo.threads = opt.threads;
+  lo.llm = opt.llm;
   lo.max_queue_size = opt.max_queue_size;
   lo.metrics = &metrics;
   std::shared_ptr<LoadedModel> fresh, old;
@@ -288,6 +289,10 @@ void InferenceServer::infer(InferRequest request, InferCallback done) {
     if (impl_->stopping) throw Error(ErrorCode::unavailable, "the server is shutting down");
     const auto m = impl_->find(request.model);
     lv = Impl::version_of(*m, request.version);
+    if (lv->llm)
+      throw Error(ErrorCode::invalid_argument, "model '" + m->name +
+                                                   "' is a language model: call it through the OpenAI API "
+                                                   "(/v1/chat/completions, /v1/completions)");
     impl_->in_flight.fetch_add(1);
     Impl* impl = impl_.get();
     auto finish = [impl, done = std::move(done)](InferResult&& r) {
@@ -410,6 +415,51 @@ void InferenceServer::unload_model(const std::string& name) {
     impl_->metrics.remove_series({{"model", name}});
   }
   std::cerr << "slim serve: unloaded model '" << name << "'\n";
+}
+
+void InferenceServer::add_language_model(const std::string& name, const std::string& gguf_path) {
+  auto m = std::make_shared<LoadedModel>();
+  m->name = name;
+  m->config.name = name;
+  m->platform = "slim_llm";
+  auto lv = std::make_shared<LoadedVersion>();
+  lv->version = 1;
+  lv->name = "1";
+  lv->llm = std::make_shared<LlmService>(name, gguf_path, impl_->opt.llm, &impl_->metrics);
+  m->versions[1] = std::move(lv);
+  std::lock_guard lock(impl_->mu);
+  check(!impl_->slots.count(name), ErrorCode::invalid_argument, "a model named '" + name + "' is already served");
+  impl_->slots[name] = ModelSlot{std::move(m), "", true};
+}
+
+std::shared_ptr<LlmService> InferenceServer::language_model(const std::string& name) const {
+  const auto m = impl_->find(name);
+  const auto& lv = m->versions.begin()->second;
+  if (!lv->llm)
+    throw Error(ErrorCode::invalid_argument, "model '" + name + "' is not a language model (" + m->platform +
+                                                 "): call it through KServe v2 (/v2/models/" + name + "/infer)");
+  return lv->llm;
+}
+
+std::vector<std::shared_ptr<LlmService>> InferenceServer::language_models() const {
+  std::vector<std::shared_ptr<LlmService>> out;
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [name, slot] : impl_->slots)
+    if (slot.model && slot.model->versions.begin()->second->llm)
+      out.push_back(slot.model->versions.begin()->second->llm);
+  return out;
+}
+
+std::shared_ptr<void> InferenceServer::hold_request() {
+  if (impl_->stopping) throw Error(ErrorCode::unavailable, "the server is shutting down");
+  impl_->in_flight.fetch_add(1);
+  Impl* impl = impl_.get();
+  return std::shared_ptr<void>(nullptr, [impl](void*) {
+    if (impl->in_flight.fetch_sub(1) == 1) {
+      std::lock_guard lock(impl->flight_mu);
+      impl->flight_cv.notify_all();
+    }
+  });
 }
 
 std::string InferenceServer::metrics_text() const {

@@ -180,12 +180,13 @@ TEST(ModelConfig, TritonOnnxRuntimeExample) {
       "CPU",
       "field 'instance_group[0].gpus' is not used by slim (instances run on the CPU); ignored",
       "config.pbtxt:39:14: field 'optimization' is not used by slim; ignored",
-      "field 'parameters' is not used by slim; ignored",
       "field 'model_warmup' is not used by slim; ignored",
   };
   for (const char* w : expected)
     EXPECT_TRUE(has_warning(c, w)) << w << "\nin:\n" << all_warnings(c);
   EXPECT_EQ(c.warnings.size(), std::size(expected)) << all_warnings(c);
+  // Parameters are kept (language models read their options there).
+  EXPECT_EQ(c.parameters, (std::map<std::string, std::string>{{"intra_op_thread_count", "4"}}));
 }
 
 TEST(ModelConfig, JsonGivesTheSameConfig) {
@@ -306,6 +307,7 @@ runtime: "model.py"
   EXPECT_EQ(c.outputs[0].dtype, DType::bf16);
   EXPECT_TRUE(c.dynamic_batching->preserve_ordering);
   EXPECT_EQ(c.dynamic_batching->preferred_batch_size, (std::vector<int64_t>{16}));
+  EXPECT_EQ(c.parameters.at("scale"), "1.5e-3");
   EXPECT_TRUE(has_warning(c, "field 'input[0].allow_ragged_batch' is not acted on"));
   EXPECT_TRUE(has_warning(c, "config.pbtxt:5:62: field 'input[1].optional' is not used by slim"))
       << all_warnings(c);

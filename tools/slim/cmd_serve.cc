@@ -1,11 +1,15 @@
 // `slim serve`: the model server. A Triton-style model repository served over KServe v2
 // REST and gRPC, with Prometheus metrics on a port of its own (Triton's flag names and
-// default ports). SIGTERM or SIGINT: readiness turns false, new requests are refused,
+// default ports); GGUF language models (in the repository or --model FILE.gguf) answer the
+// OpenAI API on the HTTP port. SIGTERM or SIGINT: readiness turns false, new requests are refused,
 // requests in flight finish, then the process exits 0.
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 #include "slim/core/error.h"
@@ -27,13 +31,25 @@ struct ServeOptions {
   bool access_log = false;
   int exit_timeout_secs = 30;
   uint64_t request_timeout_ms = 0;
+  std::string llm_file, llm_name, chat_template_file;
+  int64_t kv_pool_mb = 0;
 };
 
 void run_serve(ServeOptions& o) {
   o.server.model_control =
       o.control == "explicit" ? serve::ServerOptions::ModelControl::explicit_ : serve::ServerOptions::ModelControl::none;
   o.server.request_timeout_us = o.request_timeout_ms * 1000;
-  check(!o.server.repository.empty(), ErrorCode::invalid_argument, "--model-repository is required");
+  check(!o.server.repository.empty() || !o.llm_file.empty(), ErrorCode::invalid_argument,
+        "give --model-repository DIR or --model FILE.gguf");
+  o.server.llm.threads = o.server.threads;
+  o.server.llm.kv_pool_bytes = o.kv_pool_mb << 20;
+  if (!o.chat_template_file.empty()) {
+    std::ifstream f(o.chat_template_file, std::ios::binary);
+    check(bool(f), ErrorCode::not_found, "cannot read the chat template " + o.chat_template_file);
+    std::ostringstream text;
+    text << f.rdbuf();
+    o.server.llm.chat_template = text.str();
+  }
 
   // Signals go to this thread only (sigwait below): every thread the server starts
   // inherits the blocked mask.
@@ -45,6 +61,9 @@ void run_serve(ServeOptions& o) {
 
   const auto t0 = std::chrono::steady_clock::now();
   serve::InferenceServer server(o.server);
+  if (!o.llm_file.empty())
+    server.add_language_model(o.llm_name.empty() ? std::filesystem::path(o.llm_file).stem().string() : o.llm_name,
+                              o.llm_file);
   server.start();
 
   serve::HttpOptions http;
@@ -98,12 +117,49 @@ void run_serve(ServeOptions& o) {
 void add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "serve", "Serve a model repository over KServe v2 REST and gRPC, with Prometheus metrics");
+      "serve",
+      "Serve a model repository over KServe v2 REST and gRPC, and language models over the OpenAI API, with "
+      "Prometheus metrics");
   cmd->add_option("--model-repository", o->server.repository,
                   "Triton-style repository: MODEL/config.pbtxt|config.json and MODEL/VERSION/model.onnx|.json|.ubj|"
-                  ".txt|.slimf")
-      ->required()
+                  ".txt|.slimf|.gguf")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--model", o->llm_file, "A GGUF language model to serve over the OpenAI API (besides the repository)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--model-name", o->llm_name, "Name of the --model model (default: the file name without .gguf)");
+  auto& l = o->server.llm;
+  cmd->add_option("--max-sequences,--parallel", l.max_sequences,
+                  "Language models: sequences generated at once, per model (default 4)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--cache-sequences", l.cache_sequences,
+                  "Language models: finished conversations whose KV stays for reuse by follow-ups with the same "
+                  "prefix (default: as many as --max-sequences; 0: no prefix cache)")
+      ->check(CLI::Range(-1, 1024));
+  cmd->add_option("--ctx-size,-c", l.n_ctx,
+                  "Language models: context per sequence in tokens (default: the model's, at most 4096)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-type", l.kv_type, "Language models: KV cache format f16, q8, q4 or f32 (default f16)")
+      ->check(CLI::IsMember({"f32", "f16", "q8", "q4"}));
+  cmd->add_option("--kv-policy", l.kv_policy,
+                  "Language models: KV eviction policy (streaming, h2o, snapkv, pyramid, entropy; default: keep every "
+                  "token); turns the prefix cache off");
+  cmd->add_option("--kv-budget", l.kv_budget, "Budget of --kv-policy: 0.25, 25% or a token count (default 0.5)");
+  cmd->add_option("--kv-pool-mb", o->kv_pool_mb,
+                  "Language models: KV pool per model in MiB (default: every sequence at full context)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefill-chunk", l.prefill_chunk,
+                  "Language models: most prompt tokens of one sequence per step, so that long prompts do not stall "
+                  "running streams (default 128)")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--default-priority", l.default_priority,
+                  "Language models: priority of requests that give none (lower is more urgent; default 0)")
+      ->check(CLI::Range(-1000, 1000));
+  cmd->add_option("--max-llm-queue", l.max_queue,
+                  "Language models: requests per priority level in flight; more get 429 (default 256)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--chat-template", o->chat_template_file,
+                  "Jinja chat template for language models, instead of the GGUF's tokenizer.chat_template")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--host", o->host, "Address the front doors bind (default 0.0.0.0)");
   cmd->add_option("--http-port", o->http_port, "KServe v2 REST port (0: a free port; default 8000)")
       ->check(CLI::Range(0, 65535));

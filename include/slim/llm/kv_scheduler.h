@@ -95,6 +95,8 @@ class KvBatchScheduler {
   int running() const { return int(running_.size()); }
   int waiting() const { return int(waiting_.size()); }
   int cached_sequences() const { return int(cache_.size()); }
+  // KV bytes the sequence of a running request holds (0 when it is not running).
+  int64_t sequence_bytes(int id) const;
   // Drops every cached prefix (the pool is then empty when nothing runs).
   void clear_prefix_cache();
 

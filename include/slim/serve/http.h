@@ -1,6 +1,7 @@
 // The HTTP front doors of `slim serve`: KServe v2 (Open Inference Protocol) REST with the
-// binary tensor data and model repository extensions, and the Prometheus metrics
-// endpoint. Each translates HTTP into InferenceServer calls and back, nothing else.
+// binary tensor data and model repository extensions, the OpenAI API for language models,
+// and the Prometheus metrics endpoint. Each translates HTTP into InferenceServer calls and
+// back, nothing else.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +23,7 @@ struct HttpOptions {
 
 class HttpService;
 
-class HttpFrontend {  // KServe v2 REST on its port
+class HttpFrontend {  // KServe v2 REST and the OpenAI API (openai.h) on its port
  public:
   HttpFrontend(InferenceServer& server, HttpOptions options);
   ~HttpFrontend();  // stop()

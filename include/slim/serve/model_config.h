@@ -75,6 +75,8 @@ struct ModelConfig {
   uint32_t instance_count = 1;  // sum of instance_group counts (KIND_CPU / KIND_AUTO)
   std::optional<DynamicBatchingConfig> dynamic_batching;
   std::string default_model_filename;  // "" : the file name from the model kind
+  // Triton's `parameters` (string_value of each); language models read their options here.
+  std::map<std::string, std::string> parameters;
   // Fields the parser saw but slim does not act on, and other non-fatal remarks, each a
   // full sentence naming the field and, in the text form, where it is
   // ("config.pbtxt:7:15: unknown field 'optimisation' ignored").

@@ -1,6 +1,7 @@
 // Repository: a folder of models in Triton's layout, REPO/<model>/config.pbtxt (or
 // config.json, or no config: it is then read off the model) and REPO/<model>/<version>/
-// with one model file. Loading a model reads its config, checks it against the model's
+// with one model file (a GGUF file makes it a language model, served by the OpenAI front
+// door instead of KServe v2). Loading a model reads its config, checks it against the model's
 // real inputs and outputs, and builds one scheduler per version its version policy
 // serves. A loaded model is immutable: the server swaps whole LoadedModels atomically.
 #pragma once
@@ -14,6 +15,7 @@
 
 #include "slim/core/tensor_model.h"
 #include "slim/serve/batcher.h"
+#include "slim/serve/llm_service.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/model_config.h"
 
@@ -29,14 +31,15 @@ struct ServedTensor {
 struct LoadedVersion {
   int64_t version = 0;
   std::string name;  // the version as a string
-  std::unique_ptr<DynamicBatcher> batcher;
+  std::unique_ptr<DynamicBatcher> batcher;  // tensor models
+  std::shared_ptr<LlmService> llm;          // language models (GGUF), served by the OpenAI front door
   int64_t memory_bytes = 0;  // weights and planned buffers of every instance
 };
 
 struct LoadedModel {
   std::string name;
   ModelConfig config;
-  std::string platform;  // "onnxruntime_onnx" or "slim_forest"
+  std::string platform;  // "onnxruntime_onnx", "slim_forest" or "slim_llm"
   std::vector<ServedTensor> inputs, outputs;
   BatchPolicy policy;
   std::map<int64_t, std::shared_ptr<LoadedVersion>, std::greater<>> versions;  // newest first
@@ -47,6 +50,7 @@ struct LoadOptions {
   int threads = 0;                // kernel threads of each ONNX session
   int64_t max_queue_size = 4096;  // per level when the config sets no bound
   Metrics* metrics = nullptr;
+  LlmOptions llm;  // language models
 };
 
 class Repository {

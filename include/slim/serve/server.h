@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "slim/core/tensor_model.h"
+#include "slim/serve/llm_service.h"
 #include "slim/serve/inference.h"
 #include "slim/serve/model_config.h"
 
@@ -28,6 +29,7 @@ struct ServerOptions {
   int64_t max_tensor_elements = int64_t(1) << 28;  // per input tensor
   int64_t max_queue_size = 4096;  // per model and level when the config sets no bound
   uint64_t request_timeout_us = 0;  // overall limit per request (0: none)
+  LlmOptions llm;  // language models (GGUF) of the repository and --model
 };
 
 // The server's view of one version of a model, for metadata.
@@ -74,6 +76,17 @@ class InferenceServer {
   std::vector<RepositoryEntry> repository_index() const;
   void load_model(const std::string& name);    // (re)loads from the repository
   void unload_model(const std::string& name);  // waits for its queued requests
+
+  // Language models, served through the OpenAI front door. `add_language_model` serves a
+  // GGUF file outside the repository (`slim serve --model`).
+  void add_language_model(const std::string& name, const std::string& gguf_path);
+  // Throws not_found for an unknown model, invalid_argument for one that is not a
+  // language model, unavailable when it is not loaded.
+  std::shared_ptr<LlmService> language_model(const std::string& name) const;
+  std::vector<std::shared_ptr<LlmService>> language_models() const;  // ready ones, by name
+  // Counts a request that a front door runs outside infer() (a generation) as in flight
+  // until the returned handle is dropped; throws unavailable while shutting down.
+  std::shared_ptr<void> hold_request();
 
   // Prometheus text exposition of every metric.
   std::string metrics_text() const;
