@@ -7,8 +7,8 @@ For each model and each level (1, 8, 16, 32 clients; then the mixed run), the tw
 one after the other (alternating, so both see the same drift in machine load), each freshly
 started with slots = clients and a total context of slots x --ctx:
   llama-server -m FILE -t T -tb T -np N -c N*CTX --host 127.0.0.1 --port P   (continuous batching on)
-  slim serve --model FILE --host 127.0.0.1 --http-port 0 --grpc-port -1 --metrics-port 0
-             --threads T --max-sequences N
+  slim serve --model FILE --host 127.0.0.1 --http-port 0 --allow-grpc false --metrics-port 0
+             --threads T --max-sequences N --ctx-size CTX
 Level 1 also probes a follow-up chat turn with a ~1,000-token history against a cold request
 of the same length. The mixed run: --mixed-clients normal clients (priority 10) fill all
 slots, plus priority-0 requests (about 10% of all); those are then replayed on the idle
@@ -63,8 +63,9 @@ class Server:
             cmd = [a.llama_server, "-m", model, "-t", t, "-tb", t, "-np", str(slots), "-c", str(slots * a.ctx),
                    "--host", "127.0.0.1", "--port", str(self.port)]
         else:
-            cmd = [a.slim, "serve", "--model", model, "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "-1",
-                   "--metrics-port", "0", "--threads", t, "--max-sequences", str(slots), *a.slim_args.split()]
+            cmd = [a.slim, "serve", "--model", model, "--host", "127.0.0.1", "--http-port", "0", "--allow-grpc", "false",
+                   "--metrics-port", "0", "--threads", t, "--max-sequences", str(slots), "--ctx-size", str(a.ctx),
+                   *a.slim_args.split()]
         self.cmd = cmd
         self.logf = open(logpath, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=llamacpp.slim_env(a.isa))
