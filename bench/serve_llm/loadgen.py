@@ -152,7 +152,7 @@ class Workload:
 def calibrate(host, port, model, corpus):
     """Characters per token of the corpus text under the server's tokenizer: one request with
     a known text and max_tokens 1 (its usage says how many prompt tokens it was)."""
-    text = corpus.piece(random.Random(0), 3000)
+    text = corpus.piece(random.Random(0), 1200)  # under 2,048 tokens even at one byte per token
     rec = stream_chat(host, port, dict(model=model, messages=[dict(role="user", content=text)], max_tokens=1,
                                        stream=True, stream_options=dict(include_usage=True), temperature=0))
     if rec["error"] or not rec["prompt_tokens"]:
