@@ -13,7 +13,8 @@ model's characters per token on the same text first.
 
 Runs are bounded by a number of requests (shared by the clients) and a wall-clock cap; at the
 cap, streams still open are closed and counted as cut. The mixed run adds requests with
-priority 0 (others 10), one per nine normal requests completed (10% of all); they are recorded so that they can be replayed on an idle server.
+priority 0 (others 10), one per nine normal requests completed (10% of all); each has a twin
+(the same length and max_tokens, other text) to replay on the idle server.
 
 Stdlib only (http.client and threads), for /usr/bin/python3.
 Usage: loadgen.py --port PORT [--clients 8] [--requests 64] [--duration 300] [--mixed] [--ctx 2048]
@@ -140,9 +141,12 @@ class Workload:
         self.seed = seed
         self.system = SYSTEM_HEAD + corpus.piece(random.Random(seed), int(SYSTEM_TOKENS * chars_per_token))
 
-    def user_text(self, rng, first):
-        tokens = lognormal_int(rng, 150, 0.8, 16, 800) if first else lognormal_int(rng, 60, 0.8, 8, 400)
-        return self.corpus.piece(rng, int(tokens * self.cpt)) + "\n\nSummarize the above."
+    def user_text(self, rng, first, chars=None):
+        """A user turn: a first turn's or a follow-up's length, or about `chars` characters."""
+        if chars is None:
+            tokens = lognormal_int(rng, 150, 0.8, 16, 800) if first else lognormal_int(rng, 60, 0.8, 8, 400)
+            chars = int(tokens * self.cpt)
+        return self.corpus.piece(rng, chars) + "\n\nSummarize the above."
 
     @staticmethod
     def max_tokens(rng):
@@ -199,7 +203,7 @@ def run_load(host, port, model, workload, clients, requests, duration, ctx, mixe
     """`clients` closed-loop clients share `requests` tickets; each holds conversations until the
     tickets or the wall-clock cap run out. mixed: normal requests carry priority 10 and an open-loop
     stream of priority-0 single-turn requests adds one per nine normal ones. Returns
-    (summary, records, high-priority request bodies)."""
+    (summary, records, the high-priority requests' twins for an idle replay)."""
     lock = threading.Lock()
     tickets = [requests]
     recs, hi_recs, hi_bodies = [], [], []
@@ -262,11 +266,14 @@ def run_load(host, port, model, workload, clients, requests, duration, ctx, mixe
                 continue
             if done.wait(rng.uniform(0, (time.perf_counter() - start) / n_done)):
                 break
-            messages = [dict(role="system", content=workload.system),
-                        dict(role="user", content=workload.user_text(rng, True))]
-            b = body(rng, messages, workload.max_tokens(rng))
+            user = workload.user_text(rng, True)
+            # Its twin for the idle replay: the same length, other text, so that the replay
+            # finds only the system prompt in a prefix cache, as the request itself did.
+            twin = workload.user_text(rng, True, len(user))
+            max_tokens = workload.max_tokens(rng)
+            b = body(rng, [dict(role="system", content=workload.system), dict(role="user", content=user)], max_tokens)
             b["priority"] = HIGH
-            hi_bodies.append(b)
+            hi_bodies.append(dict(b, messages=[b["messages"][0], dict(role="user", content=twin)]))
 
             def send(b=b):
                 rec = stream_chat(host, port, b, HIGH, deadline)
