@@ -19,7 +19,7 @@ Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/nod
 --isa avx2 holds both engines to AVX2: slim through SLIM_ISA=avx2, and llama.cpp through a
 llama-bench built from the llama.cpp sources that node-llama-cpp ships (its git bundle),
 configured without native tuning and without AVX-512 (the prebuilt binaries pick a zen4,
-AVX-512 variant on AVX-512 CPUs); the build goes to bench/.work/llama.cpp-avx2 once. Its
+AVX-512 variant on AVX-512 CPUs); the build goes to bench/.work/llama.cpp-avx2 once (bench/llamacpp.py). Its
 rows are llama-bench's pp512 and tg128 at a depth of 512 tokens (decode after the prompt,
 as slim's rows are). native and avx512 time the prebuilt node-llama-cpp library.
 """
@@ -28,79 +28,23 @@ import json
 import os
 import random
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import llamacpp  # noqa: E402  (bench/llamacpp.py: the llama.cpp build shared with bench/serve_llm)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORK = os.path.join(ROOT, "bench", ".work")
-LLAMA_BUNDLE = os.path.join(HERE, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle")
 GREEDY_PROMPTS = ["The PostgreSQL server", "Once upon a time", "In 1969, the", "To create a table, use", "git commit -m",
                   "The Python interpreter", "And God said", "SELECT * FROM", "The Debian package manager",
                   "A function that returns"]
 
 
-def slim_env(isa):
-    """The environment for slim held to an ISA (SLIM_ISA; native: the CPU's best)."""
-    env = dict(os.environ)
-    env.pop("SLIM_ISA", None)
-    if isa != "native":
-        env["SLIM_ISA"] = isa
-    return env
-
-
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
-
-
-NODE_LLAMA_CPP = "node-llama-cpp@3.21.1"
-
-
-def ensure_node_llama_cpp():
-    if not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-        print("installing %s ..." % NODE_LLAMA_CPP, file=sys.stderr)
-        subprocess.run(["npm", "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
-                        NODE_LLAMA_CPP], cwd=HERE, check=True)
-
-
-def find_shared_model():
-    """shared/models/slimlm-f16.gguf in the repository's parent directory (for a git worktree,
-    also the parent of the main checkout), or None."""
-    parents = [os.path.dirname(ROOT)]
-    try:
-        common = sh(["git", "-C", ROOT, "rev-parse", "--path-format=absolute", "--git-common-dir"]).stdout.strip()
-        parents.append(os.path.dirname(os.path.dirname(common)))
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        pass
-    for p in parents:
-        path = os.path.join(p, "shared", "models", "slimlm-f16.gguf")
-        if os.path.exists(path):
-            return path
-    return None
-
-
-def build_llama_bench(isa):
-    """llama-bench from node-llama-cpp's llama.cpp sources, held to the given ISA (avx2)."""
-    src = os.path.join(WORK, "llama.cpp-src")
-    build = os.path.join(WORK, "llama.cpp-" + isa)
-    exe = os.path.join(build, "bin", "llama-bench")
-    if os.path.exists(exe):
-        return exe
-    if not os.path.isdir(src):
-        print("unpacking llama.cpp sources from %s ..." % LLAMA_BUNDLE, file=sys.stderr)
-        sh(["git", "clone", "-q", LLAMA_BUNDLE, src])
-    flags = {"avx2": ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_AVX512=OFF"]}[isa]
-    print("building llama-bench (%s) in %s ..." % (isa, build), file=sys.stderr)
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    subprocess.run(["cmake", "-S", src, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
-                    *flags, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DCMAKE_RUNTIME_OUTPUT_DIRECTORY=" + os.path.join(build, "bin")], check=True,
-                   stdout=subprocess.DEVNULL)
-    # Two jobs: the machines these benchmarks run on are small and shared.
-    subprocess.run(["cmake", "--build", build, "--target", "llama-bench", "-j2"], check=True, stdout=subprocess.DEVNULL)
-    return exe
 
 
 def llama_bench_speed(exe, model, threads, decode_n):
@@ -120,7 +64,7 @@ def slim_speed(slim, model, threads, tokens_file, decode_n, repeats, isa="native
     pre, dec = [], []
     for _ in range(repeats):
         r = sh([slim, "generate", model, "--tokens-file", tokens_file, "-n", str(decode_n), "--temp", "0",
-                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"], env=slim_env(isa))
+                "--ignore-eos", "--ids", "--threads", str(threads), "--ctx", "1024"], env=llamacpp.slim_env(isa))
         pre.append(float(re.search(r"prefill: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
         dec.append(float(re.search(r"decode: .*\(([\d.]+) tok/s\)", r.stderr).group(1)))
     return pre, dec
@@ -155,13 +99,13 @@ def main():
                     help="time this GGUF file instead of the default models (repeatable)")
     ap.add_argument("--skip-greedy", action="store_true", help="skip the greedy-decoding comparison")
     a = ap.parse_args()
-    ensure_node_llama_cpp()
+    llamacpp.ensure_node_llama_cpp(HERE)
     os.makedirs(WORK, exist_ok=True)
-    shared = a.shared_model or find_shared_model()
-    llama_bench = build_llama_bench(a.isa) if a.isa == "avx2" and not a.greedy_only else None
+    shared = a.shared_model or llamacpp.find_shared("slimlm-f16.gguf")
+    llama_bench = llamacpp.build("llama-bench", a.isa, HERE) if a.isa == "avx2" and not a.greedy_only else None
     slim_isa = a.isa
     llama_isa = ("llama-bench built for AVX2 (no AVX-512)" if llama_bench else
-                 "node-llama-cpp %s prebuilt" % NODE_LLAMA_CPP)
+                 "%s prebuilt" % llamacpp.NODE_LLAMA_CPP)
     print("ISA: slim %s, llama.cpp %s" % ({"native": "native (best the CPU has)"}.get(slim_isa, slim_isa), llama_isa))
 
     rng = random.Random(7)
@@ -183,11 +127,7 @@ def main():
         models = [(os.path.basename(m), m) for m in a.model]
     elif not a.skip_1b:
         for q in ("q8_0", "q4_0"):
-            path = os.path.join(WORK, "random-1b-%s-L%d.gguf" % (q, a.layers))
-            if not os.path.exists(path):
-                print("generating %s ..." % path, file=sys.stderr)
-                sh(["/usr/bin/python3", os.path.join(HERE, "make_random_llama.py"), path + ".tmp", q, str(a.layers)])
-                os.rename(path + ".tmp", path)
+            path = llamacpp.random_llama(q, a.layers)
             models.append(("random-1.1B %s" % q.upper(), path))
 
     rows = []
@@ -229,7 +169,7 @@ def main():
     # f32) and with its default ("auto", on here: it accumulates the weighted values in f16,
     # which moves near-tied logits).
     q8 = os.path.join(WORK, "slimlm-q8_0.gguf")
-    sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=slim_env(slim_isa))
+    sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=llamacpp.slim_env(slim_isa))
     greedy = {}
     for flash in ("off", "auto"):
         for label, path in (("F16", shared), ("Q8_0", q8)):
@@ -238,7 +178,7 @@ def main():
                 g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", path, prompt, "64",
                                    flash]).stdout.strip().splitlines()[-1])
                 r = sh([a.slim, "generate", path, "--tokens", ",".join(map(str, g["prompt"])), "-n", "64", "--temp",
-                        "0", "--ids", "--threads", "1", "--ignore-eos"], env=slim_env(slim_isa))
+                        "0", "--ids", "--threads", "1", "--ignore-eos"], env=llamacpp.slim_env(slim_isa))
                 slim_tokens = [int(x) for x in r.stdout.split()]
                 first_diff = next((i for i, (x, y) in enumerate(zip(slim_tokens, g["tokens"])) if x != y), None)
                 results.append(dict(prompt=prompt, identical=slim_tokens == g["tokens"], first_difference=first_diff))
