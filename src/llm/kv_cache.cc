@@ -664,6 +664,17 @@ void KvCache::truncate(int seq, int n) {
   sq.n_past = std::min(sq.n_past, n);
 }
 
+int64_t KvCache::fork_shared_blocks(int src, int n_tokens) const {
+  int64_t shared = 0;
+  for (int l = 0; l < layout_.n_layer; ++l)
+    for (int h = 0; h < layout_.n_head_kv; ++h) {
+      const KvStream& s = stream(src, l, h);
+      const int m = int(std::lower_bound(s.pos.begin(), s.pos.end(), n_tokens) - s.pos.begin());
+      shared += std::min(m, s.n - s.n_staged) / kKvBlockTokens;
+    }
+  return shared;
+}
+
 int KvCache::fork_sequence(int src, int n_tokens) {
   if (!active(src)) throw Error(ErrorCode::invalid_argument, "KV cache: no sequence " + std::to_string(src));
   if (n_tokens < 0 || n_tokens > n_past(src))

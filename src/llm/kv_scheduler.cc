@@ -174,28 +174,34 @@ bool KvBatchScheduler::start(Job& j) {
     const size_t lcp = size_t(std::mismatch(t.begin(), t.begin() + long(n), j.history.begin()).first - t.begin());
     if (lcp > best_len) best = i, best_len = lcp;
   }
+  // Room for the job: a free slot, and free blocks for what it may still take beyond the
+  // blocks it would share with the cached prefix. Other cached prefixes go first.
   auto short_of_room = [&] {
     const int free_slots = cache.max_seqs() - int(running_.size()) - int(cache_.size());
-    return free_slots < 1 || cache.pool().free_blocks() < outstanding_blocks() + j.reserved;
+    const int64_t shared = best == none ? 0 : cache.fork_shared_blocks(cache_[best].seq, int(best_len));
+    return free_slots < 1 || cache.pool().free_blocks() < outstanding_blocks() + j.reserved - shared;
   };
-  while (short_of_room()) {
-    const size_t evicted = evict_lru(best);
-    if (evicted != none) {
-      if (best != none && evicted < best) --best;
-      continue;
-    }
-    if (best == none) return false;
-    evict(best);  // sharing would not leave room: start from scratch
-    best = none;
-    best_len = 0;
-  }
+  for (size_t evicted; short_of_room() && (evicted = evict_lru(best)) != none;)
+    if (best != none && evicted < best) --best;
+  const bool drop_source = short_of_room();
+  j.seq = -1;
+  j.n_eval = 0;
   if (best != none) {
-    j.seq = ctx_.fork_sequence(cache_[best].seq, int(best_len));
-    cache_[best].last_used = ++clock_;
-    j.n_eval = int(best_len);
-  } else {
+    try {
+      j.seq = ctx_.fork_sequence(cache_[best].seq, int(best_len));  // copies partial blocks
+      j.n_eval = int(best_len);
+      cache_[best].last_used = ++clock_;
+    } catch (const Error&) {  // no free block for the copies
+      evict(best);
+      best = none;
+    }
+    // Still short: the job keeps the blocks it shares and the cached prefix goes (the
+    // reservations guarantee room once no prefix is cached).
+    if (j.seq >= 0 && drop_source) evict(best);
+  }
+  if (j.seq < 0) {
+    if (short_of_room()) return false;
     j.seq = ctx_.add_sequence();
-    j.n_eval = 0;
   }
   if (!j.started) {
     stats_.prompt_tokens += int64_t(j.req.prompt.size());

@@ -171,6 +171,30 @@ TEST(KvBatchScheduler, PrefixCacheSharesBlocksAndKeepsOutputsExact) {
   EXPECT_EQ(ctx.kv_cache().pool().used_blocks(), 0);
 }
 
+TEST(KvBatchScheduler, AFollowUpSharesItsConversationInAPoolForOneContext) {
+  auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
+  // One running slot, one cache slot and blocks for one full context (6 per stream): the
+  // follow-up's worst case fills the pool, so it keeps the blocks it shares and the cached
+  // conversation itself goes.
+  LlamaContext ctx(model, paged(2, 24 * 4096));
+  KvBatchOptions o{64, 64};
+  o.max_running = 1;
+  o.prefix_cache = true;
+  KvBatchScheduler sched(ctx, o);
+  const int first = sched.submit({prompt(40, 51), 8});
+  sched.run();
+  std::vector<int32_t> turn2 = prompt(40, 51);
+  turn2.insert(turn2.end(), sched.result(first).tokens.begin(), sched.result(first).tokens.end());
+  const std::vector<int32_t> user2 = prompt(10, 52);
+  turn2.insert(turn2.end(), user2.begin(), user2.end());
+  const int second = sched.submit({turn2, 96 - int(turn2.size())});
+  sched.run();
+  EXPECT_EQ(sched.result(second).reused_tokens, 40 + 7);
+  EXPECT_EQ(sched.result(second).tokens, alone(model, turn2, 96 - int(turn2.size())));
+  sched.clear_prefix_cache();
+  EXPECT_EQ(ctx.kv_cache().pool().used_blocks(), 0);
+}
+
 TEST(KvBatchScheduler, CachedPrefixesAreEvictedWhenRunningSequencesNeedTheRoom) {
   auto model = LlamaModel::load(testing::fixture("llama_f32.gguf"));
   // 8 blocks: one 32-token request at a time; a cached prefix must make way for the next.

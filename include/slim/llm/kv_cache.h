@@ -130,6 +130,8 @@ class KvCache {
   // A new sequence that shares the tokens of `src` at positions < n_tokens (whole blocks
   // by reference, the rest copied).
   int fork_sequence(int src, int n_tokens);
+  // Blocks such a fork would share with src instead of taking from the pool.
+  int64_t fork_shared_blocks(int src, int n_tokens) const;
   void remove_sequence(int seq);
   bool active(int seq) const;
   int n_past(int seq) const;  // positions seen (evicted tokens included)
