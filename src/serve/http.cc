@@ -310,10 +310,11 @@ void add_kserve_routes(httplib::Server& http, InferenceServer& server, RestLimit
       set_body(res, encode_repository_index(server.repository_index(), ready_only), kJson);
     });
   });
-  http.Post(R"(/v2/repository/models/([^/]+)/(load|unload))",
+  http.Post(R"(/v2/repository/models/([^/]+)/(load|unload|rollback))",
             [&server](const Request& req, Response& res) {
               guarded(res, [&] {
                 if (req.matches[2] == "load") server.load_model(req.matches[1]);
+                else if (req.matches[2] == "rollback") server.rollback_model(req.matches[1]);
                 else server.unload_model(req.matches[1]);
                 set_body(res, "{}", kJson);
               });

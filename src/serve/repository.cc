@@ -300,6 +300,9 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
     auto lv = std::make_shared<LoadedVersion>();
     lv->version = serve.front();
     lv->name = std::to_string(serve.front());
+    lv->dir = gguf.parent_path().string();
+    if (options.hash_versions || !options.trusted_keys.empty())
+      lv->verified = verify_version(lv->dir, options.trusted_keys);  // before a byte of it is parsed
     lv->llm = std::make_shared<LlmService>(name, gguf.string(), llm_options(options.llm, cfg, dir, origin),
                                            options.metrics);
     lv->memory_bytes = int64_t(fs::file_size(gguf));
@@ -324,6 +327,9 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
     auto lv = std::make_shared<LoadedVersion>();
     lv->version = v;
     lv->name = std::to_string(v);
+    lv->dir = vdir.string();
+    if (options.hash_versions || !options.trusted_keys.empty())
+      lv->verified = verify_version(lv->dir, options.trusted_keys);  // before a byte of it is parsed
     std::string platform;
     const std::vector<int64_t> ladder =
         batch_ladder(cfg.max_batch_size, cfg.dynamic_batching ? cfg.dynamic_batching->preferred_batch_size

@@ -9,18 +9,48 @@
 #include <map>
 #include <mutex>
 
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
 #include "slim/core/thread_pool.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/repository.h"
+#include "slim/trust/audit_log.h"
 
 namespace slim::serve {
 namespace {
 
 struct ModelSlot {
-  std::shared_ptr<LoadedModel> model;  // null while not loaded
-  std::string reason;                  // why it is not loaded
-  bool wanted = false;                 // counts for strict readiness
+  std::shared_ptr<LoadedModel> model;     // null while not loaded
+  std::shared_ptr<LoadedModel> previous;  // what the last (re)load replaced, for rollback
+  std::shared_ptr<LoadedModel> quarantined;  // taken out of service: its files changed
+  std::string reason;                     // why it is not loaded
+  bool wanted = false;                    // counts for strict readiness
+  // Repository polling: the model folder's fingerprint when it was loaded, as last seen
+  // (a folder must look the same on two polls in a row before it is loaded), and when a
+  // load of it failed (not retried until it changes again).
+  std::string loaded_fp, seen_fp, failed_fp;
+  bool outside_repository = false;  // slim serve --model: polling leaves it alone
 };
+
+// The newest version's name and digest, and every version, for an audit record.
+void describe_versions(const LoadedModel& m, trust::AuditEvent& e) {
+  const LoadedVersion& newest = *m.versions.begin()->second;
+  e.model_version = newest.name;
+  if (newest.verified) e.model_digest = newest.verified->digest;
+  nlohmann::json versions = nlohmann::json::array();
+  for (const auto& [v, lv] : m.versions) {
+    nlohmann::json j = {{"version", lv->name}};
+    if (lv->verified) {
+      j["digest"] = lv->verified->digest;
+      if (!lv->verified->signer.empty()) j["signer"] = lv->verified->signer;
+    }
+    versions.push_back(j);
+  }
+  e.details["versions"] = versions;
+}
 
 std::string names_of(const std::vector<ServedTensor>& ts) {
   std::string s;
@@ -72,6 +102,37 @@ struct InferenceServer::Impl {
   std::atomic<int64_t> in_flight{0};
   std::mutex flight_mu;
   std::condition_variable flight_cv;
+  InferenceServer* owner = nullptr;
+  std::vector<trust::PublicKey> keys;     // trusted signers
+  std::unique_ptr<trust::AuditLog> audit;
+  std::optional<trust::PrivateKey> audit_key;
+  std::mutex audit_mu;
+  std::thread watcher;  // polling and integrity checks
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;
+
+  // Appends one record (and a checkpoint signed with the audit key when there is one); a
+  // no-op without a log.
+  void record(std::string_view event, const std::string& model, const LoadedModel* m, nlohmann::json details) {
+    if (!audit) return;
+    trust::AuditEvent e;
+    e.event = std::string(event);
+    e.model_id = model;
+    e.actor = "slim serve";
+    e.details = std::move(details);
+    if (m) describe_versions(*m, e);
+    // A record that cannot be written is reported, never allowed to undo what happened.
+    try {
+      std::lock_guard lock(audit_mu);
+      audit->append(e);
+      if (audit_key) audit->checkpoint(*audit_key, "slim-serve");
+    } catch (const std::exception& ex) {
+      std::cerr << "slim serve: error: cannot write the audit log " << audit->path() << ": " << ex.what() << "\n";
+    }
+  }
+  void warm_up(const LoadedModel& m) const;
+  void watch();
 
   std::shared_ptr<LoadedModel> find(const std::string& name) const {
     std::lock_guard lock(mu);
@@ -201,6 +262,29 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
   return s;
 }
 
+// One request of zeros through each new version before it is swapped in, so that the
+// first client request does not pay for first-run set-up (plans, packed weights). A model
+// that cannot run zeros (say, a size-1 spatial dim too small for it) still loads.
+void InferenceServer::Impl::warm_up(const LoadedModel& m) const {
+  if (m.platform == "slim_llm") return;
+  for (const auto& [v, lv] : m.versions) {
+    InferRequest req;
+    req.model = m.name;
+    for (const ServedTensor& t : m.inputs) {
+      Shape shape = t.spec.shape;
+      for (int64_t& d : shape) d = d < 0 ? 1 : d;
+      req.inputs.emplace_back(t.spec.name, Tensor(t.spec.dtype, shape));
+    }
+    std::promise<InferResult> done;
+    auto s = schedule(m, std::move(req), [&done](InferResult&& r) { done.set_value(std::move(r)); });
+    lv->batcher->enqueue(std::move(s));
+    InferResult r = done.get_future().get();
+    if (r.error)
+      std::cerr << "slim serve: warning: model '" << m.name << "' version " << lv->name
+                << " did not run its warm-up request: " << r.error->what() << "\n";
+  }
+}
+
 void InferenceServer::Impl::load(const std::string& name) {
   std::lock_guard load_lock(load_mu);
   std::vector<std::string> warnings;
@@ -209,18 +293,28 @@ void InferenceServer::Impl::load(const std::string& name) {
   lo.llm = opt.llm;
   lo.max_queue_size = opt.max_queue_size;
   lo.metrics = &metrics;
+  lo.hash_versions = audit != nullptr || opt.integrity_interval_secs > 0;
+  lo.trusted_keys = keys;
   std::shared_ptr<LoadedModel> fresh, old;
+  // Taken before loading: a folder that changes while it loads looks changed to the next poll.
+  const std::string fp = repo ? folder_fingerprint((std::filesystem::path(repo->root()) / name).string()) : "";
   try {
     if (repo == nullptr)
       throw Error(ErrorCode::not_found,
                   "the server has no model repository to load '" + name + "' from");
     fresh = repo->load(name, lo, &warnings);
+    warm_up(*fresh);
   } catch (const Error& e) {
     for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
-    std::lock_guard lock(mu);
-    ModelSlot& slot = slots[name];
-    slot.wanted = true;
-    if (!slot.model) slot.reason = e.what();  // a failed reload keeps the version that serves
+    {
+      std::lock_guard lock(mu);
+      ModelSlot& slot = slots[name];
+      slot.wanted = true;
+      slot.failed_fp = fp;
+      if (!slot.model) slot.reason = e.what();  // a failed reload keeps the version that serves
+    }
+    record(e.code() == ErrorCode::integrity ? trust::audit_event::kModelVerifyFailed : "model.load_failed", name,
+           nullptr, {{"reason", e.what()}});
     throw;
   }
   for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
@@ -229,14 +323,141 @@ void InferenceServer::Impl::load(const std::string& name) {
     ModelSlot& slot = slots[name];
     old = std::move(slot.model);
     slot.model = fresh;
+    if (old) slot.previous = old;
+    slot.quarantined.reset();
     slot.reason.clear();
     slot.wanted = true;
+    slot.loaded_fp = slot.seen_fp = fp;
+    slot.failed_fp.clear();
   }
   std::string versions;
   for (const auto& [v, lv] : fresh->versions) versions += (versions.empty() ? "" : ", ") + lv->name;
   std::cerr << "slim serve: loaded model '" << name << "' version " << versions << " ("
             << fresh->platform << ")\n";
+  nlohmann::json details = {{"platform", fresh->platform}};
+  if (old) details["replaced"] = old->versions.begin()->second->name;
+  record(old ? trust::audit_event::kModelUpdate : trust::audit_event::kModelLoad, name, fresh.get(), details);
   old.reset();  // drains the replaced versions outside the lock
+}
+
+void InferenceServer::rollback_model(const std::string& name) {
+  std::shared_ptr<LoadedModel> now;
+  {
+    std::lock_guard load_lock(impl_->load_mu);
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->slots.find(name);
+    if (it == impl_->slots.end()) throw Error(ErrorCode::not_found, "unknown model '" + name + "'");
+    ModelSlot& slot = it->second;
+    if (!slot.previous)
+      throw Error(ErrorCode::not_found, "model '" + name + "' has no earlier version to roll back to");
+    now = slot.model;
+    slot.model = std::move(slot.previous);
+    slot.previous = now;
+    slot.reason.clear();
+    impl_->record(trust::audit_event::kModelRollback, name, slot.model.get(),
+                  {{"replaced", now ? now->versions.begin()->second->name : ""}, {"by", "api"}});
+  }
+  std::cerr << "slim serve: model '" << name << "' rolled back\n";
+}
+
+void InferenceServer::poll_repository() {
+  if (!impl_->repo || impl_->stopping) return;
+  const auto names = impl_->repo->model_names();
+  for (const auto& name : names) {
+    const std::string fp = folder_fingerprint((std::filesystem::path(impl_->repo->root()) / name).string());
+    {
+      std::lock_guard lock(impl_->mu);
+      ModelSlot& slot = impl_->slots[name];
+      if (fp == slot.loaded_fp || fp == slot.failed_fp) continue;
+      if (fp != slot.seen_fp) {  // new or still being written: wait for it to settle
+        slot.seen_fp = fp;
+        if (!slot.model && slot.reason.empty()) slot.reason = "waiting for its files to settle";
+        continue;
+      }
+    }
+    try {
+      impl_->load(name);
+    } catch (const Error& e) {
+      std::cerr << "slim serve: model '" << name << "' failed to load: " << e.what() << "\n";
+    }
+  }
+  // Models whose folders are gone are unloaded.
+  std::vector<std::string> gone;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& [name, slot] : impl_->slots)
+      if (slot.wanted && !slot.outside_repository && std::find(names.begin(), names.end(), name) == names.end())
+        gone.push_back(name);
+  }
+  for (const auto& name : gone) {
+    unload_model(name);
+    impl_->record("model.unload", name, nullptr, {{"reason", "its folder left the repository"}});
+  }
+}
+
+void InferenceServer::check_integrity() {
+  std::vector<std::pair<std::string, std::shared_ptr<LoadedModel>>> serving, held;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& [name, slot] : impl_->slots) {
+      if (slot.model) serving.emplace_back(name, slot.model);
+      if (slot.quarantined) held.emplace_back(name, slot.quarantined);
+    }
+  }
+  for (const auto& [name, m] : serving)
+    for (const auto& [v, lv] : m->versions) {
+      if (!lv->verified) continue;
+      const std::string diff = changed_files(lv->dir, *lv->verified);
+      if (diff.empty()) continue;
+      const std::string reason = "version " + lv->name + " failed its integrity check: " + diff;
+      {
+        std::lock_guard lock(impl_->mu);
+        ModelSlot& slot = impl_->slots[name];
+        if (slot.model != m) break;  // swapped meanwhile
+        slot.quarantined = std::move(slot.model);
+        slot.reason = reason;
+      }
+      std::cerr << "slim serve: model '" << name << "' taken out of service: " << reason << "\n";
+      impl_->record(trust::audit_event::kIntegrityViolation, name, m.get(), {{"reason", reason}});
+      break;
+    }
+  // A quarantined model comes back once its files verify again (reloaded from them).
+  for (const auto& [name, m] : held) {
+    bool restored = true;
+    for (const auto& [v, lv] : m->versions) restored = restored && lv->verified && changed_files(lv->dir, *lv->verified).empty();
+    if (!restored) continue;
+    try {
+      impl_->load(name);
+      impl_->record("model.restored", name, m.get(), {{"reason", "its files verify again"}});
+    } catch (const Error& e) {
+      std::cerr << "slim serve: model '" << name << "' could not be restored: " << e.what() << "\n";
+    }
+  }
+}
+
+void InferenceServer::Impl::watch() {
+  using namespace std::chrono;
+  const bool polling = opt.model_control == ServerOptions::ModelControl::poll && repo;
+  const auto poll_every = seconds(std::max(1, opt.poll_secs));
+  const auto check_every = seconds(std::max(1, opt.integrity_interval_secs));
+  auto next_poll = steady_clock::now() + poll_every, next_check = steady_clock::now() + check_every;
+  std::unique_lock lock(watch_mu);
+  for (;;) {
+    auto next = polling && opt.integrity_interval_secs > 0 ? std::min(next_poll, next_check)
+                : polling                                  ? next_poll
+                                                           : next_check;
+    if (watch_cv.wait_until(lock, next, [&] { return watch_stop; })) return;
+    lock.unlock();
+    if (polling && steady_clock::now() >= next_poll) {
+      owner->poll_repository();
+      next_poll = steady_clock::now() + poll_every;
+    }
+    if (opt.integrity_interval_secs > 0 && steady_clock::now() >= next_check) {
+      owner->check_integrity();
+      next_check = steady_clock::now() + check_every;
+    }
+    lock.lock();
+  }
 }
 
 InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
@@ -247,10 +468,27 @@ InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique
   const double start_unix =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   impl_->metrics.add_collector([start_unix](Metrics& m) { collect_process(m, start_unix); });
+  impl_->owner = this;
+  for (const auto& path : impl_->opt.require_signature_keys) impl_->keys.push_back(trust::PublicKey::load(path));
+  if (!impl_->opt.audit_log.empty()) {
+    trust::AuditLogOptions ao;
+    ao.recover_torn_tail = true;  // a server killed mid-append records the loss and goes on
+    impl_->audit = trust::AuditLog::open(impl_->opt.audit_log, ao);
+  }
+  if (!impl_->opt.audit_key.empty()) {
+    check(impl_->audit != nullptr, ErrorCode::invalid_argument, "--audit-key needs --audit-log");
+    impl_->audit_key = trust::PrivateKey::load(impl_->opt.audit_key);
+  }
 }
 
 InferenceServer::~InferenceServer() {
   impl_->stopping = true;
+  {
+    std::lock_guard lock(impl_->watch_mu);
+    impl_->watch_stop = true;
+  }
+  impl_->watch_cv.notify_all();
+  if (impl_->watcher.joinable()) impl_->watcher.join();
   std::map<std::string, ModelSlot> slots;
   {
     std::lock_guard lock(impl_->mu);
@@ -263,7 +501,7 @@ void InferenceServer::start() {
   if (impl_->repo) {
     const auto names = impl_->repo->model_names();
     const auto& wanted = impl_->opt.load_models;
-    const bool all = impl_->opt.model_control == ServerOptions::ModelControl::none ||
+    const bool all = impl_->opt.model_control != ServerOptions::ModelControl::explicit_ ||
                      std::find(wanted.begin(), wanted.end(), "*") != wanted.end();
     for (const auto& name : names) {
       std::lock_guard lock(impl_->mu);
@@ -280,6 +518,9 @@ void InferenceServer::start() {
     }
   }
   impl_->started = true;
+  if ((impl_->opt.model_control == ServerOptions::ModelControl::poll && impl_->repo) ||
+      impl_->opt.integrity_interval_secs > 0)
+    impl_->watcher = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
 void InferenceServer::infer(InferRequest request, InferCallback done) {
@@ -381,7 +622,7 @@ std::vector<RepositoryEntry> InferenceServer::repository_index() const {
   }
   if (impl_->repo)
     for (const auto& name : impl_->repo->model_names())
-      slots.try_emplace(name, ModelSlot{nullptr, "not loaded", false});
+      if (!slots.count(name)) slots[name].reason = "not loaded";
   std::vector<RepositoryEntry> out;
   for (const auto& [name, slot] : slots) {
     if (!slot.model) {
@@ -429,7 +670,10 @@ void InferenceServer::add_language_model(const std::string& name, const std::str
   m->versions[1] = std::move(lv);
   std::lock_guard lock(impl_->mu);
   check(!impl_->slots.count(name), ErrorCode::invalid_argument, "a model named '" + name + "' is already served");
-  impl_->slots[name] = ModelSlot{std::move(m), "", true};
+  ModelSlot& slot = impl_->slots[name];
+  slot.model = std::move(m);
+  slot.wanted = true;
+  slot.outside_repository = true;
 }
 
 std::shared_ptr<LlmService> InferenceServer::language_model(const std::string& name) const {

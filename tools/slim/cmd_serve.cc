@@ -36,8 +36,10 @@ struct ServeOptions {
 };
 
 void run_serve(ServeOptions& o) {
-  o.server.model_control =
-      o.control == "explicit" ? serve::ServerOptions::ModelControl::explicit_ : serve::ServerOptions::ModelControl::none;
+  using Control = serve::ServerOptions::ModelControl;
+  o.server.model_control = o.control == "explicit" ? Control::explicit_ : o.control == "poll" ? Control::poll : Control::none;
+  check(o.server.model_control != Control::poll || !o.server.repository.empty(), ErrorCode::invalid_argument,
+        "--model-control-mode poll needs --model-repository");
   o.server.request_timeout_us = o.request_timeout_ms * 1000;
   check(!o.server.repository.empty() || !o.llm_file.empty(), ErrorCode::invalid_argument,
         "give --model-repository DIR or --model FILE.gguf");
@@ -171,8 +173,27 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--allow-grpc", o->allow_grpc, "Serve gRPC (default true)");
   cmd->add_option("--allow-metrics", o->allow_metrics, "Serve metrics (default true)");
   cmd->add_option("--model-control-mode", o->control,
-                  "none: load every model at start; explicit: load --load-model ones, then the repository API")
-      ->check(CLI::IsMember({"none", "explicit"}));
+                  "none: load every model at start; explicit: load --load-model ones, then the repository API; "
+                  "poll: load every model, then poll the repository and hot-swap new or changed versions")
+      ->check(CLI::IsMember({"none", "explicit", "poll"}));
+  cmd->add_option("--repository-poll-secs", o->server.poll_secs,
+                  "Poll mode: seconds between two looks at the repository; a changed model loads once it looks the "
+                  "same on two polls in a row (default 15)")
+      ->check(CLI::Range(1, 86400));
+  cmd->add_option("--require-signature", o->server.require_signature_keys,
+                  "Public key (PEM) of a trusted signer, repeatable: a version loads only if its model.sig (slim sign "
+                  "REPO/MODEL/VERSION) verifies with one of them over exactly its files")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--audit-log", o->server.audit_log,
+                  "Append every load, refusal, swap, rollback and integrity failure to this hash-chained audit log "
+                  "(slim audit show LOG --model M)");
+  cmd->add_option("--audit-key", o->server.audit_key,
+                  "Private key (PEM): each audited event is followed by a checkpoint signed with it")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--integrity-interval-secs", o->server.integrity_interval_secs,
+                  "Hash the serving versions' files again every N seconds; a version whose files changed stops "
+                  "serving until they verify again (0: off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--load-model", o->server.load_models, "Model to load at start in explicit mode ('*': all)");
   add_threads_option(cmd, &o->server.threads);
   add_isa_option(cmd);

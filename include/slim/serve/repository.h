@@ -10,12 +10,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "slim/core/tensor_model.h"
 #include "slim/serve/batcher.h"
 #include "slim/serve/llm_service.h"
+#include "slim/serve/model_guard.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/model_config.h"
 
@@ -34,6 +37,8 @@ struct LoadedVersion {
   std::unique_ptr<DynamicBatcher> batcher;  // tensor models
   std::shared_ptr<LlmService> llm;          // language models (GGUF), served by the OpenAI front door
   int64_t memory_bytes = 0;  // weights and planned buffers of every instance
+  std::string dir;           // the version folder
+  std::optional<VerifiedVersion> verified;  // its files as hashed (and signature-checked) at load
 };
 
 struct LoadedModel {
@@ -51,6 +56,10 @@ struct LoadOptions {
   int64_t max_queue_size = 4096;  // per level when the config sets no bound
   Metrics* metrics = nullptr;
   LlmOptions llm;  // language models
+  // Hash every version's files before loading them (the integrity check and the audit
+  // need the digests); with keys, a version loads only if its model.sig verifies with one.
+  bool hash_versions = false;
+  std::span<const trust::PublicKey> trusted_keys;
 };
 
 class Repository {

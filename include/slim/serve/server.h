@@ -21,9 +21,20 @@ namespace slim::serve {
 struct ServerOptions {
   std::string repository;  // folder; empty: no repository (models added with add_model)
   // none: load every model at start-up; explicit: only `load_models` at start-up, the
-  // repository API loads and unloads (Triton's --model-control-mode).
-  enum class ModelControl { none, explicit_ };
+  // repository API loads and unloads; poll: every model at start-up, then the repository
+  // is polled every `poll_secs` and new or changed versions are loaded and swapped in,
+  // removed models unloaded (Triton's --model-control-mode).
+  enum class ModelControl { none, explicit_, poll };
   ModelControl model_control = ModelControl::none;
+  int poll_secs = 15;
+  // Public keys (PEM files) of the trusted signers: a version loads only if its model.sig
+  // (OMS bundle) verifies with one of them over exactly the files in its folder.
+  std::vector<std::string> require_signature_keys;
+  std::string audit_log;  // hash-chained audit log of every load, refusal, swap, violation
+  std::string audit_key;  // private key: each audited event is followed by a signed checkpoint
+  // Every this many seconds the files of every serving version are hashed again; a
+  // version whose files changed is taken out of service until they verify again (0: off).
+  int integrity_interval_secs = 0;
   std::vector<std::string> load_models;  // explicit mode: loaded at start ("*": all)
   int threads = 0;                       // compute-thread budget, 0: hardware threads
   int64_t max_tensor_elements = int64_t(1) << 28;  // per input tensor
@@ -75,6 +86,13 @@ class InferenceServer {
   ModelMetadata model_metadata(const std::string& name, const std::string& version = "") const;
   std::vector<RepositoryEntry> repository_index() const;
   void load_model(const std::string& name);    // (re)loads from the repository
+  // Swaps the version served before the last (re)load back in (throws not_found when there
+  // is none) and audits it.
+  void rollback_model(const std::string& name);
+  // One poll of the repository (poll mode runs it every poll_secs on its own thread) and
+  // one integrity check of the serving versions; for tests and the CLI.
+  void poll_repository();
+  void check_integrity();
   void unload_model(const std::string& name);  // waits for its queued requests
 
   // Language models, served through the OpenAI front door. `add_language_model` serves a

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""slim serve running unattended: repository polling with hot swaps under load, versions
+still being written left alone, the signature gate, integrity self-healing, rollback, and
+the audit trail (verified with `slim audit`, also after kill -9). The server runs on free
+loopback ports; the models come from make_repository.py (`plain`: y = x + 1 in version 1,
+y = x + 2 in version 2, so the answer tells which version served). Run by ctest with
+SLIM_BINARY_DIR set to the build folder.
+"""
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from serve_harness import slim_command, start_server  # noqa: E402
+
+FIXTURES = tempfile.mkdtemp(prefix="slim_ops_fixtures_")
+subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), FIXTURES], check=True,
+               stdout=subprocess.DEVNULL)
+PLAIN = os.path.join(FIXTURES, "plain")
+
+
+def slim(*args, check=True):
+    p = subprocess.run(slim_command(*args), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError("slim %s failed (%d): %s" % (" ".join(args), p.returncode, p.stderr))
+    return p
+
+
+def new_repo(versions=(1,)):
+    repo = tempfile.mkdtemp(prefix="slim_ops_repo_")
+    os.makedirs(os.path.join(repo, "plain"))
+    with open(os.path.join(PLAIN, "config.pbtxt")) as f:  # served: the newest version only
+        config = f.read().replace("version_policy: { all { } }", "version_policy: { latest { num_versions: 1 } }")
+    with open(os.path.join(repo, "plain", "config.pbtxt"), "w") as f:
+        f.write(config)
+    for v in versions:
+        add_version(repo, v, source=v)
+    shutil.copytree(os.path.join(FIXTURES, "forest"), os.path.join(repo, "forest"))
+    return repo
+
+
+def add_version(repo, version, source):
+    """Version `version` of plain with the model of fixture version `source`, written to a
+    temporary folder and moved in whole."""
+    tmp = os.path.join(repo, ".incoming-%d" % version)
+    os.makedirs(tmp)
+    shutil.copy(os.path.join(PLAIN, str(source), "model.onnx"), os.path.join(tmp, "model.onnx"))
+    os.rename(tmp, os.path.join(repo, "plain", str(version)))
+    return os.path.join(repo, "plain", str(version))
+
+
+def request(srv, path, body=None, timeout=30):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(srv.url(path), data=data, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def infer_plain(srv):
+    """The served version's offset (1 or 2), from y = x + offset."""
+    status, r = request(srv, "/v2/models/plain/infer",
+                        {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]})
+    if status != 200:
+        raise RuntimeError("infer failed: %d %s" % (status, r))
+    return round(r["outputs"][0]["data"][0])
+
+
+def served_versions(srv):
+    return request(srv, "/v2/models/plain")[1].get("versions")
+
+
+def wait_for(cond, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def audit_events(log, model=None):
+    args = ["audit", "show", log, "--json"] + (["--model", model] if model else [])
+    return [json.loads(line) for line in slim(*args).stdout.splitlines() if line.strip()]
+
+
+class Polling(unittest.TestCase):
+    def test_hot_swaps_under_load_and_unsettled_versions_wait(self):
+        repo = new_repo()
+        log = os.path.join(repo, "..", os.path.basename(repo) + ".audit")
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--audit-log", log, "--threads", "2"]) as srv:
+            self.assertEqual(infer_plain(srv), 1)
+            stop = threading.Event()
+            seen, failures = set(), []
+
+            def client():
+                while not stop.is_set():
+                    try:
+                        seen.add(infer_plain(srv))
+                    except Exception as e:  # noqa: BLE001
+                        failures.append(str(e))
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                for _ in range(4):
+                    pool.submit(client)
+                try:
+                    add_version(repo, 2, source=2)
+                    wait_for(lambda: served_versions(srv) == ["2"], what="version 2 to serve")
+                    time.sleep(0.3)
+                finally:
+                    stop.set()
+            self.assertEqual(failures, [])
+            self.assertEqual(seen, {1, 2})
+            self.assertEqual(infer_plain(srv), 2)
+
+            # Version 3 arrives slowly: its file keeps changing for longer than two polls.
+            v3 = os.path.join(repo, "plain", "3")
+            os.makedirs(v3)
+            good = open(os.path.join(PLAIN, "1", "model.onnx"), "rb").read()
+            with open(os.path.join(v3, "model.onnx"), "wb") as f:
+                for i in range(8):
+                    f.write(good[i * len(good) // 8:(i + 1) * len(good) // 8])
+                    f.flush()
+                    time.sleep(0.4)
+                    self.assertEqual(served_versions(srv), ["2"])
+            wait_for(lambda: served_versions(srv) == ["3"], what="version 3 once written")
+            self.assertEqual(infer_plain(srv), 1)
+
+            # Rollback by hand restores the version served before.
+            status, _ = request(srv, "/v2/repository/models/plain/rollback", {})
+            self.assertEqual(status, 200)
+            self.assertEqual(served_versions(srv), ["2"])
+            self.assertEqual(infer_plain(srv), 2)
+            status, r = request(srv, "/v2/repository/models/forest/rollback", {})
+            self.assertEqual(status, 404)
+            self.assertIn("no earlier version", r["error"])
+
+            # A model folder removed from the repository is unloaded.
+            shutil.rmtree(os.path.join(repo, "forest"))
+            wait_for(lambda: request(srv, "/v2/models/forest/ready")[0] != 200, what="forest to unload")
+            self.assertEqual(srv.stop(), 0)
+        events = [(e["event"], e["model"].get("version", "")) for e in audit_events(log, "plain")]
+        self.assertEqual(events, [("model.load", "1"), ("model.update", "2"), ("model.update", "3"),
+                                  ("model.rollback", "2")])
+        self.assertTrue(all(e["model"]["digest"].startswith("sha256:") for e in audit_events(log, "plain")))
+        self.assertEqual(audit_events(log, "forest")[-1]["event"], "model.unload")
+        self.assertEqual(slim("audit", "verify", log).returncode, 0)
+
+
+class Signatures(unittest.TestCase):
+    def test_only_versions_signed_by_a_trusted_key_load(self):
+        keys = tempfile.mkdtemp(prefix="slim_ops_keys_")
+        key, other = os.path.join(keys, "signer"), os.path.join(keys, "stranger")
+        slim("keygen", "-o", key)
+        slim("keygen", "-o", other)
+        repo = new_repo()
+        slim("sign", os.path.join(repo, "plain", "1"), "--key", key)
+        slim("sign", os.path.join(repo, "forest", "1"), "--key", key)
+        log = os.path.join(keys, "audit.log")
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--require-signature", key + ".pub", "--audit-log", log,
+                                 "--audit-key", key]) as srv:
+            self.assertEqual(infer_plain(srv), 1)
+
+            def refused(version, why):
+                wait_for(lambda: any(e["event"] == "model.verify_failed" and why in e["details"]["reason"]
+                                     for e in audit_events(log, "plain")), what="refusal: " + why)
+                self.assertEqual(served_versions(srv), ["1"])
+                self.assertEqual(infer_plain(srv), 1)
+                shutil.rmtree(os.path.join(repo, "plain", str(version)))
+
+            add_version(repo, 2, source=2)  # unsigned
+            refused(2, "no signature bundle")
+            v = add_version(repo, 3, source=2)
+            slim("sign", v, "--key", other)
+            refused(3, "signed by a different key")
+            tmp = tempfile.mkdtemp()
+            shutil.copy(os.path.join(PLAIN, "2", "model.onnx"), tmp)
+            slim("sign", tmp, "--key", key)
+            with open(os.path.join(tmp, "model.onnx"), "ab") as f:
+                f.write(b"\0")  # tampered after signing
+            os.rename(tmp, os.path.join(repo, "plain", "4"))
+            refused(4, "model.onnx")
+            tmp = tempfile.mkdtemp()
+            shutil.copy(os.path.join(PLAIN, "2", "model.onnx"), tmp)
+            slim("sign", tmp, "--key", key)
+            with open(os.path.join(tmp, "extra.bin"), "wb") as f:
+                f.write(b"smuggled")
+            os.rename(tmp, os.path.join(repo, "plain", "5"))
+            refused(5, "extra.bin")
+            v = add_version(repo, 6, source=2)
+            slim("sign", v, "--key", key)
+            wait_for(lambda: served_versions(srv) == ["6"], what="the signed version 6")
+            self.assertEqual(infer_plain(srv), 2)
+            self.assertEqual(srv.stop(), 0)
+        loads = [e for e in audit_events(log, "plain") if e["event"] in ("model.load", "model.update")]
+        self.assertEqual([e["details"]["versions"][0]["version"] for e in loads], ["1", "6"])
+        self.assertTrue(all(e["details"]["versions"][0]["signer"] for e in loads))
+        self.assertIn("audit.checkpoint", [e["event"] for e in audit_events(log)])
+        self.assertEqual(slim("audit", "verify", log, "--pub", key + ".pub").returncode, 0)
+
+
+class Integrity(unittest.TestCase):
+    def test_a_changed_file_takes_the_model_out_until_it_verifies_again(self):
+        repo = new_repo()
+        log = os.path.join(tempfile.mkdtemp(), "audit.log")
+        model = os.path.join(repo, "plain", "1", "model.onnx")
+        original = open(model, "rb").read()
+        with start_server(repo, ["--integrity-interval-secs", "1", "--audit-log", log]) as srv:
+            self.assertEqual(infer_plain(srv), 1)
+            with open(model, "r+b") as f:
+                f.seek(len(original) // 2)
+                f.write(b"\xff\xff\xff\xff")
+            t0 = time.monotonic()
+            wait_for(lambda: request(srv, "/v2/models/plain/ready")[0] != 200, timeout=10, what="quarantine")
+            self.assertLess(time.monotonic() - t0, 2.5)  # one interval plus a second
+            status, r = request(srv, "/v2/models/plain/infer",
+                                {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]})
+            self.assertEqual(status, 503)
+            self.assertIn("failed its integrity check: model.onnx changed", r["error"])
+            self.assertEqual(request(srv, "/v2/health/ready")[0], 503)
+            self.assertEqual(request(srv, "/v2/models/forest/ready")[0], 200)  # the others serve on
+            with open(model, "wb") as f:
+                f.write(original)
+            wait_for(lambda: request(srv, "/v2/models/plain/ready")[0] == 200, timeout=10, what="restore")
+            self.assertEqual(infer_plain(srv), 1)
+            self.assertEqual(srv.stop(), 0)
+        self.assertEqual([e["event"] for e in audit_events(log, "plain")],
+                         ["model.load", "integrity.violation", "model.load", "model.restored"])
+
+
+class AuditSurvivesKill(unittest.TestCase):
+    def test_kill_9_mid_update_leaves_a_verifiable_chain(self):
+        repo = new_repo()
+        log = os.path.join(tempfile.mkdtemp(), "audit.log")
+        srv = start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1", "--audit-log", log])
+        add_version(repo, 2, source=2)
+        wait_for(lambda: any(e["event"] == "model.update" for e in audit_events(log)), what="the update")
+        add_version(repo, 3, source=1)
+        time.sleep(1.5)  # the next load may be under way
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait()
+        self.assertEqual(slim("audit", "verify", log).returncode, 0)
+        # A new server continues the same chain.
+        with start_server(repo, ["--audit-log", log]) as again:
+            self.assertEqual(request(again, "/v2/health/ready")[0], 200)
+            self.assertEqual(again.stop(), 0)
+        self.assertEqual(slim("audit", "verify", log).returncode, 0)
+        self.assertEqual(audit_events(log, "plain")[-1]["event"], "model.load")
+
+
+if __name__ == "__main__":
+    unittest.main()
