@@ -15,6 +15,8 @@
 #include <thread>
 
 #include "http_routes.h"
+#include "slim/core/cpu_features.h"
+#include "slim/llm/kernels.h"
 #include "slim/serve/rest_codec.h"
 
 namespace slim::serve {
@@ -254,11 +256,13 @@ void add_kserve_routes(httplib::Server& http, InferenceServer& server, RestLimit
       if (!server.ready()) set_error(res, 503, "server is not ready");
     });
   });
-  http.Get("/v2", [](const Request&, Response& res) {
+  http.Get("/v2", [&server](const Request&, Response& res) {
     guarded(res, [&] {
+      const SlimServerInfo slim{isa_name(active_isa()), llm::kernels().isa,
+                                !server.options().require_signature_keys.empty()};
       set_body(res,
                encode_server_metadata(InferenceServer::kName, SLIM_VERSION_STRING,
-                                      InferenceServer::extensions()),
+                                      InferenceServer::extensions(), slim),
                kJson);
     });
   });
@@ -266,6 +270,11 @@ void add_kserve_routes(httplib::Server& http, InferenceServer& server, RestLimit
     guarded(res, [&] {
       set_body(res, encode_model_metadata(server.model_metadata(req.matches[1], req.matches[2])),
                kJson);
+    });
+  });
+  http.Get(kModel + "/config", [&server](const Request& req, Response& res) {
+    guarded(res, [&] {
+      set_body(res, encode_model_config(server.model_config(req.matches[1], req.matches[2])), kJson);
     });
   });
   // Triton's answer: 200 when ready, else 400 with an error body.

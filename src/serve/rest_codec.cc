@@ -414,8 +414,12 @@ RestBody encode_infer_response(const InferResponse& response, bool all_outputs_b
 }
 
 std::string encode_server_metadata(const std::string& name, const std::string& version,
-                                   const std::vector<std::string>& extensions) {
-  return dump(ojson{{"name", name}, {"version", version}, {"extensions", extensions}});
+                                   const std::vector<std::string>& extensions,
+                                   const std::optional<SlimServerInfo>& slim) {
+  ojson out{{"name", name}, {"version", version}, {"extensions", extensions}};
+  if (slim)
+    out["slim"] = {{"isa", slim->isa}, {"kernels", slim->kernels}, {"require_signature", slim->require_signature}};
+  return dump(out);
 }
 
 std::string encode_model_metadata(const ModelMetadata& m) {
@@ -424,6 +428,54 @@ std::string encode_model_metadata(const ModelMetadata& m) {
                {"platform", m.platform},
                {"inputs", tensor_specs(m.inputs)},
                {"outputs", tensor_specs(m.outputs)}});
+}
+
+std::string encode_model_config(const ModelConfig& c) {
+  auto tensors = [](const std::vector<TensorConfig>& ts, bool inputs) {
+    ojson out = ojson::array();
+    for (const TensorConfig& t : ts) {
+      ojson e{{"name", t.name}, {"data_type", triton_dtype_name(t.dtype)}, {"dims", t.dims}};
+      if (inputs) e["allow_ragged_batch"] = t.allow_ragged_batch;
+      out.push_back(std::move(e));
+    }
+    return out;
+  };
+  auto queue_policy = [](const QueuePolicy& q) {
+    return ojson{{"timeout_action", q.timeout_action == QueuePolicy::TimeoutAction::reject ? "REJECT" : "DELAY"},
+                 {"default_timeout_microseconds", q.default_timeout_microseconds},
+                 {"allow_timeout_override", q.allow_timeout_override},
+                 {"max_queue_size", q.max_queue_size}};
+  };
+  ojson policy;
+  switch (c.version_policy.kind) {
+    case VersionPolicy::Kind::latest: policy["latest"] = {{"num_versions", c.version_policy.latest_num_versions}}; break;
+    case VersionPolicy::Kind::all: policy["all"] = ojson::object(); break;
+    case VersionPolicy::Kind::specific: policy["specific"] = {{"versions", c.version_policy.specific_versions}}; break;
+  }
+  ojson out{{"name", c.name},
+            {"platform", c.platform},
+            {"backend", c.backend},
+            {"version_policy", policy},
+            {"max_batch_size", c.max_batch_size},
+            {"input", tensors(c.inputs, true)},
+            {"output", tensors(c.outputs, false)},
+            {"instance_group", ojson::array({{{"count", c.instance_count}, {"kind", "KIND_CPU"}}})},
+            {"default_model_filename", c.default_model_filename}};
+  if (const auto& d = c.dynamic_batching) {
+    ojson levels = ojson::object();
+    for (const auto& [level, q] : d->priority_queue_policy) levels[std::to_string(level)] = queue_policy(q);
+    out["dynamic_batching"] = {{"preferred_batch_size", d->preferred_batch_size},
+                               {"max_queue_delay_microseconds", d->max_queue_delay_microseconds},
+                               {"preserve_ordering", d->preserve_ordering},
+                               {"priority_levels", d->priority_levels},
+                               {"default_priority_level", d->default_priority_level},
+                               {"default_queue_policy", queue_policy(d->default_queue_policy)},
+                               {"priority_queue_policy", levels}};
+  }
+  ojson params = ojson::object();
+  for (const auto& [key, value] : c.parameters) params[key] = {{"string_value", value}};
+  out["parameters"] = params;
+  return dump(out);
 }
 
 bool decode_repository_index_ready(std::string_view body) {

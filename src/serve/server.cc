@@ -614,6 +614,24 @@ ModelMetadata InferenceServer::model_metadata(const std::string& name,
   return md;
 }
 
+ModelConfig InferenceServer::model_config(const std::string& name, const std::string& version) const {
+  const auto m = impl_->find(name);
+  Impl::version_of(*m, version);
+  ModelConfig c = m->config;
+  if (c.platform.empty()) c.platform = m->platform;
+  auto complete = [](std::vector<TensorConfig>& out, const std::vector<ServedTensor>& served) {
+    if (out.empty())
+      for (const auto& t : served) out.push_back({t.spec.name, t.spec.dtype, t.sample_dims});
+  };
+  complete(c.inputs, m->inputs);
+  complete(c.outputs, m->outputs);
+  return c;
+}
+
+const ServerOptions& InferenceServer::options() const {
+  return impl_->opt;
+}
+
 std::vector<RepositoryEntry> InferenceServer::repository_index() const {
   std::map<std::string, ModelSlot> slots;
   {
@@ -725,9 +743,9 @@ int64_t InferenceServer::in_flight() const {
 }
 
 std::vector<std::string> InferenceServer::extensions() {
-  // Triton's names: the repository API, binary tensors, priority and queue policies, and
-  // request parameters (priority, timeout, binary_data_output).
-  return {"model_repository", "binary_tensor_data", "schedule_policy", "parameters"};
+  // Triton's names: the repository API, binary tensors, priority and queue policies,
+  // request parameters (priority, timeout, binary_data_output), and model configs.
+  return {"model_repository", "binary_tensor_data", "schedule_policy", "parameters", "model_configuration"};
 }
 
 }  // namespace slim::serve

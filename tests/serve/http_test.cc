@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "slim/core/cpu_features.h"
+
 namespace slim::serve {
 namespace {
 
@@ -105,6 +107,13 @@ TEST_F(HttpFrontendTest, HealthMetadataAndUnknownRoutes) {
   EXPECT_EQ(j["name"], "slim");
   EXPECT_FALSE(j["version"].get<std::string>().empty());
   EXPECT_EQ(j["extensions"], nlohmann::json(InferenceServer::extensions()));
+  EXPECT_EQ(j["slim"]["isa"], isa_name(active_isa()));
+  EXPECT_FALSE(j["slim"]["kernels"].get<std::string>().empty());
+  EXPECT_EQ(j["slim"]["require_signature"], false);
+
+  auto config = client_->Get("/v2/models/nothing/config");
+  EXPECT_EQ(config->status, 404);
+  EXPECT_EQ(config->body, R"j({"error":"unknown model 'nothing'"})j");
 
   auto missing = client_->Get("/v3/anything");
   EXPECT_EQ(missing->status, 404);
@@ -112,6 +121,18 @@ TEST_F(HttpFrontendTest, HealthMetadataAndUnknownRoutes) {
   auto wrong_method = client_->Delete("/v2/health/live");
   EXPECT_EQ(wrong_method->status, 404);
   EXPECT_EQ(wrong_method->body, R"j({"error":"no route for DELETE /v2/health/live"})j");
+}
+
+TEST(HttpFrontend, SignatureRequirementIsInTheServerMetadata) {
+  ServerOptions options;
+  options.require_signature_keys = {"ops.pub"};
+  InferenceServer server(options);
+  server.start();
+  HttpFrontend http(server, loopback());
+  httplib::Client client("127.0.0.1", http.start());
+  auto meta = client.Get("/v2");
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(nlohmann::json::parse(meta->body)["slim"]["require_signature"], true);
 }
 
 TEST_F(HttpFrontendTest, CodecErrorsAreJson400) {

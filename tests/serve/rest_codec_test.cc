@@ -421,6 +421,61 @@ TEST(RestEncode, Metadata) {
   EXPECT_EQ(encode_error("model 'x' not found"), R"({"error":"model 'x' not found"})");
 }
 
+TEST(RestEncode, ServerMetadataWithSlimInfo) {
+  EXPECT_EQ(encode_server_metadata("slim", "0.1.0", {"parameters"}, SlimServerInfo{"avx2", "avx2", true}),
+            R"({"name":"slim","version":"0.1.0","extensions":["parameters"],)"
+            R"("slim":{"isa":"avx2","kernels":"avx2","require_signature":true}})");
+}
+
+// Triton's field names, and a config read back from its encoding is the config.
+TEST(RestEncode, ModelConfig) {
+  ModelConfig c = parse_model_config_pbtxt(R"(name: "digits"
+platform: "onnxruntime_onnx"
+max_batch_size: 32
+input [ { name: "pixels" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] } ]
+version_policy: { specific: { versions: [ 1, 3 ] } }
+instance_group [ { count: 2, kind: KIND_CPU } ]
+dynamic_batching {
+  preferred_batch_size: [ 8, 16 ]
+  max_queue_delay_microseconds: 2000
+  priority_levels: 3
+  default_priority_level: 2
+  default_queue_policy { max_queue_size: 256 }
+  priority_queue_policy {
+    key: 3
+    value: { timeout_action: DELAY, default_timeout_microseconds: 5000000, allow_timeout_override: true }
+  }
+}
+parameters { key: "temperature" value: { string_value: "0.5" } }
+)",
+                                           "config.pbtxt");
+  const std::string json = encode_model_config(c);
+  EXPECT_EQ(json,
+            R"({"name":"digits","platform":"onnxruntime_onnx","backend":"",)"
+            R"("version_policy":{"specific":{"versions":[1,3]}},"max_batch_size":32,)"
+            R"("input":[{"name":"pixels","data_type":"TYPE_FP32","dims":[64],"allow_ragged_batch":false}],)"
+            R"("output":[{"name":"probabilities","data_type":"TYPE_FP32","dims":[10]}],)"
+            R"("instance_group":[{"count":2,"kind":"KIND_CPU"}],"default_model_filename":"",)"
+            R"("dynamic_batching":{"preferred_batch_size":[8,16],"max_queue_delay_microseconds":2000,)"
+            R"("preserve_ordering":false,"priority_levels":3,"default_priority_level":2,)"
+            R"("default_queue_policy":{"timeout_action":"REJECT","default_timeout_microseconds":0,)"
+            R"("allow_timeout_override":false,"max_queue_size":256},)"
+            R"("priority_queue_policy":{"3":{"timeout_action":"DELAY","default_timeout_microseconds":5000000,)"
+            R"("allow_timeout_override":true,"max_queue_size":0}}},)"
+            R"("parameters":{"temperature":{"string_value":"0.5"}}})");
+  ModelConfig back = parse_model_config_json(json, "config.json");
+  c.warnings = back.warnings = {};
+  EXPECT_EQ(back, c);
+
+  ModelConfig plain;  // no dynamic batching, the latest version
+  plain.name = "plain";
+  EXPECT_EQ(encode_model_config(plain),
+            R"({"name":"plain","platform":"","backend":"","version_policy":{"latest":{"num_versions":1}},)"
+            R"("max_batch_size":0,"input":[],"output":[],"instance_group":[{"count":1,"kind":"KIND_CPU"}],)"
+            R"("default_model_filename":"","parameters":{}})");
+}
+
 TEST(RestRepository, IndexRequestAndResponse) {
   EXPECT_FALSE(decode_repository_index_ready(""));
   EXPECT_FALSE(decode_repository_index_ready(" \n"));

@@ -54,9 +54,21 @@ struct RestBody {
 RestBody encode_infer_response(const InferResponse& response, bool all_outputs_binary,
                                const std::vector<bool>& binary = {});
 
+// What slim adds to the server metadata as "slim": {...} (`slim check` reads it; other
+// KServe servers have no such object).
+struct SlimServerInfo {
+  std::string isa;      // kernel level in use (core's active_isa)
+  std::string kernels;  // the language models' kernel set, the finest choice (e.g. "avx512vnni")
+  bool require_signature = false;
+};
 std::string encode_server_metadata(const std::string& name, const std::string& version,
-                                   const std::vector<std::string>& extensions);
+                                   const std::vector<std::string>& extensions,
+                                   const std::optional<SlimServerInfo>& slim = std::nullopt);
 std::string encode_model_metadata(const ModelMetadata& metadata);
+// GET /v2/models/{m}/config: the config as Triton's JSON form names its fields (input,
+// output, data_type "TYPE_FP32", version_policy {"latest": {...}}, priority_queue_policy
+// keyed by level, parameters {"k": {"string_value": ...}}); 64-bit numbers as numbers.
+std::string encode_model_config(const ModelConfig& config);
 // The repository index request body: empty, or {"ready": bool}; true lists only the
 // models that are ready.
 bool decode_repository_index_ready(std::string_view body);

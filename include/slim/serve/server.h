@@ -41,6 +41,9 @@ struct ServerOptions {
   int64_t max_queue_size = 4096;  // per model and level when the config sets no bound
   uint64_t request_timeout_us = 0;  // overall limit per request (0: none)
   LlmOptions llm;  // language models (GGUF) of the repository and --model
+  // Public keys of the trusted signers: when any is given, a version loads only if its OMS
+  // bundle verifies against one of them (the server metadata reports require_signature).
+  std::vector<std::string> require_signature_keys;
 };
 
 // The server's view of one version of a model, for metadata.
@@ -84,6 +87,10 @@ class InferenceServer {
   bool ready() const;  // started, not shutting down, and every model it should serve is ready
   bool model_ready(const std::string& name, const std::string& version = "") const;
   ModelMetadata model_metadata(const std::string& name, const std::string& version = "") const;
+  // The config a model is served with, completed as Triton's is: the platform, and the
+  // inputs and outputs read off the model where the config lists none.
+  ModelConfig model_config(const std::string& name, const std::string& version = "") const;
+  const ServerOptions& options() const;
   std::vector<RepositoryEntry> repository_index() const;
   void load_model(const std::string& name);    // (re)loads from the repository
   // Swaps the version served before the last (re)load back in (throws not_found when there
