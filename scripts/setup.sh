@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# Installs every Debian package that slim's build, tests and demo need.
+# Installs every Debian package that slim's build, tests and demo need; with --build, only
+# what building the `slim` binary needs (the Dockerfile's build stage).
 # Idempotent and non-interactive: packages already present are skipped.
 set -euo pipefail
 
+build_only=false
+if [ "${1:-}" = "--build" ]; then build_only=true; fi
+
 packages=(
-  build-essential cmake ninja-build pkg-config git
-  clang libclang-rt-14-dev
-  libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
-  nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-  libssl-dev libxxhash-dev libzstd-dev openssl python3-cryptography
-  python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex
-  python3-sentencepiece sentencepiece
+  build-essential cmake ninja-build pkg-config
+  libprotobuf-dev protobuf-compiler libonnx-dev
+  nlohmann-json3-dev libcli11-dev
+  libssl-dev libxxhash-dev libzstd-dev
   # Debian's oneDNN is built with its OpenCL GPU runtime: its CMake config needs the
   # OpenCL headers and loader, which libdnnl-dev only recommends.
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
-  # The emulation tests run kernels under qemu-x86_64 and valgrind as CPUs without
-  # AVX-512 / AVX2.
-  qemu-user valgrind
-  # slim serve: HTTP (cpp-httplib) and gRPC front doors; its tests call it with curl and
-  # Python grpcio (stubs from grpc_python_plugin), and check metrics with promtool (below).
-  libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc python3-grpcio curl
-  # The chat-template renderer is checked byte for byte against Python's jinja2.
-  python3-jinja2
+  # slim serve: HTTP (cpp-httplib) and gRPC front doors.
+  libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc
 )
+if ! $build_only; then
+  packages+=(
+    git clang libclang-rt-14-dev libonnx-testdata libgtest-dev libgmock-dev
+    openssl python3-cryptography
+    python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex
+    python3-sentencepiece sentencepiece
+    # The emulation tests run kernels under qemu-x86_64 and valgrind as CPUs without
+    # AVX-512 / AVX2.
+    qemu-user valgrind
+    # The server tests call it with curl and Python grpcio (stubs from grpc_python_plugin),
+    # and check metrics with promtool (below).
+    python3-grpcio curl
+    # The chat-template renderer is checked byte for byte against Python's jinja2.
+    python3-jinja2
+    # The deployment test parses deploy/*.yaml.
+    python3-yaml
+  )
+fi
 
 . "$(dirname "$0")/packages.sh"
 missing_packages "${packages[@]}"
@@ -37,6 +50,7 @@ else
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+if $build_only; then exit 0; fi
 
 # Node.js and npm run the official `openai` client in the server tests (and the benchmarks'
 # npm peers). Only when missing: a Node.js from elsewhere (NodeSource) brings its own npm,
