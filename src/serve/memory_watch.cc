@@ -96,7 +96,8 @@ int64_t counter_or_zero(const std::map<std::string, int64_t>& counters, const st
 // Kubernetes counts a container's working set.
 int64_t working_set(int64_t usage, const fs::path& stat_file, const std::string& inactive_key) {
   const auto stat = read_text(stat_file);
-  const int64_t inactive = stat ? counter_or_zero(parse_counters(*stat, stat_file.string()), inactive_key) : 0;
+  const int64_t inactive =
+      stat ? counter_or_zero(parse_counters(*stat, stat_file.string()), inactive_key) : 0;
   return std::max<int64_t>(0, usage - inactive);
 }
 
@@ -112,8 +113,8 @@ std::optional<MemoryReading> read_cgroup2(const fs::path& dir, const std::string
   MemoryReading r;
   r.source = source;
   r.limit_bytes = parse_byte_count(*max_text, (dir / "memory.max").string(), true);
-  const int64_t usage =
-      parse_byte_count(read_required(dir / "memory.current"), (dir / "memory.current").string(), false);
+  const int64_t usage = parse_byte_count(read_required(dir / "memory.current"),
+                                         (dir / "memory.current").string(), false);
   r.used_bytes = working_set(usage, dir / "memory.stat", "inactive_file");
   r.available_bytes = r.limit_bytes < 0 ? -1 : std::max<int64_t>(0, r.limit_bytes - r.used_bytes);
   return r;
@@ -138,49 +139,54 @@ class FileSource : public MemorySource {
 
   MemoryReading read() const override {
     auto read = read_cgroup2(dir_, "files " + dir_.string());
-    if (!read) throw Error(ErrorCode::not_found, "memory source: cannot read " + (dir_ / "memory.max").string());
-    MemoryReading& r = *read;
+    if (!read)
+      throw Error(ErrorCode::not_found,
+                  "memory source: cannot read " + (dir_ / "memory.max").string());
+    MemoryReading r = std::move(*read);
     const Pressure p = pressure_or_zero(dir_ / "memory.pressure");
     r.pressure_some_avg10 = p.some.avg10;
     r.pressure_full_avg10 = p.full.avg10;
     if (const auto events = read_text(dir_ / "memory.events"))
-      r.oom_kills = counter_or_zero(parse_counters(*events, (dir_ / "memory.events").string()), "oom_kill");
-    return *read;
+      r.oom_kills =
+          counter_or_zero(parse_counters(*events, (dir_ / "memory.events").string()), "oom_kill");
+    return r;
   }
 
  private:
   fs::path dir_;
 };
 
-struct CgroupLevels {
-  std::vector<fs::path> dirs;  // from the mount's root down to the process's own cgroup
-};
-
-// The folders of the process's cgroup and its ancestors under the mount whose type is
-// `fstype` (and, for cgroup v1, whose options name `controller`), or none.
-std::optional<CgroupLevels> find_cgroup(const fs::path& root, const std::string& fstype,
-                                        const std::string& controller) {
-  const fs::path cgroup_file = root / "proc/self/cgroup", mountinfo_file = root / "proc/self/mountinfo";
+// The folders of the process's cgroup and its ancestors, from the mount's root down to the
+// process's own, under the mount whose type is `fstype` (and, for cgroup v1, whose options
+// name `controller`); empty when there is none.
+std::vector<fs::path> find_cgroup(const fs::path& root, const std::string& fstype,
+                                  const std::string& controller) {
+  const fs::path cgroup_file = root / "proc/self/cgroup",
+                 mountinfo_file = root / "proc/self/mountinfo";
   const auto cgroup_text = read_text(cgroup_file), mountinfo_text = read_text(mountinfo_file);
-  if (!cgroup_text || !mountinfo_text) return std::nullopt;
+  if (!cgroup_text || !mountinfo_text) return {};
 
   // /proc/self/cgroup: "ID:CONTROLLERS:PATH"; v2 is "0::PATH".
   std::optional<std::string> path;
   const auto lines = lines_of(*cgroup_text);
   for (size_t i = 0; i < lines.size(); ++i) {
-    const size_t a = lines[i].find(':'), b = a == std::string_view::npos ? a : lines[i].find(':', a + 1);
+    const size_t a = lines[i].find(':'),
+                 b = a == std::string_view::npos ? a : lines[i].find(':', a + 1);
     if (b == std::string_view::npos)
-      malformed(cgroup_file.string(), i + 1, "expected 'ID:CONTROLLERS:PATH', got " + quoted(lines[i]));
+      malformed(cgroup_file.string(), i + 1,
+                "expected 'ID:CONTROLLERS:PATH', got " + quoted(lines[i]));
     const std::string controllers(lines[i].substr(a + 1, b - a - 1));
-    const bool match = controller.empty() ? lines[i].substr(0, a) == "0" && controllers.empty()
-                                          : ("," + controllers + ",").find("," + controller + ",") != std::string::npos;
+    const bool match =
+        controller.empty()
+            ? lines[i].substr(0, a) == "0" && controllers.empty()
+            : ("," + controllers + ",").find("," + controller + ",") != std::string::npos;
     if (match) path = std::string(lines[i].substr(b + 1));
   }
-  if (!path) return std::nullopt;
+  if (!path) return {};
 
-  // mountinfo: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS",
-  // single spaces apart (an empty SOURCE is an empty field), spaces and backslashes in
-  // paths written as octal escapes.
+  // mountinfo: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE
+  // SUPEROPTIONS", single spaces apart (an empty SOURCE is an empty field), spaces and backslashes
+  // in paths written as octal escapes.
   const auto unescape = [](std::string_view s) {
     std::string out;
     for (size_t i = 0; i < s.size(); ++i) {
@@ -207,7 +213,8 @@ std::optional<CgroupLevels> find_cgroup(const fs::path& root, const std::string&
     if (f.size() < 10 || dash - f.begin() < 6 || f.end() - dash != 4)
       malformed(mountinfo_file.string(), i + 1, "expected a mount line, got " + quoted(mounts[i]));
     if (dash[1] != fstype) continue;
-    if (!controller.empty() && ("," + std::string(dash[3]) + ",").find("," + controller + ",") == std::string::npos)
+    if (!controller.empty() &&
+        ("," + std::string(dash[3]) + ",").find("," + controller + ",") == std::string::npos)
       continue;
     // The cgroup path is relative to the root of the hierarchy; the mount shows the
     // hierarchy from its own root (a container sees only its part).
@@ -217,23 +224,25 @@ std::optional<CgroupLevels> find_cgroup(const fs::path& root, const std::string&
       if (rel != mount_root && rel.rfind(mount_root + "/", 0) != 0) continue;
       rel = rel.substr(mount_root.size());
     }
-    CgroupLevels levels;
+    std::vector<fs::path> levels;
     fs::path dir = root / fs::path(unescape(f[4])).relative_path();
-    levels.dirs.push_back(dir);
+    levels.push_back(dir);
     for (const auto& part : fs::path(rel).relative_path()) {
       if (part.empty()) continue;
       dir /= part;
-      levels.dirs.push_back(dir);
+      levels.push_back(dir);
     }
     if (fs::is_directory(dir)) return levels;
   }
-  return std::nullopt;
+  return {};
 }
 
 class SystemSource : public MemorySource {
  public:
   explicit SystemSource(const fs::path& root)
-      : root_(root), v2_(find_cgroup(root, "cgroup2", "")), v1_(find_cgroup(root, "cgroup", "memory")) {}
+      : root_(root),
+        v2_(find_cgroup(root, "cgroup2", "")),
+        v1_(find_cgroup(root, "cgroup", "memory")) {}
 
   MemoryReading read() const override {
     const fs::path meminfo_file = root_ / "proc/meminfo";
@@ -251,25 +260,22 @@ class SystemSource : public MemorySource {
     const auto consider = [&](const std::optional<MemoryReading>& r) {
       if (r && r->limit_bytes >= 0 && r->available_bytes < best.available_bytes) best = *r;
     };
-    if (v2_)
-      for (const auto& dir : v2_->dirs) consider(read_cgroup2(dir, "cgroup2 " + dir.string()));
-    if (v1_)
-      for (const auto& dir : v1_->dirs) consider(read_cgroup1(dir));
+    for (const auto& dir : v2_) consider(read_cgroup2(dir, "cgroup2 " + dir.string()));
+    for (const auto& dir : v1_) consider(read_cgroup1(dir));
 
     // Pressure and OOM kills of the process's own cgroup where the kernel keeps them.
-    const fs::path own2 = v2_ ? v2_->dirs.back() : fs::path();
-    const Pressure p = pressure_or_zero(v2_ && fs::exists(own2 / "memory.pressure")
+    const fs::path own2 = v2_.empty() ? fs::path() : v2_.back();
+    const Pressure p = pressure_or_zero(!own2.empty() && fs::exists(own2 / "memory.pressure")
                                             ? own2 / "memory.pressure"
                                             : root_ / "proc/pressure/memory");
     best.pressure_some_avg10 = p.some.avg10;
     best.pressure_full_avg10 = p.full.avg10;
-    for (const auto& [file, key] :
-         {std::pair{v2_ ? own2 / "memory.events" : fs::path(), "oom_kill"},
-          std::pair{v1_ ? v1_->dirs.back() / "memory.oom_control" : fs::path(), "oom_kill"},
-          std::pair{root_ / "proc/vmstat", "oom_kill"}}) {
-      if (file.empty()) continue;
-      if (const auto text = read_text(file)) {
-        best.oom_kills = counter_or_zero(parse_counters(*text, file.string()), key);
+    for (const fs::path& file :
+         {own2.empty() ? fs::path() : own2 / "memory.events",
+          v1_.empty() ? fs::path() : v1_.back() / "memory.oom_control", root_ / "proc/vmstat"}) {
+      const auto text = file.empty() ? std::nullopt : read_text(file);
+      if (text) {
+        best.oom_kills = counter_or_zero(parse_counters(*text, file.string()), "oom_kill");
         break;
       }
     }
@@ -278,7 +284,7 @@ class SystemSource : public MemorySource {
 
  private:
   fs::path root_;
-  std::optional<CgroupLevels> v2_, v1_;
+  std::vector<fs::path> v2_, v1_;
 };
 
 std::string mib(int64_t bytes) {
@@ -296,8 +302,10 @@ int64_t parse_byte_count(std::string_view text, const std::string& file, bool ma
   if (max_allowed && value == "max") return -1;
   const auto v = unsigned_value(value);
   if (!v || *v == std::numeric_limits<int64_t>::max())
-    malformed(file, 1, std::string(max_allowed ? "expected a byte count or 'max'" : "expected a byte count") +
-                           ", got " + quoted(value));
+    malformed(
+        file, 1,
+        std::string(max_allowed ? "expected a byte count or 'max'" : "expected a byte count") +
+            ", got " + quoted(value));
   return *v;
 }
 
@@ -322,7 +330,9 @@ std::map<std::string, int64_t> parse_meminfo(std::string_view text, const std::s
     std::optional<int64_t> v;
     if ((f.size() == 2 || (f.size() == 3 && f[2] == "kB")) && f[0].size() > 1 && f[0].back() == ':')
       v = unsigned_value(f[1]);
-    if (v && f.size() == 3) v = *v <= std::numeric_limits<int64_t>::max() / 1024 ? std::optional(*v * 1024) : std::nullopt;
+    if (v && f.size() == 3)
+      v = *v <= std::numeric_limits<int64_t>::max() / 1024 ? std::optional(*v * 1024)
+                                                           : std::nullopt;
     if (!v) malformed(file, i + 1, "expected 'Name: value [kB]', got " + quoted(lines[i]));
     const std::string name(f[0].substr(0, f[0].size() - 1));
     if (!values.emplace(name, *v).second) malformed(file, i + 1, "'" + name + "' appears twice");
@@ -357,24 +367,26 @@ Pressure parse_pressure(std::string_view text, const std::string& file) {
     }
     if (!ok)
       malformed(file, i + 1,
-                std::string("expected '") + kind + " avg10=N avg60=N avg300=N total=N', got " + quoted(line));
+                std::string("expected '") + kind + " avg10=N avg60=N avg300=N total=N', got " +
+                    quoted(line));
   }
   return p;
 }
 
 double MemoryReading::headroom() const {
-  return limit_bytes <= 0 ? 1.0 : static_cast<double>(available_bytes) / static_cast<double>(limit_bytes);
+  return limit_bytes <= 0 ? 1.0
+                          : static_cast<double>(available_bytes) / static_cast<double>(limit_bytes);
 }
 
 std::string describe(const MemoryReading& r) {
   char tail[160];
-  std::snprintf(tail, sizeof tail, ", psi some %.2f full %.2f, oom kills %lld", r.pressure_some_avg10,
-                r.pressure_full_avg10, static_cast<long long>(r.oom_kills));
+  std::snprintf(tail, sizeof tail, ", psi some %.2f full %.2f, oom kills %lld",
+                r.pressure_some_avg10, r.pressure_full_avg10, static_cast<long long>(r.oom_kills));
   if (r.limit_bytes < 0) return r.source + ": limit unlimited, used " + mib(r.used_bytes) + tail;
   char pct[32];
   std::snprintf(pct, sizeof pct, " (%.1f%%)", 100 * r.headroom());
-  return r.source + ": limit " + mib(r.limit_bytes) + ", used " + mib(r.used_bytes) + ", available " +
-         mib(r.available_bytes) + pct + tail;
+  return r.source + ": limit " + mib(r.limit_bytes) + ", used " + mib(r.used_bytes) +
+         ", available " + mib(r.available_bytes) + pct + tail;
 }
 
 std::unique_ptr<MemorySource> system_memory_source(const fs::path& root) {
@@ -386,20 +398,25 @@ std::unique_ptr<MemorySource> file_memory_source(const fs::path& dir) {
 }
 
 VariantController::VariantController(VariantPolicy policy) : policy_(policy) {
-  check(0 <= policy_.low_headroom && policy_.low_headroom < policy_.high_headroom && policy_.high_headroom <= 1,
-        ErrorCode::invalid_argument, "variant policy: needs 0 <= low headroom < high headroom <= 1");
-  check(0 <= policy_.pressure_up && policy_.pressure_up <= policy_.pressure_down, ErrorCode::invalid_argument,
-        "variant policy: needs 0 <= pressure_up <= pressure_down");
+  check(0 <= policy_.low_headroom && policy_.low_headroom < policy_.high_headroom &&
+            policy_.high_headroom <= 1,
+        ErrorCode::invalid_argument,
+        "variant policy: needs 0 <= low headroom < high headroom <= 1");
+  check(0 <= policy_.pressure_up && policy_.pressure_up <= policy_.pressure_down,
+        ErrorCode::invalid_argument, "variant policy: needs 0 <= pressure_up <= pressure_down");
 }
 
-void VariantController::set_model(const std::string& model, std::vector<int64_t> variant_bytes, size_t current) {
+void VariantController::set_model(const std::string& model, std::vector<int64_t> variant_bytes,
+                                  size_t current) {
   const std::string what = "variants of model '" + model + "'";
   check(!variant_bytes.empty(), ErrorCode::invalid_argument, what + ": none given");
   check(current < variant_bytes.size(), ErrorCode::invalid_argument,
-        what + ": current variant " + std::to_string(current) + " of " + std::to_string(variant_bytes.size()));
+        what + ": current variant " + std::to_string(current) + " of " +
+            std::to_string(variant_bytes.size()));
   for (size_t i = 0; i < variant_bytes.size(); ++i) {
-    check(variant_bytes[i] > 0, ErrorCode::invalid_argument,
-          what + ": variant " + std::to_string(i) + " has size " + std::to_string(variant_bytes[i]));
+    check(
+        variant_bytes[i] > 0, ErrorCode::invalid_argument,
+        what + ": variant " + std::to_string(i) + " has size " + std::to_string(variant_bytes[i]));
     check(i == 0 || variant_bytes[i] < variant_bytes[i - 1], ErrorCode::invalid_argument,
           what + ": variant " + std::to_string(i) + " (" + std::to_string(variant_bytes[i]) +
               " bytes) is not smaller than variant " + std::to_string(i - 1) + " (" +
@@ -418,7 +435,8 @@ void VariantController::remove_model(const std::string& model) {
 
 const VariantController::Model& VariantController::find(const std::string& model) const {
   const auto it = models_.find(model);
-  if (it == models_.end()) throw Error(ErrorCode::not_found, "variant controller: no model '" + model + "'");
+  if (it == models_.end())
+    throw Error(ErrorCode::not_found, "variant controller: no model '" + model + "'");
   return it->second;
 }
 
@@ -431,10 +449,13 @@ size_t VariantController::current(const std::string& model) const {
   return find(model).current;
 }
 
-std::optional<VariantSwitch> VariantController::decide(const MemoryReading& reading, Clock::time_point now) const {
+std::optional<VariantSwitch> VariantController::decide(const MemoryReading& reading,
+                                                       Clock::time_point now) const {
   std::lock_guard lock(mu_);
   if (last_switch_ && now - *last_switch_ < policy_.settle) return std::nullopt;
-  const auto dwelt = [&](const Model& m) { return !m.last_switch || now - *m.last_switch >= policy_.min_dwell; };
+  const auto dwelt = [&](const Model& m) {
+    return !m.last_switch || now - *m.last_switch >= policy_.min_dwell;
+  };
   const double headroom = reading.headroom(), psi = reading.pressure_some_avg10;
   char why[160];
   std::optional<VariantSwitch> best;
@@ -451,10 +472,13 @@ std::optional<VariantSwitch> VariantController::decide(const MemoryReading& read
     }
     if (!best) return std::nullopt;
     if (headroom < policy_.low_headroom)
-      std::snprintf(why, sizeof why, "headroom %.1f%% below %.1f%%", 100 * headroom, 100 * policy_.low_headroom);
+      std::snprintf(why, sizeof why, "headroom %.1f%% below %.1f%%", 100 * headroom,
+                    100 * policy_.low_headroom);
     else
-      std::snprintf(why, sizeof why, "memory pressure %.2f above %.2f (PSI some avg10)", psi, policy_.pressure_down);
-    best->reason = std::string(why) + "; the smaller variant frees " + std::to_string(best_bytes) + " bytes";
+      std::snprintf(why, sizeof why, "memory pressure %.2f above %.2f (PSI some avg10)", psi,
+                    policy_.pressure_down);
+    best->reason =
+        std::string(why) + "; the smaller variant frees " + std::to_string(best_bytes) + " bytes";
     return best;
   }
 
@@ -463,9 +487,10 @@ std::optional<VariantSwitch> VariantController::decide(const MemoryReading& read
     for (const auto& [name, m] : models_) {
       if (m.current == 0 || !dwelt(m)) continue;
       const int64_t costs = m.bytes[m.current - 1] - m.bytes[m.current];
-      const double after = reading.limit_bytes <= 0
-                               ? 1.0
-                               : static_cast<double>(reading.available_bytes - costs) / reading.limit_bytes;
+      const double after =
+          reading.limit_bytes <= 0
+              ? 1.0
+              : static_cast<double>(reading.available_bytes - costs) / reading.limit_bytes;
       if (after > policy_.high_headroom && (!best || costs < best_bytes)) {
         best = VariantSwitch{name, m.current, m.current - 1, ""};
         best_bytes = costs;
@@ -473,8 +498,9 @@ std::optional<VariantSwitch> VariantController::decide(const MemoryReading& read
       }
     }
     if (!best) return std::nullopt;
-    std::snprintf(why, sizeof why, "headroom %.1f%% above %.1f%%, %.1f%% with the larger variant's ",
-                  100 * headroom, 100 * policy_.high_headroom, 100 * best_after);
+    std::snprintf(why, sizeof why,
+                  "headroom %.1f%% above %.1f%%, %.1f%% with the larger variant's ", 100 * headroom,
+                  100 * policy_.high_headroom, 100 * best_after);
     best->reason = std::string(why) + std::to_string(best_bytes) + " more bytes";
     return best;
   }

@@ -28,7 +28,8 @@ std::string error_of(Fn fn, ErrorCode code = ErrorCode::invalid_model) {
 
 fs::path test_dir(const std::string& name) {
   const char* env = std::getenv("SLIM_TEST_TMP");
-  const auto dir = fs::path(env ? env : fs::temp_directory_path() / "slim_test") / "serve" / "memory_watch" / name;
+  const auto dir = fs::path(env ? env : fs::temp_directory_path() / "slim_test") / "serve" /
+                   "memory_watch" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -60,15 +61,23 @@ TEST(MemoryParsers, ByteCounts) {
   EXPECT_EQ(error_of([] { parse_byte_count("1\n2\n", "memory.current", false); }),
             "memory.current line 2: unexpected line '2'");
   EXPECT_EQ(error_of([] { parse_byte_count(std::string("\x01\xff", 2), "memory.max", true); }),
-            "memory.max line 1: expected a byte count or 'max', got '?" "?'");
+            "memory.max line 1: expected a byte count or 'max', got '?"
+            "?'");
 }
 
 TEST(MemoryParsers, Counters) {
   // cgroup v2 memory.events and cgroup v1 memory.oom_control as the kernel writes them.
-  const auto events = parse_counters("low 0\nhigh 3\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n", "memory.events");
-  EXPECT_EQ(events, (std::map<std::string, int64_t>{
-                        {"low", 0}, {"high", 3}, {"max", 12}, {"oom", 2}, {"oom_kill", 1}, {"oom_group_kill", 0}}));
-  EXPECT_EQ(parse_counters("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n", "memory.oom_control").at("oom_kill"), 4);
+  const auto events = parse_counters("low 0\nhigh 3\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n",
+                                     "memory.events");
+  EXPECT_EQ(events, (std::map<std::string, int64_t>{{"low", 0},
+                                                    {"high", 3},
+                                                    {"max", 12},
+                                                    {"oom", 2},
+                                                    {"oom_kill", 1},
+                                                    {"oom_group_kill", 0}}));
+  EXPECT_EQ(parse_counters("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n", "memory.oom_control")
+                .at("oom_kill"),
+            4);
   // An unsigned 64-bit counter beyond int64 saturates.
   EXPECT_EQ(parse_counters("nr_x 18446744073709551615\n", "vmstat").at("nr_x"), INT64_MAX);
   EXPECT_EQ(error_of([] { parse_counters("oom 0\noom_kill\n", "memory.events"); }),
@@ -98,8 +107,9 @@ TEST(MemoryParsers, Meminfo) {
             "/proc/meminfo line 2: expected 'Name: value [kB]', got 'MemFree 2 kB'");
   EXPECT_EQ(error_of([] { parse_meminfo("MemTotal:  1 MB\n", "/proc/meminfo"); }),
             "/proc/meminfo line 1: expected 'Name: value [kB]', got 'MemTotal:  1 MB'");
-  EXPECT_EQ(error_of([] { parse_meminfo("MemTotal: 9223372036854775807 kB\n", "/proc/meminfo"); }),
-            "/proc/meminfo line 1: expected 'Name: value [kB]', got 'MemTotal: 9223372036854775807 kB'");
+  EXPECT_EQ(
+      error_of([] { parse_meminfo("MemTotal: 9223372036854775807 kB\n", "/proc/meminfo"); }),
+      "/proc/meminfo line 1: expected 'Name: value [kB]', got 'MemTotal: 9223372036854775807 kB'");
   EXPECT_EQ(error_of([] { parse_meminfo("MemTotal: 1 kB\nMemTotal: 2 kB\n", "/proc/meminfo"); }),
             "/proc/meminfo line 2: 'MemTotal' appears twice");
 }
@@ -119,31 +129,45 @@ TEST(MemoryParsers, Pressure) {
   EXPECT_DOUBLE_EQ(p.full.avg10, 3.10);
   EXPECT_EQ(p.full.total, 2345678);
 
-  EXPECT_EQ(error_of([] { parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", "memory.pressure"); }),
+  EXPECT_EQ(error_of([] {
+              parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", "memory.pressure");
+            }),
             "memory.pressure line 2: expected 'full avg10=N avg60=N avg300=N total=N', got ''");
-  EXPECT_EQ(error_of([] { parse_pressure("full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", "memory.pressure"); }),
-            "memory.pressure line 1: expected 'some avg10=N avg60=N avg300=N total=N', got 'full avg10=0.00 "
+  EXPECT_EQ(error_of([] {
+              parse_pressure("full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", "memory.pressure");
+            }),
+            "memory.pressure line 1: expected 'some avg10=N avg60=N avg300=N total=N', got 'full "
+            "avg10=0.00 "
             "avg60=0.00 avg300=0.00 total=0'");
   EXPECT_EQ(error_of([] {
-              parse_pressure("some avg60=0.00 avg10=0.00 avg300=0.00 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n",
-                             "memory.pressure");
+              parse_pressure(
+                  "some avg60=0.00 avg10=0.00 avg300=0.00 total=0\nfull avg10=0 avg60=0 avg300=0 "
+                  "total=0\n",
+                  "memory.pressure");
             }),
-            "memory.pressure line 1: expected 'some avg10=N avg60=N avg300=N total=N', got 'some avg60=0.00 "
+            "memory.pressure line 1: expected 'some avg10=N avg60=N avg300=N total=N', got 'some "
+            "avg60=0.00 "
             "avg10=0.00 avg300=0.00 total=0'");
-  EXPECT_EQ(error_of([] {
-              parse_pressure("some avg10=nan avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n",
-                             "memory.pressure");
-            }),
-            "memory.pressure line 1: expected 'some avg10=N avg60=N avg300=N total=N', got 'some avg10=nan "
-            "avg60=0 avg300=0 total=0'");
-  EXPECT_EQ(error_of([] {
-              parse_pressure("some avg10=0 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=1.5\n",
-                             "memory.pressure");
-            }),
-            "memory.pressure line 2: expected 'full avg10=N avg60=N avg300=N total=N', got 'full avg10=0 "
-            "avg60=0 avg300=0 total=1.5'");
-  EXPECT_EQ(error_of([] { parse_pressure(std::string(kCalmPressure) + "more\n", "memory.pressure"); }),
-            "memory.pressure line 3: unexpected line 'more'");
+  EXPECT_EQ(
+      error_of([] {
+        parse_pressure(
+            "some avg10=nan avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n",
+            "memory.pressure");
+      }),
+      "memory.pressure line 1: expected 'some avg10=N avg60=N avg300=N total=N', got 'some "
+      "avg10=nan "
+      "avg60=0 avg300=0 total=0'");
+  EXPECT_EQ(
+      error_of([] {
+        parse_pressure(
+            "some avg10=0 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=1.5\n",
+            "memory.pressure");
+      }),
+      "memory.pressure line 2: expected 'full avg10=N avg60=N avg300=N total=N', got 'full avg10=0 "
+      "avg60=0 avg300=0 total=1.5'");
+  EXPECT_EQ(
+      error_of([] { parse_pressure(std::string(kCalmPressure) + "more\n", "memory.pressure"); }),
+      "memory.pressure line 3: unexpected line 'more'");
 }
 
 TEST(MemorySources, FileSourceReadsWhatTheTestWrites) {
@@ -159,19 +183,23 @@ TEST(MemorySources, FileSourceReadsWhatTheTestWrites) {
   EXPECT_DOUBLE_EQ(r.headroom(), 0.25);
   EXPECT_EQ(r.pressure_some_avg10, 0);
   EXPECT_EQ(r.oom_kills, 0);
-  EXPECT_EQ(describe(r), "files " + dir.string() +
-                             ": limit 1024.0 MiB, used 768.0 MiB, available 256.0 MiB (25.0%), psi some 0.00 "
-                             "full 0.00, oom kills 0");
+  EXPECT_EQ(describe(r),
+            "files " + dir.string() +
+                ": limit 1024.0 MiB, used 768.0 MiB, available 256.0 MiB (25.0%), psi some 0.00 "
+                "full 0.00, oom kills 0");
 
   // Inactive page cache does not count as used; pressure and OOM kills come from their files.
   write(dir / "memory.max", "536870912\n");
-  write(dir / "memory.stat", "anon 300000000\nfile 200000000\ninactive_file 100663296\nactive_file 0\n");
+  write(dir / "memory.stat",
+        "anon 300000000\nfile 200000000\ninactive_file 100663296\nactive_file 0\n");
   write(dir / "memory.events", "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n");
   write(dir / "memory.pressure",
-        "some avg10=11.50 avg60=3.00 avg300=1.00 total=900\nfull avg10=2.25 avg60=1.00 avg300=0.50 total=300\n");
+        "some avg10=11.50 avg60=3.00 avg300=1.00 total=900\nfull avg10=2.25 avg60=1.00 avg300=0.50 "
+        "total=300\n");
   r = source->read();
   EXPECT_EQ(r.limit_bytes, 512 << 20);
-  EXPECT_EQ(r.used_bytes, 672 << 20);  // usage above the limit (it was just lowered): nothing available
+  EXPECT_EQ(r.used_bytes,
+            672 << 20);  // usage above the limit (it was just lowered): nothing available
   EXPECT_EQ(r.available_bytes, 0);
   write(dir / "memory.current", "402653184\n");
   r = source->read();
@@ -186,12 +214,14 @@ TEST(MemorySources, FileSourceReadsWhatTheTestWrites) {
   EXPECT_EQ(r.limit_bytes, -1);
   EXPECT_EQ(r.available_bytes, -1);
   EXPECT_EQ(r.headroom(), 1.0);
-  EXPECT_EQ(describe(r), "files " + dir.string() + ": limit unlimited, used 288.0 MiB, psi some 11.50 full 2.25, "
-                                                   "oom kills 1");
+  EXPECT_EQ(describe(r), "files " + dir.string() +
+                             ": limit unlimited, used 288.0 MiB, psi some 11.50 full 2.25, "
+                             "oom kills 1");
 
   write(dir / "memory.events", "oom_kill one\n");
-  EXPECT_EQ(error_of([&] { source->read(); }),
-            (dir / "memory.events").string() + " line 1: expected 'name value', got 'oom_kill one'");
+  EXPECT_EQ(
+      error_of([&] { source->read(); }),
+      (dir / "memory.events").string() + " line 1: expected 'name value', got 'oom_kill one'");
   fs::remove(dir / "memory.current");
   EXPECT_EQ(error_of([&] { source->read(); }, ErrorCode::not_found),
             "memory source: cannot read " + (dir / "memory.current").string());
@@ -204,16 +234,19 @@ TEST(MemorySources, FileSourceReadsWhatTheTestWrites) {
 void write_proc(const fs::path& root, const std::string& cgroup, const std::string& mountinfo) {
   write(root / "proc/self/cgroup", cgroup);
   write(root / "proc/self/mountinfo", mountinfo);
-  write(root / "proc/meminfo", "MemTotal:        8388608 kB\nMemFree:         1048576 kB\nMemAvailable:    6291456 kB\n");
+  write(root / "proc/meminfo",
+        "MemTotal:        8388608 kB\nMemFree:         1048576 kB\nMemAvailable:    6291456 kB\n");
   write(root / "proc/pressure/memory",
-        "some avg10=0.50 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.25 avg60=0.00 avg300=0.00 total=5\n");
+        "some avg10=0.50 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.25 avg60=0.00 avg300=0.00 "
+        "total=5\n");
   write(root / "proc/vmstat", "nr_free_pages 262144\noom_kill 9\n");
 }
 
 const char* kV2Mounts =
     "24 1 0:22 / /proc rw,nosuid - proc proc rw\n"
     "25 1 0:23 / /mnt/my\\040disk rw - tmpfs  rw\n"  // a mount without a source name
-    "31 23 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+    "31 23 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 "
+    "rw,nsdelegate\n";
 
 TEST(MemorySources, SystemSourcePicksTheTightestCgroupV2Limit) {
   const fs::path root = test_dir("v2");
@@ -221,11 +254,13 @@ TEST(MemorySources, SystemSourcePicksTheTightestCgroupV2Limit) {
   const fs::path slice = root / "sys/fs/cgroup/app.slice", own = slice / "slim.service";
   write(slice / "memory.max", "3221225472\n");  // 3 GiB, 2.5 GiB used: 512 MiB left
   write(slice / "memory.current", "2684354560\n");
-  write(own / "memory.max", "2147483648\n");  // 2 GiB, 1 GiB used (+ 256 MiB inactive cache): 1 GiB left
+  write(own / "memory.max",
+        "2147483648\n");  // 2 GiB, 1 GiB used (+ 256 MiB inactive cache): 1 GiB left
   write(own / "memory.current", "1342177280\n");
   write(own / "memory.stat", "anon 1073741824\ninactive_file 268435456\n");
   write(own / "memory.events", "low 0\nhigh 0\nmax 0\noom 0\noom_kill 2\noom_group_kill 0\n");
-  write(own / "memory.pressure", "some avg10=4.00 avg60=0 avg300=0 total=1\nfull avg10=1.00 avg60=0 avg300=0 total=1\n");
+  write(own / "memory.pressure",
+        "some avg10=4.00 avg60=0 avg300=0 total=1\nfull avg10=1.00 avg60=0 avg300=0 total=1\n");
   auto source = system_memory_source(root);
   MemoryReading r = source->read();
   EXPECT_EQ(r.source, "cgroup2 " + slice.string());
@@ -308,8 +343,9 @@ TEST(MemorySources, SystemSourceErrorsNameTheFile) {
             (root / "proc/self/mountinfo").string() +
                 " line 1: expected a mount line, got '31 23 0:27 / /sys/fs/cgroup rw - cgroup2'");
   write_proc(root, "0:/\n", kV2Mounts);
-  EXPECT_EQ(error_of([&] { system_memory_source(root); }),
-            (root / "proc/self/cgroup").string() + " line 1: expected 'ID:CONTROLLERS:PATH', got '0:/'");
+  EXPECT_EQ(
+      error_of([&] { system_memory_source(root); }),
+      (root / "proc/self/cgroup").string() + " line 1: expected 'ID:CONTROLLERS:PATH', got '0:/'");
   write_proc(root, "0::/\n", kV2Mounts);
   write(root / "proc/meminfo", "MemTotal: 1024 kB\n");
   EXPECT_EQ(error_of([&] { system_memory_source(root)->read(); }),
@@ -322,7 +358,8 @@ TEST(MemorySources, SystemSourceErrorsNameTheFile) {
 TEST(MemorySources, ThisMachine) {
   const MemoryReading r = system_memory_source()->read();
   std::cout << describe(r) << "\n";
-  EXPECT_TRUE(r.source == "meminfo" || r.source.rfind("cgroup2 /", 0) == 0 || r.source.rfind("cgroup1 /", 0) == 0)
+  EXPECT_TRUE(r.source == "meminfo" || r.source.rfind("cgroup2 /", 0) == 0 ||
+              r.source.rfind("cgroup1 /", 0) == 0)
       << r.source;
   EXPECT_GT(r.limit_bytes, 0);
   EXPECT_GE(r.available_bytes, 0);
@@ -344,7 +381,9 @@ MemoryReading reading(int64_t limit, int64_t available, double psi = 0) {
 const VariantController::Clock::time_point t0{};
 
 std::string str(const std::optional<VariantSwitch>& s) {
-  return s ? s->model + " " + std::to_string(s->from) + "->" + std::to_string(s->to) + ": " + s->reason : "none";
+  return s ? s->model + " " + std::to_string(s->from) + "->" + std::to_string(s->to) + ": " +
+                 s->reason
+           : "none";
 }
 
 TEST(VariantController, ShrinkingLimitStepsDownOneModelAtATime) {
@@ -364,13 +403,14 @@ TEST(VariantController, ShrinkingLimitStepsDownOneModelAtATime) {
       c.applied(sw->model, sw->to, now);
     }
   }
-  EXPECT_EQ(log, (std::vector<std::string>{
-                     "9s llm 0->1: headroom 14.6% below 15.0%; the smaller variant frees 500 bytes",
-                     // llm's next step would free more, but it switched 15 s ago
-                     "24s digits 0->1: headroom 13.5% below 15.0%; the smaller variant frees 300 bytes",
-                     // short again from 33 s on; llm waits out its dwell
-                     "39s llm 1->2: headroom 0.0% below 15.0%; the smaller variant frees 400 bytes",
-                 }));
+  EXPECT_EQ(log,
+            (std::vector<std::string>{
+                "9s llm 0->1: headroom 14.6% below 15.0%; the smaller variant frees 500 bytes",
+                // llm's next step would free more, but it switched 15 s ago
+                "24s digits 0->1: headroom 13.5% below 15.0%; the smaller variant frees 300 bytes",
+                // short again from 33 s on; llm waits out its dwell
+                "39s llm 1->2: headroom 0.0% below 15.0%; the smaller variant frees 400 bytes",
+            }));
 }
 
 TEST(VariantController, NoFlappingBetweenTheThresholds) {
@@ -378,7 +418,8 @@ TEST(VariantController, NoFlappingBetweenTheThresholds) {
   c.set_model("m", {400, 200}, 1);
   // Headroom swinging between 16% and 34% for ten minutes: nothing to do.
   for (int s = 0; s < 600; ++s)
-    EXPECT_EQ(str(c.decide(reading(1000, s % 2 ? 160 : 340), t0 + std::chrono::seconds(s))), "none") << s;
+    EXPECT_EQ(str(c.decide(reading(1000, s % 2 ? 160 : 340), t0 + std::chrono::seconds(s))), "none")
+        << s;
   // Swinging across both thresholds every 3 s: a switch at most once per dwell (30 s), at
   // the first second after it when memory is on the other side (up at 0 s, down at 33 s...).
   std::vector<int> at;
@@ -398,10 +439,12 @@ TEST(VariantController, StepsUpOnlyWhenHeadroomStaysAboveHigh) {
   c.set_model("m", {400, 200}, 0);
   c.applied("m", 1, t0);
   const auto later = t0 + 60s;
-  EXPECT_EQ(str(c.decide(reading(1000, 500), later)), "none");  // 50%, but 30% with the 200 bytes back
-  EXPECT_EQ(str(c.decide(reading(1000, 550), later)), "none");  // 35% after: not above
+  EXPECT_EQ(str(c.decide(reading(1000, 500), later)),
+            "none");  // 50%, but 30% with the 200 bytes back
+  EXPECT_EQ(str(c.decide(reading(1000, 550), later)), "none");     // 35% after: not above
   EXPECT_EQ(str(c.decide(reading(1000, 560), t0 + 29s)), "none");  // within its dwell
-  EXPECT_EQ(str(c.decide(reading(1000, 560, 1.5), later)), "none");  // the kernel still stalls on memory
+  EXPECT_EQ(str(c.decide(reading(1000, 560, 1.5), later)),
+            "none");  // the kernel still stalls on memory
   EXPECT_EQ(str(c.decide(reading(1000, 560, 1.0), later)),
             "m 1->0: headroom 56.0% above 35.0%, 36.0% with the larger variant's 200 more bytes");
   // Without a limit (a file source reading "max") only pressure holds a model down.
@@ -421,17 +464,21 @@ TEST(VariantController, LargestSavingFirstThenByNameAfterTheSettleTime) {
   c.set_model("a", {500, 300, 50}, 0);
   c.set_model("small", {60, 50}, 0);
   const MemoryReading short_ = reading(1000, 100);
-  EXPECT_EQ(str(c.decide(short_, t0)), "a 0->1: headroom 10.0% below 15.0%; the smaller variant frees 200 bytes");
+  EXPECT_EQ(str(c.decide(short_, t0)),
+            "a 0->1: headroom 10.0% below 15.0%; the smaller variant frees 200 bytes");
   c.applied("a", 1, t0);
-  EXPECT_EQ(str(c.decide(short_, t0 + 4s)), "none");  // settling: the next reading shows what a's switch freed
-  EXPECT_EQ(c.decide(short_, t0 + 5s)->model, "b");    // a (250) waits its dwell; b and c free 200, b first
+  EXPECT_EQ(str(c.decide(short_, t0 + 4s)),
+            "none");  // settling: the next reading shows what a's switch freed
+  EXPECT_EQ(c.decide(short_, t0 + 5s)->model,
+            "b");  // a (250) waits its dwell; b and c free 200, b first
   c.applied("b", 1, t0 + 5s);
   EXPECT_EQ(c.decide(short_, t0 + 10s)->model, "c");
   c.applied("c", 1, t0 + 10s);
   EXPECT_EQ(c.decide(short_, t0 + 15s)->model, "small");
   c.applied("small", 1, t0 + 15s);
   EXPECT_EQ(str(c.decide(short_, t0 + 20s)), "none");
-  EXPECT_EQ(str(c.decide(short_, t0 + 30s)), "a 1->2: headroom 10.0% below 15.0%; the smaller variant frees 250 bytes");
+  EXPECT_EQ(str(c.decide(short_, t0 + 30s)),
+            "a 1->2: headroom 10.0% below 15.0%; the smaller variant frees 250 bytes");
   c.applied("a", 2, t0 + 30s);
   EXPECT_EQ(str(c.decide(short_, t0 + 100s)), "none");  // every model at its smallest
 }
@@ -441,28 +488,45 @@ TEST(VariantController, PressureAloneStepsDown) {
   c.set_model("m", {400, 200}, 0);
   EXPECT_EQ(str(c.decide(reading(1000, 800, 10.0), t0)), "none");  // at the threshold: not above
   EXPECT_EQ(str(c.decide(reading(1000, 800, 12.5), t0)),
-            "m 0->1: memory pressure 12.50 above 10.00 (PSI some avg10); the smaller variant frees 200 bytes");
+            "m 0->1: memory pressure 12.50 above 10.00 (PSI some avg10); the smaller variant frees "
+            "200 bytes");
 }
 
 TEST(VariantController, RefusesBadInput) {
   VariantController c;
-  EXPECT_EQ(error_of([&] { c.set_model("m", {400, 400}, 0); }, ErrorCode::invalid_argument),
-            "variants of model 'm': variant 1 (400 bytes) is not smaller than variant 0 (400 bytes)");
-  EXPECT_EQ(error_of([&] { c.set_model("m", {400, 0}, 0); }, ErrorCode::invalid_argument),
+  EXPECT_EQ(
+      error_of(
+          [&] {
+            c.set_model("m", {400, 400}, 0);
+          },
+          ErrorCode::invalid_argument),
+      "variants of model 'm': variant 1 (400 bytes) is not smaller than variant 0 (400 bytes)");
+  EXPECT_EQ(error_of(
+                [&] {
+                  c.set_model("m", {400, 0}, 0);
+                },
+                ErrorCode::invalid_argument),
             "variants of model 'm': variant 1 has size 0");
   EXPECT_EQ(error_of([&] { c.set_model("m", {}, 0); }, ErrorCode::invalid_argument),
             "variants of model 'm': none given");
-  EXPECT_EQ(error_of([&] { c.set_model("m", {400, 200}, 2); }, ErrorCode::invalid_argument),
+  EXPECT_EQ(error_of(
+                [&] {
+                  c.set_model("m", {400, 200}, 2);
+                },
+                ErrorCode::invalid_argument),
             "variants of model 'm': current variant 2 of 2");
-  EXPECT_EQ(error_of([&] { c.applied("x", 0, t0); }, ErrorCode::not_found), "variant controller: no model 'x'");
+  EXPECT_EQ(error_of([&] { c.applied("x", 0, t0); }, ErrorCode::not_found),
+            "variant controller: no model 'x'");
   c.set_model("m", {400, 200}, 0);
   EXPECT_EQ(error_of([&] { c.applied("m", 2, t0); }, ErrorCode::invalid_argument),
             "variant controller: model 'm' has no variant 2");
   c.remove_model("m");
-  EXPECT_EQ(error_of([&] { c.current("m"); }, ErrorCode::not_found), "variant controller: no model 'm'");
-  EXPECT_EQ(error_of([] { VariantController(VariantPolicy{.low_headroom = 0.4, .high_headroom = 0.3}); },
-                     ErrorCode::invalid_argument),
-            "variant policy: needs 0 <= low headroom < high headroom <= 1");
+  EXPECT_EQ(error_of([&] { c.current("m"); }, ErrorCode::not_found),
+            "variant controller: no model 'm'");
+  EXPECT_EQ(
+      error_of([] { VariantController(VariantPolicy{.low_headroom = 0.4, .high_headroom = 0.3}); },
+               ErrorCode::invalid_argument),
+      "variant policy: needs 0 <= low headroom < high headroom <= 1");
 }
 
 }  // namespace

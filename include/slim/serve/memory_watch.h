@@ -25,9 +25,9 @@
 namespace slim::serve {
 
 struct MemoryReading {
-  std::string source;         // where it came from: "cgroup2 DIR", "cgroup1 DIR", "meminfo", "files DIR"
-  int64_t limit_bytes = -1;   // the cap (a cgroup limit, or MemTotal); -1: unlimited
-  int64_t used_bytes = 0;     // working set: usage less inactive page cache
+  std::string source;  // where it came from: "cgroup2 DIR", "cgroup1 DIR", "meminfo", "files DIR"
+  int64_t limit_bytes = -1;  // the cap (a cgroup limit, or MemTotal); -1: unlimited
+  int64_t used_bytes = 0;    // working set: usage less inactive page cache
   int64_t available_bytes = 0;
   double pressure_some_avg10 = 0;  // PSI, percent of time some / all tasks stalled on memory
   double pressure_full_avg10 = 0;  // (0 where the kernel has no PSI)
@@ -76,10 +76,10 @@ struct Pressure {
 Pressure parse_pressure(std::string_view text, const std::string& file);
 
 struct VariantPolicy {
-  double low_headroom = 0.15;   // below: step a model down
-  double high_headroom = 0.35;  // above (also after the step up): step a model up
-  double pressure_down = 10.0;  // PSI some avg10 above: step a model down
-  double pressure_up = 1.0;     // steps up only while PSI some avg10 is at most this
+  double low_headroom = 0.15;          // below: step a model down
+  double high_headroom = 0.35;         // above (also after the step up): step a model up
+  double pressure_down = 10.0;         // PSI some avg10 above: step a model down
+  double pressure_up = 1.0;            // steps up only while PSI some avg10 is at most this
   std::chrono::seconds min_dwell{30};  // a model keeps a variant at least this long
   // No switch of any model for this long after one, so the next reading shows its effect
   // (the old variant drains and frees its memory) before another model is stepped down.
