@@ -29,10 +29,6 @@ import make_repository  # noqa: E402
 from serve_harness import slim_command, start_server  # noqa: E402
 from test_rest import curl  # noqa: E402
 
-# Flags of issue 23 that the server gains on main while the manifests already use them:
-# skipped (not failed) while `slim serve --help` does not list them yet.
-PENDING_FLAGS = {"--model-control-mode=poll", "--repository-poll-secs", "--require-signature",
-                 "--audit-log", "--integrity-interval-secs"}
 PORT_FLAGS = {"http": "--http-port", "grpc": "--grpc-port", "metrics": "--metrics-port"}
 
 
@@ -117,12 +113,8 @@ class DeployTest(unittest.TestCase):
             with self.subTest(where=where, flag=name):
                 known = self.help.get(name)
                 if known is None:
-                    if name in PENDING_FLAGS:
-                        self.skipTest("%s: %s is not in `slim serve --help` yet (issue 23)" % (where, name))
                     self.fail("%s: `slim serve --help` lists no %s" % (where, name))
                 if known["choices"] is not None and value not in known["choices"]:
-                    if "%s=%s" % (name, value) in PENDING_FLAGS:
-                        self.skipTest("%s: %s %s is not in `slim serve --help` yet (issue 23)" % (where, name, value))
                     self.fail("%s: %s %s is none of %s" % (where, name, value, sorted(known["choices"])))
         return flags
 

@@ -41,9 +41,6 @@ struct ServerOptions {
   int64_t max_queue_size = 4096;  // per model and level when the config sets no bound
   uint64_t request_timeout_us = 0;  // overall limit per request (0: none)
   LlmOptions llm;  // language models (GGUF) of the repository and --model
-  // Public keys of the trusted signers: when any is given, a version loads only if its OMS
-  // bundle verifies against one of them (the server metadata reports require_signature).
-  std::vector<std::string> require_signature_keys;
 };
 
 // The server's view of one version of a model, for metadata.
