@@ -423,11 +423,15 @@ std::string encode_server_metadata(const std::string& name, const std::string& v
 }
 
 std::string encode_model_metadata(const ModelMetadata& m) {
-  return dump(ojson{{"name", m.name},
-               {"versions", m.versions},
-               {"platform", m.platform},
-               {"inputs", tensor_specs(m.inputs)},
-               {"outputs", tensor_specs(m.outputs)}});
+  ojson j{{"name", m.name},
+          {"versions", m.versions},
+          {"platform", m.platform},
+          {"inputs", tensor_specs(m.inputs)},
+          {"outputs", tensor_specs(m.outputs)}};
+  if (!m.digest.empty())  // slim's extension: what the server verified of the version
+    j["slim"] = ojson{{"digest", m.digest}, {"signed", !m.signer.empty()},
+                      {"signer", m.signer.empty() ? ojson(nullptr) : ojson(m.signer)}};
+  return dump(j);
 }
 
 std::string encode_model_config(const ModelConfig& c) {

@@ -611,6 +611,10 @@ ModelMetadata InferenceServer::model_metadata(const std::string& name,
   md.max_batch_size = m->config.max_batch_size;
   for (const auto& t : m->inputs) md.inputs.push_back(t.spec);
   for (const auto& t : m->outputs) md.outputs.push_back(t.spec);
+  if (const auto& lv = Impl::version_of(*m, version); lv->verified) {
+    md.digest = lv->verified->digest;
+    md.signer = lv->verified->signer;
+  }
   return md;
 }
 

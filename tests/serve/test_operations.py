@@ -206,6 +206,15 @@ class Signatures(unittest.TestCase):
             slim("sign", v, "--key", key)
             wait_for(lambda: served_versions(srv) == ["6"], what="the signed version 6")
             self.assertEqual(infer_plain(srv), 2)
+            meta = request(srv, "/v2/models/plain")[1]["slim"]
+            self.assertTrue(meta["signed"])
+            self.assertTrue(meta["digest"].startswith("sha256:"))
+            # slim check sees the gate and the signed version.
+            p = slim("check", srv.url(), "--grpc", "127.0.0.1:%d" % srv.grpc_port)
+            report = json.loads(p.stdout)
+            self.assertTrue(report["slim"]["require_signature"])
+            (plain,) = [m for m in report["models"] if m["name"] == "plain"]
+            self.assertTrue(plain["versions"][0]["signed"])
             self.assertEqual(srv.stop(), 0)
         loads = [e for e in audit_events(log, "plain") if e["event"] in ("model.load", "model.update")]
         self.assertEqual([e["details"]["versions"][0]["version"] for e in loads], ["1", "6"])

@@ -51,6 +51,9 @@ struct ModelMetadata {
   int64_t max_batch_size = 0;
   std::vector<TensorSpec> inputs;  // full shapes; -1 free (the batch dim when batching)
   std::vector<TensorSpec> outputs;
+  // slim's own: the files' digest and the key that signed them, when the server hashed
+  // (audit, integrity) or verified (signatures) the version ("" otherwise).
+  std::string digest, signer;
 };
 
 struct RepositoryEntry {
