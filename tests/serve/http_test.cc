@@ -12,10 +12,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "slim/core/cpu_features.h"
+#include "slim/trust/keys.h"
 
 namespace slim::serve {
 namespace {
@@ -124,8 +127,11 @@ TEST_F(HttpFrontendTest, HealthMetadataAndUnknownRoutes) {
 }
 
 TEST(HttpFrontend, SignatureRequirementIsInTheServerMetadata) {
+  const std::string pub =
+      (std::filesystem::temp_directory_path() / ("slim_http_test_" + std::to_string(getpid()) + ".pub")).string();
+  std::ofstream(pub) << trust::PrivateKey::generate(trust::KeyAlg::ed25519).public_key().to_pem();
   ServerOptions options;
-  options.require_signature_keys = {"ops.pub"};
+  options.require_signature_keys = {pub};
   InferenceServer server(options);
   server.start();
   HttpFrontend http(server, loopback());
@@ -133,6 +139,7 @@ TEST(HttpFrontend, SignatureRequirementIsInTheServerMetadata) {
   auto meta = client.Get("/v2");
   ASSERT_TRUE(meta);
   EXPECT_EQ(nlohmann::json::parse(meta->body)["slim"]["require_signature"], true);
+  std::filesystem::remove(pub);
 }
 
 TEST_F(HttpFrontendTest, CodecErrorsAreJson400) {
