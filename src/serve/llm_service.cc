@@ -397,7 +397,8 @@ LlmService::~LlmService() {
   }
   impl_->cv.notify_all();
   if (impl_->loop.joinable()) impl_->loop.join();
-  if (impl_->metrics) impl_->metrics->remove_series({{"model", name_}});
+  // The metric series stay: a reloaded model's new service shares them, and an unload
+  // drops them (InferenceServer::unload_model).
 }
 
 std::string LlmService::render_chat(std::span<const text::ChatMessage> messages) const {
