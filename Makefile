@@ -17,6 +17,7 @@ build: configure
 
 demo: build
 	bash examples/demo.sh $(BUILD)
+	bash examples/serve/operations.sh $(BUILD)
 
 # slim serve on the example repository (the demo's digits model and a forest), Ctrl-C stops it.
 serve: build
