@@ -288,8 +288,9 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
   }
 
   m->policy = batch_policy(cfg, options.max_queue_size);
-  if (!cfg.parameters.empty() && !fs::exists(dir / std::to_string(serve.front()) / "model.gguf"))
-    warnings->push_back(origin + ": 'parameters' are read by language models only; ignored");
+  for (const auto& [key, value] : cfg.parameters)
+    if (key.rfind("canary_", 0) != 0 && !fs::exists(dir / std::to_string(serve.front()) / "model.gguf"))
+      warnings->push_back(origin + ": parameter '" + key + "' is read by language models only; ignored");
   if (const fs::path gguf = dir / std::to_string(serve.front()) /
                             (cfg.default_model_filename.empty() ? "model.gguf" : cfg.default_model_filename);
       gguf.extension() == ".gguf" && fs::exists(gguf)) {

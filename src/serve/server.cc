@@ -22,7 +22,72 @@
 namespace slim::serve {
 namespace {
 
+// A new version serving a share of the requests beside the old one for a window, then
+// promoted or dropped by its error rate and p99 latency against the old one's
+// (config parameters canary_share, canary_priority, canary_window_secs,
+// canary_max_error_rate_increase, canary_max_p99_ratio).
+struct CanaryPolicy {
+  double share = 0;       // of the requests, 0 < share <= 1
+  uint32_t priority = 0;  // only requests of this level (0: any)
+  int window_secs = 60;
+  double max_error_rate_increase = 0.01;
+  double max_p99_ratio = 1.5;
+};
+
+struct CanaryStats {
+  std::mutex mu;
+  uint64_t count[2] = {0, 0}, errors[2] = {0, 0};
+  std::vector<double> latency_ms[2];  // at most kKeep per side
+  static constexpr size_t kKeep = 100000;
+  void add(int side, bool error, double ms) {
+    std::lock_guard lock(mu);
+    ++count[side];
+    errors[side] += error;
+    if (latency_ms[side].size() < kKeep) latency_ms[side].push_back(ms);
+  }
+};
+
+struct Canary {
+  std::shared_ptr<LoadedModel> model;
+  CanaryPolicy policy;
+  Clock::time_point until;
+  std::shared_ptr<CanaryStats> stats = std::make_shared<CanaryStats>();
+  std::shared_ptr<std::atomic<uint64_t>> routed = std::make_shared<std::atomic<uint64_t>>(0);
+};
+
+CanaryPolicy canary_policy(const ModelConfig& c) {
+  CanaryPolicy p;
+  auto get = [&](const char* key, double lo, double hi, double& out) {
+    auto it = c.parameters.find(key);
+    if (it == c.parameters.end()) return;
+    char* end = nullptr;
+    const double v = std::strtod(it->second.c_str(), &end);
+    if (it->second.empty() || *end || !(v >= lo && v <= hi))
+      throw Error(ErrorCode::invalid_model, "model '" + c.name + "': parameter '" + key + "' must be a number from " +
+                                                std::to_string(lo) + " to " + std::to_string(hi) + ", not '" +
+                                                it->second + "'");
+    out = v;
+  };
+  double priority = 0, window = p.window_secs;
+  get("canary_share", 0, 1, p.share);
+  get("canary_priority", 0, 1e6, priority);
+  get("canary_window_secs", 1, 86400, window);
+  get("canary_max_error_rate_increase", 0, 1, p.max_error_rate_increase);
+  get("canary_max_p99_ratio", 0, 1e6, p.max_p99_ratio);
+  p.priority = uint32_t(priority);
+  p.window_secs = int(window);
+  return p;
+}
+
+double p99(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, size_t(double(v.size()) * 0.99));
+  std::nth_element(v.begin(), v.begin() + long(k), v.end());
+  return v[k];
+}
+
 struct ModelSlot {
+  std::optional<Canary> canary;           // a new version on trial beside `model`
   std::shared_ptr<LoadedModel> model;     // null while not loaded
   std::shared_ptr<LoadedModel> previous;  // what the last (re)load replaced, for rollback
   std::shared_ptr<LoadedModel> quarantined;  // taken out of service: its files changed
@@ -133,9 +198,18 @@ struct InferenceServer::Impl {
   }
   void warm_up(const LoadedModel& m) const;
   void watch();
+  void decide_canaries();
+  std::shared_ptr<LoadedModel> find_or_null(const std::string& name) const {
+    std::lock_guard lock(mu);
+    auto it = slots.find(name);
+    return it == slots.end() ? nullptr : it->second.model;
+  }
 
   std::shared_ptr<LoadedModel> find(const std::string& name) const {
     std::lock_guard lock(mu);
+    return find_locked(name);
+  }
+  std::shared_ptr<LoadedModel> find_locked(const std::string& name) const {
     auto it = slots.find(name);
     if (it == slots.end()) throw Error(ErrorCode::not_found, "unknown model '" + name + "'");
     if (!it->second.model)
@@ -143,6 +217,26 @@ struct InferenceServer::Impl {
                   "model '" + name + "' is not ready" +
                       (it->second.reason.empty() ? "" : ": " + it->second.reason));
     return it->second.model;
+  }
+
+  // The model a request goes to: the serving one, or the canary on trial for its share
+  // (and level); `stats`/`side` record the outcome when a canary is on trial.
+  struct Route {
+    std::shared_ptr<LoadedModel> model;
+    std::shared_ptr<CanaryStats> stats;
+    int side = 0;
+  };
+  Route route(const std::string& name, const InferRequest& req) const {
+    std::lock_guard lock(mu);
+    auto it = slots.find(name);
+    if (it == slots.end() || !it->second.model || !it->second.canary || !req.version.empty()) return {find_locked(name), nullptr, 0};
+    const Canary& c = *it->second.canary;
+    const bool eligible = c.policy.priority == 0 || req.priority.value_or(0) == c.policy.priority;
+    // Eligible request k goes to the canary when floor((k + 1) * share) steps past
+    // floor(k * share): the share, evenly spread, without a random source.
+    const uint64_t k = eligible ? c.routed->fetch_add(1) : 0;
+    const bool to_canary = eligible && uint64_t(double(k + 1) * c.policy.share) > uint64_t(double(k) * c.policy.share);
+    return {to_canary ? c.model : it->second.model, c.stats, to_canary ? 1 : 0};
   }
 
   static std::shared_ptr<LoadedVersion> version_of(const LoadedModel& m,
@@ -318,6 +412,25 @@ void InferenceServer::Impl::load(const std::string& name) {
     throw;
   }
   for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
+  const CanaryPolicy canary = canary_policy(fresh->config);
+  bool on_trial = false;
+  {
+    std::lock_guard lock(mu);
+    ModelSlot& slot = slots[name];
+    if (canary.share > 0 && slot.model && fresh->platform != "slim_llm") {
+      slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs)};
+      slot.loaded_fp = slot.seen_fp = fp;
+      slot.failed_fp.clear();
+      on_trial = true;
+    }
+  }
+  if (on_trial) {
+    std::cerr << "slim serve: model '" << name << "' version " << fresh->versions.begin()->second->name
+              << " on trial for " << canary.window_secs << " s with " << canary.share * 100 << " % of the requests\n";
+    record("model.canary_started", name, fresh.get(),
+           {{"share", canary.share}, {"window_secs", canary.window_secs}, {"priority", canary.priority}});
+    return;
+  }
   {
     std::lock_guard lock(mu);
     ModelSlot& slot = slots[name];
@@ -435,27 +548,76 @@ void InferenceServer::check_integrity() {
   }
 }
 
+// Ends the trials whose window is over: the canary is promoted when its error rate and
+// p99 latency stay within the policy's bounds of the serving version's, else dropped.
+void InferenceServer::Impl::decide_canaries() {
+  std::vector<std::pair<std::string, nlohmann::json>> decisions;
+  std::vector<std::shared_ptr<LoadedModel>> released;
+  {
+    std::lock_guard load_lock(load_mu);
+    std::lock_guard lock(mu);
+    for (auto& [name, slot] : slots) {
+      if (!slot.canary || Clock::now() < slot.canary->until) continue;
+      Canary c = std::move(*slot.canary);
+      slot.canary.reset();
+      std::lock_guard stats_lock(c.stats->mu);
+      const CanaryStats& st = *c.stats;
+      auto rate = [&](int side) { return st.count[side] ? double(st.errors[side]) / double(st.count[side]) : 0.0; };
+      const double p99_old = p99(st.latency_ms[0]), p99_new = p99(st.latency_ms[1]);
+      std::string why;
+      if (st.count[1] == 0) why = "no request reached it";
+      else if (rate(1) > rate(0) + c.policy.max_error_rate_increase) why = "its error rate is above the serving version's";
+      else if (st.count[0] > 0 && p99_new > p99_old * c.policy.max_p99_ratio) why = "its p99 latency is above the bound";
+      nlohmann::json d = {{"requests", {st.count[0], st.count[1]}},     {"errors", {st.errors[0], st.errors[1]}},
+                          {"p99_ms", {p99_old, p99_new}},               {"max_p99_ratio", c.policy.max_p99_ratio},
+                          {"max_error_rate_increase", c.policy.max_error_rate_increase},
+                          {"version", c.model->versions.begin()->second->name}};
+      if (why.empty()) {
+        slot.previous = std::move(slot.model);
+        slot.model = c.model;
+        released.push_back(nullptr);
+        d["decision"] = "promoted";
+      } else {
+        released.push_back(c.model);  // drains outside the locks
+        d["decision"] = "rolled back";
+        d["reason"] = why;
+      }
+      decisions.emplace_back(name, d);
+    }
+  }
+  for (auto& [name, d] : decisions) {
+    std::cerr << "slim serve: model '" << name << "' canary version " << d["version"].get<std::string>() << " "
+              << d["decision"].get<std::string>() << (d.contains("reason") ? ": " + d["reason"].get<std::string>() : "")
+              << "\n";
+    record(d["decision"] == "promoted" ? "model.canary_promoted" : "model.canary_rolled_back", name,
+           find_or_null(name).get(), d);
+  }
+}
+
+// Polls, integrity checks and canary decisions, each when due; wakes at least every second.
 void InferenceServer::Impl::watch() {
   using namespace std::chrono;
-  const bool polling = opt.model_control == ServerOptions::ModelControl::poll && repo;
+  const bool polling = opt.model_control == ServerOptions::ModelControl::poll;
+  const bool checking = opt.integrity_interval_secs > 0;
   const auto poll_every = seconds(std::max(1, opt.poll_secs));
   const auto check_every = seconds(std::max(1, opt.integrity_interval_secs));
   auto next_poll = steady_clock::now() + poll_every, next_check = steady_clock::now() + check_every;
   std::unique_lock lock(watch_mu);
   for (;;) {
-    auto next = polling && opt.integrity_interval_secs > 0 ? std::min(next_poll, next_check)
-                : polling                                  ? next_poll
-                                                           : next_check;
+    auto next = steady_clock::now() + seconds(1);
+    if (polling) next = std::min(next, next_poll);
+    if (checking) next = std::min(next, next_check);
     if (watch_cv.wait_until(lock, next, [&] { return watch_stop; })) return;
     lock.unlock();
     if (polling && steady_clock::now() >= next_poll) {
       owner->poll_repository();
       next_poll = steady_clock::now() + poll_every;
     }
-    if (opt.integrity_interval_secs > 0 && steady_clock::now() >= next_check) {
+    if (checking && steady_clock::now() >= next_check) {
       owner->check_integrity();
       next_check = steady_clock::now() + check_every;
     }
+    decide_canaries();
     lock.lock();
   }
 }
@@ -518,8 +680,7 @@ void InferenceServer::start() {
     }
   }
   impl_->started = true;
-  if ((impl_->opt.model_control == ServerOptions::ModelControl::poll && impl_->repo) ||
-      impl_->opt.integrity_interval_secs > 0)
+  if (impl_->repo || impl_->opt.integrity_interval_secs > 0)
     impl_->watcher = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
@@ -528,7 +689,8 @@ void InferenceServer::infer(InferRequest request, InferCallback done) {
   std::shared_ptr<LoadedVersion> lv;
   try {
     if (impl_->stopping) throw Error(ErrorCode::unavailable, "the server is shutting down");
-    const auto m = impl_->find(request.model);
+    const Impl::Route route = impl_->route(request.model, request);
+    const auto& m = route.model;
     lv = Impl::version_of(*m, request.version);
     if (lv->llm)
       throw Error(ErrorCode::invalid_argument, "model '" + m->name +
@@ -536,7 +698,9 @@ void InferenceServer::infer(InferRequest request, InferCallback done) {
                                                    "(/v1/chat/completions, /v1/completions)");
     impl_->in_flight.fetch_add(1);
     Impl* impl = impl_.get();
-    auto finish = [impl, done = std::move(done)](InferResult&& r) {
+    auto finish = [impl, done = std::move(done), stats = route.stats, side = route.side,
+                   t0 = Clock::now()](InferResult&& r) {
+      if (stats) stats->add(side, r.error.has_value(), std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       done(std::move(r));
       if (impl->in_flight.fetch_sub(1) == 1) {
         std::lock_guard lock(impl->flight_mu);

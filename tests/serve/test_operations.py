@@ -161,6 +161,45 @@ class Polling(unittest.TestCase):
         self.assertEqual(slim("audit", "verify", log).returncode, 0)
 
 
+class Canary(unittest.TestCase):
+    def trial(self, bounds):
+        """Version 2 (y = x + 2) on trial beside version 1 for half the requests for 2 s;
+        returns the offsets seen during the trial, after it, and the audit records."""
+        repo = new_repo()
+        with open(os.path.join(repo, "plain", "config.pbtxt"), "a") as f:
+            for k, v in dict(canary_share="0.5", canary_window_secs="2", **bounds).items():
+                f.write('parameters { key: "%s" value: { string_value: "%s" } }\n' % (k, v))
+        log = os.path.join(tempfile.mkdtemp(), "audit.log")
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--audit-log", log]) as srv:
+            add_version(repo, 2, source=2)
+            wait_for(lambda: any(e["event"] == "model.canary_started" for e in audit_events(log, "plain")),
+                     what="the trial")
+            during = [infer_plain(srv) for _ in range(40)]
+            wait_for(lambda: audit_events(log, "plain")[-1]["event"].startswith("model.canary_") and
+                     audit_events(log, "plain")[-1]["event"] != "model.canary_started", what="the decision")
+            after = {infer_plain(srv) for _ in range(10)}
+            self.assertEqual(srv.stop(), 0)
+        return during, after, audit_events(log, "plain")
+
+    def test_a_canary_within_bounds_is_promoted(self):
+        during, after, events = self.trial({"canary_max_p99_ratio": "1000"})
+        self.assertEqual(sorted(set(during)), [1, 2])
+        self.assertEqual(during.count(2), 20)  # every other request
+        self.assertEqual(after, {2})
+        d = events[-1]
+        self.assertEqual(d["event"], "model.canary_promoted")
+        self.assertEqual(d["details"]["errors"], [0, 0])
+        self.assertGreaterEqual(d["details"]["requests"][1], 20)
+
+    def test_a_canary_beyond_its_bounds_is_rolled_back(self):
+        during, after, events = self.trial({"canary_max_p99_ratio": "0"})
+        self.assertEqual(sorted(set(during)), [1, 2])
+        self.assertEqual(after, {1})
+        self.assertEqual(events[-1]["event"], "model.canary_rolled_back")
+        self.assertEqual(events[-1]["details"]["reason"], "its p99 latency is above the bound")
+
+
 class Signatures(unittest.TestCase):
     def test_only_versions_signed_by_a_trusted_key_load(self):
         keys = tempfile.mkdtemp(prefix="slim_ops_keys_")
