@@ -1,8 +1,9 @@
 // libFuzzer target for the chat-template renderer: any template and any messages must end
 // in a prompt or a slim::Error, never a crash, a sanitizer report or a hang. The input is
 // the template; after a NUL byte come the messages' contents, NUL-separated, their roles
-// cycling user, assistant, system, tool (without a NUL, a fixed conversation). The seeds
-// in fuzz/seeds/chat_template/ are real templates, one with messages appended.
+// cycling user, assistant, system, tool (without a NUL, a fixed conversation). Seeds: the
+// real templates of tests/text/chat_templates/, and in fuzz/seeds/chat_template/ one
+// with messages appended and one of every construct.
 #include <cstddef>
 #include <cstdint>
 #include <string>

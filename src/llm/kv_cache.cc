@@ -306,7 +306,7 @@ void accumulate_values(const KvAttentionKernels& ak, KvType t, const BlockParts&
 
 // ---------------------------------------------------------------- cache
 
-KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_bytes)
+KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_bytes, int pool_seqs)
     : layout_(std::move(layout)), max_tokens_(max_tokens), k_(&kernels()) {
   const KvLayout& L = layout_;
   if (L.n_layer <= 0 || L.n_head_kv <= 0 || L.head_dim <= 0 || L.head_dim % 2 != 0)
@@ -329,7 +329,8 @@ KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_byt
   }
   const int64_t per_stream_blocks = (int64_t(max_tokens) + kKvBlockTokens - 1) / kKvBlockTokens;
   if (pool_bytes <= 0)
-    pool_bytes = ((block + 63) / 64 * 64) * per_stream_blocks * L.n_layer * L.n_head_kv * max_seqs;
+    pool_bytes = ((block + 63) / 64 * 64) * per_stream_blocks * L.n_layer * L.n_head_kv *
+                 (pool_seqs > 0 ? pool_seqs : max_seqs);
   pool_ = std::make_unique<KvBlockPool>(block, pool_bytes);
   seqs_.resize(size_t(max_seqs));
   const int64_t stage_rows = int64_t(kKvBlockTokens) * L.q4_recent_blocks;

@@ -268,7 +268,7 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
     };
     lay.k_type = per_layer(options.kv.layer_k, options.kv.k_type, "key");
     lay.v_type = per_layer(options.kv.layer_v, options.kv.v_type, "value");
-    s.cache = std::make_unique<KvCache>(lay, options.kv.max_seqs, n_ctx_, options.kv.pool_bytes);
+    s.cache = std::make_unique<KvCache>(lay, options.kv.max_seqs, n_ctx_, options.kv.pool_bytes, options.kv.pool_seqs);
     s.cache->add_sequence();
     s.row_pos.resize(nb);
     s.row_observe.resize(nb);

@@ -104,6 +104,8 @@ struct LlmService::Impl {
   std::map<int, int> in_flight_by_priority;
   bool stop = false;
   std::map<int, std::shared_ptr<Choice>> active;  // loop thread only: by scheduler id
+  std::vector<double> logprob_scratch;            // loop thread only: one token's logprobs
+  std::vector<int32_t> id_scratch;
   std::thread loop;
 
   // Metrics (null when the service has no registry).
@@ -148,11 +150,12 @@ void LlmService::Impl::on_token(Choice& c, int32_t tok, const float* logits) {
   }
   const std::string piece = tokenizer->token_to_piece(tok);
   if (c.top_logprobs >= 0) {
-    std::vector<double> lp;
+    std::vector<double>& lp = logprob_scratch;
     llm::log_softmax(logits, model->config().n_vocab, lp);
     TokenLogprob t{piece, lp[size_t(tok)], {}};
     // Ids the tokenizer can spell (a model's vocabulary may be padded beyond it).
-    std::vector<int32_t> ids(std::min<size_t>(lp.size(), size_t(tokenizer->vocab_size())));
+    std::vector<int32_t>& ids = id_scratch;
+    ids.resize(std::min<size_t>(lp.size(), size_t(tokenizer->vocab_size())));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
     const size_t k = std::min(ids.size(), size_t(c.top_logprobs));
     std::partial_sort(ids.begin(), ids.begin() + long(k), ids.end(),
@@ -340,20 +343,12 @@ LlmService::LlmService(std::string name, const std::string& gguf_path, LlmOption
   const int cache = o.kv_policy.empty() ? (o.cache_sequences < 0 ? o.max_sequences : o.cache_sequences) : 0;
   co.kv.max_seqs = o.max_sequences + cache;
   if (!o.kv_policy.empty()) co.kv.policy = llm::make_kv_policy(o.kv_policy, llm::KvBudget::parse(o.kv_budget));
+  // Room for the running sequences at full context; cached prefixes live in what they
+  // leave free.
+  co.kv.pool_bytes = o.kv_pool_bytes;
+  co.kv.pool_seqs = o.max_sequences;
   m.ctx = std::make_unique<llm::LlamaContext>(m.model, co);
   n_ctx_ = m.ctx->n_ctx();
-  if (o.kv_pool_bytes == 0) {
-    // Room for the running sequences at full context; cached prefixes live in what they
-    // leave free (recreate the context with that pool rather than max_seqs' worth).
-    const llm::KvCache& kc = m.ctx->kv_cache();
-    const int64_t per_seq = (int64_t(n_ctx_) + llm::kKvBlockTokens - 1) / llm::kKvBlockTokens *
-                            kc.layout().n_layer * kc.layout().n_head_kv * kc.pool().block_bytes();
-    co.kv.pool_bytes = per_seq * o.max_sequences;
-  } else {
-    co.kv.pool_bytes = o.kv_pool_bytes;
-  }
-  m.ctx.reset();
-  m.ctx = std::make_unique<llm::LlamaContext>(m.model, co);
   llm::KvBatchOptions so;
   so.max_step_tokens = o.max_step_tokens;
   so.prefill_chunk = o.prefill_chunk;

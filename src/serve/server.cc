@@ -575,7 +575,6 @@ void InferenceServer::Impl::decide_canaries() {
       if (why.empty()) {
         slot.previous = std::move(slot.model);
         slot.model = c.model;
-        released.push_back(nullptr);
         d["decision"] = "promoted";
       } else {
         released.push_back(c.model);  // drains outside the locks

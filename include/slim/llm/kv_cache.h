@@ -114,8 +114,8 @@ struct KvObserver {
 class KvCache {
  public:
   // max_tokens bounds one stream (the context size); pool_bytes 0 sizes the pool for
-  // max_seqs full-length sequences.
-  KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_bytes);
+  // pool_seqs full-length sequences (0: max_seqs).
+  KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_bytes, int pool_seqs = 0);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;

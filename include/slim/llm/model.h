@@ -91,7 +91,8 @@ struct KvOptions {
   KvType k_type = KvType::f16, v_type = KvType::f16;
   std::vector<KvType> layer_k, layer_v;  // per-layer overrides (empty: every layer as above)
   int max_seqs = 1;                      // sequences sharing the pool
-  int64_t pool_bytes = 0;                // 0: room for max_seqs full-context sequences
+  int64_t pool_bytes = 0;                // 0: room for pool_seqs full-context sequences
+  int pool_seqs = 0;                     // 0: max_seqs (fewer: the other slots live in what they leave)
   int q4_recent_blocks = 2;              // q4 layers: newest blocks kept in f16
   bool q8_recent = true;                 // q8 layers keep that f16 recent window too
   std::shared_ptr<const KvPolicy> policy;  // null: keep every token
