@@ -1,5 +1,6 @@
 #include "slim/serve/server.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,7 +99,32 @@ struct ModelSlot {
   // load of it failed (not retried until it changes again).
   std::string loaded_fp, seen_fp, failed_fp;
   bool outside_repository = false;  // slim serve --model: polling leaves it alone
+  std::optional<size_t> variant;    // the variant it serves (reloads keep it); none: not chosen yet
+  // Resident bytes of each variant as measured: the memory its load added, and the memory
+  // a switch away from it gave back (which includes what it grew while serving); 0: unknown.
+  std::vector<int64_t> resident;
 };
+
+// Why a model is (re)loaded, for the audit record: an empty event means a load or an update.
+struct LoadCause {
+  std::string event;
+  nlohmann::json details = nlohmann::json::object();
+  bool trial = true;                  // a new version may go on trial (canary)
+  std::optional<size_t> variant;      // load this variant (a switch)
+  // What rollback restores: the model replaced (an update), or what it was (a variant
+  // switch keeps it), or nothing (a switch down lets it go: memory is short).
+  enum class Previous { replaced, unchanged, released } previous = Previous::replaced;
+};
+
+// Hands the memory of a dropped model back to the kernel: freed tensor buffers are kept
+// for reuse and glibc keeps freed heap pages below its top, and a server that switched to
+// a smaller variant to save memory must really save it. Returns the tensor bytes released.
+size_t return_freed_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+  return Storage::release_cached();
+}
 
 // The newest version's name and digest, and every version, for an audit record.
 void describe_versions(const LoadedModel& m, trust::AuditEvent& e) {
@@ -129,6 +155,28 @@ std::string sample_str(const Tensor& t, bool batching) {
   return shape_str(s);
 }
 
+// The process's resident memory in bytes (0 where /proc has no statm).
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+// What each variant of a model takes while it serves: what the server measured of it
+// (`measured`, 0 where it has not), else its files' size scaled as the serving variant's
+// measurement is to its files (parsed weights, packed copies, buffers); a larger variant
+// never below a smaller one.
+std::vector<int64_t> resident_estimate(const LoadedModel& m, const std::vector<int64_t>& measured) {
+  const size_t n = m.variants.size();
+  const double ratio = std::max(1.0, double(measured[m.variant]) / double(m.variant_bytes[m.variant]));
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = measured[i] > 0 ? measured[i] : int64_t(double(m.variant_bytes[i]) * ratio);
+  out[n - 1] = std::max<int64_t>(out[n - 1], 1);
+  for (size_t i = n - 1; i-- > 0;) out[i] = std::max(out[i], out[i + 1] + 1);
+  return out;
+}
+
 // Process CPU time and resident memory, read from /proc at each scrape.
 void collect_process(Metrics& m, double start_unix) {
   std::ifstream stat("/proc/self/stat");
@@ -145,11 +193,8 @@ void collect_process(Metrics& m, double start_unix) {
     m.counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
         .set((utime + stime) / double(sysconf(_SC_CLK_TCK)));
   }
-  std::ifstream statm("/proc/self/statm");
-  double size = 0, resident = 0;
-  if (statm >> size >> resident)
-    m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.")
-        .set(resident * double(sysconf(_SC_PAGESIZE)));
+  if (const int64_t resident = resident_bytes())
+    m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.").set(double(resident));
   m.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.")
       .set(start_unix);
 }
@@ -172,7 +217,10 @@ struct InferenceServer::Impl {
   std::unique_ptr<trust::AuditLog> audit;
   std::optional<trust::PrivateKey> audit_key;
   std::mutex audit_mu;
-  std::thread watcher;  // polling and integrity checks
+  std::unique_ptr<MemorySource> memory;     // memory-aware variants, when on
+  std::unique_ptr<VariantController> variants;
+  std::string memory_error;                 // the last reading's error, logged once
+  std::thread watcher;  // polling, integrity checks, canary decisions, variant switches
   std::mutex watch_mu;
   std::condition_variable watch_cv;
   bool watch_stop = false;
@@ -199,6 +247,7 @@ struct InferenceServer::Impl {
   void warm_up(const LoadedModel& m) const;
   void watch();
   void decide_canaries();
+  void switch_variants();
   std::shared_ptr<LoadedModel> find_or_null(const std::string& name) const {
     std::lock_guard lock(mu);
     auto it = slots.find(name);
@@ -252,7 +301,7 @@ struct InferenceServer::Impl {
 
   std::unique_ptr<ScheduledRequest> schedule(const LoadedModel& m, InferRequest req,
                                              InferCallback done) const;
-  void load(const std::string& name);
+  void load(const std::string& name, const LoadCause& cause = {});
 };
 
 std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedModel& m,
@@ -379,7 +428,7 @@ void InferenceServer::Impl::warm_up(const LoadedModel& m) const {
   }
 }
 
-void InferenceServer::Impl::load(const std::string& name) {
+void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause) {
   std::lock_guard load_lock(load_mu);
   std::vector<std::string> warnings;
   LoadOptions lo;
@@ -389,7 +438,25 @@ void InferenceServer::Impl::load(const std::string& name) {
   lo.metrics = &metrics;
   lo.hash_versions = audit != nullptr || opt.integrity_interval_secs > 0;
   lo.trusted_keys = keys;
-  std::shared_ptr<LoadedModel> fresh, old;
+  // A switch names its variant; a reload keeps the slot's; a first load takes the largest
+  // that leaves enough memory.
+  lo.choose_variant = [&](const std::vector<int64_t>& bytes) -> size_t {
+    if (cause.variant) return *cause.variant;
+    {
+      std::lock_guard lock(mu);
+      if (auto it = slots.find(name); it != slots.end() && it->second.variant) return *it->second.variant;
+    }
+    if (!variants) return 0;
+    try {
+      return variants->initial(bytes, memory->read());
+    } catch (const Error& e) {
+      std::cerr << "slim serve: warning: cannot read the memory to choose a variant of '" << name << "': " << e.what()
+                << "\n";
+      return 0;
+    }
+  };
+  std::shared_ptr<LoadedModel> fresh, old, released;
+  const int64_t rss_before = resident_bytes();
   // Taken before loading: a folder that changes while it loads looks changed to the next poll.
   const std::string fp = repo ? folder_fingerprint((std::filesystem::path(repo->root()) / name).string()) : "";
   try {
@@ -407,17 +474,21 @@ void InferenceServer::Impl::load(const std::string& name) {
       slot.failed_fp = fp;
       if (!slot.model) slot.reason = e.what();  // a failed reload keeps the version that serves
     }
+    nlohmann::json details = cause.details;
+    details["reason"] = e.what();
+    if (!cause.event.empty()) details["during"] = cause.event;
     record(e.code() == ErrorCode::integrity ? trust::audit_event::kModelVerifyFailed : "model.load_failed", name,
-           nullptr, {{"reason", e.what()}});
+           nullptr, details);
     throw;
   }
   for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
+  const int64_t grew = resident_bytes() - rss_before;
   const CanaryPolicy canary = canary_policy(fresh->config);
   bool on_trial = false;
   {
     std::lock_guard lock(mu);
     ModelSlot& slot = slots[name];
-    if (canary.share > 0 && slot.model && fresh->platform != "slim_llm") {
+    if (cause.trial && canary.share > 0 && slot.model && fresh->platform != "slim_llm") {
       slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs)};
       slot.loaded_fp = slot.seen_fp = fp;
       slot.failed_fp.clear();
@@ -436,21 +507,53 @@ void InferenceServer::Impl::load(const std::string& name) {
     ModelSlot& slot = slots[name];
     old = std::move(slot.model);
     slot.model = fresh;
-    if (old) slot.previous = old;
+    if (cause.previous == LoadCause::Previous::replaced && old) slot.previous = old;
+    if (cause.previous == LoadCause::Previous::released) released = std::move(slot.previous);
     slot.quarantined.reset();
     slot.reason.clear();
     slot.wanted = true;
     slot.loaded_fp = slot.seen_fp = fp;
     slot.failed_fp.clear();
+    slot.variant = fresh->variants.empty() ? std::nullopt : std::optional<size_t>(fresh->variant);
   }
+  if (!fresh->variants.empty())
+    metrics.gauge("slim_model_variant", "The variant a model serves: 0 is the first (largest) its config lists.",
+                  {{"model", name}})
+        .set(double(fresh->variant));
   std::string versions;
   for (const auto& [v, lv] : fresh->versions) versions += (versions.empty() ? "" : ", ") + lv->name;
   std::cerr << "slim serve: loaded model '" << name << "' version " << versions << " ("
-            << fresh->platform << ")\n";
-  nlohmann::json details = {{"platform", fresh->platform}};
+            << fresh->platform << (fresh->variants.empty() ? "" : ", variant " + fresh->variants[fresh->variant]) << ")\n";
+  nlohmann::json details = cause.details;
+  details["platform"] = fresh->platform;
+  if (!fresh->variants.empty()) details["variant"] = fresh->variants[fresh->variant];
+  details["resident_bytes_grew"] = grew;
   if (old) details["replaced"] = old->versions.begin()->second->name;
-  record(old ? trust::audit_event::kModelUpdate : trust::audit_event::kModelLoad, name, fresh.get(), details);
+  record(!cause.event.empty() ? cause.event
+         : old              ? trust::audit_event::kModelUpdate
+                            : trust::audit_event::kModelLoad,
+         name, fresh.get(), details);
+  const std::optional<size_t> from =
+      old && old->variants == fresh->variants ? std::optional<size_t>(old->variant) : std::nullopt;
   old.reset();  // drains the replaced versions outside the lock
+  released.reset();
+  return_freed_memory();
+  if (!variants) return;
+  if (fresh->variants.size() < 2) {
+    variants->remove_model(name);
+    return;
+  }
+  const int64_t net = resident_bytes() - rss_before;  // grew, less what the replaced one gave back
+  std::vector<int64_t> estimate;
+  {
+    std::lock_guard lock(mu);
+    std::vector<int64_t>& r = slots[name].resident;
+    if (r.size() != fresh->variants.size()) r.assign(fresh->variants.size(), 0);
+    r[fresh->variant] = std::max(r[fresh->variant], grew);
+    if (from && *from != fresh->variant && grew - net > 0) r[*from] = grew - net;
+    estimate = resident_estimate(*fresh, r);
+  }
+  variants->set_model(name, estimate, fresh->variant);
 }
 
 void InferenceServer::rollback_model(const std::string& name) {
@@ -466,6 +569,11 @@ void InferenceServer::rollback_model(const std::string& name) {
     now = slot.model;
     slot.model = std::move(slot.previous);
     slot.previous = now;
+    slot.variant = slot.model->variants.empty() ? std::nullopt : std::optional<size_t>(slot.model->variant);
+    if (impl_->variants && slot.model->variants.size() > 1) {
+      slot.resident.resize(slot.model->variants.size());
+      impl_->variants->set_model(name, resident_estimate(*slot.model, slot.resident), slot.model->variant);
+    }
     slot.reason.clear();
     impl_->record(trust::audit_event::kModelRollback, name, slot.model.get(),
                   {{"replaced", now ? now->versions.begin()->second->name : ""}, {"by", "api"}});
@@ -593,19 +701,80 @@ void InferenceServer::Impl::decide_canaries() {
   }
 }
 
-// Polls, integrity checks and canary decisions, each when due; wakes at least every second.
+// Reads the memory, publishes it, and makes the one variant switch the controller asks for
+// (a hot swap, as an update is); a switch that fails leaves the model where it was, to be
+// tried again after its dwell.
+void InferenceServer::Impl::switch_variants() {
+  MemoryReading r;
+  try {
+    r = memory->read();
+    memory_error.clear();
+  } catch (const Error& e) {
+    if (memory_error != e.what()) std::cerr << "slim serve: warning: cannot read the memory: " << e.what() << "\n";
+    memory_error = e.what();
+    return;
+  }
+  metrics.gauge("slim_memory_limit_bytes", "The memory the server may use (-1: no limit).").set(double(r.limit_bytes));
+  metrics.gauge("slim_memory_available_bytes", "Memory available under the limit.").set(double(r.available_bytes));
+  metrics.gauge("slim_memory_pressure", "Memory pressure: PSI some avg10, percent of time stalled.")
+      .set(r.pressure_some_avg10);
+  const VariantPolicy& p = opt.variant_policy;
+  if ((r.headroom() < p.low_headroom || r.pressure_some_avg10 > p.pressure_down) && return_freed_memory() > 0) {
+    try {  // what the server kept for reuse may be all it needs to give back
+      r = memory->read();
+    } catch (const Error&) {
+      return;  // the next reading says
+    }
+  }
+  const auto sw = variants->decide(r, Clock::now());
+  if (!sw) return;
+  std::vector<std::string> names;  // not the model itself: the switch must be able to free it
+  if (const auto m = find_or_null(sw->model)) names = m->variants;
+  if (names.size() <= std::max(sw->from, sw->to)) {
+    variants->remove_model(sw->model);
+    return;
+  }
+  std::cerr << "slim serve: model '" << sw->model << "' switches from variant " << names[sw->from] << " to "
+            << names[sw->to] << ": " << sw->reason << "\n";
+  LoadCause cause;
+  cause.event = "model.variant_switch";
+  cause.details = {{"from", names[sw->from]}, {"to", names[sw->to]}, {"reason", sw->reason},
+                   {"memory", describe(r)}};
+  cause.trial = false;
+  cause.variant = sw->to;
+  cause.previous = sw->to > sw->from ? LoadCause::Previous::released : LoadCause::Previous::unchanged;
+  size_t now_serving = sw->to;
+  try {
+    load(sw->model, cause);
+    metrics
+        .counter("slim_variant_switches_total", "Variant switches, by model and direction.",
+                 {{"model", sw->model}, {"direction", sw->to > sw->from ? "down" : "up"}})
+        .inc();
+  } catch (const Error& e) {
+    std::cerr << "slim serve: model '" << sw->model << "' stays on variant " << names[sw->from] << ": "
+              << e.what() << "\n";
+    now_serving = sw->from;
+  }
+  variants->applied(sw->model, now_serving, Clock::now());
+}
+
+// Polls, integrity checks, canary decisions and variant switches, each when due; wakes at
+// least every second.
 void InferenceServer::Impl::watch() {
   using namespace std::chrono;
   const bool polling = opt.model_control == ServerOptions::ModelControl::poll;
   const bool checking = opt.integrity_interval_secs > 0;
   const auto poll_every = seconds(std::max(1, opt.poll_secs));
   const auto check_every = seconds(std::max(1, opt.integrity_interval_secs));
+  const auto memory_every = seconds(std::max(1, opt.memory_interval_secs));
   auto next_poll = steady_clock::now() + poll_every, next_check = steady_clock::now() + check_every;
+  auto next_memory = steady_clock::now() + memory_every;
   std::unique_lock lock(watch_mu);
   for (;;) {
     auto next = steady_clock::now() + seconds(1);
     if (polling) next = std::min(next, next_poll);
     if (checking) next = std::min(next, next_check);
+    if (variants) next = std::min(next, next_memory);
     if (watch_cv.wait_until(lock, next, [&] { return watch_stop; })) return;
     lock.unlock();
     if (polling && steady_clock::now() >= next_poll) {
@@ -617,6 +786,10 @@ void InferenceServer::Impl::watch() {
       next_check = steady_clock::now() + check_every;
     }
     decide_canaries();
+    if (variants && steady_clock::now() >= next_memory) {
+      switch_variants();
+      next_memory = steady_clock::now() + memory_every;
+    }
     lock.lock();
   }
 }
@@ -639,6 +812,19 @@ InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique
   if (!impl_->opt.audit_key.empty()) {
     check(impl_->audit != nullptr, ErrorCode::invalid_argument, "--audit-key needs --audit-log");
     impl_->audit_key = trust::PrivateKey::load(impl_->opt.audit_key);
+  }
+  if (impl_->opt.memory_interval_secs > 0) {
+    impl_->variants = std::make_unique<VariantController>(impl_->opt.variant_policy);
+    if (!impl_->opt.memory_source.empty()) {
+      impl_->memory = file_memory_source(impl_->opt.memory_source);
+    } else {
+      try {  // a machine whose memory slim cannot read still serves, at the first variants
+        impl_->memory = system_memory_source();
+      } catch (const Error& e) {
+        std::cerr << "slim serve: warning: variant switching is off: " << e.what() << "\n";
+        impl_->variants.reset();
+      }
+    }
   }
 }
 
@@ -679,7 +865,7 @@ void InferenceServer::start() {
     }
   }
   impl_->started = true;
-  if (impl_->repo || impl_->opt.integrity_interval_secs > 0)
+  if (impl_->repo || impl_->opt.integrity_interval_secs > 0 || impl_->variants)
     impl_->watcher = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
@@ -778,6 +964,8 @@ ModelMetadata InferenceServer::model_metadata(const std::string& name,
     md.digest = lv->verified->digest;
     md.signer = lv->verified->signer;
   }
+  md.variants = m->variants;
+  if (!m->variants.empty()) md.variant = m->variants[m->variant];
   return md;
 }
 
@@ -836,8 +1024,11 @@ void InferenceServer::unload_model(const std::string& name) {
       old = std::move(it->second.model);
       it->second.reason = "unloaded";
       it->second.wanted = false;
+      it->second.variant.reset();
     }
+    if (impl_->variants) impl_->variants->remove_model(name);
     old.reset();  // drains its queued requests
+    return_freed_memory();
     impl_->metrics.remove_series({{"model", name}});
   }
   std::cerr << "slim serve: unloaded model '" << name << "'\n";

@@ -262,3 +262,12 @@ TEST(MappedFile, ResidentCopyEqualsTheMapping) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
   }
 }
+
+TEST(Storage, LargeFreedBuffersAreKeptUntilReleased) {
+  Storage::release_cached();
+  { auto s = Storage::allocate(size_t(5) << 20); }  // a mapping of its own: kept for reuse
+  EXPECT_GE(Storage::release_cached(), size_t(5) << 20);
+  EXPECT_EQ(Storage::release_cached(), 0u);
+  { auto s = Storage::allocate(1024); }  // heap: never cached
+  EXPECT_EQ(Storage::release_cached(), 0u);
+}
