@@ -16,24 +16,13 @@
 #include <thread>
 
 #include "slim/core/thread_pool.h"
+#include "slim/serve/canary.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/repository.h"
 #include "slim/trust/audit_log.h"
 
 namespace slim::serve {
 namespace {
-
-// A new version serving a share of the requests beside the old one for a window, then
-// promoted or dropped by its error rate and p99 latency against the old one's
-// (config parameters canary_share, canary_priority, canary_window_secs,
-// canary_max_error_rate_increase, canary_max_p99_ratio).
-struct CanaryPolicy {
-  double share = 0;       // of the requests, 0 < share <= 1
-  uint32_t priority = 0;  // only requests of this level (0: any)
-  int window_secs = 60;
-  double max_error_rate_increase = 0.01;
-  double max_p99_ratio = 1.5;
-};
 
 struct CanaryStats {
   std::mutex mu;
@@ -52,33 +41,10 @@ struct Canary {
   std::shared_ptr<LoadedModel> model;
   CanaryPolicy policy;
   Clock::time_point until;
+  nlohmann::json reference;  // its outputs against the serving version's on the reference set
   std::shared_ptr<CanaryStats> stats = std::make_shared<CanaryStats>();
   std::shared_ptr<std::atomic<uint64_t>> routed = std::make_shared<std::atomic<uint64_t>>(0);
 };
-
-CanaryPolicy canary_policy(const ModelConfig& c) {
-  CanaryPolicy p;
-  auto get = [&](const char* key, double lo, double hi, double& out) {
-    auto it = c.parameters.find(key);
-    if (it == c.parameters.end()) return;
-    char* end = nullptr;
-    const double v = std::strtod(it->second.c_str(), &end);
-    if (it->second.empty() || *end || !(v >= lo && v <= hi))
-      throw Error(ErrorCode::invalid_model, "model '" + c.name + "': parameter '" + key + "' must be a number from " +
-                                                std::to_string(lo) + " to " + std::to_string(hi) + ", not '" +
-                                                it->second + "'");
-    out = v;
-  };
-  double priority = 0, window = p.window_secs;
-  get("canary_share", 0, 1, p.share);
-  get("canary_priority", 0, 1e6, priority);
-  get("canary_window_secs", 1, 86400, window);
-  get("canary_max_error_rate_increase", 0, 1, p.max_error_rate_increase);
-  get("canary_max_p99_ratio", 0, 1e6, p.max_p99_ratio);
-  p.priority = uint32_t(priority);
-  p.window_secs = int(window);
-  return p;
-}
 
 double p99(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -245,6 +211,7 @@ struct InferenceServer::Impl {
     }
   }
   void warm_up(const LoadedModel& m) const;
+  NamedTensors run_reference(const LoadedModel& m, const CanaryPolicy& p, bool run) const;
   void watch();
   void decide_canaries();
   void switch_variants();
@@ -428,6 +395,46 @@ void InferenceServer::Impl::warm_up(const LoadedModel& m) const {
   }
 }
 
+// `m`'s outputs on the canary reference set, run through its newest version as clients'
+// requests are (chunks of at most max_batch_size rows, or row by row when it does not
+// batch), with the rows stacked again. run = false only checks that the set fits `m`'s
+// inputs; a set that does not is invalid_model.
+NamedTensors InferenceServer::Impl::run_reference(const LoadedModel& m, const CanaryPolicy& p, bool run) const {
+  const int64_t step = std::max<int64_t>(1, m.config.max_batch_size);
+  const std::vector<NamedTensors> chunks = reference_chunks(p.reference, m.config.max_batch_size);
+  std::vector<std::promise<InferResult>> done(chunks.size());
+  std::vector<std::unique_ptr<ScheduledRequest>> queued;
+  auto rows = [&](size_t k) {
+    const int64_t first = int64_t(k) * step;
+    const int64_t last = std::min(first + step, p.reference[0].second.shape()[0]) - 1;
+    return first == last ? "reference row " + std::to_string(first)
+                         : "reference rows " + std::to_string(first) + " to " + std::to_string(last);
+  };
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    InferRequest req;
+    req.model = m.name;
+    req.inputs = chunks[k];
+    try {
+      queued.push_back(
+          schedule(m, std::move(req), [&done, k](InferResult&& r) { done[k].set_value(std::move(r)); }));
+    } catch (const Error& e) {
+      throw Error(ErrorCode::invalid_model, "model '" + m.name + "': parameter 'canary_reference' (" +
+                                                p.reference_file + "), " + rows(k) + ": " + e.what());
+    }
+  }
+  if (!run) return {};
+  const LoadedVersion& lv = *m.versions.begin()->second;
+  std::vector<NamedTensors> outputs;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    lv.batcher->enqueue(std::move(queued[k]));
+    InferResult r = done[k].get_future().get();
+    if (r.error)
+      throw Error(r.error->code(), "version " + lv.name + " failed on " + rows(k) + ": " + r.error->what());
+    outputs.push_back(std::move(r.response.outputs));
+  }
+  return stack_chunks(outputs, m.config.max_batch_size > 0);
+}
+
 void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause) {
   std::lock_guard load_lock(load_mu);
   std::vector<std::string> warnings;
@@ -456,6 +463,7 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
     }
   };
   std::shared_ptr<LoadedModel> fresh, old, released;
+  CanaryPolicy canary;
   const int64_t rss_before = resident_bytes();
   // Taken before loading: a folder that changes while it loads looks changed to the next poll.
   const std::string fp = repo ? folder_fingerprint((std::filesystem::path(repo->root()) / name).string()) : "";
@@ -464,6 +472,8 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
       throw Error(ErrorCode::not_found,
                   "the server has no model repository to load '" + name + "' from");
     fresh = repo->load(name, lo, &warnings);
+    canary = canary_policy(fresh->config, (std::filesystem::path(repo->root()) / name).string());
+    if (!canary.reference.empty() && fresh->platform != "slim_llm") run_reference(*fresh, canary, false);
     warm_up(*fresh);
   } catch (const Error& e) {
     for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
@@ -483,23 +493,51 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
   }
   for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
   const int64_t grew = resident_bytes() - rss_before;
-  const CanaryPolicy canary = canary_policy(fresh->config);
+  // A trial with a reference set starts only when the new version's outputs on it agree
+  // with the serving version's; otherwise it is dropped before any request reaches it.
+  const bool trial = cause.trial && canary.share > 0 && fresh->platform != "slim_llm";
+  const std::shared_ptr<LoadedModel> serving = trial ? find_or_null(name) : nullptr;
+  nlohmann::json reference;
+  std::string refused;
+  if (serving && !canary.reference.empty()) {
+    reference = {{"file", canary.reference_file}};
+    try {
+      const OutputAgreement a =
+          compare_outputs(run_reference(*serving, canary, true), run_reference(*fresh, canary, true));
+      reference = agreement_json(a, canary);
+      refused = disagreement(a, canary);
+    } catch (const Error& e) {
+      refused = "its outputs on the reference inputs could not be compared with the serving version's: " +
+                std::string(e.what());
+    }
+  }
   bool on_trial = false;
   {
     std::lock_guard lock(mu);
     ModelSlot& slot = slots[name];
-    if (cause.trial && canary.share > 0 && slot.model && fresh->platform != "slim_llm") {
-      slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs)};
+    if (trial && slot.model) {
+      if (refused.empty())
+        slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs), reference};
       slot.loaded_fp = slot.seen_fp = fp;
       slot.failed_fp.clear();
       on_trial = true;
     }
   }
+  const std::string version = fresh->versions.begin()->second->name;
+  if (on_trial && !refused.empty()) {
+    std::cerr << "slim serve: model '" << name << "' canary version " << version << " rolled back: " << refused
+              << "\n";
+    record("model.canary_rolled_back", name, serving.get(),
+           {{"version", version}, {"decision", "rolled back"}, {"reason", refused}, {"reference", reference}});
+    return;
+  }
   if (on_trial) {
-    std::cerr << "slim serve: model '" << name << "' version " << fresh->versions.begin()->second->name
+    std::cerr << "slim serve: model '" << name << "' version " << version
               << " on trial for " << canary.window_secs << " s with " << canary.share * 100 << " % of the requests\n";
-    record("model.canary_started", name, fresh.get(),
-           {{"share", canary.share}, {"window_secs", canary.window_secs}, {"priority", canary.priority}});
+    nlohmann::json details = {
+        {"share", canary.share}, {"window_secs", canary.window_secs}, {"priority", canary.priority}};
+    if (!reference.is_null()) details["reference"] = reference;
+    record("model.canary_started", name, fresh.get(), details);
     return;
   }
   {
@@ -680,6 +718,7 @@ void InferenceServer::Impl::decide_canaries() {
                           {"p99_ms", {p99_old, p99_new}},               {"max_p99_ratio", c.policy.max_p99_ratio},
                           {"max_error_rate_increase", c.policy.max_error_rate_increase},
                           {"version", c.model->versions.begin()->second->name}};
+      if (!c.reference.is_null()) d["reference"] = c.reference;
       if (why.empty()) {
         slot.previous = std::move(slot.model);
         slot.model = c.model;
