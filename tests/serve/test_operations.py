@@ -6,6 +6,7 @@ loopback ports; the models come from make_repository.py (`plain`: y = x + 1 in v
 y = x + 2 in version 2, so the answer tells which version served). Run by ctest with
 SLIM_BINARY_DIR set to the build folder.
 """
+import base64
 import concurrent.futures
 import json
 import os
@@ -366,6 +367,101 @@ class Signatures(unittest.TestCase):
         self.assertTrue(all(e["details"]["versions"][0]["signer"] for e in loads))
         self.assertIn("audit.checkpoint", [e["event"] for e in audit_events(log)])
         self.assertEqual(slim("audit", "verify", log, "--pub", key + ".pub").returncode, 0)
+
+
+    def test_every_tamper_case_of_the_trust_tests_is_refused_and_audited(self):
+        """The cases of tests/trust/model_signing_test.cc, each dropped into a polled
+        repository as a new version of plain: each is refused with its reason audited, and
+        version 1 serves on."""
+        keys = tempfile.mkdtemp(prefix="slim_ops_keys_")
+        key, other = os.path.join(keys, "signer"), os.path.join(keys, "stranger")
+        slim("keygen", "-o", key)
+        slim("keygen", "--alg", "ed25519", "-o", other)
+        repo = new_repo()
+        slim("sign", os.path.join(repo, "plain", "1"), "--key", key)
+        slim("sign", os.path.join(repo, "forest", "1"), "--key", key)
+
+        def signed(extra=None):
+            """A folder with version 2's model (and `extra` files), signed with `key`."""
+            tmp = tempfile.mkdtemp()
+            shutil.copy(os.path.join(PLAIN, "2", "model.onnx"), tmp)
+            for name, data in (extra or {}).items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data)
+            slim("sign", tmp, "--key", key)
+            return tmp
+
+        def edit_bundle(folder, change):
+            path = os.path.join(folder, "model.sig")
+            with open(path) as f:
+                bundle = json.load(f)
+            change(bundle)
+            with open(path, "w") as f:
+                json.dump(bundle, f)
+
+        def tampered_payload(bundle):
+            envelope = bundle["dsseEnvelope"]
+            statement = json.loads(base64.b64decode(envelope["payload"]))
+            statement["subject"][0]["digest"]["sha256"] = "0" * 64
+            envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+
+        def wrong_payload_type(bundle):
+            bundle["dsseEnvelope"]["payloadType"] = "text/plain"
+
+        cases = []  # (what, folder, expected words in the reason)
+        t = signed()
+        with open(os.path.join(t, "model.onnx"), "r+b") as f:
+            f.seek(10)
+            f.write(b"\xff")
+        cases.append(("a changed byte", t, "model.onnx"))
+        t = signed({"notes.txt": b"v2"})
+        os.rename(os.path.join(t, "notes.txt"), os.path.join(t, "notes.md"))
+        cases.append(("a renamed file", t, "notes.txt"))
+        t = signed({"notes.txt": b"v2"})
+        os.remove(os.path.join(t, "notes.txt"))
+        cases.append(("a removed file", t, "notes.txt"))
+        t = signed()
+        with open(os.path.join(t, "extra.bin"), "wb") as f:
+            f.write(b"smuggled")
+        cases.append(("an added file", t, "extra.bin"))
+        t = signed()
+        shutil.copy(os.path.join(repo, "forest", "1", "model.sig"), os.path.join(t, "model.sig"))
+        cases.append(("a valid signature over another model", t, "model.onnx"))
+        t = signed()
+        os.remove(os.path.join(t, "model.sig"))
+        slim("sign", t, "--key", other)
+        cases.append(("the wrong key", t, "signed by a different key"))
+        t = signed()
+        edit_bundle(t, tampered_payload)
+        cases.append(("a payload changed without re-signing", t, "signature does not verify"))
+        t = signed()
+        edit_bundle(t, wrong_payload_type)
+        cases.append(("another payload type", t, "signature does not verify"))
+        t = signed()
+        with open(os.path.join(t, "model.sig"), "w") as f:
+            f.write("{not json")
+        cases.append(("a malformed bundle", t, "model.sig"))
+        t = tempfile.mkdtemp()
+        shutil.copy(os.path.join(PLAIN, "2", "model.onnx"), t)
+        cases.append(("no bundle", t, "no signature bundle"))
+
+        log = os.path.join(keys, "audit.log")
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--require-signature", key + ".pub", "--audit-log", log]) as srv:
+            for version, (what, folder, why) in enumerate(cases, start=2):
+                os.rename(folder, os.path.join(repo, "plain", str(version)))
+                wait_for(lambda: len([e for e in audit_events(log, "plain")
+                                      if e["event"] == "model.verify_failed"]) == version - 1, what=what)
+                reason = [e for e in audit_events(log, "plain")
+                          if e["event"] == "model.verify_failed"][-1]["details"]["reason"]
+                self.assertIn(why, reason, what)
+                self.assertIn("/plain/%d" % version, reason, what)
+                self.assertEqual(served_versions(srv), ["1"], what)
+                self.assertEqual(infer_plain(srv), 1, what)
+                shutil.rmtree(os.path.join(repo, "plain", str(version)))
+            self.assertEqual(srv.stop(), 0)
+        events = [e["event"] for e in audit_events(log, "plain")]
+        self.assertEqual(events, ["model.load"] + ["model.verify_failed"] * len(cases))
 
 
 class Integrity(unittest.TestCase):
