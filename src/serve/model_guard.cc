@@ -30,6 +30,15 @@ std::string folder_fingerprint(const std::string& dir) {
   return out;
 }
 
+std::string folder_digest(const std::string& dir) {
+  try {
+    const trust::ModelManifest m = trust::hash_model(dir, trust::HashOptions{});
+    return std::string(trust::hash_alg_name(m.hash_alg)) + ":" + trust::to_hex(m.root_digest());
+  } catch (const Error&) {
+    return "";  // a file vanished or cannot be read: the folder is not settled
+  }
+}
+
 namespace {
 
 trust::HashOptions version_hash_options() {

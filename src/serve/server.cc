@@ -64,6 +64,7 @@ struct ModelSlot {
   // (a folder must look the same on two polls in a row before it is loaded), and when a
   // load of it failed (not retried until it changes again).
   std::string loaded_fp, seen_fp, failed_fp;
+  std::string loaded_digest;  // the folder's content digest when it was loaded (poll mode)
   bool outside_repository = false;  // slim serve --model: polling leaves it alone
   std::optional<size_t> variant;    // the variant it serves (reloads keep it); none: not chosen yet
   // Resident bytes of each variant as measured: the memory its load added, and the memory
@@ -466,7 +467,9 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
   CanaryPolicy canary;
   const int64_t rss_before = resident_bytes();
   // Taken before loading: a folder that changes while it loads looks changed to the next poll.
-  const std::string fp = repo ? folder_fingerprint((std::filesystem::path(repo->root()) / name).string()) : "";
+  const std::string dir = repo ? (std::filesystem::path(repo->root()) / name).string() : "";
+  const std::string fp = repo ? folder_fingerprint(dir) : "";
+  const std::string digest = repo && opt.model_control == ServerOptions::ModelControl::poll ? folder_digest(dir) : "";
   try {
     if (repo == nullptr)
       throw Error(ErrorCode::not_found,
@@ -519,6 +522,7 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
       if (refused.empty())
         slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs), reference};
       slot.loaded_fp = slot.seen_fp = fp;
+      slot.loaded_digest = digest;
       slot.failed_fp.clear();
       on_trial = true;
     }
@@ -551,6 +555,7 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
     slot.reason.clear();
     slot.wanted = true;
     slot.loaded_fp = slot.seen_fp = fp;
+    slot.loaded_digest = digest;
     slot.failed_fp.clear();
     slot.variant = fresh->variants.empty() ? std::nullopt : std::optional<size_t>(fresh->variant);
   }
@@ -633,6 +638,19 @@ void InferenceServer::poll_repository() {
         if (!slot.model && slot.reason.empty()) slot.reason = "waiting for its files to settle";
         continue;
       }
+    }
+    // Settled but changed by names, sizes or times: the content decides (a touched file,
+    // or one copied again unchanged, does not reload the model).
+    std::string loaded_digest;
+    {
+      std::lock_guard lock(impl_->mu);
+      if (impl_->slots[name].model) loaded_digest = impl_->slots[name].loaded_digest;
+    }
+    if (!loaded_digest.empty() &&
+        folder_digest((std::filesystem::path(impl_->repo->root()) / name).string()) == loaded_digest) {
+      std::lock_guard lock(impl_->mu);
+      impl_->slots[name].loaded_fp = fp;
+      continue;
     }
     try {
       impl_->load(name);

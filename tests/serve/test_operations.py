@@ -107,6 +107,14 @@ class Polling(unittest.TestCase):
         with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
                                  "--audit-log", log, "--threads", "2"]) as srv:
             self.assertEqual(infer_plain(srv), 1)
+            # A file touched, or written again with the same bytes, does not reload the model:
+            # after the names, sizes and times, the content decides.
+            model1 = os.path.join(repo, "plain", "1", "model.onnx")
+            shutil.copy(model1, model1 + ".new")
+            os.utime(model1 + ".new", (time.time() + 60, time.time() + 60))
+            os.replace(model1 + ".new", model1)
+            time.sleep(3.5)  # three polls
+            self.assertEqual([e["event"] for e in audit_events(log, "plain")], ["model.load"])
             stop = threading.Event()
             seen, failures = set(), []
 

@@ -18,6 +18,12 @@ namespace slim::serve {
 // folder does not exist. Cheap: no file is read.
 std::string folder_fingerprint(const std::string& dir);
 
+// The content digest of a folder: "sha256:<hex>" over every file's digest and name (the
+// OMS subject digest of the whole folder); "" when it cannot be read whole. Polling uses it
+// second, after the fingerprint changed, so a touched or rewritten but equal file does not
+// reload a model.
+std::string folder_digest(const std::string& dir);
+
 struct VerifiedVersion {
   std::string digest;  // "sha256:<hex>" over the files' digests (the OMS subject digest)
   std::string signer;  // hint of the key whose signature verified ("" unsigned)
