@@ -92,8 +92,9 @@ KernelDef topk_kernel(int64_t since, int64_t until) {
         const T* in = elems<T>(x);
         T* pv = elems_mut<T>(values);
         // The order is total (value, NaN above every number when largest and below when
-        // smallest as numpy sorts, then the lower index), so selecting the k first with
-        // nth_element (linear) and sorting only those equals a stable sort of the line.
+        // smallest as numpy sorts, then the lower index), so selecting the k first and
+        // sorting only those equals a stable sort of the line: a heap of k for small k
+        // (most items lose one comparison with its top), nth_element (linear) otherwise.
         using Item = std::pair<C, int64_t>;
         const auto before = [largest](const Item& l, const Item& r) {
           if constexpr (std::is_floating_point_v<C>) {
@@ -109,8 +110,12 @@ KernelDef topk_kernel(int64_t since, int64_t until) {
           for (int64_t i = 0; i < s.inner; ++i) {
             const T* p = in + o * s.n * s.inner + i;
             for (int64_t j = 0; j < s.n; ++j) line[size_t(j)] = {C(p[j * s.inner]), j};
-            std::nth_element(line.begin(), line.begin() + k, line.end(), before);
-            std::sort(line.begin(), line.begin() + k, before);
+            if (k <= s.n / 64) {
+              std::partial_sort(line.begin(), line.begin() + k, line.end(), before);
+            } else {
+              std::nth_element(line.begin(), line.begin() + k, line.end(), before);
+              std::sort(line.begin(), line.begin() + k, before);
+            }
             for (int64_t j = 0; j < k; ++j) {
               const int64_t dst = (o * k + j) * s.inner + i;
               pv[dst] = p[line[size_t(j)].second * s.inner];
