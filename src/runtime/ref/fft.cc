@@ -34,7 +34,18 @@ FftPlan::FftPlan(int64_t n) : n_(n) {
       twiddle_[size_t(k)] = {std::cos(a), std::sin(a)};
     }
     work_.resize(size_t(n));
-    butterfly_.resize(kMaxRadix);
+    // Decimation in time reads the input in mixed-radix digit-reversed order: position
+    // i of the first stage holds input perm_[i]. Each level splits a run of positions
+    // into p runs, run q taking every p-th input from offset q.
+    perm_.resize(size_t(n));
+    std::vector<std::pair<int64_t, int64_t>> runs{{0, 1}}, next;  // (first input, input stride) per run
+    for (const int p : factors_) {
+      next.clear();
+      for (const auto& [first, stride] : runs)
+        for (int q = 0; q < p; ++q) next.emplace_back(first + q * stride, stride * p);
+      runs.swap(next);
+    }
+    for (size_t i = 0; i < runs.size(); ++i) perm_[i] = runs[i].first;
     return;
   }
   // Bluestein: with jk = (j^2 + k^2 - (k-j)^2) / 2, X_k = c_k sum_j (x_j c_j) conj(c_{k-j}),
@@ -80,23 +91,22 @@ void FftPlan::forward(cd* x) const {
     for (int64_t k = 0; k < n_; ++k) x[k] = mul(work_[size_t(k)], chirp_[size_t(k)]);
     return;
   }
-  if (factors_.empty()) return;  // n = 1
   std::copy(x, x + n_, work_.begin());
-  radix_pass(work_.data(), 1, x, n_, 0);
+  for (int64_t i = 0; i < n_; ++i) x[i] = work_[size_t(perm_[size_t(i)])];
+  // Innermost factor first: blocks of span = f_l * ... * f_last combine f_l sub-transforms.
+  int64_t span = 1;
+  for (size_t l = factors_.size(); l-- > 0;) {
+    const int p = factors_[l];
+    const int64_t m = span;
+    span *= p;
+    for (int64_t base = 0; base < n_; base += span) butterflies(x + base, p, m, n_ / span);
+  }
 }
 
-// Decimation in time: the p sub-sequences in[q + p j] are transformed into out[q m ..],
-// then combined by length-p butterflies with the twiddles exp(-2 pi i q k / n).
-void FftPlan::radix_pass(const cd* in, int64_t stride, cd* out, int64_t n, size_t level) const {
-  const int p = factors_[level];
-  const int64_t m = n / p;
-  if (m == 1) {
-    for (int q = 0; q < p; ++q) out[q] = in[q * stride];
-  } else {
-    for (int q = 0; q < p; ++q) radix_pass(in + q * stride, stride * p, out + q * m, m, level + 1);
-  }
-  const int64_t ts = n_ / n;
-  const cd* tw = twiddle_.data();
+// Combines p transforms of length m stored one after the other at `out` into one of
+// length p m: out[k + u m] = sum_q out[k + q m] exp(-2 pi i q k / (p m)) exp(-2 pi i q u / p).
+void FftPlan::butterflies(cd* out, int p, int64_t m, int64_t ts) const {
+  const cd* tw = twiddle_.data();  // exp(-2 pi i q k / (p m)) = tw[q k ts]
   if (p == 2) {
     for (int64_t k = 0; k < m; ++k) {
       const cd a = out[k], b = mul(out[k + m], tw[k * ts]);
@@ -114,20 +124,34 @@ void FftPlan::radix_pass(const cd* in, int64_t stride, cd* out, int64_t n, size_
       out[k + 3 * m] = s1 - s3;
     }
   } else {
-    const int64_t rs = n_ / p;  // exp(-2 pi i j / p) = tw[j * rs]
-    cd* b = butterfly_.data();
+    // Odd p: the terms q and p - q have conjugate rotations, so with s = b_q + b_{p-q}
+    // and d = b_q - b_{p-q}, outputs u and p - u are sum(c s) -/+ i sum(sin d), with
+    // c = cos(2 pi q u / p): real-by-complex products, half the work of a plain sum.
+    const int h = (p - 1) / 2;
+    const int64_t rs = n_ / p;  // exp(-2 pi i j / p) = tw[j rs] = cos - i sin
+    cd sum[kMaxRadix / 2], diff[kMaxRadix / 2];
     for (int64_t k = 0; k < m; ++k) {
-      b[0] = out[k];
-      for (int q = 1; q < p; ++q) b[q] = mul(out[k + q * m], tw[q * k * ts]);
-      for (int u = 0; u < p; ++u) {
-        cd s = b[0];
+      const cd b0 = out[k];
+      cd total = b0;
+      for (int q = 1; q <= h; ++q) {
+        const cd a = mul(out[k + q * m], tw[q * k * ts]), b = mul(out[k + (p - q) * m], tw[(p - q) * k * ts]);
+        sum[q - 1] = a + b;
+        diff[q - 1] = a - b;
+        total += sum[q - 1];
+      }
+      out[k] = total;
+      for (int u = 1; u <= h; ++u) {
+        cd re = b0, im(0, 0);
         int64_t j = 0;
-        for (int q = 1; q < p; ++q) {
+        for (int q = 1; q <= h; ++q) {
           j += u;
           if (j >= p) j -= p;
-          s += mul(b[q], tw[j * rs]);
+          const cd w = tw[j * rs];
+          re += sum[q - 1] * w.real();
+          im -= diff[q - 1] * w.imag();
         }
-        out[k + u * m] = s;
+        out[k + u * m] = re + times_minus_i(im);
+        out[k + (p - u) * m] = re - times_minus_i(im);
       }
     }
   }

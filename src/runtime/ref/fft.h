@@ -25,13 +25,13 @@ class FftPlan {
 
  private:
   void forward(cd* x) const;
-  void radix_pass(const cd* in, int64_t stride, cd* out, int64_t n, size_t level) const;
+  void butterflies(cd* out, int p, int64_t m, int64_t ts) const;
 
   int64_t n_;
-  std::vector<int> factors_;      // mixed radix; empty with Bluestein
+  std::vector<int> factors_;      // mixed radix, outermost first; empty with Bluestein
+  std::vector<int64_t> perm_;     // input index of each position before the first stage
   std::vector<cd> twiddle_;       // exp(-2 pi i k / n), k < n
   mutable std::vector<cd> work_;  // copy of the input (mixed radix) or the padded chirp product
-  mutable std::vector<cd> butterfly_;
   // Bluestein: chirp c_j = exp(-pi i j^2 / n), the transform of the conjugate chirp
   // (padded and wrapped to m_, scaled by 1/m_), and the power-of-two plan of length m_.
   std::vector<cd> chirp_, chirp_fft_;
