@@ -9,8 +9,8 @@ numbers (`slim bench`) and the targets of issue 28. Scenarios:
              batching on vs off, vs in-process throughput at the batch size the server formed
   priority   CNN: a priority-1 Poisson stream at 10% of capacity, alone (idle) and beside a
              priority-3 Poisson stream offering 3x capacity into a bounded queue
-  swaps      a repository in poll mode under 32 closed-loop gRPC clients: steady state, then
-             the same load while 20 new versions are dropped in one after another
+  swaps      a repository in poll mode (the CNN by default) under 32 closed-loop gRPC clients:
+             steady state, then the same load while 20 new versions are dropped in one by one
 
 Each server's CPU time per answered request (/proc/PID/stat) and peak RSS (VmHWM) is
 reported. Writes RESULTS/serve_bench.json, results.md (the tables) and serve_bench.png; a
@@ -388,9 +388,12 @@ class Bench:
         write_repo(repo, {name: (onnx, config)})
         s = self.start(repo, f"swaps ({name})", ["--model-control-mode", "poll", "--repository-poll-secs", "1"])
         version = 1
-        stats = lambda r: {"requests": r["sent"], "failed": r["sent"] - r["ok"], "throughput_rps": r["throughput_rps"],
-                           "outcomes": {k: r[k] for k in ("rejected", "unavailable", "timeout", "error")},
-                           **{k: r["latency_us"][k] for k in ("p50", "p99", "max")}}
+
+        def stats(r):  # a loadgen total: every outcome other than ok is a failed request
+            return {"requests": r["sent"], "failed": r["sent"] - r["ok"], "throughput_rps": r["throughput_rps"],
+                    "outcomes": {k: r[k] for k in ("rejected", "unavailable", "timeout", "error")},
+                    **{k: r["latency_us"][k] for k in ("p50", "p99", "max")}}
+
         runs = {"steady": [], "during": []}
         for i in range(self.a.repeat):
             runs["steady"].append(stats(self.loadgen(s, name, inp, ["clients=32"], self.a.swaps_steady_s,
