@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace slim {
@@ -67,6 +68,13 @@ std::string dict_value(const std::string& header, const std::string& key, const 
   return header.substr(p, e - p);
 }
 
+// A little-endian unsigned field of `n` bytes (zip headers).
+uint64_t le(const unsigned char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+
 }  // namespace
 
 Tensor parse_npy(const void* data, size_t size, const std::string& name) {
@@ -129,6 +137,81 @@ Tensor read_npy(const std::string& path) {
   check(bool(f), ErrorCode::not_found, path + ": cannot open");
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   return parse_npy(bytes.data(), bytes.size(), path);
+}
+
+// The zip layout (PKWARE APPNOTE): an end-of-central-directory record at the end (with a
+// zip64 one before it when counts or offsets overflow), the central directory it points
+// to, and per member a local header followed by the data. Sizes and offsets come from the
+// central directory; a local header is read only for the length of its name and extra
+// field (numpy writes a zip64 extra there even for small members).
+std::vector<std::pair<std::string, Tensor>> parse_npz(const void* data, size_t size, const std::string& name) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw Error(ErrorCode::invalid_argument, name + ": " + what);
+  };
+  need(size >= 22, "not an .npz file (too short for a zip archive)");
+  size_t eocd = size - 22;
+  while (le(b + eocd, 4) != 0x06054b50) {
+    need(eocd > 0 && size - eocd < 22 + 65535, "not an .npz file (no zip directory)");
+    --eocd;
+  }
+  uint64_t entries = le(b + eocd + 10, 2), cd_size = le(b + eocd + 12, 4), cd_off = le(b + eocd + 16, 4);
+  if (entries == 0xffff || cd_size == 0xffffffff || cd_off == 0xffffffff) {
+    need(eocd >= 20 && le(b + eocd - 20, 4) == 0x07064b50, "damaged zip64 directory locator");
+    const uint64_t z = le(b + eocd - 20 + 8, 8);
+    need(size >= 56 && z <= size - 56 && le(b + z, 4) == 0x06064b50, "damaged zip64 directory record");
+    entries = le(b + z + 32, 8);
+    cd_size = le(b + z + 40, 8);
+    cd_off = le(b + z + 48, 8);
+  }
+  need(cd_off <= size && cd_size <= size - cd_off, "the zip directory lies outside the file");
+  const uint64_t cd_end = cd_off + cd_size;
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<std::string> seen;
+  uint64_t p = cd_off;
+  for (uint64_t k = 0; k < entries; ++k) {
+    need(cd_end - p >= 46 && le(b + p, 4) == 0x02014b50, "damaged zip directory entry " + std::to_string(k));
+    const uint64_t flags = le(b + p + 8, 2), method = le(b + p + 10, 2), nlen = le(b + p + 28, 2),
+                   elen = le(b + p + 30, 2), clen = le(b + p + 32, 2);
+    uint64_t csize = le(b + p + 20, 4), usize = le(b + p + 24, 4), off = le(b + p + 42, 4);
+    need(cd_end - p - 46 >= nlen + elen + clen, "damaged zip directory entry " + std::to_string(k));
+    const std::string member(reinterpret_cast<const char*>(b + p + 46), nlen);
+    // zip64 extra field: the 8-byte forms of the fields saturated above, in this order.
+    for (uint64_t e = p + 46 + nlen, end = e + elen; end - e >= 4;) {
+      const uint64_t id = le(b + e, 2), len = le(b + e + 2, 2);
+      need(end - e - 4 >= len, "member '" + member + "': damaged zip extra field");
+      uint64_t f = e + 4;
+      for (uint64_t* v : {&usize, &csize, &off})
+        if (id == 1 && *v == 0xffffffff) {
+          need(e + 4 + len - f >= 8, "member '" + member + "': damaged zip64 extra field");
+          *v = le(b + f, 8);
+          f += 8;
+        }
+      e += 4 + len;
+    }
+    p += 46 + nlen + elen + clen;
+    need(!(flags & 1), "member '" + member + "' is encrypted");
+    need(method == 0, "member '" + member + "' is compressed (zip method " + std::to_string(method) +
+                          "); only stored members are read: write the archive with numpy.savez, not "
+                          "numpy.savez_compressed");
+    need(csize == usize, "member '" + member + "': stored sizes disagree");
+    need(member.size() > 4 && member.ends_with(".npy"), "member '" + member + "' is not a .npy array");
+    need(off <= size && size - off >= 30 && le(b + off, 4) == 0x04034b50,
+         "member '" + member + "': damaged local header");
+    const uint64_t at = off + 30 + le(b + off + 26, 2) + le(b + off + 28, 2);
+    need(at <= size && csize <= size - at, "member '" + member + "' is truncated");
+    const std::string key = member.substr(0, member.size() - 4);
+    need(seen.insert(key).second, "member '" + member + "' appears twice");
+    out.emplace_back(key, parse_npy(b + at, size_t(csize), name + ": member '" + member + "'"));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> read_npz(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  check(bool(f), ErrorCode::not_found, path + ": cannot open");
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_npz(bytes.data(), bytes.size(), path);
 }
 
 std::string encode_npy(const Tensor& tensor) {

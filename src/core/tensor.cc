@@ -119,6 +119,22 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
   return std::shared_ptr<Storage>(new Storage(p, bytes, true, nullptr));
 }
 
+size_t Storage::release_cached() {
+  std::vector<Mapping> free;
+  {
+    MappingCache& c = mapping_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    free.swap(c.free);
+    c.bytes = 0;
+  }
+  size_t bytes = 0;
+  for (const Mapping& m : free) {
+    ::munmap(m.base, m.mapped);
+    bytes += m.mapped;
+  }
+  return bytes;
+}
+
 std::shared_ptr<Storage> Storage::borrow(void* data, size_t bytes,
                                          std::shared_ptr<const void> owner) {
   return std::shared_ptr<Storage>(new Storage(data, bytes, false, std::move(owner)));

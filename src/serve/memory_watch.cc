@@ -449,6 +449,14 @@ size_t VariantController::current(const std::string& model) const {
   return find(model).current;
 }
 
+size_t VariantController::initial(const std::vector<int64_t>& variant_bytes, const MemoryReading& reading) const {
+  for (size_t i = 0; i < variant_bytes.size(); ++i)
+    if (reading.limit_bytes <= 0 ||
+        double(reading.available_bytes - variant_bytes[i]) / double(reading.limit_bytes) >= policy_.low_headroom)
+      return i;
+  return variant_bytes.empty() ? 0 : variant_bytes.size() - 1;
+}
+
 std::optional<VariantSwitch> VariantController::decide(const MemoryReading& reading,
                                                        Clock::time_point now) const {
   std::lock_guard lock(mu_);

@@ -133,6 +133,7 @@ BatchPolicy batch_policy(const ModelConfig& c, int64_t max_queue_size) {
 // A language model's options: the server's, overridden by its config's parameters.
 LlmOptions llm_options(LlmOptions o, const ModelConfig& cfg, const fs::path& dir, const std::string& origin) {
   for (const auto& [key, value] : cfg.parameters) {
+    if (key == "variants") continue;  // the repository's
     const std::string where = origin + ": parameter '" + key + "'";
     auto number = [&](int64_t lo, int64_t hi) {
       int64_t v = 0;
@@ -180,6 +181,25 @@ LlmOptions llm_options(LlmOptions o, const ModelConfig& cfg, const fs::path& dir
     }
   }
   return o;
+}
+
+// The `variants` parameter: file names separated by commas, each a plain name in the version folder.
+std::vector<std::string> parse_variants(const std::string& value, const std::string& origin) {
+  std::vector<std::string> out;
+  std::istringstream in(value);
+  for (std::string f; std::getline(in, f, ',');) {
+    f.erase(0, f.find_first_not_of(" \t"));
+    f.erase(f.find_last_not_of(" \t") + 1);
+    check(!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos && f != "model.sig",
+          ErrorCode::invalid_model,
+          origin + ": parameter 'variants' must list model file names of the version folder, separated by commas, not '" +
+              value + "'");
+    check(std::find(out.begin(), out.end(), f) == out.end(), ErrorCode::invalid_model,
+          origin + ": parameter 'variants' lists '" + f + "' twice");
+    out.push_back(f);
+  }
+  check(!out.empty(), ErrorCode::invalid_model, origin + ": parameter 'variants' is empty");
+  return out;
 }
 
 }  // namespace
@@ -288,12 +308,39 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
   }
 
   m->policy = batch_policy(cfg, options.max_queue_size);
+  std::string filename = cfg.default_model_filename;
+  if (auto it = cfg.parameters.find("variants"); it != cfg.parameters.end()) {
+    m->variants = parse_variants(it->second, origin);
+    for (const std::string& f : m->variants) {
+      int64_t bytes = 0;
+      for (int64_t v : serve) {
+        const fs::path file = dir / std::to_string(v) / f;
+        check(fs::is_regular_file(file), ErrorCode::invalid_model,
+              origin + ": variant '" + f + "' (parameter 'variants') is not in " + file.parent_path().string());
+        bytes += int64_t(fs::file_size(file));
+      }
+      check(bytes > 0, ErrorCode::invalid_model, origin + ": variant '" + f + "' is empty");
+      if (!m->variant_bytes.empty() && bytes >= m->variant_bytes.back())
+        throw Error(ErrorCode::invalid_model,
+                    origin + ": parameter 'variants' lists the largest first, but '" + f + "' (" +
+                        std::to_string(bytes) + " bytes) is not smaller than '" +
+                        m->variants[m->variant_bytes.size() - 1] + "' (" + std::to_string(m->variant_bytes.back()) +
+                        " bytes)");
+      m->variant_bytes.push_back(bytes);
+    }
+    const auto gguf = [](const std::string& f) { return fs::path(f).extension() == ".gguf"; };
+    check(std::all_of(m->variants.begin(), m->variants.end(), gguf) || std::none_of(m->variants.begin(), m->variants.end(), gguf),
+          ErrorCode::invalid_model, origin + ": parameter 'variants' mixes language models (.gguf) with other models");
+    if (options.choose_variant) m->variant = std::min(options.choose_variant(m->variant_bytes), m->variants.size() - 1);
+    filename = m->variants[m->variant];
+  }
+  const bool language = fs::exists(dir / std::to_string(serve.front()) / (filename.empty() ? "model.gguf" : filename)) &&
+                        fs::path(filename.empty() ? "model.gguf" : filename).extension() == ".gguf";
   for (const auto& [key, value] : cfg.parameters)
-    if (key.rfind("canary_", 0) != 0 && !fs::exists(dir / std::to_string(serve.front()) / "model.gguf"))
+    if (key.rfind("canary_", 0) != 0 && key != "variants" && !language)
       warnings->push_back(origin + ": parameter '" + key + "' is read by language models only; ignored");
-  if (const fs::path gguf = dir / std::to_string(serve.front()) /
-                            (cfg.default_model_filename.empty() ? "model.gguf" : cfg.default_model_filename);
-      gguf.extension() == ".gguf" && fs::exists(gguf)) {
+  if (language) {
+    const fs::path gguf = dir / std::to_string(serve.front()) / (filename.empty() ? "model.gguf" : filename);
     // A language model: one version (the newest the policy serves), no tensors, no batcher
     // (its scheduler batches tokens).
     check(cfg.inputs.empty() && cfg.outputs.empty() && cfg.max_batch_size == 0, ErrorCode::invalid_model,
@@ -315,10 +362,10 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
   for (int64_t v : serve) {
     const fs::path vdir = dir / std::to_string(v);
     fs::path file;
-    if (!cfg.default_model_filename.empty()) {
-      file = vdir / cfg.default_model_filename;
+    if (!filename.empty()) {
+      file = vdir / filename;
       check(fs::exists(file), ErrorCode::invalid_model,
-            origin + ": default_model_filename '" + cfg.default_model_filename + "' is not in " + vdir.string());
+            origin + ": default_model_filename '" + filename + "' is not in " + vdir.string());
     } else {
       for (const char* f : kModelFiles)
         if (file.empty() && fs::exists(vdir / f)) file = vdir / f;

@@ -428,9 +428,14 @@ std::string encode_model_metadata(const ModelMetadata& m) {
           {"platform", m.platform},
           {"inputs", tensor_specs(m.inputs)},
           {"outputs", tensor_specs(m.outputs)}};
-  if (!m.digest.empty())  // slim's extension: what the server verified of the version
+  // slim's extension: what the server verified of the version, and the variant it serves.
+  if (!m.digest.empty())
     j["slim"] = ojson{{"digest", m.digest}, {"signed", !m.signer.empty()},
                       {"signer", m.signer.empty() ? ojson(nullptr) : ojson(m.signer)}};
+  if (!m.variant.empty()) {
+    j["slim"]["variant"] = m.variant;
+    j["slim"]["variants"] = m.variants;
+  }
   return dump(j);
 }
 

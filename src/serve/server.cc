@@ -1,5 +1,6 @@
 #include "slim/serve/server.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,24 +16,13 @@
 #include <thread>
 
 #include "slim/core/thread_pool.h"
+#include "slim/serve/canary.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/repository.h"
 #include "slim/trust/audit_log.h"
 
 namespace slim::serve {
 namespace {
-
-// A new version serving a share of the requests beside the old one for a window, then
-// promoted or dropped by its error rate and p99 latency against the old one's
-// (config parameters canary_share, canary_priority, canary_window_secs,
-// canary_max_error_rate_increase, canary_max_p99_ratio).
-struct CanaryPolicy {
-  double share = 0;       // of the requests, 0 < share <= 1
-  uint32_t priority = 0;  // only requests of this level (0: any)
-  int window_secs = 60;
-  double max_error_rate_increase = 0.01;
-  double max_p99_ratio = 1.5;
-};
 
 struct CanaryStats {
   std::mutex mu;
@@ -51,33 +41,10 @@ struct Canary {
   std::shared_ptr<LoadedModel> model;
   CanaryPolicy policy;
   Clock::time_point until;
+  nlohmann::json reference;  // its outputs against the serving version's on the reference set
   std::shared_ptr<CanaryStats> stats = std::make_shared<CanaryStats>();
   std::shared_ptr<std::atomic<uint64_t>> routed = std::make_shared<std::atomic<uint64_t>>(0);
 };
-
-CanaryPolicy canary_policy(const ModelConfig& c) {
-  CanaryPolicy p;
-  auto get = [&](const char* key, double lo, double hi, double& out) {
-    auto it = c.parameters.find(key);
-    if (it == c.parameters.end()) return;
-    char* end = nullptr;
-    const double v = std::strtod(it->second.c_str(), &end);
-    if (it->second.empty() || *end || !(v >= lo && v <= hi))
-      throw Error(ErrorCode::invalid_model, "model '" + c.name + "': parameter '" + key + "' must be a number from " +
-                                                std::to_string(lo) + " to " + std::to_string(hi) + ", not '" +
-                                                it->second + "'");
-    out = v;
-  };
-  double priority = 0, window = p.window_secs;
-  get("canary_share", 0, 1, p.share);
-  get("canary_priority", 0, 1e6, priority);
-  get("canary_window_secs", 1, 86400, window);
-  get("canary_max_error_rate_increase", 0, 1, p.max_error_rate_increase);
-  get("canary_max_p99_ratio", 0, 1e6, p.max_p99_ratio);
-  p.priority = uint32_t(priority);
-  p.window_secs = int(window);
-  return p;
-}
 
 double p99(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -98,7 +65,32 @@ struct ModelSlot {
   // load of it failed (not retried until it changes again).
   std::string loaded_fp, seen_fp, failed_fp;
   bool outside_repository = false;  // slim serve --model: polling leaves it alone
+  std::optional<size_t> variant;    // the variant it serves (reloads keep it); none: not chosen yet
+  // Resident bytes of each variant as measured: the memory its load added, and the memory
+  // a switch away from it gave back (which includes what it grew while serving); 0: unknown.
+  std::vector<int64_t> resident;
 };
+
+// Why a model is (re)loaded, for the audit record: an empty event means a load or an update.
+struct LoadCause {
+  std::string event;
+  nlohmann::json details = nlohmann::json::object();
+  bool trial = true;                  // a new version may go on trial (canary)
+  std::optional<size_t> variant;      // load this variant (a switch)
+  // What rollback restores: the model replaced (an update), or what it was (a variant
+  // switch keeps it), or nothing (a switch down lets it go: memory is short).
+  enum class Previous { replaced, unchanged, released } previous = Previous::replaced;
+};
+
+// Hands the memory of a dropped model back to the kernel: freed tensor buffers are kept
+// for reuse and glibc keeps freed heap pages below its top, and a server that switched to
+// a smaller variant to save memory must really save it. Returns the tensor bytes released.
+size_t return_freed_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+  return Storage::release_cached();
+}
 
 // The newest version's name and digest, and every version, for an audit record.
 void describe_versions(const LoadedModel& m, trust::AuditEvent& e) {
@@ -129,6 +121,28 @@ std::string sample_str(const Tensor& t, bool batching) {
   return shape_str(s);
 }
 
+// The process's resident memory in bytes (0 where /proc has no statm).
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+// What each variant of a model takes while it serves: what the server measured of it
+// (`measured`, 0 where it has not), else its files' size scaled as the serving variant's
+// measurement is to its files (parsed weights, packed copies, buffers); a larger variant
+// never below a smaller one.
+std::vector<int64_t> resident_estimate(const LoadedModel& m, const std::vector<int64_t>& measured) {
+  const size_t n = m.variants.size();
+  const double ratio = std::max(1.0, double(measured[m.variant]) / double(m.variant_bytes[m.variant]));
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = measured[i] > 0 ? measured[i] : int64_t(double(m.variant_bytes[i]) * ratio);
+  out[n - 1] = std::max<int64_t>(out[n - 1], 1);
+  for (size_t i = n - 1; i-- > 0;) out[i] = std::max(out[i], out[i + 1] + 1);
+  return out;
+}
+
 // Process CPU time and resident memory, read from /proc at each scrape.
 void collect_process(Metrics& m, double start_unix) {
   std::ifstream stat("/proc/self/stat");
@@ -145,11 +159,8 @@ void collect_process(Metrics& m, double start_unix) {
     m.counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
         .set((utime + stime) / double(sysconf(_SC_CLK_TCK)));
   }
-  std::ifstream statm("/proc/self/statm");
-  double size = 0, resident = 0;
-  if (statm >> size >> resident)
-    m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.")
-        .set(resident * double(sysconf(_SC_PAGESIZE)));
+  if (const int64_t resident = resident_bytes())
+    m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.").set(double(resident));
   m.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.")
       .set(start_unix);
 }
@@ -172,7 +183,10 @@ struct InferenceServer::Impl {
   std::unique_ptr<trust::AuditLog> audit;
   std::optional<trust::PrivateKey> audit_key;
   std::mutex audit_mu;
-  std::thread watcher;  // polling and integrity checks
+  std::unique_ptr<MemorySource> memory;     // memory-aware variants, when on
+  std::unique_ptr<VariantController> variants;
+  std::string memory_error;                 // the last reading's error, logged once
+  std::thread watcher;  // polling, integrity checks, canary decisions, variant switches
   std::mutex watch_mu;
   std::condition_variable watch_cv;
   bool watch_stop = false;
@@ -197,8 +211,10 @@ struct InferenceServer::Impl {
     }
   }
   void warm_up(const LoadedModel& m) const;
+  NamedTensors run_reference(const LoadedModel& m, const CanaryPolicy& p, bool run) const;
   void watch();
   void decide_canaries();
+  void switch_variants();
   std::shared_ptr<LoadedModel> find_or_null(const std::string& name) const {
     std::lock_guard lock(mu);
     auto it = slots.find(name);
@@ -252,7 +268,7 @@ struct InferenceServer::Impl {
 
   std::unique_ptr<ScheduledRequest> schedule(const LoadedModel& m, InferRequest req,
                                              InferCallback done) const;
-  void load(const std::string& name);
+  void load(const std::string& name, const LoadCause& cause = {});
 };
 
 std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedModel& m,
@@ -379,7 +395,47 @@ void InferenceServer::Impl::warm_up(const LoadedModel& m) const {
   }
 }
 
-void InferenceServer::Impl::load(const std::string& name) {
+// `m`'s outputs on the canary reference set, run through its newest version as clients'
+// requests are (chunks of at most max_batch_size rows, or row by row when it does not
+// batch), with the rows stacked again. run = false only checks that the set fits `m`'s
+// inputs; a set that does not is invalid_model.
+NamedTensors InferenceServer::Impl::run_reference(const LoadedModel& m, const CanaryPolicy& p, bool run) const {
+  const int64_t step = std::max<int64_t>(1, m.config.max_batch_size);
+  const std::vector<NamedTensors> chunks = reference_chunks(p.reference, m.config.max_batch_size);
+  std::vector<std::promise<InferResult>> done(chunks.size());
+  std::vector<std::unique_ptr<ScheduledRequest>> queued;
+  auto rows = [&](size_t k) {
+    const int64_t first = int64_t(k) * step;
+    const int64_t last = std::min(first + step, p.reference[0].second.shape()[0]) - 1;
+    return first == last ? "reference row " + std::to_string(first)
+                         : "reference rows " + std::to_string(first) + " to " + std::to_string(last);
+  };
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    InferRequest req;
+    req.model = m.name;
+    req.inputs = chunks[k];
+    try {
+      queued.push_back(
+          schedule(m, std::move(req), [&done, k](InferResult&& r) { done[k].set_value(std::move(r)); }));
+    } catch (const Error& e) {
+      throw Error(ErrorCode::invalid_model, "model '" + m.name + "': parameter 'canary_reference' (" +
+                                                p.reference_file + "), " + rows(k) + ": " + e.what());
+    }
+  }
+  if (!run) return {};
+  const LoadedVersion& lv = *m.versions.begin()->second;
+  std::vector<NamedTensors> outputs;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    lv.batcher->enqueue(std::move(queued[k]));
+    InferResult r = done[k].get_future().get();
+    if (r.error)
+      throw Error(r.error->code(), "version " + lv.name + " failed on " + rows(k) + ": " + r.error->what());
+    outputs.push_back(std::move(r.response.outputs));
+  }
+  return stack_chunks(outputs, m.config.max_batch_size > 0);
+}
+
+void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause) {
   std::lock_guard load_lock(load_mu);
   std::vector<std::string> warnings;
   LoadOptions lo;
@@ -389,7 +445,26 @@ void InferenceServer::Impl::load(const std::string& name) {
   lo.metrics = &metrics;
   lo.hash_versions = audit != nullptr || opt.integrity_interval_secs > 0;
   lo.trusted_keys = keys;
-  std::shared_ptr<LoadedModel> fresh, old;
+  // A switch names its variant; a reload keeps the slot's; a first load takes the largest
+  // that leaves enough memory.
+  lo.choose_variant = [&](const std::vector<int64_t>& bytes) -> size_t {
+    if (cause.variant) return *cause.variant;
+    {
+      std::lock_guard lock(mu);
+      if (auto it = slots.find(name); it != slots.end() && it->second.variant) return *it->second.variant;
+    }
+    if (!variants) return 0;
+    try {
+      return variants->initial(bytes, memory->read());
+    } catch (const Error& e) {
+      std::cerr << "slim serve: warning: cannot read the memory to choose a variant of '" << name << "': " << e.what()
+                << "\n";
+      return 0;
+    }
+  };
+  std::shared_ptr<LoadedModel> fresh, old, released;
+  CanaryPolicy canary;
+  const int64_t rss_before = resident_bytes();
   // Taken before loading: a folder that changes while it loads looks changed to the next poll.
   const std::string fp = repo ? folder_fingerprint((std::filesystem::path(repo->root()) / name).string()) : "";
   try {
@@ -397,6 +472,8 @@ void InferenceServer::Impl::load(const std::string& name) {
       throw Error(ErrorCode::not_found,
                   "the server has no model repository to load '" + name + "' from");
     fresh = repo->load(name, lo, &warnings);
+    canary = canary_policy(fresh->config, (std::filesystem::path(repo->root()) / name).string());
+    if (!canary.reference.empty() && fresh->platform != "slim_llm") run_reference(*fresh, canary, false);
     warm_up(*fresh);
   } catch (const Error& e) {
     for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
@@ -407,28 +484,60 @@ void InferenceServer::Impl::load(const std::string& name) {
       slot.failed_fp = fp;
       if (!slot.model) slot.reason = e.what();  // a failed reload keeps the version that serves
     }
+    nlohmann::json details = cause.details;
+    details["reason"] = e.what();
+    if (!cause.event.empty()) details["during"] = cause.event;
     record(e.code() == ErrorCode::integrity ? trust::audit_event::kModelVerifyFailed : "model.load_failed", name,
-           nullptr, {{"reason", e.what()}});
+           nullptr, details);
     throw;
   }
   for (const auto& w : warnings) std::cerr << "slim serve: warning: " << w << "\n";
-  const CanaryPolicy canary = canary_policy(fresh->config);
+  const int64_t grew = resident_bytes() - rss_before;
+  // A trial with a reference set starts only when the new version's outputs on it agree
+  // with the serving version's; otherwise it is dropped before any request reaches it.
+  const bool trial = cause.trial && canary.share > 0 && fresh->platform != "slim_llm";
+  const std::shared_ptr<LoadedModel> serving = trial ? find_or_null(name) : nullptr;
+  nlohmann::json reference;
+  std::string refused;
+  if (serving && !canary.reference.empty()) {
+    reference = {{"file", canary.reference_file}};
+    try {
+      const OutputAgreement a =
+          compare_outputs(run_reference(*serving, canary, true), run_reference(*fresh, canary, true));
+      reference = agreement_json(a, canary);
+      refused = disagreement(a, canary);
+    } catch (const Error& e) {
+      refused = "its outputs on the reference inputs could not be compared with the serving version's: " +
+                std::string(e.what());
+    }
+  }
   bool on_trial = false;
   {
     std::lock_guard lock(mu);
     ModelSlot& slot = slots[name];
-    if (canary.share > 0 && slot.model && fresh->platform != "slim_llm") {
-      slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs)};
+    if (trial && slot.model) {
+      if (refused.empty())
+        slot.canary = Canary{fresh, canary, Clock::now() + std::chrono::seconds(canary.window_secs), reference};
       slot.loaded_fp = slot.seen_fp = fp;
       slot.failed_fp.clear();
       on_trial = true;
     }
   }
+  const std::string version = fresh->versions.begin()->second->name;
+  if (on_trial && !refused.empty()) {
+    std::cerr << "slim serve: model '" << name << "' canary version " << version << " rolled back: " << refused
+              << "\n";
+    record("model.canary_rolled_back", name, serving.get(),
+           {{"version", version}, {"decision", "rolled back"}, {"reason", refused}, {"reference", reference}});
+    return;
+  }
   if (on_trial) {
-    std::cerr << "slim serve: model '" << name << "' version " << fresh->versions.begin()->second->name
+    std::cerr << "slim serve: model '" << name << "' version " << version
               << " on trial for " << canary.window_secs << " s with " << canary.share * 100 << " % of the requests\n";
-    record("model.canary_started", name, fresh.get(),
-           {{"share", canary.share}, {"window_secs", canary.window_secs}, {"priority", canary.priority}});
+    nlohmann::json details = {
+        {"share", canary.share}, {"window_secs", canary.window_secs}, {"priority", canary.priority}};
+    if (!reference.is_null()) details["reference"] = reference;
+    record("model.canary_started", name, fresh.get(), details);
     return;
   }
   {
@@ -436,21 +545,53 @@ void InferenceServer::Impl::load(const std::string& name) {
     ModelSlot& slot = slots[name];
     old = std::move(slot.model);
     slot.model = fresh;
-    if (old) slot.previous = old;
+    if (cause.previous == LoadCause::Previous::replaced && old) slot.previous = old;
+    if (cause.previous == LoadCause::Previous::released) released = std::move(slot.previous);
     slot.quarantined.reset();
     slot.reason.clear();
     slot.wanted = true;
     slot.loaded_fp = slot.seen_fp = fp;
     slot.failed_fp.clear();
+    slot.variant = fresh->variants.empty() ? std::nullopt : std::optional<size_t>(fresh->variant);
   }
+  if (!fresh->variants.empty())
+    metrics.gauge("slim_model_variant", "The variant a model serves: 0 is the first (largest) its config lists.",
+                  {{"model", name}})
+        .set(double(fresh->variant));
   std::string versions;
   for (const auto& [v, lv] : fresh->versions) versions += (versions.empty() ? "" : ", ") + lv->name;
   std::cerr << "slim serve: loaded model '" << name << "' version " << versions << " ("
-            << fresh->platform << ")\n";
-  nlohmann::json details = {{"platform", fresh->platform}};
+            << fresh->platform << (fresh->variants.empty() ? "" : ", variant " + fresh->variants[fresh->variant]) << ")\n";
+  nlohmann::json details = cause.details;
+  details["platform"] = fresh->platform;
+  if (!fresh->variants.empty()) details["variant"] = fresh->variants[fresh->variant];
+  details["resident_bytes_grew"] = grew;
   if (old) details["replaced"] = old->versions.begin()->second->name;
-  record(old ? trust::audit_event::kModelUpdate : trust::audit_event::kModelLoad, name, fresh.get(), details);
+  record(!cause.event.empty() ? cause.event
+         : old              ? trust::audit_event::kModelUpdate
+                            : trust::audit_event::kModelLoad,
+         name, fresh.get(), details);
+  const std::optional<size_t> from =
+      old && old->variants == fresh->variants ? std::optional<size_t>(old->variant) : std::nullopt;
   old.reset();  // drains the replaced versions outside the lock
+  released.reset();
+  return_freed_memory();
+  if (!variants) return;
+  if (fresh->variants.size() < 2) {
+    variants->remove_model(name);
+    return;
+  }
+  const int64_t net = resident_bytes() - rss_before;  // grew, less what the replaced one gave back
+  std::vector<int64_t> estimate;
+  {
+    std::lock_guard lock(mu);
+    std::vector<int64_t>& r = slots[name].resident;
+    if (r.size() != fresh->variants.size()) r.assign(fresh->variants.size(), 0);
+    r[fresh->variant] = std::max(r[fresh->variant], grew);
+    if (from && *from != fresh->variant && grew - net > 0) r[*from] = grew - net;
+    estimate = resident_estimate(*fresh, r);
+  }
+  variants->set_model(name, estimate, fresh->variant);
 }
 
 void InferenceServer::rollback_model(const std::string& name) {
@@ -466,6 +607,11 @@ void InferenceServer::rollback_model(const std::string& name) {
     now = slot.model;
     slot.model = std::move(slot.previous);
     slot.previous = now;
+    slot.variant = slot.model->variants.empty() ? std::nullopt : std::optional<size_t>(slot.model->variant);
+    if (impl_->variants && slot.model->variants.size() > 1) {
+      slot.resident.resize(slot.model->variants.size());
+      impl_->variants->set_model(name, resident_estimate(*slot.model, slot.resident), slot.model->variant);
+    }
     slot.reason.clear();
     impl_->record(trust::audit_event::kModelRollback, name, slot.model.get(),
                   {{"replaced", now ? now->versions.begin()->second->name : ""}, {"by", "api"}});
@@ -572,6 +718,7 @@ void InferenceServer::Impl::decide_canaries() {
                           {"p99_ms", {p99_old, p99_new}},               {"max_p99_ratio", c.policy.max_p99_ratio},
                           {"max_error_rate_increase", c.policy.max_error_rate_increase},
                           {"version", c.model->versions.begin()->second->name}};
+      if (!c.reference.is_null()) d["reference"] = c.reference;
       if (why.empty()) {
         slot.previous = std::move(slot.model);
         slot.model = c.model;
@@ -593,19 +740,80 @@ void InferenceServer::Impl::decide_canaries() {
   }
 }
 
-// Polls, integrity checks and canary decisions, each when due; wakes at least every second.
+// Reads the memory, publishes it, and makes the one variant switch the controller asks for
+// (a hot swap, as an update is); a switch that fails leaves the model where it was, to be
+// tried again after its dwell.
+void InferenceServer::Impl::switch_variants() {
+  MemoryReading r;
+  try {
+    r = memory->read();
+    memory_error.clear();
+  } catch (const Error& e) {
+    if (memory_error != e.what()) std::cerr << "slim serve: warning: cannot read the memory: " << e.what() << "\n";
+    memory_error = e.what();
+    return;
+  }
+  metrics.gauge("slim_memory_limit_bytes", "The memory the server may use (-1: no limit).").set(double(r.limit_bytes));
+  metrics.gauge("slim_memory_available_bytes", "Memory available under the limit.").set(double(r.available_bytes));
+  metrics.gauge("slim_memory_pressure", "Memory pressure: PSI some avg10, percent of time stalled.")
+      .set(r.pressure_some_avg10);
+  const VariantPolicy& p = opt.variant_policy;
+  if ((r.headroom() < p.low_headroom || r.pressure_some_avg10 > p.pressure_down) && return_freed_memory() > 0) {
+    try {  // what the server kept for reuse may be all it needs to give back
+      r = memory->read();
+    } catch (const Error&) {
+      return;  // the next reading says
+    }
+  }
+  const auto sw = variants->decide(r, Clock::now());
+  if (!sw) return;
+  std::vector<std::string> names;  // not the model itself: the switch must be able to free it
+  if (const auto m = find_or_null(sw->model)) names = m->variants;
+  if (names.size() <= std::max(sw->from, sw->to)) {
+    variants->remove_model(sw->model);
+    return;
+  }
+  std::cerr << "slim serve: model '" << sw->model << "' switches from variant " << names[sw->from] << " to "
+            << names[sw->to] << ": " << sw->reason << "\n";
+  LoadCause cause;
+  cause.event = "model.variant_switch";
+  cause.details = {{"from", names[sw->from]}, {"to", names[sw->to]}, {"reason", sw->reason},
+                   {"memory", describe(r)}};
+  cause.trial = false;
+  cause.variant = sw->to;
+  cause.previous = sw->to > sw->from ? LoadCause::Previous::released : LoadCause::Previous::unchanged;
+  size_t now_serving = sw->to;
+  try {
+    load(sw->model, cause);
+    metrics
+        .counter("slim_variant_switches_total", "Variant switches, by model and direction.",
+                 {{"model", sw->model}, {"direction", sw->to > sw->from ? "down" : "up"}})
+        .inc();
+  } catch (const Error& e) {
+    std::cerr << "slim serve: model '" << sw->model << "' stays on variant " << names[sw->from] << ": "
+              << e.what() << "\n";
+    now_serving = sw->from;
+  }
+  variants->applied(sw->model, now_serving, Clock::now());
+}
+
+// Polls, integrity checks, canary decisions and variant switches, each when due; wakes at
+// least every second.
 void InferenceServer::Impl::watch() {
   using namespace std::chrono;
   const bool polling = opt.model_control == ServerOptions::ModelControl::poll;
   const bool checking = opt.integrity_interval_secs > 0;
   const auto poll_every = seconds(std::max(1, opt.poll_secs));
   const auto check_every = seconds(std::max(1, opt.integrity_interval_secs));
+  const auto memory_every = seconds(std::max(1, opt.memory_interval_secs));
   auto next_poll = steady_clock::now() + poll_every, next_check = steady_clock::now() + check_every;
+  auto next_memory = steady_clock::now() + memory_every;
   std::unique_lock lock(watch_mu);
   for (;;) {
     auto next = steady_clock::now() + seconds(1);
     if (polling) next = std::min(next, next_poll);
     if (checking) next = std::min(next, next_check);
+    if (variants) next = std::min(next, next_memory);
     if (watch_cv.wait_until(lock, next, [&] { return watch_stop; })) return;
     lock.unlock();
     if (polling && steady_clock::now() >= next_poll) {
@@ -617,6 +825,10 @@ void InferenceServer::Impl::watch() {
       next_check = steady_clock::now() + check_every;
     }
     decide_canaries();
+    if (variants && steady_clock::now() >= next_memory) {
+      switch_variants();
+      next_memory = steady_clock::now() + memory_every;
+    }
     lock.lock();
   }
 }
@@ -639,6 +851,19 @@ InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique
   if (!impl_->opt.audit_key.empty()) {
     check(impl_->audit != nullptr, ErrorCode::invalid_argument, "--audit-key needs --audit-log");
     impl_->audit_key = trust::PrivateKey::load(impl_->opt.audit_key);
+  }
+  if (impl_->opt.memory_interval_secs > 0) {
+    impl_->variants = std::make_unique<VariantController>(impl_->opt.variant_policy);
+    if (!impl_->opt.memory_source.empty()) {
+      impl_->memory = file_memory_source(impl_->opt.memory_source);
+    } else {
+      try {  // a machine whose memory slim cannot read still serves, at the first variants
+        impl_->memory = system_memory_source();
+      } catch (const Error& e) {
+        std::cerr << "slim serve: warning: variant switching is off: " << e.what() << "\n";
+        impl_->variants.reset();
+      }
+    }
   }
 }
 
@@ -679,7 +904,7 @@ void InferenceServer::start() {
     }
   }
   impl_->started = true;
-  if (impl_->repo || impl_->opt.integrity_interval_secs > 0)
+  if (impl_->repo || impl_->opt.integrity_interval_secs > 0 || impl_->variants)
     impl_->watcher = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
@@ -778,6 +1003,8 @@ ModelMetadata InferenceServer::model_metadata(const std::string& name,
     md.digest = lv->verified->digest;
     md.signer = lv->verified->signer;
   }
+  md.variants = m->variants;
+  if (!m->variants.empty()) md.variant = m->variants[m->variant];
   return md;
 }
 
@@ -836,8 +1063,11 @@ void InferenceServer::unload_model(const std::string& name) {
       old = std::move(it->second.model);
       it->second.reason = "unloaded";
       it->second.wanted = false;
+      it->second.variant.reset();
     }
+    if (impl_->variants) impl_->variants->remove_model(name);
     old.reset();  // drains its queued requests
+    return_freed_memory();
     impl_->metrics.remove_series({{"model", name}});
   }
   std::cerr << "slim serve: unloaded model '" << name << "'\n";

@@ -124,6 +124,71 @@ TEST(Npy, RejectsBadFiles) {
   EXPECT_THROW(read_npy("/nonexistent/x.npy"), Error);
 }
 
+// A zip of .npy members as numpy.savez writes it: stored, each local header with a zip64
+// extra field, sizes in the central directory; `method` marks the members compressed.
+std::string npz_bytes(const std::vector<std::pair<std::string, Tensor>>& arrays, int method = 0) {
+  auto put = [](std::string& s, uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) s += char(v >> (8 * i) & 0xff);
+  };
+  std::string body, dir;
+  for (const auto& [key, t] : arrays) {
+    const std::string name = key + ".npy", data = encode_npy(t);
+    std::string extra;
+    put(extra, 1, 2), put(extra, 16, 2), put(extra, data.size(), 8), put(extra, data.size(), 8);
+    const uint64_t off = body.size();
+    put(body, 0x04034b50, 4), put(body, 20, 2), put(body, 0, 2), put(body, method, 2), put(body, 0, 8);
+    put(body, 0xffffffff, 4), put(body, 0xffffffff, 4), put(body, name.size(), 2), put(body, extra.size(), 2);
+    body += name + extra + data;
+    put(dir, 0x02014b50, 4), put(dir, 20, 2), put(dir, 20, 2), put(dir, 0, 2), put(dir, method, 2), put(dir, 0, 8);
+    put(dir, data.size(), 4), put(dir, data.size(), 4), put(dir, name.size(), 2), put(dir, 0, 6);
+    put(dir, 0, 6), put(dir, off, 4);
+    dir += name;
+  }
+  std::string out = body + dir;
+  put(out, 0x06054b50, 4), put(out, 0, 4), put(out, arrays.size(), 2), put(out, arrays.size(), 2);
+  put(out, dir.size(), 4), put(out, body.size(), 4), put(out, 0, 2);
+  return out;
+}
+
+TEST(Npz, ReadsNamedArraysInOrder) {
+  const std::string z = npz_bytes({{"x", Tensor::from_vector<float>({2, 3}, {0, 1, 2, 3, 4, 5})},
+                                   {"ids", Tensor::from_vector<int64_t>({2}, {7, 9})}});
+  const auto a = parse_npz(z.data(), z.size(), "ref.npz");
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].first, "x");
+  EXPECT_EQ(a[0].second.shape(), (Shape{2, 3}));
+  EXPECT_EQ(a[0].second.data<float>()[5], 5.0f);
+  EXPECT_EQ(a[1].first, "ids");
+  EXPECT_EQ(a[1].second.data<int64_t>()[1], 9);
+  const std::string path = (std::filesystem::temp_directory_path() / "slim_npz_test.npz").string();
+  FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(z.data(), 1, z.size(), f);
+  std::fclose(f);
+  EXPECT_EQ(read_npz(path).size(), 2u);
+}
+
+TEST(Npz, RejectsBadArchives) {
+  auto message = [](const std::string& z) {
+    try {
+      parse_npz(z.data(), z.size(), "ref.npz");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string good = npz_bytes({{"x", Tensor(DType::f32, {4, 4})}});
+  EXPECT_EQ(message(npz_bytes({{"x", Tensor(DType::f32, {4})}}, 8)),
+            "ref.npz: member 'x.npy' is compressed (zip method 8); only stored members are read: write the "
+            "archive with numpy.savez, not numpy.savez_compressed");
+  EXPECT_EQ(message("not a zip file at all, not even close"), "ref.npz: not an .npz file (no zip directory)");
+  EXPECT_EQ(message(good.substr(0, 40) + good.substr(100)), "ref.npz: the zip directory lies outside the file");
+  std::string bad_member = good;
+  bad_member.replace(bad_member.find("'<f4'"), 5, "'>f4'");
+  EXPECT_NE(message(bad_member).find("ref.npz: member 'x.npy': unsupported .npy dtype '>f4'"), std::string::npos);
+  for (size_t cut = 0; cut < good.size(); cut += 7) EXPECT_NE(message(good.substr(0, cut)), "no error");
+  EXPECT_THROW(read_npz("/nonexistent/ref.npz"), Error);
+}
+
 TEST(ThreadPool, CoversRangeOnceAndPropagatesErrors) {
   ThreadPool pool(4);
   std::vector<int> hits(1000, 0);
@@ -261,4 +326,13 @@ TEST(MappedFile, ResidentCopyEqualsTheMapping) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
   }
+}
+
+TEST(Storage, LargeFreedBuffersAreKeptUntilReleased) {
+  Storage::release_cached();
+  { auto s = Storage::allocate(size_t(5) << 20); }  // a mapping of its own: kept for reuse
+  EXPECT_GE(Storage::release_cached(), size_t(5) << 20);
+  EXPECT_EQ(Storage::release_cached(), 0u);
+  { auto s = Storage::allocate(1024); }  // heap: never cached
+  EXPECT_EQ(Storage::release_cached(), 0u);
 }

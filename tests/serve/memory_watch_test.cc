@@ -529,5 +529,16 @@ TEST(VariantController, RefusesBadInput) {
       "variant policy: needs 0 <= low headroom < high headroom <= 1");
 }
 
+TEST(VariantController, FirstLoadPicksTheLargestVariantThatFits) {
+  const VariantController c;  // low headroom 15%
+  const std::vector<int64_t> v = {500, 200, 100};
+  EXPECT_EQ(c.initial(v, reading(1000, 900)), 0u);  // 40% left after 500
+  EXPECT_EQ(c.initial(v, reading(1000, 650)), 0u);  // exactly 15% left
+  EXPECT_EQ(c.initial(v, reading(1000, 649)), 1u);  // 14.9%: the next one
+  EXPECT_EQ(c.initial(v, reading(1000, 350)), 1u);  // 15% left after 200
+  EXPECT_EQ(c.initial(v, reading(1000, 200)), 2u);  // nothing fits: the smallest
+  EXPECT_EQ(c.initial(v, reading(-1, 0)), 0u);      // no limit
+}
+
 }  // namespace
 }  // namespace slim::serve

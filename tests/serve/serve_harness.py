@@ -33,8 +33,8 @@ def slim_command(*args):
 
 
 class Server:
-    def __init__(self, args, env=None, ready_timeout=120):
-        self.args = slim_command("serve", *args)
+    def __init__(self, args, env=None, ready_timeout=120, prefix=()):
+        self.args = list(prefix) + slim_command("serve", *args)
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
         self.http_port = self.grpc_port = self.metrics_port = None
@@ -101,7 +101,8 @@ class Server:
         self.stop()
 
 
-def start_server(repo, extra_args=(), env=None):
+def start_server(repo, extra_args=(), env=None, prefix=()):
+    """`prefix`: a command the server runs under (tests/serve/cgroup_run.sh LIMIT)."""
     args = ["--model-repository", repo, "--host", "127.0.0.1", "--http-port", "0",
             "--grpc-port", "0", "--metrics-port", "0"] + list(extra_args)
-    return Server(args, env=env)
+    return Server(args, env=env, prefix=prefix)

@@ -20,6 +20,8 @@ import unittest
 import urllib.error
 import urllib.request
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serve_harness import slim_command, start_server  # noqa: E402
@@ -198,6 +200,110 @@ class Canary(unittest.TestCase):
         self.assertEqual(after, {1})
         self.assertEqual(events[-1]["event"], "model.canary_rolled_back")
         self.assertEqual(events[-1]["details"]["reason"], "its p99 latency is above the bound")
+
+
+def add_parameters(config_path, params):
+    with open(config_path, "a") as f:
+        for k, v in params.items():
+            f.write('parameters { key: "%s" value: { string_value: "%s" } }\n' % (k, v))
+
+
+class CanaryReference(unittest.TestCase):
+    """A config that names a reference input set: the new version runs it beside the
+    serving one before its trial, and is dropped at once when its outputs disagree."""
+
+    def test_a_new_version_that_disagrees_on_the_reference_set_is_rolled_back_at_once(self):
+        repo = new_repo()
+        np.savez(os.path.join(repo, "plain", "reference.npz"),
+                 x=np.arange(18, dtype=np.float32).reshape(3, 2, 3))  # 3 samples, one request each
+        add_parameters(os.path.join(repo, "plain", "config.pbtxt"),
+                       {"canary_share": "0.5", "canary_window_secs": "60", "canary_reference": "reference.npz"})
+        log = os.path.join(tempfile.mkdtemp(), "audit.log")
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--audit-log", log]) as srv:
+            add_version(repo, 2, source=2)  # y = x + 2 against y = x + 1
+            wait_for(lambda: audit_events(log, "plain")[-1]["event"] == "model.canary_rolled_back",
+                     what="the rollback")
+            self.assertEqual({infer_plain(srv) for _ in range(10)}, {1})  # no request reached version 2
+            self.assertEqual(served_versions(srv), ["1"])
+            time.sleep(2.5)  # two more polls: the refused folder is not tried again
+            self.assertEqual(srv.stop(), 0)
+        events = audit_events(log, "plain")
+        self.assertEqual([e["event"] for e in events], ["model.load", "model.canary_rolled_back"])
+        d = events[-1]["details"]
+        self.assertEqual(events[-1]["model"]["version"], "1")  # the version that serves on
+        self.assertEqual(d["version"], "2")
+        self.assertEqual(d["decision"], "rolled back")
+        self.assertEqual(d["reason"], "its outputs disagree with the serving version's on the reference inputs: "
+                                      "max abs diff 1 on output 'y' is above 0.001")
+        self.assertEqual(d["reference"], {"file": "reference.npz", "rows": 3,
+                                          "max_abs_diff": {"measured": 1.0, "max": 0.001, "output": "y"}})
+        self.assertEqual(slim("audit", "verify", log).returncode, 0)
+
+    def test_a_new_version_that_agrees_on_the_reference_set_runs_its_trial_and_is_promoted(self):
+        # digits batches (max_batch_size 32): 40 reference rows go as chunks of 32 and 8.
+        repo = tempfile.mkdtemp(prefix="slim_ops_repo_")
+        shutil.copytree(os.path.join(FIXTURES, "digits"), os.path.join(repo, "digits"))
+        rng = np.random.default_rng(5)
+        pixels = rng.uniform(0, 16, (40, 64)).astype(np.float32)
+        np.savez(os.path.join(repo, "digits", "reference.npz"), pixels=pixels)
+        add_parameters(os.path.join(repo, "digits", "config.pbtxt"),
+                       {"canary_share": "1", "canary_window_secs": "2", "canary_max_p99_ratio": "1000",
+                        "canary_reference": "reference.npz", "canary_min_top1_agreement": "1"})
+        log = os.path.join(tempfile.mkdtemp(), "audit.log")
+        body = {"inputs": [{"name": "pixels", "shape": [2, 64], "datatype": "FP32",
+                            "data": pixels[:2].ravel().tolist()}]}
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--audit-log", log]) as srv:
+            tmp = os.path.join(repo, ".incoming")
+            shutil.copytree(os.path.join(FIXTURES, "digits", "1"), tmp)  # the same weights again
+            os.rename(tmp, os.path.join(repo, "digits", "2"))
+            wait_for(lambda: any(e["event"] == "model.canary_started" for e in audit_events(log, "digits")),
+                     what="the trial")
+            for _ in range(5):
+                self.assertEqual(request(srv, "/v2/models/digits/infer", body)[0], 200)
+            wait_for(lambda: audit_events(log, "digits")[-1]["event"] == "model.canary_promoted",
+                     what="the promotion")
+            self.assertEqual(request(srv, "/v2/models/digits")[1]["versions"], ["2"])
+            self.assertEqual(srv.stop(), 0)
+        events = audit_events(log, "digits")
+        self.assertEqual([e["event"] for e in events], ["model.load", "model.canary_started", "model.canary_promoted"])
+        agreement = {"file": "reference.npz", "rows": 40,
+                     "top1_agreement": {"measured": 1.0, "min": 1.0, "output": "probabilities"}}
+        self.assertEqual(events[1]["details"]["reference"], agreement)
+        self.assertEqual(events[2]["details"]["reference"], agreement)
+
+    def test_a_bad_reference_set_fails_the_load_and_the_serving_version_stays(self):
+        repo = new_repo()
+        log = os.path.join(tempfile.mkdtemp(), "audit.log")
+        with start_server(repo, ["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                 "--audit-log", log]) as srv:
+            self.assertEqual(infer_plain(srv), 1)
+
+            def refused(why):
+                wait_for(lambda: any(e["event"] == "model.load_failed" and e["details"]["reason"] == why
+                                     for e in audit_events(log, "plain")), what="refusal: " + why)
+                self.assertEqual(request(srv, "/v2/models/plain/ready")[0], 200)
+                self.assertEqual(served_versions(srv), ["1"])
+                self.assertEqual(infer_plain(srv), 1)
+
+            ref = os.path.join(repo, "plain", "reference.npz")
+            np.savez(ref, x=np.zeros((2, 3, 3), np.float32))  # samples of the wrong shape
+            add_parameters(os.path.join(repo, "plain", "config.pbtxt"),
+                           {"canary_share": "0.5", "canary_reference": "reference.npz"})
+            add_version(repo, 2, source=2)
+            refused("model 'plain': parameter 'canary_reference' (reference.npz), reference row 0: "
+                    "input 'x' has shape [3,3], model 'plain' expects [2,3]")
+            np.savez(ref, x=np.zeros((2, 2, 3), np.float32), y=np.zeros((3,), np.float32))
+            refused("model 'plain': parameter 'canary_reference' (reference.npz): arrays 'x' and 'y' "
+                    "disagree on the number of samples (2 and 3)")
+            np.savez_compressed(ref, x=np.zeros((2, 2, 3), np.float32))
+            refused("model 'plain': parameter 'canary_reference' (reference.npz): " + ref + ": member 'x.npy' "
+                    "is compressed (zip method 8); only stored members are read: write the archive with "
+                    "numpy.savez, not numpy.savez_compressed")
+            self.assertEqual(srv.stop(), 0)
+        self.assertEqual([e["event"] for e in audit_events(log, "plain")],
+                         ["model.load"] + ["model.load_failed"] * 3)
 
 
 class Signatures(unittest.TestCase):

@@ -194,6 +194,32 @@ void add_serve(CLI::App& app) {
                   "Hash the serving versions' files again every N seconds; a version whose files changed stops "
                   "serving until they verify again (0: off)")
       ->check(CLI::NonNegativeNumber);
+  serve::VariantPolicy& vp = o->server.variant_policy;
+  cmd->add_option("--memory-interval-secs", o->server.memory_interval_secs,
+                  "Read the memory the server may use every N seconds and switch models whose config lists "
+                  "'variants' to a smaller one when it runs short, back when it is plentiful (0: off; default 2)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--memory-source", o->server.memory_source,
+                  "Folder of cgroup v2 memory files (memory.max, memory.current, memory.pressure, ...) to read "
+                  "instead of the process's own cgroup or /proc/meminfo")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--variant-low-headroom", vp.low_headroom,
+                  "Step a model down when available memory falls below this share of the limit (default 0.15)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--variant-high-headroom", vp.high_headroom,
+                  "Step a model up when available memory stays above this share with the larger variant (default 0.35)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--variant-pressure", vp.pressure_down,
+                  "Step a model down when memory pressure (PSI some avg10, percent) is above this (default 10)")
+      ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option_function<int>(
+         "--variant-min-dwell-secs", [o](int s) { o->server.variant_policy.min_dwell = std::chrono::seconds(s); },
+         "A model keeps a variant at least this long (default 30)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option_function<int>(
+         "--variant-settle-secs", [o](int s) { o->server.variant_policy.settle = std::chrono::seconds(s); },
+         "No other switch for this long after one, so the memory it frees shows first (default 5)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--load-model", o->server.load_models, "Model to load at start in explicit mode ('*': all)");
   add_threads_option(cmd, &o->server.threads);
   add_isa_option(cmd);

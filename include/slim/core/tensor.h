@@ -31,6 +31,9 @@ class Storage {
   static std::shared_ptr<Storage> allocate(size_t bytes);  // aligned, zeroed
   static std::shared_ptr<Storage> borrow(void* data, size_t bytes,
                                          std::shared_ptr<const void> owner = nullptr);
+  // Large freed buffers are kept for reuse (up to 1 GiB); this hands them back to the
+  // kernel (a server short of memory) and returns how many bytes that was.
+  static size_t release_cached();
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -106,6 +106,10 @@ class VariantController {
   void remove_model(const std::string& model);
   size_t current(const std::string& model) const;
 
+  // The variant to load a model with first (no dwell, no settle): the most preferred one
+  // whose bytes leave the headroom at or above low after loading, else the smallest.
+  size_t initial(const std::vector<int64_t>& variant_bytes, const MemoryReading& reading) const;
+
   // The switch to make now, if any: one model one variant down when headroom is below
   // low or pressure above pressure_down (the model whose step frees the most bytes, ties
   // by name), one model one variant up when headroom is above high and stays above high

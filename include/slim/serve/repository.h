@@ -1,7 +1,8 @@
 // Repository: a folder of models in Triton's layout, REPO/<model>/config.pbtxt (or
 // config.json, or no config: it is then read off the model) and REPO/<model>/<version>/
 // with one model file (a GGUF file makes it a language model, served by the OpenAI front
-// door instead of KServe v2). Loading a model reads its config, checks it against the model's
+// door instead of KServe v2), or several variants of it that the config's `variants`
+// parameter lists (the server picks one by the memory it has). Loading a model reads its config, checks it against the model's
 // real inputs and outputs, and builds one scheduler per version its version policy
 // serves. A loaded model is immutable: the server swaps whole LoadedModels atomically.
 #pragma once
@@ -48,6 +49,12 @@ struct LoadedModel {
   std::vector<ServedTensor> inputs, outputs;
   BatchPolicy policy;
   std::map<int64_t, std::shared_ptr<LoadedVersion>, std::greater<>> versions;  // newest first
+  // Memory-aware variants (config parameter `variants`: model files of each version folder,
+  // largest first): their names, bytes (file sizes summed over the served versions) and
+  // the one this load serves. Empty when the config lists none.
+  std::vector<std::string> variants;
+  std::vector<int64_t> variant_bytes;
+  size_t variant = 0;
   ~LoadedModel();  // stops the schedulers, draining what they hold
 };
 
@@ -60,6 +67,8 @@ struct LoadOptions {
   // need the digests); with keys, a version loads only if its model.sig verifies with one.
   bool hash_versions = false;
   std::span<const trust::PublicKey> trusted_keys;
+  // Which of a model's variants to load, given their bytes (largest first); none: the first.
+  std::function<size_t(const std::vector<int64_t>& variant_bytes)> choose_variant;
 };
 
 class Repository {

@@ -13,6 +13,7 @@
 
 #include "slim/core/tensor_model.h"
 #include "slim/serve/llm_service.h"
+#include "slim/serve/memory_watch.h"
 #include "slim/serve/inference.h"
 #include "slim/serve/model_config.h"
 
@@ -35,6 +36,13 @@ struct ServerOptions {
   // Every this many seconds the files of every serving version are hashed again; a
   // version whose files changed is taken out of service until they verify again (0: off).
   int integrity_interval_secs = 0;
+  // Memory-aware variants: every this many seconds (0: off) the memory the server may use
+  // is read (cgroup limits and PSI, or /proc/meminfo; `memory_source` names a folder of
+  // cgroup v2 files to read instead) and a model whose config lists `variants` is switched
+  // to a smaller one when memory runs short, back when it is plentiful (variant_policy).
+  int memory_interval_secs = 2;
+  std::string memory_source;
+  VariantPolicy variant_policy;
   std::vector<std::string> load_models;  // explicit mode: loaded at start ("*": all)
   int threads = 0;                       // compute-thread budget, 0: hardware threads
   int64_t max_tensor_elements = int64_t(1) << 28;  // per input tensor
@@ -54,6 +62,9 @@ struct ModelMetadata {
   // slim's own: the files' digest and the key that signed them, when the server hashed
   // (audit, integrity) or verified (signatures) the version ("" otherwise).
   std::string digest, signer;
+  // The model's variants (config parameter `variants`, largest first) and the one it serves.
+  std::vector<std::string> variants;
+  std::string variant;
 };
 
 struct RepositoryEntry {
