@@ -127,8 +127,10 @@ def check(a, engine, label, model, logdir):
     results and returns a one-line summary: exit code, protocols that answered, models."""
     server = Server(engine, a, model, 1, os.path.join(logdir, "%s-check.log" % engine))
     try:
-        p = subprocess.run([a.slim, "check", "http://127.0.0.1:%d" % server.port], capture_output=True, text=True,
-                           timeout=600)
+        # 30 s a request, not the default 3: on two shared cores llama-server's spinning threads
+        # can take longer than 3 s for a 4-token completion, and this checks protocols, not speed.
+        p = subprocess.run([a.slim, "check", "http://127.0.0.1:%d" % server.port, "--timeout-ms", "30000"],
+                           capture_output=True, text=True, timeout=600)
     finally:
         server.stop()
     try:
