@@ -213,9 +213,8 @@ class RealCgroup(unittest.TestCase):
     """The server runs in a cgroup with 1 GiB. It loads `a` with the 63 MB variant; then the
     limit shrinks to 8 % above what the cgroup uses, and a second model `b` (the same
     variants) arrives in the polled repository. With switching the server steps `a` down,
-    loads `b` small and lives; without it, loading `b` large is past the limit: OOM kill.
-    (No request reaches `a` before the squeeze: its first requests compile plans whose packed
-    weights double its memory, which the smaller limit would not hold without switching.)"""
+    loads `b` small (its first load scales `b`'s file sizes by what `a`'s variants were
+    measured to take) and lives; without it, loading `b` large is past the limit: OOM kill."""
 
     def run_server(self, switching):
         repo = tempfile.mkdtemp(prefix="slim_variants_cgroup_")
