@@ -22,6 +22,7 @@ void register_dnnl_matmul_kernels(KernelRegistry& r);  // dnnl_matmul.cc
 void register_dnnl_pool_kernels(KernelRegistry& r);    // dnnl_pool.cc
 void register_elementwise_kernels(KernelRegistry& r);  // elementwise.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
+void register_matmul_nbits_kernels(KernelRegistry& r); // matmul_nbits.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();
