@@ -17,7 +17,9 @@
 // reference the tests hold the others to.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "runtime/cpu/cpu_common.h"
 #include "runtime/cpu/simd.h"
@@ -30,6 +32,7 @@ namespace {
 
 constexpr int kRows = 16;  // output columns per group: one per 32-bit lane of a zmm
 constexpr int kTile = 4;   // rows of A per pass over a group's weights
+constexpr int64_t kChunk = 256;  // K positions per pass of the unpacked float tiles
 
 // The weights of one node, regrouped. Group g covers output columns 16g..16g+15 (columns
 // past N have zero codes and scales).
@@ -153,6 +156,30 @@ void tile_int8_scalar(const Tile& t) {
     }
 }
 
+// Float form for more than kTile rows: a group's weights are unpacked once into w
+// (k_pad x 16 floats, the same values the tiles above compute) and every tile of A rows
+// reads them from there, instead of unpacking them again per tile.
+void unpack_group_scalar(const Tile& t, float* w) {
+  for (int64_t b = 0; b < t.k_blocks; ++b)
+    for (int64_t k = b * t.block; k < (b + 1) * t.block; k += 2)
+      for (int r = 0; r < kRows; ++r) {
+        const uint8_t byte = t.codes[k / 2 * kRows + r];
+        const float s = t.scale[b * kRows + r], z = t.offset[b * kRows + r];
+        w[k * kRows + r] = std::fma(float(byte & 15), s, z);
+        w[(k + 1) * kRows + r] = std::fma(float(byte >> 4), s, z);
+      }
+}
+
+// Adds the products of K positions [k0, k1) to y (to the bias when k0 is 0).
+void tile_unpacked_scalar(const float* w, int64_t k0, int64_t k1, const Tile& t) {
+  for (int m = 0; m < t.rows; ++m)
+    for (int r = 0; r < t.cols; ++r) {
+      float acc = k0 ? t.y[m * t.ldy + r] : t.bias[r];
+      for (int64_t k = k0; k < k1; ++k) acc = std::fma(t.a[m * t.lda + k], w[k * kRows + r], acc);
+      t.y[m * t.ldy + r] = acc;
+    }
+}
+
 // ---------------- AVX-512 ----------------
 
 #define SLIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
@@ -185,6 +212,32 @@ SLIM_AVX512 void tile_f32_avx512_t(const Tile& t) {
   for (int m = 0; m < T; ++m)
     _mm512_mask_storeu_ps(t.y + m * t.ldy, keep,
                           _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), _mm512_add_ps(acc[m][2], acc[m][3])));
+}
+
+SLIM_AVX512 void unpack_group_avx512(const Tile& t, float* w) {
+  const __m512i m4 = _mm512_set1_epi32(15);
+  const uint8_t* c = t.codes;
+  for (int64_t b = 0; b < t.k_blocks; ++b) {
+    const __m512 s = _mm512_loadu_ps(t.scale + b * kRows), z = _mm512_loadu_ps(t.offset + b * kRows);
+    for (int64_t k = b * t.block; k < (b + 1) * t.block; k += 2, c += kRows) {
+      const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+      _mm512_storeu_ps(w + k * kRows, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m4)), s, z));
+      _mm512_storeu_ps(w + (k + 1) * kRows, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), s, z));
+    }
+  }
+}
+
+// Up to 8 rows: one accumulator chain per row, one weight load per 8 fused multiply-adds.
+template <int T>
+SLIM_AVX512 void tile_unpacked_avx512_t(const float* w, int64_t k0, int64_t k1, const Tile& t) {
+  const __mmask16 keep = __mmask16((1u << t.cols) - 1);
+  __m512 acc[T];
+  for (int m = 0; m < T; ++m) acc[m] = k0 ? _mm512_maskz_loadu_ps(keep, t.y + m * t.ldy) : _mm512_loadu_ps(t.bias);
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m512 wv = _mm512_loadu_ps(w + k * kRows);
+    for (int m = 0; m < T; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(t.a[m * t.lda + k]), wv, acc[m]);
+  }
+  for (int m = 0; m < T; ++m) _mm512_mask_storeu_ps(t.y + m * t.ldy, keep, acc[m]);
 }
 
 // Int8 form with VNNI: the block dot of 16 columns with one row of A codes, low and high
@@ -268,6 +321,46 @@ SLIM_AVX2 void tile_f32_avx2_t(const Tile& t) {
                t.cols);
 }
 
+SLIM_AVX2 void unpack_group_avx2(const Tile& t, float* w) {
+  const __m256i m4 = _mm256_set1_epi32(15);
+  const uint8_t* c = t.codes;
+  for (int64_t b = 0; b < t.k_blocks; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = _mm256_loadu_ps(t.scale + b * kRows + 8 * h), z = _mm256_loadu_ps(t.offset + b * kRows + 8 * h);
+      for (int64_t k = b * t.block; k < (b + 1) * t.block; k += 2) {
+        const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + k / 2 * kRows + 8 * h)));
+        _mm256_storeu_ps(w + k * kRows + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x, m4)), s, z));
+        _mm256_storeu_ps(w + (k + 1) * kRows + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 4)), s, z));
+      }
+    }
+}
+
+// Up to 4 rows (8 accumulators of the 16 ymm registers).
+template <int T>
+SLIM_AVX2 void tile_unpacked_avx2_t(const float* w, int64_t k0, int64_t k1, const Tile& t) {
+  __m256 acc[T][2];
+  for (int m = 0; m < T; ++m) {
+    if (k0 == 0) {
+      acc[m][0] = _mm256_loadu_ps(t.bias);
+      acc[m][1] = _mm256_loadu_ps(t.bias + 8);
+    } else {
+      alignas(32) float tmp[kRows] = {};
+      std::memcpy(tmp, t.y + m * t.ldy, size_t(t.cols) * sizeof(float));
+      acc[m][0] = _mm256_load_ps(tmp);
+      acc[m][1] = _mm256_load_ps(tmp + 8);
+    }
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(w + k * kRows), w1 = _mm256_loadu_ps(w + k * kRows + 8);
+    for (int m = 0; m < T; ++m) {
+      const __m256 x = _mm256_set1_ps(t.a[m * t.lda + k]);
+      acc[m][0] = _mm256_fmadd_ps(x, w0, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(x, w1, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < T; ++m) store_cols(t.y + m * t.ldy, acc[m][0], acc[m][1], t.cols);
+}
+
 template <int T>
 SLIM_AVX2 void tile_int8_avx2_t(const Tile& t) {
   __m256 acc[T][2];
@@ -310,27 +403,55 @@ SLIM_AVX2 void tile_int8_avx2_t(const Tile& t) {
 
 using TileFn = void (*)(const Tile&);
 
-template <typename Make>
-TileFn by_rows(int rows, Make make) {
-  switch (rows) {
-    case 1: return make(std::integral_constant<int, 1>{});
-    case 2: return make(std::integral_constant<int, 2>{});
-    case 3: return make(std::integral_constant<int, 3>{});
-    default: return make(std::integral_constant<int, 4>{});
-  }
+// make(std::integral_constant<int, R>{}) for R = rows clamped to [1, Max]: the tiles are
+// instantiated per row count.
+template <int Max, typename Make>
+auto by_rows(int rows, Make make) {
+  decltype(make(std::integral_constant<int, 1>{})) fn = nullptr;
+  rows = std::clamp(rows, 1, Max);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((rows == I + 1 ? (fn = make(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
+  }(std::make_integer_sequence<int, Max>{});
+  return fn;
 }
 
 TileFn tile_fn(bool int8, int rows) {
   const Isa isa = detected_isa();
   if (isa == Isa::avx512) {
-    if (!int8) return by_rows(rows, [](auto T) -> TileFn { return tile_f32_avx512_t<T.value>; });
-    if (cpu_features().avx512vnni) return by_rows(rows, [](auto T) -> TileFn { return tile_int8_vnni_t<T.value>; });
+    if (!int8) return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_f32_avx512_t<T.value>; });
+    if (cpu_features().avx512vnni) return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_int8_vnni_t<T.value>; });
   }
   if (isa == Isa::avx2 || isa == Isa::avx512) {
-    if (!int8) return by_rows(rows, [](auto T) -> TileFn { return tile_f32_avx2_t<T.value>; });
-    return by_rows(rows, [](auto T) -> TileFn { return tile_int8_avx2_t<T.value>; });
+    if (!int8) return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_f32_avx2_t<T.value>; });
+    return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_int8_avx2_t<T.value>; });
   }
   return int8 ? tile_int8_scalar : tile_f32_scalar;
+}
+
+using UnpackFn = void (*)(const Tile&, float*);
+using UnpackedTileFn = void (*)(const float*, int64_t, int64_t, const Tile&);
+
+// The float form's unpack-once kernels at the active level: rows per tile, the unpacker,
+// and the tile for a given row count (1..rows).
+struct UnpackedKernels {
+  int rows;
+  UnpackFn unpack;
+  UnpackedTileFn (*tile)(int rows);
+};
+
+UnpackedKernels unpacked_kernels() {
+  switch (detected_isa()) {
+    case Isa::avx512:
+      return {8, unpack_group_avx512, [](int rows) {
+                return by_rows<8>(rows, [](auto T) { return UnpackedTileFn(tile_unpacked_avx512_t<T.value>); });
+              }};
+    case Isa::avx2:
+      return {4, unpack_group_avx2, [](int rows) {
+                return by_rows<4>(rows, [](auto T) { return UnpackedTileFn(tile_unpacked_avx2_t<T.value>); });
+              }};
+    default:
+      return {kTile, unpack_group_scalar, [](int) { return UnpackedTileFn(tile_unpacked_scalar); }};
+  }
 }
 
 class MatMulNBitsKernel final : public OpKernel {
@@ -371,28 +492,53 @@ class MatMulNBitsKernel final : public OpKernel {
       lda = p_.k_pad;
     }
     float* yv = y.data<float>();
-    const TileFn full = tile_fn(q.int8_a, kTile), rest = tile_fn(q.int8_a, int(m % kTile));
-    parallel_items(ctx, p_.groups, m * p_.k_pad * kRows, 1 << 18, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        for (int64_t i = 0; i < m; i += kTile) {
-          Tile t;
-          t.codes = p_.codes.data() + g * p_.group_bytes;
-          t.scale = p_.scale.data() + g * q.k_blocks * kRows;
-          t.offset = p_.offset.data() + g * q.k_blocks * kRows;
-          t.bias = p_.bias.data() + g * kRows;
-          t.a = av + i * lda;
-          t.qa = q.int8_a ? qa_.codes.data() + i * lda : nullptr;
-          t.sa = q.int8_a ? qa_.scale.data() + i * q.k_blocks : nullptr;
-          t.qsum = q.int8_a ? qa_.sum.data() + i * q.k_blocks : nullptr;
-          t.lda = lda;
-          t.k_blocks = q.k_blocks;
-          t.block = q.block;
-          t.y = yv + i * q.n + g * kRows;
-          t.ldy = q.n;
-          t.rows = int(std::min<int64_t>(kTile, m - i));
-          t.cols = int(std::min<int64_t>(kRows, q.n - g * kRows));
-          (t.rows == kTile ? full : rest)(t);
-        }
+    const auto tile = [&](int64_t g, int64_t i, int rows) {
+      Tile t;
+      t.codes = p_.codes.data() + g * p_.group_bytes;
+      t.scale = p_.scale.data() + g * q.k_blocks * kRows;
+      t.offset = p_.offset.data() + g * q.k_blocks * kRows;
+      t.bias = p_.bias.data() + g * kRows;
+      t.a = av + i * lda;
+      t.qa = q.int8_a ? qa_.codes.data() + i * lda : nullptr;
+      t.sa = q.int8_a ? qa_.scale.data() + i * q.k_blocks : nullptr;
+      t.qsum = q.int8_a ? qa_.sum.data() + i * q.k_blocks : nullptr;
+      t.lda = lda;
+      t.k_blocks = q.k_blocks;
+      t.block = q.block;
+      t.y = yv + i * q.n + g * kRows;
+      t.ldy = q.n;
+      t.rows = int(std::min<int64_t>(rows, m - i));
+      t.cols = int(std::min<int64_t>(kRows, q.n - g * kRows));
+      return t;
+    };
+    const int64_t cost = m * p_.k_pad * kRows, grain = 1 << 18;
+    if (q.int8_a || m <= kTile) {
+      const TileFn full = tile_fn(q.int8_a, kTile), rest = tile_fn(q.int8_a, int(m % kTile));
+      parallel_items(ctx, p_.groups, cost, grain, [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g)
+          for (int64_t i = 0; i < m; i += kTile) {
+            const Tile t = tile(g, i, kTile);
+            (t.rows == kTile ? full : rest)(t);
+          }
+      });
+      return;
+    }
+    const UnpackedKernels uk = unpacked_kernels();
+    const UnpackedTileFn full = uk.tile(uk.rows), rest = uk.tile(int(m % uk.rows));
+    const size_t per_thread = size_t(p_.k_pad * kRows);
+    if (unpacked_.size() < per_thread * size_t(ctx.pool().num_threads()))
+      unpacked_.resize(per_thread * size_t(ctx.pool().num_threads()));
+    parallel_items(ctx, p_.groups, cost, grain, [&](int64_t g0, int64_t g1) {
+      float* w = unpacked_.data() + per_thread * size_t(omp_get_thread_num());
+      for (int64_t g = g0; g < g1; ++g) {
+        uk.unpack(tile(g, 0, 1), w);
+        // K in chunks whose A rows and weights stay in L1 across the tiles of A.
+        for (int64_t k0 = 0; k0 < p_.k_pad; k0 += kChunk)
+          for (int64_t i = 0; i < m; i += uk.rows) {
+            const Tile t = tile(g, i, uk.rows);
+            (t.rows == uk.rows ? full : rest)(w, k0, std::min(k0 + kChunk, p_.k_pad), t);
+          }
+      }
     });
   }
 
@@ -401,6 +547,7 @@ class MatMulNBitsKernel final : public OpKernel {
   // Per-run scratch for A, grown to the largest A seen (runs of a session are serialized).
   mutable QuantizedA qa_;
   mutable std::vector<float> padded_;
+  mutable std::vector<float> unpacked_;  // per thread, one group's float weights
 };
 
 // Why the cpu provider leaves a MatMulNBits node to ref, or nullopt when it takes it.
