@@ -275,3 +275,18 @@ TEST(ContribOps, AttentionWithoutBiasAndHalfInputs) {
 }
 
 }  // namespace
+
+namespace {
+
+// GroupQueryAttention's present length is max(total_sequence_length, past length): compile
+// must not infer it from a probe run, where the value of that input is made up.
+TEST(ContribOps, GroupQueryAttentionPresentShapeFollowsTotalSequenceLength) {
+  const auto session = Session::load((fixture_dir() / "gqa_decode.onnx").string());
+  EXPECT_EQ(session->static_shape("present_key"), std::nullopt);
+  TensorMap inputs;
+  for (auto& [key, t] : read_npz((fixture_dir() / "gqa_decode.npz").string()))
+    if (key.rfind("in.", 0) == 0) inputs[key.substr(3)] = std::move(t);
+  EXPECT_EQ(session->run(inputs).at("present_key").shape(), (Shape{2, 2, 7, 16}));
+}
+
+}  // namespace

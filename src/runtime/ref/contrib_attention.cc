@@ -523,7 +523,8 @@ KernelDef group_query_attention_kernel() {
       if (ctx.output_wanted(2)) contrib_write(ctx, 2, q.dtype(), {batch, kv_heads, present_len, head}, p.v);
     });
   };
-  return KernelDef{"GroupQueryAttention", kMs, 1, INT_MAX, f, {}};
+  // total_sequence_length (input 6) sets the present length.
+  return KernelDef{"GroupQueryAttention", kMs, 1, INT_MAX, f, {6}};
 }
 
 }  // namespace
