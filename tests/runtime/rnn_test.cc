@@ -13,6 +13,7 @@
 namespace slim {
 namespace {
 
+using cpu_test::for_each_isa;
 using cpu_test::random_f32;
 using cpu_test::spec;
 using ref_test::attr_f;
@@ -348,6 +349,7 @@ struct CpuCase {
   bool batch_first = false, lbr = false, states = true, peepholes = false;
   int64_t N = 3;
   std::vector<bool> outputs = {true, true, true};
+  std::vector<int32_t> lens;  // a constant sequence_lens
 };
 
 // One-node model of the layer with constant weights; X and the initial states are inputs.
@@ -356,6 +358,7 @@ Model cpu_case_model(const CpuCase& c, TensorMap* feeds, uint64_t seed, Layer* l
   ModelBuilder b(14);
   static const char* const names[] = {"X", "W", "R", "B", "lens", "h0", "c0", "P"};
   std::vector<std::string> ins;
+  if (!c.lens.empty()) l.inputs[4] = ref_test::tensor<int32_t>({c.N}, c.lens);
   for (size_t i = 0; i < l.inputs.size(); ++i) {
     if (!l.inputs[i].defined()) {
       ins.push_back("");
@@ -397,7 +400,7 @@ TEST(CpuRnn, MatchesRefForEveryDirectionLayoutAndOutputSet) {
   for (Kind k : {Kind{"LSTM", false}, Kind{"GRU", false}, Kind{"GRU", true}, Kind{"RNN", false}})
     for (const char* dir : {"forward", "reverse", "bidirectional"})
       for (bool bf : {false, true})
-        for (int64_t n : {1, 3})
+        for (int64_t n : {1, 3, 9})  // batches up to 8 run the own cells, larger ones oneDNN
           for (const auto& outs : output_sets) {
             CpuCase c;
             c.op = k.op;
@@ -419,9 +422,35 @@ TEST(CpuRnn, MatchesRefForEveryDirectionLayoutAndOutputSet) {
           }
 }
 
+// The own cells on every instruction set (tests named CpuKernels also run on emulated
+// CPUs): odd sizes padded to whole vectors, per-batch lengths, every kind and direction.
+TEST(CpuKernels, RnnCellsMatchRefOnEveryIsa) {
+  for_each_isa([] {
+    uint64_t seed = 3000;
+    for (const char* op : {"LSTM", "GRU", "GRU lbr", "RNN"})
+      for (const char* dir : {"forward", "reverse", "bidirectional"})
+        for (bool bf : {false, true}) {
+          CpuCase c;
+          c.op = std::string(op).substr(0, std::string(op).find(' '));
+          c.lbr = std::string(op) == "GRU lbr";
+          c.direction = dir;
+          c.batch_first = bf;
+          c.peepholes = c.op == "LSTM";
+          // 20 rows of input projections go to oneDNN's matmul, 4 to the own tiles.
+          c.N = seed % 2 ? 5 : 1;
+          c.lens = c.N == 5 ? std::vector<int32_t>{4, 2, 0, 3, 4} : std::vector<int32_t>{3};
+          SCOPED_TRACE(std::string(op) + " " + dir + (bf ? " batch-first" : ""));
+          TensorMap feeds;
+          const Model m = cpu_case_model(c, &feeds, ++seed);
+          cpu_test::expect_matches_ref(m, feeds, "rnn", "cpu", 2e-6, 2e-5);
+        }
+  });
+}
+
 TEST(CpuRnn, RunTimeInputsAndLengthsMatchRef) {
-  // Weights fed as graph inputs are packed at each run; sequence_lens fed at run time
-  // runs on oneDNN where every length is full and on the node's ref kernel otherwise.
+  // Weights fed as graph inputs go to oneDNN, packed at each run; sequence_lens fed at
+  // run time runs on oneDNN where every length is full and on the node's ref kernel
+  // otherwise.
   for (const char* op : {"LSTM", "GRU"}) {
     SCOPED_TRACE(op);
     Layer l(op, 2, false, 77, true, std::string(op) == "LSTM");
@@ -450,9 +479,9 @@ TEST(CpuRnn, LeavesWhatOneDnnCannotComputeToRef) {
   auto reason = [](const std::string& op, Attrs attrs, std::vector<int32_t> lens = {}) {
     CpuCase c;
     c.op = op;
+    if (!lens.empty()) c.N = int64_t(lens.size());
     TensorMap feeds;
-    Layer l(op, 1, false, 1);
-    Model m = cpu_case_model(c, &feeds, 5, &l);
+    Model m = cpu_case_model(c, &feeds, 5);
     Node& n = m.graph.nodes[0];
     for (auto& [k, v] : attrs) n.attrs[k] = v;
     if (!lens.empty()) {
@@ -471,8 +500,11 @@ TEST(CpuRnn, LeavesWhatOneDnnCannotComputeToRef) {
   EXPECT_EQ(reason("GRU", {{"activations", strings({"HardSigmoid", "Tanh"})}}), "activations other than Sigmoid, Tanh");
   EXPECT_EQ(reason("RNN", {{"activations", strings({"Softsign"})}}),
             "activation other than Tanh, Sigmoid, Relu or LeakyRelu");
-  EXPECT_EQ(reason("GRU", {}, {4, 2, 4}), "sequence_lens differs from the sequence length (oneDNN has no per-batch lengths)");
-  EXPECT_EQ(reason("GRU", {}, {4, 4, 4}), "");
+  // Per-batch lengths: the own cells (batch <= 8) take them, oneDNN (larger batches) not.
+  EXPECT_EQ(reason("GRU", {}, {4, 2, 4}), "");
+  EXPECT_EQ(reason("GRU", {}, {4, 4, 4, 4, 4, 4, 4, 4, 4}), "");
+  EXPECT_EQ(reason("GRU", {}, {4, 4, 4, 4, 2, 4, 4, 4, 4}),
+            "sequence_lens differs from the sequence length (oneDNN has no per-batch lengths)");
   // A node nobody can run fails with ref's message.
   CpuCase bad;
   TensorMap feeds;

@@ -16,7 +16,7 @@
 
 #include "runtime/cpu/cpu_common.h"
 #include "slim/core/convert.h"
-#include "runtime/ref/rnn.h"
+#include "runtime/cpu/rnn.h"
 
 namespace slim::cpu {
 namespace {
@@ -24,16 +24,6 @@ namespace {
 using dnnl::memory;
 using ref::RnnActivation;
 using ref::RnnKind;
-
-struct RnnSetup {
-  ref::RnnAttrs a;
-  int64_t T = 0, N = 0, I = 0, H = 0, D = 1;
-  bool has_b = false, has_h0 = false, has_c0 = false, has_p = false;
-  bool weights_constant = true;  // else W, R, B and P are packed at every run
-  bool lens_at_run = false;      // sequence_lens is a graph input: checked at every run
-  dnnl::algorithm activation = dnnl::algorithm::eltwise_tanh;  // vanilla RNN's
-  float alpha = 0.f;                                             // its negative slope
-};
 
 // ONNX gate index of each oneDNN gate.
 const int* onnx_gate_order(RnnKind kind) {
@@ -92,11 +82,6 @@ std::optional<std::string> rnn_setup(const KernelBuildInfo& info, RnnSetup* s) {
     return std::string("input shapes do not match");
   for (int i : {3, 5, 6, 7})
     if (info.input(i).present && *info.input(i).shape != shapes[i]) return std::string("input shapes do not match");
-  if (const Tensor* lens = info.input(4).constant) {
-    if (!dtype_is_integer(lens->dtype())) return std::string("sequence_lens is not an integer tensor");
-    for (int64_t v : tensor_to_int64s(*lens))
-      if (v != s->T) return std::string("sequence_lens differs from the sequence length (oneDNN has no per-batch lengths)");
-  }
   s->lens_at_run = info.input(4).present && !info.input(4).constant;
   s->has_b = info.input(3).present;
   s->has_h0 = info.input(5).present;
@@ -105,6 +90,12 @@ std::optional<std::string> rnn_setup(const KernelBuildInfo& info, RnnSetup* s) {
   s->weights_constant = true;
   for (int i : {1, 2, 3, 7})
     if (info.input(i).present && !info.input(i).constant) s->weights_constant = false;
+  if (const Tensor* lens = info.input(4).constant) {
+    if (!dtype_is_integer(lens->dtype())) return std::string("sequence_lens is not an integer tensor");
+    for (int64_t v : tensor_to_int64s(*lens))
+      if (v != s->T && !rnn_cells_suit(*s))
+        return std::string("sequence_lens differs from the sequence length (oneDNN has no per-batch lengths)");
+  }
   return std::nullopt;
 }
 
@@ -407,6 +398,7 @@ KernelDef rnn_def(const char* op) {
     RnnSetup s;
     if (auto why = rnn_setup(info, &s))
       throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
+    if (rnn_cells_suit(s)) return make_rnn_cell_kernel(info, s);
     return std::make_unique<DnnlRnnKernel>(info, std::move(s));
   };
   return def;
