@@ -9,6 +9,7 @@
 
 #include "runtime/cpu_test_util.h"
 #include "runtime/ref_kernel_test_util.h"
+#include "slim/runtime/model_summary.h"
 
 namespace slim {
 namespace {
@@ -341,7 +342,18 @@ TEST(RefRnn, ErrorsNameTheNodeAndTheProblem) {
             "GRU node 'n0': takes at most 6 inputs and 2 outputs");
 }
 
-// --- cpu (oneDNN) against ref ---
+TEST(RefRnn, FlopEstimateCountsBothProductsOfEveryStep) {
+  // T 5, batch 3, input 4, hidden 6, 2 directions, 4 gates: 2 (4 + 6) per gate unit.
+  Node n;
+  n.op_type = "LSTM";
+  n.inputs = {"X", "W", "R"};
+  const std::map<std::string, Shape> shapes = {{"X", {5, 3, 4}}, {"W", {2, 24, 4}}, {"R", {2, 24, 6}}};
+  const auto flops = estimate_node_flops(n, [&](const std::string& v) -> std::optional<Shape> { return shapes.at(v); });
+  ASSERT_TRUE(flops.has_value());
+  EXPECT_EQ(*flops, 2.0 * 5 * 3 * 2 * 24 * (4 + 6));
+}
+
+// --- cpu against ref ---
 
 struct CpuCase {
   std::string op = "LSTM";
