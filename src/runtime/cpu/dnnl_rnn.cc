@@ -1,11 +1,13 @@
-// RNN, GRU and LSTM on oneDNN's RNN primitives (vanilla_rnn, gru, lbr_gru, lstm with or
-// without peepholes), built at compile time for the static shapes with constant weights
-// packed once (weights fed as graph inputs are packed at every run). oneDNN fixes what
-// ONNX makes attributes, so the claim takes only nodes oneDNN computes exactly: the
+// The cpu provider's RNN, GRU and LSTM: the claim, and the kernel on oneDNN's RNN
+// primitives (vanilla_rnn, gru, lbr_gru, lstm with or without peepholes) for what the own
+// cells (rnn_cells.cc: batches up to 8 with constant weights) do not run. oneDNN fixes
+// what ONNX makes attributes, so the claim takes only nodes both compute exactly: the
 // default activations (any of Tanh, Sigmoid, Relu, LeakyRelu for RNN), no clip, no
-// input_forget, and sequence_lens absent or equal to the sequence length everywhere
-// (oneDNN has no per-batch lengths): a constant one is checked by the claim, one fed at
-// run time at each run, where other lengths go to the node's ref kernel. ref runs the rest.
+// input_forget. The primitive is built at compile time for the static shapes with
+// constant weights packed once (weights fed as graph inputs are packed at every run).
+// oneDNN has no per-batch lengths: a constant sequence_lens must equal the sequence
+// length everywhere, one fed at run time is checked at each run and other lengths go to
+// the node's ref kernel. ref runs what the claim declines.
 //
 // ONNX orders the LSTM gates i, o, f, c and the peepholes i, o, f; oneDNN i, f, c, o and
 // i, f, o. GRU's z, r, h are oneDNN's u, r, o; its biases add Wb and Rb, except that
@@ -15,8 +17,8 @@
 #include <cstring>
 
 #include "runtime/cpu/cpu_common.h"
-#include "slim/core/convert.h"
 #include "runtime/cpu/rnn.h"
+#include "slim/core/convert.h"
 
 namespace slim::cpu {
 namespace {

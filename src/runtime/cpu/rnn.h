@@ -21,7 +21,8 @@ struct RnnSetup {
   float alpha = 0.f;                                             // its negative slope
 };
 
-// The own cells run batches of at most this many sequences with constant weights.
+// Whether the own cells run the node (constant weights, batches up to 8) rather than
+// oneDNN's primitives.
 bool rnn_cells_suit(const RnnSetup& s);
 std::unique_ptr<OpKernel> make_rnn_cell_kernel(const KernelBuildInfo& info, const RnnSetup& s);
 
