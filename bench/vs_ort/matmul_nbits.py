@@ -89,11 +89,11 @@ def main():
                     for r in range(args.rounds):
                         for engine in (["slim", "ort"] if r % 2 == 0 else ["ort", "slim"]):
                             if engine == "slim":
-                                slim_res = run.run_slim(args, model, "A", base, m, threads, args.iters,
-                                                        os.path.join(out, "slim"))
+                                slim_res = run.run_slim(args, model, ["-i", f"A={base}.npy"], m, threads,
+                                                        args.iters, os.path.join(out, "slim"))
                                 slim_runs += slim_res["runs_ms"]
                             else:
-                                ort_res = run.run_ort(args, model, base, threads, args.iters,
+                                ort_res = run.run_ort(args, model, base + ".json", threads, args.iters,
                                                       os.path.join(out, "ort"))
                                 ort_runs += ort_res["runs_ms"]
                     s50, o50 = statistics.median(slim_runs), statistics.median(ort_runs)
