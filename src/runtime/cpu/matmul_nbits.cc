@@ -468,6 +468,19 @@ UnpackedKernels unpacked_kernels() {
   }
 }
 
+// Calls fn(begin, end) over [0, n) items of `cost` multiply-adds each on slim's pool, or
+// inline below `grain` multiply-adds in all. Not OpenMP (parallel_items): a parallel
+// region ends at a barrier that waits for every thread, and on a busy machine a thread
+// that does not get its core in time cost ~8 ms per call (a 2-thread decode step of
+// 4096 x 4096 took 8 ms instead of 0.7); the pool's caller takes the chunks a late
+// worker has not claimed.
+template <typename Fn>
+void split_items(const KernelContext& ctx, int64_t n, int64_t cost, int64_t grain, Fn&& fn) {
+  const int64_t threads = std::min<int64_t>(ctx.pool().num_threads(), n * cost / grain);
+  if (threads < 2 || n < 2) return fn(int64_t(0), n);
+  ctx.pool().parallel_for(n, fn, std::max<int64_t>(1, n / (4 * threads)));
+}
+
 class MatMulNBitsKernel final : public OpKernel {
  public:
   explicit MatMulNBitsKernel(PackedNBits p) : p_(std::move(p)) {}
@@ -530,7 +543,7 @@ class MatMulNBitsKernel final : public OpKernel {
     const int64_t cost = m * p_.k_pad * kRows, grain = int64_t(1) << 22;
     if (q.int8_a || m <= kTile) {
       const TileFn full = tile_fn(q.int8_a, kTile), rest = tile_fn(q.int8_a, int(m % kTile));
-      parallel_items(ctx, p_.groups, cost, grain, [&](int64_t g0, int64_t g1) {
+      split_items(ctx, p_.groups, cost, grain, [&](int64_t g0, int64_t g1) {
         for (int64_t g = g0; g < g1; ++g)
           for (int64_t i = 0; i < m; i += kTile) {
             const Tile t = tile(g, i, kTile);
@@ -541,11 +554,12 @@ class MatMulNBitsKernel final : public OpKernel {
     }
     const UnpackedKernels uk = unpacked_kernels();
     const size_t per_thread = size_t(p_.k_pad * kRows * uk.groups);
-    if (unpacked_.size() < per_thread * size_t(ctx.pool().num_threads()))
-      unpacked_.resize(per_thread * size_t(ctx.pool().num_threads()));
     const int64_t passes = (p_.groups + uk.groups - 1) / uk.groups;
-    parallel_items(ctx, passes, cost * uk.groups, grain, [&](int64_t p0, int64_t p1) {
-      float* w = unpacked_.data() + per_thread * size_t(omp_get_thread_num());
+    split_items(ctx, passes, cost * uk.groups, grain, [&](int64_t p0, int64_t p1) {
+      // Each thread's unpacked weights, grown once to the largest K it has seen.
+      thread_local std::vector<float> unpacked;
+      if (unpacked.size() < per_thread) unpacked.resize(per_thread);
+      float* w = unpacked.data();
       for (int64_t pass = p0; pass < p1; ++pass) {
         const int64_t g = pass * uk.groups;
         const int gs = int(std::min<int64_t>(uk.groups, p_.groups - g));
@@ -567,7 +581,6 @@ class MatMulNBitsKernel final : public OpKernel {
   // Per-run scratch for A, grown to the largest A seen (runs of a session are serialized).
   mutable QuantizedA qa_;
   mutable std::vector<float> padded_;
-  mutable std::vector<float> unpacked_;  // per thread, one group's float weights
 };
 
 // Why the cpu provider leaves a MatMulNBits node to ref, or nullopt when it takes it.
