@@ -272,13 +272,16 @@ KernelDef fused_matmul_kernel() {
       const std::vector<int64_t> amap = broadcast_index_map(ab, out), bmap = broadcast_index_map(bb, out);
       std::vector<double> y(size_t(batches * m * n), 0.0);
       for (int64_t t = 0; t < batches; ++t)
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n; ++j) {
-            double acc = 0;
-            for (int64_t p = 0; p < k; ++p)
-              acc += va[size_t((amap[size_t(t)] * m + i) * k + p)] * vb[size_t((bmap[size_t(t)] * k + p) * n + j)];
-            y[size_t((t * m + i) * n + j)] = alpha * acc;
+        for (int64_t i = 0; i < m; ++i) {
+          // Row i walks B along its rows; each output still sums its k products in order.
+          double* out = y.data() + (t * m + i) * n;
+          for (int64_t p = 0; p < k; ++p) {
+            const double x = va[size_t((amap[size_t(t)] * m + i) * k + p)];
+            const double* br = vb.data() + (bmap[size_t(t)] * k + p) * n;
+            for (int64_t j = 0; j < n; ++j) out[j] += x * br[j];
           }
+          for (int64_t j = 0; j < n; ++j) out[j] *= alpha;
+        }
       if (!a1) out.push_back(m);
       if (!b1) out.push_back(n);
       contrib_write(ctx, 0, a.dtype(), out, y);

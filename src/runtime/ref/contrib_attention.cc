@@ -211,13 +211,17 @@ KernelDef attention_kernel() {
         bias = tensor_to_doubles(*b);
       }
       const std::vector<double> xv = contrib_floats(ctx, x, "input"), wv = tensor_to_doubles(w);
+      // The projection row by row, walking the weights along their rows.
       std::vector<double> proj(static_cast<size_t>(batch * seq * width));
-      for (int64_t r = 0; r < batch * seq; ++r)
-        for (int64_t j = 0; j < width; ++j) {
-          double acc = bias[size_t(j)];
-          for (int64_t i = 0; i < hin; ++i) acc += xv[size_t(r * hin + i)] * wv[size_t(i * width + j)];
-          proj[size_t(r * width + j)] = acc;
+      for (int64_t r = 0; r < batch * seq; ++r) {
+        double* out = proj.data() + r * width;
+        std::copy(bias.begin(), bias.end(), out);
+        for (int64_t i = 0; i < hin; ++i) {
+          const double x = xv[size_t(r * hin + i)];
+          const double* wr = wv.data() + i * width;
+          for (int64_t j = 0; j < width; ++j) out[j] += x * wr[j];
         }
+      }
       AttentionProblem p;
       p.batch = batch;
       p.q_heads = p.kv_heads = heads;
