@@ -290,3 +290,21 @@ TEST(ContribOps, GroupQueryAttentionPresentShapeFollowsTotalSequenceLength) {
 }
 
 }  // namespace
+
+namespace {
+
+// In a decoder layer as ONNX Runtime GenAI writes it, every MatMulNBits runs on cpu, also
+// those after GroupQueryAttention, whose outputs' dtype compile cannot know (it does not
+// probe a node whose shapes depend on a run-time value).
+TEST(ContribOps, DecoderLayerRunsEveryMatMulNBitsOnCpu) {
+  const auto session = Session::load((fixture_dir() / "decoder_layer_decode.onnx").string());
+  int nbits = 0;
+  for (const auto& a : session->partition())
+    if (a.op == "com.microsoft:MatMulNBits") {
+      ++nbits;
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+    }
+  EXPECT_EQ(nbits, 4);
+}
+
+}  // namespace

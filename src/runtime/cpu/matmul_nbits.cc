@@ -585,7 +585,10 @@ class MatMulNBitsKernel final : public OpKernel {
 
 // Why the cpu provider leaves a MatMulNBits node to ref, or nullopt when it takes it.
 std::optional<std::string> nbits_check(const KernelBuildInfo& info) {
-  if (auto r = need_f32(info, 0)) return r;
+  // A and scales share one type: f32 scales make an A of not yet known dtype f32 (in LLM
+  // graphs compile cannot tell, after a GroupQueryAttention whose present length is a
+  // run-time value), and compute checks it.
+  if (info.input(0).dtype && *info.input(0).dtype != DType::f32) return need_f32(info, 0);
   if (info.node.attr_int("bits", 4) != 4) return std::string("only 4-bit weights are implemented");
   for (int i : {1, 2})
     if (!info.input(i).constant) return "input " + std::to_string(i) + " is not a constant";
