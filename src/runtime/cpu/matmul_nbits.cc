@@ -187,6 +187,12 @@ void tile_unpacked_scalar(const float* w, int64_t k0, int64_t k1, const Tile& t)
 #if defined(__x86_64__)
 // ---------------- AVX-512 ----------------
 
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* operands that -Wmaybe-uninitialized
+// reports as false positives.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #define SLIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 
 // Float form: four accumulators per row (K positions k mod 4), so a row's fused
@@ -414,6 +420,7 @@ SLIM_AVX2 void tile_int8_avx2_t(const Tile& t) {
   for (int m = 0; m < T; ++m) store_cols(t.y + m * t.ldy, acc[m][0], acc[m][1], t.cols);
 }
 
+#pragma GCC diagnostic pop
 #endif  // defined(__x86_64__)
 
 // ---------------- dispatch ----------------
