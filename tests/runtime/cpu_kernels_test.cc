@@ -12,6 +12,7 @@ namespace slim {
 namespace {
 
 using cpu_test::expect_matches_ref;
+using cpu_test::for_each_isa;
 using cpu_test::random_f32;
 using cpu_test::spec;
 using testing::attr_float;
@@ -19,19 +20,6 @@ using testing::attr_int;
 using testing::attr_ints;
 using testing::attr_string;
 using testing::ModelBuilder;
-
-// Runs `body` once per instruction set the CPU runs at or below the active one,
-// restoring that one after.
-void for_each_isa(const std::function<void()>& body) {
-  const Isa active = active_isa();
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
-    if (!isa_enabled(isa)) continue;
-    set_isa_limit(isa);
-    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
-    body();
-    set_isa_limit(active);
-  }
-}
 
 TEST(CpuKernels, IsaCanBeLoweredButNotRaised) {
   const Isa active = active_isa();
@@ -276,6 +264,65 @@ TEST(CpuKernels, TransposeConcatSliceGather) {
     EXPECT_EQ(code, ErrorCode::invalid_argument);
     EXPECT_NE(msg.find("Gather node 'g': index 6 is out of range for an axis of size 6"), std::string::npos) << msg;
   }
+}
+
+TEST(CpuKernels, ClipMatchesRef) {
+  for_each_isa([&] {
+    Tensor x = random_f32({3, 45}, 11, -5, 5);
+    x.data<float>()[2] = NAN;
+    x.data<float>()[9] = INFINITY;
+    x.data<float>()[10] = -INFINITY;
+    // Opset 11+: optional bound inputs, constant or given at run time; a missing one does not clip.
+    for (int bounds = 0; bounds < 4; ++bounds) {
+      SCOPED_TRACE("bounds " + std::to_string(bounds));
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({3, 45})).input("hi", DType::f32, spec({})).output("y");
+      b.initializer("lo", Tensor::from_vector<float>({}, {-1.5f}));
+      std::vector<std::string> ins = {"x", bounds & 1 ? "lo" : "", bounds & 2 ? "hi" : ""};
+      while (!ins.empty() && ins.back().empty()) ins.pop_back();
+      b.node("Clip", ins, {"y"}, "clip");
+      expect_matches_ref(b.build(), {{"x", x}, {"hi", Tensor::from_vector<float>({}, {2.25f})}}, "clip", "cpu", 0, 0);
+    }
+    ModelBuilder crossed(13);  // min > max: every element becomes max
+    crossed.input("x", DType::f32, spec({3, 45})).output("y");
+    crossed.initializer("lo", Tensor::from_vector<float>({}, {1.f})).initializer("hi", Tensor::from_vector<float>({}, {-1.f}));
+    crossed.node("Clip", {"x", "lo", "hi"}, {"y"}, "clip");
+    expect_matches_ref(crossed.build(), {{"x", x}}, "clip", "cpu", 0, 0);
+    ModelBuilder old(6);  // attributes; the default bounds are the float range
+    old.input("x", DType::f32, spec({3, 45})).output("y");
+    old.node("Clip", {"x"}, {"y"}, "clip").attrs["max"] = attr_float(0.5f);
+    expect_matches_ref(old.build(), {{"x", x}}, "clip", "cpu", 0, 0);
+  });
+  ModelBuilder b(13);  // a bound of more than one element fails at run time, naming the node
+  b.input("x", DType::f32, spec({4})).input("lo", DType::f32, spec({2})).output("y");
+  b.node("Clip", {"x", "lo"}, {"y"}, "clip");
+  SessionOptions o;
+  o.providers = {"cpu"};
+  auto s = Session::compile(b.build(), o);
+  const std::string msg = testing::error_of([&] { s->run({{"x", random_f32({4}, 1)}, {"lo", random_f32({2}, 2)}}); });
+  EXPECT_NE(msg.find("Clip node 'clip': min must be a one-element f32 tensor, got f32[2]"), std::string::npos) << msg;
+}
+
+TEST(CpuKernels, BatchNormalizationMatchesRef) {
+  for_each_isa([&] {
+    for (const Shape& shape : std::vector<Shape>{{2, 5, 7, 9}, {3, 4}, {1, 6, 33}, {2, 3, 2, 3, 5}}) {
+      SCOPED_TRACE(shape_str(shape));
+      const int64_t c = shape[1];
+      ModelBuilder b(15);
+      b.input("x", DType::f32, spec(shape)).input("mean", DType::f32, spec({c})).output("y");
+      b.initializer("scale", random_f32({c}, 1)).initializer("bias", random_f32({c}, 2));
+      b.initializer("var", random_f32({c}, 3, 0.1f, 2.f));
+      b.node("BatchNormalization", {"x", "scale", "bias", "mean", "var"}, {"y"}, "bn").attrs["epsilon"] =
+          attr_float(1e-3f);
+      expect_matches_ref(b.build(), {{"x", random_f32(shape, 4, -3, 3)}, {"mean", random_f32({c}, 5)}}, "bn", "cpu",
+                         1e-6, 1e-5);
+    }
+  });
+  ModelBuilder t(15);  // training mode stays with ref
+  t.input("x", DType::f32, spec({2, 3, 4})).output("y");
+  for (const char* n : {"s", "b", "m", "v"}) t.initializer(n, random_f32({3}, 1, 0.5f, 1.f));
+  t.node("BatchNormalization", {"x", "s", "b", "m", "v"}, {"y"}, "bn").attrs["training_mode"] = attr_int(1);
+  EXPECT_EQ(cpu_test::cpu_decline_reason(t.build(), "bn"), "training_mode");
 }
 
 TEST(CpuKernels, LargeTensorsSplitOverThreadsGiveTheSameResult) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/test_graphs.h"
+#include "slim/core/cpu_features.h"
 #include "slim/runtime/session.h"
 
 namespace slim::cpu_test {
@@ -54,6 +55,19 @@ inline double worst_error(const Tensor& a, const Tensor& b, double atol, double 
     worst = std::max(worst, std::fabs(double(pa[i]) - double(pb[i])) / (atol + rtol * std::fabs(double(pb[i]))));
   }
   return worst;
+}
+
+// Runs `body` once per instruction set the CPU runs at or below the active one,
+// restoring that one after.
+inline void for_each_isa(const std::function<void()>& body) {
+  const Isa active = active_isa();
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
+    if (!isa_enabled(isa)) continue;
+    set_isa_limit(isa);
+    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
+    body();
+    set_isa_limit(active);
+  }
 }
 
 struct CpuRun {

@@ -3,6 +3,7 @@
 // are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
 // over slim's thread pool when a tensor is large enough to pay for the hand-off.
 #include <algorithm>
+#include <cfloat>
 #include <numeric>
 
 #include "runtime/cpu/cpu_common.h"
@@ -24,11 +25,11 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) 
 // ---------------------------------------------------------------------------------------
 // Unary activations
 
-enum class Unary { relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs };
+enum class Unary { relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs, clip };
 
 struct UnaryParams {
   Unary op = Unary::relu;
-  float alpha = 0.f, beta = 0.f;
+  float alpha = 0.f, beta = 0.f;  // clip: the bounds
 };
 
 template <int W>
@@ -55,6 +56,11 @@ SLIM_INLINE typename Vec<W>::F unary_vec(const UnaryParams& p, typename Vec<W>::
     case Unary::exp: return vexp<W>(x);
     case Unary::neg: return -x;
     case Unary::abs: return x < zero ? -x : x;
+    case Unary::clip: {
+      // NaN compares false and passes through, as in ref.
+      x = x < splat<W>(p.alpha) ? splat<W>(p.alpha) : x;
+      return x > splat<W>(p.beta) ? splat<W>(p.beta) : x;
+    }
   }
   return x;
 }
@@ -74,6 +80,10 @@ float unary_scalar(const UnaryParams& p, float x) {
     case Unary::exp: return std::exp(x);
     case Unary::neg: return -x;
     case Unary::abs: return std::fabs(x);
+    case Unary::clip: {
+      x = x < p.alpha ? p.alpha : x;
+      return x > p.beta ? p.beta : x;
+    }
   }
   return x;
 }
@@ -117,21 +127,23 @@ void unary_run(const UnaryParams& p, const float* x, float* y, int64_t n) {
   }
 }
 
+void unary_compute(KernelContext& ctx, const UnaryParams& p) {
+  const Tensor& x = ctx.required_input(0);
+  Tensor& y = ctx.output(0, DType::f32, x.shape());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  constexpr int64_t kBlock = 4096;
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  parallel_items(ctx, blocks, kBlock, [&](int64_t b, int64_t e) {
+    const int64_t lo = b * kBlock, hi = std::min(n, e * kBlock);
+    unary_run(p, px + lo, py + lo, hi - lo);
+  });
+}
+
 class UnaryKernel final : public OpKernel {
  public:
   explicit UnaryKernel(UnaryParams p) : p_(p) {}
-  void compute(KernelContext& ctx) const override {
-    const Tensor& x = ctx.required_input(0);
-    Tensor& y = ctx.output(0, DType::f32, x.shape());
-    const float* px = x.data<float>();
-    float* py = y.data<float>();
-    constexpr int64_t kBlock = 4096;
-    const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
-    parallel_items(ctx, blocks, kBlock, [&](int64_t b, int64_t e) {
-      const int64_t lo = b * kBlock, hi = std::min(n, e * kBlock);
-      unary_run(p_, px + lo, py + lo, hi - lo);
-    });
-  }
+  void compute(KernelContext& ctx) const override { unary_compute(ctx, p_); }
 
  private:
   UnaryParams p_;
@@ -171,6 +183,50 @@ KernelDef unary_def(const std::string& op, int64_t since, Unary kind) {
     UnaryParams p;
     if (auto r = params(info.node, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
     return std::make_unique<UnaryKernel>(p);
+  };
+  return def;
+}
+
+// Clip: bounds from the attributes (opsets 6-10, defaulting to the float range) or from
+// optional one-element inputs (11+), read at each run so they need not be constants.
+class ClipKernel final : public OpKernel {
+ public:
+  ClipKernel(float lo, float hi, bool bound_inputs) : lo_(lo), hi_(hi), bound_inputs_(bound_inputs) {}
+  void compute(KernelContext& ctx) const override {
+    UnaryParams p{Unary::clip, lo_, hi_};
+    for (int i = 1; bound_inputs_ && i <= 2; ++i) {
+      const Tensor* b = ctx.input(i);
+      if (!b) continue;
+      if (b->dtype() != DType::f32 || b->numel() != 1)
+        ctx.fail(ErrorCode::invalid_argument, std::string(i == 1 ? "min" : "max") +
+                                                  " must be a one-element f32 tensor, got " + b->describe());
+      (i == 1 ? p.alpha : p.beta) = b->data<float>()[0];
+    }
+    unary_compute(ctx, p);
+  }
+
+ private:
+  float lo_, hi_;
+  bool bound_inputs_;
+};
+
+KernelDef clip_def() {
+  KernelDef def;
+  def.op_type = "Clip";
+  def.since_version = 6;  // opset 1's bounds and consumed_inputs are not worth a kernel
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.node.outputs.size() != 1) return Claim::no("expects one output");
+    if (auto r = need_f32(info, 0)) return Claim::no(*r);
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    for (int i = 1; i < int(info.inputs.size()); ++i)
+      if (info.has_input(i))
+        if (auto r = need_f32(info, i)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    if (info.opset >= 11) return std::make_unique<ClipKernel>(-INFINITY, INFINITY, true);
+    return std::make_unique<ClipKernel>(info.node.attr_float("min", -FLT_MAX), info.node.attr_float("max", FLT_MAX),
+                                        false);
   };
   return def;
 }
@@ -468,39 +524,36 @@ SLIM_INLINE void layer_norm_rows(const float* x, float* y, int64_t rows, int64_t
   }
 }
 
+// BatchNormalization: rows [first, first + rows) of an (N*C) x n matrix, row r in channel
+// r % C: y = (x - mean) * k + b, the order of ref's terms.
+template <int W>
+SLIM_INLINE void batch_norm_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t n, int64_t channels,
+                                 const float* mean, const float* k, const float* b) {
+  using F = typename Vec<W>::F;
+  for (int64_t r = first; r < first + rows; ++r) {
+    const int64_t c = r % channels;
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const F vm = splat<W>(mean[c]), vk = splat<W>(k[c]), vb = splat<W>(b[c]);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) store<W>(yr + i, (load<W>(xr + i) - vm) * vk + vb);
+    for (; i < n; ++i) yr[i] = (xr[i] - mean[c]) * k[c] + b[c];
+  }
+}
+
 template <int W>
 SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, float mul) {
   for (int64_t r = 0; r < rows; ++r) y[r] = row_sum<W>(x + r * n, n) * mul;
 }
 
-#if defined(__x86_64__)
-#define SLIM_DISPATCH3(name, params, args)                                                  \
-  __attribute__((target("avx512f"))) void name##_avx512 params { name<16> args; }           \
-  __attribute__((target("avx2,fma"))) void name##_avx2 params { name<8> args; }             \
-  void name##_any params {                                                                  \
-    switch (detected_isa()) {                                                               \
-      case Isa::avx512: return name##_avx512 args;                                          \
-      case Isa::avx2: return name##_avx2 args;                                              \
-      case Isa::scalar:                                                                     \
-      case Isa::neon: return name<1> args;                                                  \
-    }                                                                                       \
-  }
-#elif defined(__aarch64__)
-// NEON: the same loops at 4 lanes (ASIMD is aarch64's baseline).
-#define SLIM_DISPATCH3(name, params, args)                                                  \
-  void name##_any params {                                                                  \
-    if (detected_isa() == Isa::neon) return name<4> args;                                   \
-    return name<1> args;                                                                    \
-  }
-#else
-#define SLIM_DISPATCH3(name, params, args) \
-  void name##_any params { return name<1> args; }
-#endif
-
 SLIM_DISPATCH3(softmax_rows, (const float* x, float* y, int64_t rows, int64_t n, bool log), (x, y, rows, n, log))
 SLIM_DISPATCH3(layer_norm_rows,
                (const float* x, float* y, int64_t rows, int64_t n, const float* s, const float* b, float eps),
                (x, y, rows, n, s, b, eps))
+SLIM_DISPATCH3(batch_norm_rows,
+               (const float* x, float* y, int64_t first, int64_t rows, int64_t n, int64_t channels, const float* m,
+                const float* k, const float* b),
+               (x, y, first, rows, n, channels, m, k, b))
 SLIM_DISPATCH3(row_reduce, (const float* x, float* y, int64_t rows, int64_t n, float mul), (x, y, rows, n, mul))
 
 // Rows of length n from a shape split at `axis`.
@@ -639,6 +692,70 @@ KernelDef layer_norm_def() {
     if (auto r = layer_norm_check(info, &axis)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
     return std::make_unique<LayerNormKernel>(*info.input(0).shape, axis, info.node.attr_float("epsilon", 1e-5f),
                                              info.has_input(2));
+  };
+  return def;
+}
+
+// BatchNormalization in inference form over (N, C, ...): per channel k = scale /
+// sqrt(var + eps) (in double, as ref), from the inputs at each run.
+class BatchNormKernel final : public OpKernel {
+ public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
+  BatchNormKernel(Shape shape, double eps) : shape_(std::move(shape)), eps_(eps) {
+    channels_ = shape_[1];
+    rows_ = shape_[0] * channels_;
+    n_ = shape_numel(shape_) / std::max<int64_t>(rows_, 1);
+  }
+  void compute(KernelContext& ctx) const override {
+    const float* scale = ctx.required_input(1).data<float>();
+    const float* bias = ctx.required_input(2).data<float>();
+    const float* mean = ctx.required_input(3).data<float>();
+    const float* var = ctx.required_input(4).data<float>();
+    std::vector<float> k(static_cast<size_t>(channels_));
+    for (int64_t c = 0; c < channels_; ++c) k[size_t(c)] = float(double(scale[c]) / std::sqrt(double(var[c]) + eps_));
+    const float* x = ctx.required_input(0).data<float>();
+    float* y = ctx.output(0, DType::f32, shape_).data<float>();
+    parallel_items(ctx, rows_, n_, [&](int64_t b, int64_t e) {
+      batch_norm_rows_any(x, y, b, e - b, n_, channels_, mean, k.data(), bias);
+    });
+  }
+
+ private:
+  Shape shape_;
+  double eps_;
+  int64_t channels_ = 1, rows_ = 1, n_ = 1;
+};
+
+std::optional<std::string> batch_norm_check(const KernelBuildInfo& info) {
+  const Node& node = info.node;
+  if (node.attr_int("training_mode", 0) != 0) return std::string("training_mode");
+  if (info.opset < 9 && node.attr_int("spatial", 1) == 0) return std::string("spatial=0");
+  for (size_t o = 1; o < node.outputs.size(); ++o)
+    if (!node.outputs[o].empty()) return std::string("mean/var outputs are not implemented");
+  if (info.inputs.size() != 5) return std::string("expects five inputs");
+  if (auto r = need_all_f32_static(info)) return r;
+  const Shape& s = *info.input(0).shape;
+  if (s.size() < 2) return std::string("input of rank below 2");
+  for (int i = 1; i <= 4; ++i)
+    if (shape_numel(*info.input(i).shape) != s[1]) return "input " + std::to_string(i) + " is not one value per channel";
+  return std::nullopt;
+}
+
+KernelDef batch_norm_def() {
+  KernelDef def;
+  def.op_type = "BatchNormalization";
+  def.since_version = 7;  // before 7: is_test and consumed_inputs
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = batch_norm_check(info)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    if (auto r = batch_norm_check(info)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<BatchNormKernel>(*info.input(0).shape, info.node.attr_float("epsilon", 1e-5f));
   };
   return def;
 }
@@ -783,6 +900,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.add(unary_def("Exp", 6, Unary::exp));
   r.add(unary_def("Neg", 6, Unary::neg));
   r.add(unary_def("Abs", 6, Unary::abs));
+  r.add(clip_def());
   r.add(binary_def("Add", Binary::add));
   r.add(binary_def("Sub", Binary::sub));
   r.add(binary_def("Mul", Binary::mul));
@@ -790,6 +908,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.add(softmax_def("Softmax", false));
   r.add(softmax_def("LogSoftmax", true));
   r.add(layer_norm_def());
+  r.add(batch_norm_def());
   r.add(reduce_def("ReduceSum", false));
   r.add(reduce_def("ReduceMean", true));
 }
