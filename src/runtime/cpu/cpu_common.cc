@@ -54,31 +54,21 @@ dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides) {
   return dnnl::memory::desc(to_dims(dims), dnnl::memory::data_type::f32, to_dims(strides));
 }
 
-ActivationSpec fused_activation(const Node& node) {
-  ActivationSpec a;
-  const std::string name = node.attr_string("activation", "");
-  const std::vector<float> params = node.attr_floats("activation_params");
-  if (!parse_activation(name, params, &a))
-    throw Error(ErrorCode::invalid_model, node.describe() + ": activation '" + name + "' with " +
-                                              std::to_string(params.size()) +
-                                              " activation_params is not a known fused activation");
-  return a;
-}
-
 void append_activation(dnnl::post_ops& ops, const ActivationSpec& a) {
   using A = dnnl::algorithm;
   switch (a.kind) {
-    case Activation::none: return;
-    case Activation::relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); return;
-    case Activation::leaky_relu: ops.append_eltwise(1.f, A::eltwise_relu, a.p0, 0.f); return;
-    case Activation::clip: ops.append_eltwise(1.f, A::eltwise_clip_v2, a.p0, a.p1); return;
-    case Activation::sigmoid: ops.append_eltwise(1.f, A::eltwise_logistic, 0.f, 0.f); return;
-    case Activation::hard_swish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); return;
-    case Activation::silu: ops.append_eltwise(1.f, A::eltwise_swish, 1.f, 0.f); return;
-    case Activation::gelu: ops.append_eltwise(1.f, A::eltwise_gelu_erf, 0.f, 0.f); return;
-    case Activation::gelu_tanh: ops.append_eltwise(1.f, A::eltwise_gelu_tanh, 0.f, 0.f); return;
-    case Activation::tanh: ops.append_eltwise(1.f, A::eltwise_tanh, 0.f, 0.f); return;
+    case Activation::none: break;
+    case Activation::relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); break;
+    case Activation::leaky_relu: ops.append_eltwise(1.f, A::eltwise_relu, a.p0, 0.f); break;
+    case Activation::clip: ops.append_eltwise(1.f, A::eltwise_clip_v2, a.p0, a.p1); break;
+    case Activation::sigmoid: ops.append_eltwise(1.f, A::eltwise_logistic, 0.f, 0.f); break;
+    case Activation::hard_swish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); break;
+    case Activation::silu: ops.append_eltwise(1.f, A::eltwise_swish, 1.f, 0.f); break;
+    case Activation::gelu: ops.append_eltwise(1.f, A::eltwise_gelu_erf, 0.f, 0.f); break;
+    case Activation::gelu_tanh: ops.append_eltwise(1.f, A::eltwise_gelu_tanh, 0.f, 0.f); break;
+    case Activation::tanh: ops.append_eltwise(1.f, A::eltwise_tanh, 0.f, 0.f); break;
   }
+  if (a.has_affine()) ops.append_eltwise(1.f, A::eltwise_linear, a.scale, a.shift);
 }
 
 std::optional<std::string> need_f32(const KernelBuildInfo& info, int i) {

@@ -82,9 +82,7 @@ dnnl::memory::format_tag blocked_layout();
 std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t layout);
 dnnl::memory::desc f32_md(const Shape& s, dnnl::memory::format_tag f);
 
-// The fused activation of a slim:Fused* node; throws invalid_model naming the node.
-ActivationSpec fused_activation(const Node& node);
-// Adds the activation as an eltwise post-op (none adds nothing).
+// Adds the activation and output affine as eltwise post-ops (none adds nothing).
 void append_activation(dnnl::post_ops& ops, const ActivationSpec& a);
 
 // Claim helpers: decline unless input i is present with a known f32 dtype / static shape.

@@ -138,7 +138,7 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
     s->has_z = info.has_input(3);
     if (s->has_z && *info.input(3).shape != s->y) return std::string("residual shape differs from the output");
     ActivationSpec a;
-    if (!parse_activation(node.attr_string("activation", ""), node.attr_floats("activation_params"), &a))
+    if (!parse_fused_activation(node, &a))
       return std::string("unknown activation");
     s->act = a;
   } else if (info.inputs.size() > 3) {

@@ -1,6 +1,8 @@
 // fold_batch_norm: in inference, BatchNormalization is a per-channel affine map
 // y = s * (x - mean) + beta with s = scale / sqrt(var + eps), so after a Conv or Gemm it
-// folds into that node's weights (scaled per output channel) and bias.
+// folds into that node's weights (scaled per output channel) and bias. A Mul by a
+// constant that varies only along the channels (PaddleOCR's learnable scales) is the
+// same map with beta 0 and folds the same way.
 #include <cmath>
 
 #include "runtime/passes/pass_util.h"
@@ -48,15 +50,42 @@ std::optional<Affine> inference_affine(const PassGraph& g, const Node& bn, int64
   return a;
 }
 
+// The per-channel map of a Mul's constant operand c: s = c, t = 0, when c broadcasts
+// along the channel axis of an output of rank `rank` only (and never widens it).
+std::optional<Affine> mul_affine(const Tensor& c, int64_t channels, int64_t rank, int64_t channel_axis) {
+  if (c.dtype() != DType::f32 || c.rank() > rank) return std::nullopt;
+  for (int k = 0; k < c.rank(); ++k) {
+    const int64_t axis = rank - c.rank() + k, d = c.shape()[size_t(k)];
+    if (axis == channel_axis ? (d != channels && d != 1) : d != 1) return std::nullopt;
+  }
+  const Tensor v = c.contiguous();
+  Affine a;
+  for (int64_t m = 0; m < channels; ++m) {
+    a.s.push_back(v.data<float>()[v.numel() == 1 ? 0 : m]);
+    a.t.push_back(0.0);
+  }
+  return a;
+}
+
+// What follows the Conv or Gemm: a BatchNormalization, or a Mul by constant `mul`.
+struct Follower {
+  const Node& node;
+  const Tensor* mul = nullptr;
+  // The affine map for an output with `channels` along `channel_axis` of `rank` dims.
+  std::optional<Affine> affine(const PassGraph& g, int64_t channels, int64_t rank, int64_t channel_axis) const {
+    return mul ? mul_affine(*mul, channels, rank, channel_axis) : inference_affine(g, node, channels);
+  }
+};
+
 // Conv: W [M, C/g, k...] scaled per output channel m; B' = s * B + t.
-bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
+bool fold_into_conv(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
   const Tensor* w = conv.inputs.size() > 1 ? g.constant(conv.inputs[1]) : nullptr;
   if (!w || w->dtype() != DType::f32 || w->rank() < 3) return false;
   const int64_t m = w->shape()[0];
   const std::string b_name = conv.inputs.size() > 2 ? conv.inputs[2] : "";
   std::optional<std::vector<double>> b;
   if (!b_name.empty() && !(b = f32_vector(g, b_name, m))) return false;
-  const auto affine = inference_affine(g, bn, m);
+  const auto affine = bn.affine(g, m, w->rank(), 1);
   if (!affine) return false;
   const Tensor wc = w->contiguous();
   Tensor w2(DType::f32, w->shape());
@@ -79,7 +108,7 @@ bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
 
 // Gemm: Y = alpha * A op(B) + beta * C, BN over Y's columns n.
 // Y' = alpha * A (op(B) * s[n]) + (s[n] * beta * C[n] + t[n]), so C' is a vector and beta 1.
-bool fold_into_gemm(PassGraph& g, Node& gemm, const Node& bn, Node* fused) {
+bool fold_into_gemm(PassGraph& g, Node& gemm, const Follower& bn, Node* fused) {
   const Tensor* bw = gemm.inputs.size() > 1 ? g.constant(gemm.inputs[1]) : nullptr;
   if (!bw || bw->dtype() != DType::f32 || bw->rank() != 2) return false;
   const bool trans_b = gemm.attr_int("transB", 0) != 0;
@@ -97,7 +126,7 @@ bool fold_into_gemm(PassGraph& g, Node& gemm, const Node& bn, Node* fused) {
     if (!scalar && !row) return false;
     for (int64_t j = 0; j < n; ++j) c[size_t(j)] = cc.data<float>()[scalar ? 0 : j];
   }
-  const auto affine = inference_affine(g, bn, n);
+  const auto affine = bn.affine(g, n, 2, 1);
   if (!affine) return false;
   const double beta = gemm.attr_float("beta", 1.0f);
   const Tensor bc = bw->contiguous();
@@ -134,9 +163,20 @@ int64_t fold_batch_norm(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* bn = g.nodes[i].get();
-    if (!bn || bn->op_type != "BatchNormalization" || !bn->domain.empty() || bn->inputs.empty())
+    if (!bn || !bn->domain.empty() || bn->inputs.empty()) continue;
+    std::string x = bn->inputs[0];
+    const Tensor* mul = nullptr;
+    if (bn->op_type == "Mul") {
+      const auto it = g.opsets.find("");
+      if (it == g.opsets.end() || it->second < 7) continue;  // the legacy broadcast attribute
+      if (bn->inputs.size() != 2 || bn->outputs.size() != 1) continue;
+      // The constant operand may come first (Paddle writes Mul(scale, x)).
+      if ((mul = g.constant(bn->inputs[0]))) x = bn->inputs[1];
+      else mul = g.constant(bn->inputs[1]);
+      if (!mul) continue;
+    } else if (bn->op_type != "BatchNormalization") {
       continue;
-    const std::string& x = bn->inputs[0];
+    }
     if (g.constants.count(x) || index.sole_reader(x) != bn) continue;
     // The producer of x: the node before the BatchNormalization that outputs it.
     auto prod_it = producers.find(x);
@@ -146,8 +186,9 @@ int64_t fold_batch_norm(PassGraph& g) {
     if (producer_pos >= i || !producer->domain.empty() || producer->outputs.size() != 1) continue;
     auto fused = std::make_unique<Node>();
     bool ok = false;
-    if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, *bn, fused.get());
-    if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, *bn, fused.get());
+    const Follower follower{*bn, mul};
+    if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, follower, fused.get());
+    if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, follower, fused.get());
     if (!ok) continue;
     fused->outputs = {bn->outputs[0]};
     fused->name = producer->name;
