@@ -74,6 +74,10 @@ TEST(CpuDnnl, ConvTransposeMatchesRef) {
       {{2, 4, 7, 5}, {4, 2, 3, 2}, 2, {2, 2}, {}, {1, 0, 1, 1}},
       {{1, 3, 4, 4}, {3, 5, 2, 3}, 1, {2, 3}, {2, 1}, {}},
       {{1, 2, 9}, {2, 3, 4}, 1, {3}, {}, {1, 1}},
+      // Kernel = stride: one matrix product and a scatter (a 1-channel map, a batch of 2;
+      // a non-square patch without bias).
+      {{2, 24, 5, 7}, {24, 1, 2, 2}, 1, {2, 2}},
+      {{1, 5, 4, 3}, {5, 6, 3, 2}, 1, {3, 2}, {}, {}, {}, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
