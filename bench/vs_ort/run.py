@@ -80,14 +80,15 @@ def run_slim(args, model_path, input_name, base, batch, threads, iters, out_dir)
     cmd = [args.slim, "bench", model_path, "--batch", str(batch), "--threads", str(threads),
            "--warmup", str(args.warmup), "--iters", str(iters), "-i", f"{input_name}={base}.npy",
            "-o", out_dir, "--json", res, "--top", "0"] + (["--isa", args.isa] if args.isa else [])
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
+    env = dict(os.environ, OMP_WAIT_POLICY="passive") if args.no_spin else None
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout, env=env)
     with open(res) as f:
         return json.load(f)
 
 
 def run_ort(args, model_path, base, threads, iters, out_dir):
     cmd = ["node", os.path.join(HERE, "ort_bench.js"), model_path, base + ".json", str(threads),
-           str(args.warmup), str(iters), out_dir]
+           str(args.warmup), str(iters), out_dir, "0" if args.no_spin else "1"]
     env = dict(os.environ, NODE_PATH=os.path.join(HERE, "node_modules"))
     subprocess.run(cmd, check=True, env=env, timeout=args.timeout)
     with open(os.path.join(out_dir, "result.json")) as f:
@@ -123,6 +124,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--no-spin", action="store_true",
+                    help="waiting threads sleep instead of spinning, in both engines (slim: "
+                         "OMP_WAIT_POLICY=passive for libgomp, ORT: session.intra_op.allow_spinning 0): "
+                         "for machines whose cores other processes share")
     ap.add_argument("--isa", default=os.environ.get("SLIM_ISA", ""),
                     help="hold slim's kernels (its own and oneDNN's) to scalar, avx2 or avx512 "
                          "(default: SLIM_ISA, else the CPU's best)")
@@ -132,7 +137,8 @@ def main():
     print(f"# slim vs ONNX Runtime  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
           f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"# {args.rounds} alternating rounds per engine, {args.iters} timed runs per round "
-          f"at batch 1 (fewer at batch 8), {args.warmup} warm-up runs; medians over all runs")
+          f"at batch 1 (fewer at batch 8), {args.warmup} warm-up runs; medians over all runs"
+          + ("; threads sleep instead of spinning (--no-spin)" if args.no_spin else ""))
     header = ("| model | batch | threads | slim p50 ms | ORT p50 ms | slim/ORT | "
               "slim cold ms | ORT cold ms | max abs diff | max rel diff | slim's top ops |")
     rows = [header, "|" + "---|" * 11]
