@@ -212,6 +212,23 @@ TEST(Passes, FoldConstantMulIntoConvAndGemm) {
   EXPECT_EQ(only_node(*s).op_type, "Gemm");
 }
 
+TEST(Passes, FoldBiasAddAndBatchNormIntoConvTranspose) {
+  // The detector head's ConvTranspose -> Add(bias) -> BatchNormalization, grouped here.
+  ModelBuilder b(17);
+  b.input("x", DType::f32, {{1, 4, 5, 6}});
+  b.initializer("w", random_f32({4, 3, 2, 2}, 60, -0.5f, 0.5f));
+  b.initializer("bias", random_f32({1, 6, 1, 1}, 61));
+  Node& ct = b.node("ConvTranspose", {"x", "w"}, {"ct"}, "ct");
+  ct.attrs["strides"] = attr_ints({2, 2});
+  ct.attrs["group"] = attr_int(2);
+  b.node("Add", {"ct", "bias"}, {"c"});
+  add_batch_norm(b, "c", "y", 6);
+  b.output("y");
+  auto s = expect_same_outputs(b.build(), {{"x", random_f32({1, 4, 5, 6}, 62)}}, 1e-5);
+  EXPECT_EQ(only_node(*s).op_type, "ConvTranspose");
+  EXPECT_EQ(only_node(*s).inputs.size(), 3u);
+}
+
 // ---------------------------------------------------------------------------------------
 // fuse_bias_activation
 

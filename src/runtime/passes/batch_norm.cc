@@ -2,7 +2,9 @@
 // y = s * (x - mean) + beta with s = scale / sqrt(var + eps), so after a Conv or Gemm it
 // folds into that node's weights (scaled per output channel) and bias. A Mul by a
 // constant that varies only along the channels (PaddleOCR's learnable scales) is the
-// same map with beta 0 and folds the same way.
+// same map with beta 0 and folds the same way. After a ConvTranspose, which the fusion
+// pass does not cover, a per-channel constant Add (its bias, exported separately) folds
+// too: the map with scale 1.
 #include <cmath>
 
 #include "runtime/passes/pass_util.h"
@@ -67,13 +69,21 @@ std::optional<Affine> mul_affine(const Tensor& c, int64_t channels, int64_t rank
   return a;
 }
 
-// What follows the Conv or Gemm: a BatchNormalization, or a Mul by constant `mul`.
+// What follows the Conv, ConvTranspose or Gemm: a BatchNormalization, or a Mul or Add
+// by constant `operand`.
 struct Follower {
   const Node& node;
-  const Tensor* mul = nullptr;
+  const Tensor* operand = nullptr;
+  bool add = false;
   // The affine map for an output with `channels` along `channel_axis` of `rank` dims.
   std::optional<Affine> affine(const PassGraph& g, int64_t channels, int64_t rank, int64_t channel_axis) const {
-    return mul ? mul_affine(*mul, channels, rank, channel_axis) : inference_affine(g, node, channels);
+    if (!operand) return inference_affine(g, node, channels);
+    auto a = mul_affine(*operand, channels, rank, channel_axis);
+    if (a && add) {
+      a->t = a->s;
+      a->s.assign(a->t.size(), 1.0);
+    }
+    return a;
   }
 };
 
@@ -98,6 +108,39 @@ bool fold_into_conv(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
   for (int64_t o = 0; o < m; ++o)
     b2.data<float>()[o] =
         float(affine->s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine->t[size_t(o)]);
+  *fused = conv;
+  fused->inputs.resize(3);
+  fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
+  fused->inputs[2] =
+      g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded", std::move(b2));
+  return true;
+}
+
+// ConvTranspose: W [C, O/g, k...]; output channel o of group q is W[q * C/g + c, o - q * O/g].
+bool fold_into_conv_transpose(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
+  const Tensor* w = conv.inputs.size() > 1 ? g.constant(conv.inputs[1]) : nullptr;
+  if (!w || w->dtype() != DType::f32 || w->rank() < 3) return false;
+  const int64_t group = conv.attr_int("group", 1), c = w->shape()[0], og = w->shape()[1];
+  if (group < 1 || c % group != 0) return false;
+  const int64_t m = og * group, per = shape_numel(Shape(w->shape().begin() + 2, w->shape().end()));
+  const std::string b_name = conv.inputs.size() > 2 ? conv.inputs[2] : "";
+  std::optional<std::vector<double>> b;
+  if (!b_name.empty() && !(b = f32_vector(g, b_name, m))) return false;
+  const auto affine = bn.affine(g, m, w->rank(), 1);
+  if (!affine) return false;
+  const Tensor wc = w->contiguous();
+  Tensor w2(DType::f32, w->shape());
+  for (int64_t i = 0; i < c; ++i)
+    for (int64_t j = 0; j < og; ++j) {
+      const double s = affine->s[size_t(i / (c / group) * og + j)];
+      for (int64_t k = 0; k < per; ++k) {
+        const int64_t at = (i * og + j) * per + k;
+        w2.data<float>()[at] = float(double(wc.data<float>()[at]) * s);
+      }
+    }
+  Tensor b2(DType::f32, {m});
+  for (int64_t o = 0; o < m; ++o)
+    b2.data<float>()[o] = float(affine->s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine->t[size_t(o)]);
   *fused = conv;
   fused->inputs.resize(3);
   fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
@@ -165,15 +208,16 @@ int64_t fold_batch_norm(PassGraph& g) {
     Node* bn = g.nodes[i].get();
     if (!bn || !bn->domain.empty() || bn->inputs.empty()) continue;
     std::string x = bn->inputs[0];
-    const Tensor* mul = nullptr;
-    if (bn->op_type == "Mul") {
+    const Tensor* operand = nullptr;
+    const bool add = bn->op_type == "Add";
+    if (bn->op_type == "Mul" || add) {
       const auto it = g.opsets.find("");
       if (it == g.opsets.end() || it->second < 7) continue;  // the legacy broadcast attribute
       if (bn->inputs.size() != 2 || bn->outputs.size() != 1) continue;
       // The constant operand may come first (Paddle writes Mul(scale, x)).
-      if ((mul = g.constant(bn->inputs[0]))) x = bn->inputs[1];
-      else mul = g.constant(bn->inputs[1]);
-      if (!mul) continue;
+      if ((operand = g.constant(bn->inputs[0]))) x = bn->inputs[1];
+      else operand = g.constant(bn->inputs[1]);
+      if (!operand) continue;
     } else if (bn->op_type != "BatchNormalization") {
       continue;
     }
@@ -186,9 +230,11 @@ int64_t fold_batch_norm(PassGraph& g) {
     if (producer_pos >= i || !producer->domain.empty() || producer->outputs.size() != 1) continue;
     auto fused = std::make_unique<Node>();
     bool ok = false;
-    const Follower follower{*bn, mul};
-    if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, follower, fused.get());
-    if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, follower, fused.get());
+    const Follower follower{*bn, operand, add};
+    if (producer->op_type == "ConvTranspose") ok = fold_into_conv_transpose(g, *producer, follower, fused.get());
+    else if (add) ok = false;  // the fusion pass merges a constant Add into a Conv or Gemm bias
+    else if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, follower, fused.get());
+    else if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, follower, fused.get());
     if (!ok) continue;
     fused->outputs = {bn->outputs[0]};
     fused->name = producer->name;
