@@ -54,7 +54,7 @@ TEST(CpuKernels, ActivationsMatchRef) {
       {"Relu", 14, "", 0},      {"LeakyRelu", 16, "alpha", 0.07f}, {"Sigmoid", 13, "", 0},
       {"Tanh", 13, "", 0},      {"Erf", 13, "", 0},                {"Gelu", 20, "", 0},
       {"HardSwish", 14, "", 0}, {"HardSigmoid", 6, "alpha", 0.3f}, {"Exp", 13, "", 0},
-      {"Neg", 13, "", 0},       {"Abs", 13, "", 0},
+      {"Neg", 13, "", 0},       {"Abs", 13, "", 0},                {"Sqrt", 13, "", 0},
   };
   for_each_isa([&] {
     for (const auto& c : cases) {
@@ -245,6 +245,14 @@ TEST(CpuKernels, TransposeConcatSliceGather) {
       }
       b.node("Slice", ins, {"y"}, "sl");
       expect_matches_ref(b.build(), {{"x", random_f32({5, 7, 9}, 30 + i)}}, "sl", "cpu", 0, 0);
+      if (!c.steps.empty()) continue;
+      ModelBuilder old(9);  // before opset 10: attributes, no steps
+      old.input("x", DType::f32, spec({5, 7, 9})).output("y");
+      Node& n = old.node("Slice", {"x"}, {"y"}, "sl");
+      n.attrs["starts"] = attr_ints(c.starts);
+      n.attrs["ends"] = attr_ints(c.ends);
+      n.attrs["axes"] = attr_ints(c.axes);
+      expect_matches_ref(old.build(), {{"x", random_f32({5, 7, 9}, 40 + i)}}, "sl", "cpu", 0, 0);
     }
   }
   {
@@ -301,6 +309,29 @@ TEST(CpuKernels, ClipMatchesRef) {
   auto s = Session::compile(b.build(), o);
   const std::string msg = testing::error_of([&] { s->run({{"x", random_f32({4}, 1)}, {"lo", random_f32({2}, 2)}}); });
   EXPECT_NE(msg.find("Clip node 'clip': min must be a one-element f32 tensor, got f32[2]"), std::string::npos) << msg;
+}
+
+TEST(CpuKernels, PowBySquareAndSquareRootMatchesRef) {
+  for_each_isa([&] {
+    for (float e : {2.f, 0.5f}) {
+      SCOPED_TRACE(e);
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({3, 37})).output("y");
+      b.initializer("e", Tensor::from_vector<float>({1}, {e}));
+      b.node("Pow", {"x", "e"}, {"y"}, "pow");
+      Tensor x = random_f32({3, 37}, 13, -4, 9);
+      x.data<float>()[1] = -0.f;
+      x.data<float>()[2] = -INFINITY;
+      x.data<float>()[3] = INFINITY;
+      x.data<float>()[4] = NAN;
+      expect_matches_ref(b.build(), {{"x", x}}, "pow", "cpu", 0, 2e-7);
+    }
+  });
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec({4})).output("y");
+  b.initializer("e", Tensor::scalar<float>(3.f));
+  b.node("Pow", {"x", "e"}, {"y"}, "pow");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(b.build(), "pow"), "exponent 3.000000");
 }
 
 TEST(CpuKernels, BatchNormalizationMatchesRef) {

@@ -8,6 +8,7 @@
 
 #include "runtime/cpu/cpu_common.h"
 #include "runtime/cpu/simd.h"
+#include "slim/core/convert.h"
 #include "slim/runtime/provider.h"
 
 namespace slim::cpu {
@@ -25,7 +26,10 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) 
 // ---------------------------------------------------------------------------------------
 // Unary activations
 
-enum class Unary { relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs, clip };
+enum class Unary {
+  relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs, clip,
+  sqrt, square, pow_half,  // Sqrt; Pow by 2 and by 0.5
+};
 
 struct UnaryParams {
   Unary op = Unary::relu;
@@ -61,6 +65,16 @@ SLIM_INLINE typename Vec<W>::F unary_vec(const UnaryParams& p, typename Vec<W>::
       x = x < splat<W>(p.alpha) ? splat<W>(p.alpha) : x;
       return x > splat<W>(p.beta) ? splat<W>(p.beta) : x;
     }
+    case Unary::square: return x * x;  // exact in double, so ref's pow(x, 2) rounds to the same
+    case Unary::sqrt:
+    case Unary::pow_half: {
+      F r;
+      for (int i = 0; i < W; ++i) r[i] = __builtin_sqrtf(x[i]);
+      if (p.op == Unary::sqrt) return r;
+      // pow(x, 0.5): +0 for -0 (adding +0 does that) and +inf for -inf.
+      r = r + zero;
+      return x == splat<W>(-INFINITY) ? splat<W>(INFINITY) : r;
+    }
   }
   return x;
 }
@@ -84,6 +98,9 @@ float unary_scalar(const UnaryParams& p, float x) {
       x = x < p.alpha ? p.alpha : x;
       return x > p.beta ? p.beta : x;
     }
+    case Unary::square: return x * x;
+    case Unary::sqrt: return std::sqrt(x);
+    case Unary::pow_half: return std::pow(x, 0.5f);
   }
   return x;
 }
@@ -227,6 +244,38 @@ KernelDef clip_def() {
     if (info.opset >= 11) return std::make_unique<ClipKernel>(-INFINITY, INFINITY, true);
     return std::make_unique<ClipKernel>(info.node.attr_float("min", -FLT_MAX), info.node.attr_float("max", FLT_MAX),
                                         false);
+  };
+  return def;
+}
+
+// Pow by a constant scalar exponent of 2 or 0.5 (the squares and roots of normalizations
+// written out); other exponents stay with ref.
+KernelDef pow_def() {
+  KernelDef def;
+  def.op_type = "Pow";
+  def.since_version = 7;  // before 7: the broadcast/axis attributes
+  auto kind = [](const KernelBuildInfo& info, Unary* op) -> std::optional<std::string> {
+    if (info.inputs.size() != 2 || info.node.outputs.size() != 1) return std::string("expects two inputs");
+    if (auto r = need_f32(info, 0)) return r;
+    if (auto r = need_static(info, 0)) return r;
+    const Tensor* e = info.input(1).constant;
+    if (!e || e->numel() != 1 || e->rank() > int(info.input(0).shape->size()))
+      return std::string("exponent is not a constant scalar");
+    const double v = tensor_to_doubles(*e)[0];
+    if (v == 2.0) *op = Unary::square;
+    else if (v == 0.5) *op = Unary::pow_half;
+    else return "exponent " + std::to_string(v);
+    return std::nullopt;
+  };
+  def.claim = [kind](const KernelBuildInfo& info) {
+    Unary op;
+    if (auto r = kind(info, &op)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    UnaryParams p;
+    if (auto r = kind(info, &p.op)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<UnaryKernel>(p);
   };
   return def;
 }
@@ -900,7 +949,9 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.add(unary_def("Exp", 6, Unary::exp));
   r.add(unary_def("Neg", 6, Unary::neg));
   r.add(unary_def("Abs", 6, Unary::abs));
+  r.add(unary_def("Sqrt", 6, Unary::sqrt));
   r.add(clip_def());
+  r.add(pow_def());
   r.add(binary_def("Add", Binary::add));
   r.add(binary_def("Sub", Binary::sub));
   r.add(binary_def("Mul", Binary::mul));

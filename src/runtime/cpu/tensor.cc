@@ -1,5 +1,4 @@
-// The cpu provider's data-movement kernels: Transpose, Concat, Slice (opset 10+) and
-// Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
+// The cpu provider's data-movement kernels: Transpose, Concat, Slice and Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
 // from static shapes; the copies run as contiguous runs (memcpy) where the layout allows
 // and are split over slim's thread pool when large.
 #include <algorithm>
@@ -154,7 +153,7 @@ std::optional<std::string> transpose_plan(const KernelBuildInfo& info, StridedCo
 }
 
 // ---------------------------------------------------------------------------------------
-// Slice (inputs form, opset 10+)
+// Slice (attributes before opset 10, inputs from 10)
 
 std::optional<std::string> slice_plan(const KernelBuildInfo& info, StridedCopy* out) {
   if (auto r = need_static_dtype(info, 0)) return r;
@@ -171,9 +170,15 @@ std::optional<std::string> slice_plan(const KernelBuildInfo& info, StridedCopy* 
     return std::nullopt;
   };
   Shape starts, ends, axes, steps;
-  if (!info.has_input(1) || !info.has_input(2)) return std::string("missing starts/ends");
-  for (auto [i, v] : {std::pair{1, &starts}, {2, &ends}, {3, &axes}, {4, &steps}})
-    if (auto r = ints(i, v)) return r;
+  if (info.opset < 10) {
+    starts = info.node.attr_ints("starts");
+    ends = info.node.attr_ints("ends");
+    axes = info.node.attr_ints("axes");
+  } else {
+    if (!info.has_input(1) || !info.has_input(2)) return std::string("missing starts/ends");
+    for (auto [i, v] : {std::pair{1, &starts}, {2, &ends}, {3, &axes}, {4, &steps}})
+      if (auto r = ints(i, v)) return r;
+  }
   if (axes.empty())
     for (size_t i = 0; i < starts.size(); ++i) axes.push_back(int64_t(i));
   if (steps.empty()) steps.assign(starts.size(), 1);
@@ -473,7 +478,7 @@ void register_tensor_kernels(KernelRegistry& r) {
     return std::make_unique<CopyKernel>(std::move(c));
   };
   r.add(plan_def<StridedCopy>("Transpose", 1, transpose_plan, copy));
-  r.add(plan_def<StridedCopy>("Slice", 10, slice_plan, copy));
+  r.add(plan_def<StridedCopy>("Slice", 1, slice_plan, copy));
   r.add(plan_def<ConcatPlan>("Concat", 4, concat_plan, [](ConcatPlan p, const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     const DType dt = *info.input(0).dtype;
     std::vector<Shape> in;
