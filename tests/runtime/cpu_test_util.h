@@ -24,6 +24,19 @@ inline std::vector<testing::DimSpec> spec(const Shape& s) {
   return out;
 }
 
+// Runs `body` once per instruction set the CPU runs at or below the active one,
+// restoring that one after.
+inline void for_each_isa(const std::function<void()>& body) {
+  const Isa active = active_isa();
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
+    if (!isa_enabled(isa)) continue;
+    set_isa_limit(isa);
+    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
+    body();
+    set_isa_limit(active);
+  }
+}
+
 inline Tensor random_f32(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {
   Tensor t(DType::f32, shape);
   std::mt19937_64 rng(seed);
