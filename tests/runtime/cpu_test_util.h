@@ -70,19 +70,6 @@ inline double worst_error(const Tensor& a, const Tensor& b, double atol, double 
   return worst;
 }
 
-// Runs `body` once per instruction set the CPU runs at or below the active one,
-// restoring that one after.
-inline void for_each_isa(const std::function<void()>& body) {
-  const Isa active = active_isa();
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
-    if (!isa_enabled(isa)) continue;
-    set_isa_limit(isa);
-    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
-    body();
-    set_isa_limit(active);
-  }
-}
-
 struct CpuRun {
   std::vector<NodeAssignment> partition;
   TensorMap outputs;
