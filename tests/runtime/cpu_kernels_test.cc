@@ -356,6 +356,40 @@ TEST(CpuKernels, BatchNormalizationMatchesRef) {
   EXPECT_EQ(cpu_test::cpu_decline_reason(t.build(), "bn"), "training_mode");
 }
 
+TEST(CpuKernels, PadEveryModeMatchesRef) {
+  struct Case {
+    std::string mode;
+    std::vector<int64_t> pads, axes;
+    int64_t opset = 19;
+  };
+  const std::vector<Case> cases = {
+      {"constant", {0, 1, 2, 1, 0, 3}},  {"edge", {1, 0, 5, 0, 2, 1}},     {"reflect", {0, 2, 3, 0, 1, 3}},
+      {"wrap", {1, 1, 4, 0, 2, 5}},      {"constant", {0, -1, 2, 0, 1, -3}},  // negative pads crop
+      {"reflect", {2, 3}, {-1}, 18},      {"constant", {1, 0, 0, 2}, {0, 2}, 18},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE("case " + std::to_string(i) + " " + c.mode);
+    ModelBuilder b(c.opset);
+    b.input("x", DType::f32, spec({2, 3, 7})).output("y");
+    b.initializer("pads", Tensor::from_vector<int64_t>({int64_t(c.pads.size())}, c.pads));
+    b.initializer("value", Tensor::scalar<float>(-2.5f));
+    std::vector<std::string> ins = {"x", "pads", "value"};
+    if (!c.axes.empty()) {
+      b.initializer("axes", Tensor::from_vector<int64_t>({int64_t(c.axes.size())}, c.axes));
+      ins.push_back("axes");
+    }
+    b.node("Pad", ins, {"y"}, "pad").attrs["mode"] = attr_string(c.mode);
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 3, 7}, 50 + i)}}, "pad", "cpu", 0, 0);
+  }
+  ModelBuilder old(2);  // attributes; an int64 input copies as bytes
+  old.input("x", DType::i64, spec({3, 4})).output("y");
+  old.node("Pad", {"x"}, {"y"}, "pad").attrs["pads"] = attr_ints({1, 2, 0, 1});
+  std::vector<int64_t> v(12);
+  for (int k = 0; k < 12; ++k) v[size_t(k)] = k * 3 - 7;
+  expect_matches_ref(old.build(), {{"x", Tensor::from_vector<int64_t>({3, 4}, v)}}, "pad", "cpu", 0, 0);
+}
+
 TEST(CpuKernels, LargeTensorsSplitOverThreadsGiveTheSameResult) {
   ModelBuilder b(13);
   b.input("x", DType::f32, spec({64, 1031})).input("z", DType::f32, spec({1031})).output("y").output("s");
