@@ -568,6 +568,8 @@ def run_model(ctx, m, threads_list):
     for t in threads_list:
         ort = run_ort(ctx, model, os.path.join(d, "in"), t, 2 if iters > 3 else 1, iters, os.path.join(d, f"ort_t{t}"))
         slim = stuck or run_slim(ctx, model, inputs, t, 2 if iters > 3 else 1, iters, os.path.join(d, f"slim_t{t}"))
+        if slim.get("rc") == 124:
+            stuck = {"error": f"timed out after {ctx.timeout} s (at {t} thread{'s' if t > 1 else ''})", "rc": 124}
         run = {"ort": {k: ort[k] for k in ("cold_start_ms", "create_ms", "runs_ms", "version", "error") if k in ort},
                "slim": {k: slim[k] for k in ("cold_start_ms", "compile_ms", "runs_ms", "kernels", "ops", "peak_rss_mib",
                                              "error", "rc") if k in slim}}
