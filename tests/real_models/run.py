@@ -568,7 +568,7 @@ def run_model(ctx, m, threads_list):
     for t in threads_list:
         ort = run_ort(ctx, model, os.path.join(d, "in"), t, 2 if iters > 3 else 1, iters, os.path.join(d, f"ort_t{t}"))
         slim = stuck or run_slim(ctx, model, inputs, t, 2 if iters > 3 else 1, iters, os.path.join(d, f"slim_t{t}"))
-        if slim.get("rc") == 124:
+        if not stuck and slim.get("rc") == 124:
             stuck = {"error": f"timed out after {ctx.timeout} s (at {t} thread{'s' if t > 1 else ''})", "rc": 124}
         run = {"ort": {k: ort[k] for k in ("cold_start_ms", "create_ms", "runs_ms", "version", "error") if k in ort},
                "slim": {k: slim[k] for k in ("cold_start_ms", "compile_ms", "runs_ms", "kernels", "ops", "peak_rss_mib",
@@ -682,7 +682,8 @@ def markdown(results, meta, threads_list):
                     f"{tcell} | " + " | ".join(cells) + f" | {cold} |")
     n_load = sum(verdict(r)[0] for r in results)
     n_match = sum(verdict(r)[1] for r in results)
-    out = [f"Run {meta['date']} on {meta['machine']}; slim's kernels: {meta['isa']}; ONNX Runtime "
+    out = [f"Run {meta['date']} on {meta['machine']}; slim from this tree at {meta['source']}, its kernels: "
+           f"{meta['isa']}; ONNX Runtime "
            f"{meta['ort_version']} (onnxruntime-node, its MLAS kernels picked by cpuid); load average "
            f"{meta['load']} at the start. Latency: median of the timed runs (iters per model in models.json, "
            f"after warm-up runs), ratio = slim / ORT (below 1: slim faster). Cold start: load, compile and the first run.",
@@ -771,7 +772,9 @@ def main():
     ort_version = next((x["ort"].get("version") for r in results for x in r.get("runs", {}).values()
                         if x["ort"].get("version")), ORT_VERSION)
     load = os.getloadavg()
+    commit = sh(["git", "-C", ROOT, "describe", "--always", "--dirty"]).stdout.strip() or "?"
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "isa": kernels,
+            "source": commit,
             "ort_version": ort_version, "load": f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
             "threads": threads_list}
     table = markdown(results, meta, threads_list)
