@@ -55,6 +55,7 @@ TEST(CpuKernels, ActivationsMatchRef) {
       {"Tanh", 13, "", 0},      {"Erf", 13, "", 0},                {"Gelu", 20, "", 0},
       {"HardSwish", 14, "", 0}, {"HardSigmoid", 6, "alpha", 0.3f}, {"Exp", 13, "", 0},
       {"Neg", 13, "", 0},       {"Abs", 13, "", 0},                {"Sqrt", 13, "", 0},
+      {"Log", 13, "", 0},
   };
   for_each_isa([&] {
     for (const auto& c : cases) {
@@ -116,6 +117,28 @@ TEST(CpuKernels, BinaryOpsBroadcastLikeNumpy) {
   });
 }
 
+TEST(CpuKernels, MaxMinBroadcastAndLetNaNWin) {
+  for_each_isa([&] {
+    for (const char* op : {"Max", "Min"}) {
+      for (const auto& [sa, sb] : std::vector<std::pair<Shape, Shape>>{{{3, 37}, {3, 37}}, {{2, 3, 37}, {1}}, {{4, 1}, {1, 21}}}) {
+        SCOPED_TRACE(std::string(op) + " " + shape_str(sa) + " " + shape_str(sb));
+        ModelBuilder b(13);
+        b.input("a", DType::f32, spec(sa)).input("b", DType::f32, spec(sb)).output("y");
+        b.node(op, {"a", "b"}, {"y"}, "mm");
+        Tensor x = random_f32(sa, 3, -2, 2), z = random_f32(sb, 4, -2, 2);
+        x.data<float>()[1] = NAN;
+        x.data<float>()[2] = -0.f;
+        if (z.numel() > 3) z.data<float>()[3] = NAN;
+        expect_matches_ref(b.build(), {{"a", x}, {"b", z}}, "mm", "cpu", 0, 0);
+      }
+    }
+  });
+  ModelBuilder three(13);  // variadic Max of three stays with ref
+  three.input("a", DType::f32, spec({4})).output("y");
+  three.node("Max", {"a", "a", "a"}, {"y"}, "mm");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(three.build(), "mm"), "expects two inputs");
+}
+
 TEST(CpuKernels, SoftmaxLogSoftmaxLayerNorm) {
   for_each_isa([&] {
     for (const char* op : {"Softmax", "LogSoftmax"}) {
@@ -165,6 +188,8 @@ TEST(CpuKernels, ReduceSumAndMean) {
       {"ReduceSum", 13, {2, 7, 300}, {}, 1, "cpu"},      {"ReduceMean", 18, {6, 260}, {1}, 1, "cpu"},
       {"ReduceSum", 11, {6, 7, 8}, {1}, 1, "ref"},       {"ReduceMean", 13, {2, 3, 4}, {0, 2}, 1, "ref"},
       {"ReduceSum", 13, {300, 3}, {0}, 0, "cpu"},
+      {"ReduceMax", 13, {4, 5, 33}, {2}, 1, "cpu"},      {"ReduceMin", 18, {4, 5, 33}, {1, 2}, 0, "cpu"},
+      {"ReduceMax", 13, {300, 3}, {0}, 0, "cpu"},        {"ReduceMin", 13, {7, 20}, {}, 0, "cpu"},
   };
   for_each_isa([&] {
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -173,6 +198,8 @@ TEST(CpuKernels, ReduceSumAndMean) {
       ModelBuilder b(c.opset);
       b.input("x", DType::f32, spec(c.x)).output("y");
       const bool axes_input = c.op == "ReduceSum" ? c.opset >= 13 : c.opset >= 18;
+      Tensor x = random_f32(c.x, 20 + i);
+      if (c.op == "ReduceMax" || c.op == "ReduceMin") x.data<float>()[5] = NAN;  // NaN wins its group
       std::vector<std::string> ins = {"x"};
       if (axes_input && !c.axes.empty()) {
         b.initializer("axes", Tensor::from_vector<int64_t>({int64_t(c.axes.size())}, c.axes));
@@ -181,7 +208,7 @@ TEST(CpuKernels, ReduceSumAndMean) {
       Node& n = b.node(c.op, ins, {"y"}, "red");
       if (!axes_input && !c.axes.empty()) n.attrs["axes"] = attr_ints(c.axes);
       n.attrs["keepdims"] = attr_int(c.keepdims);
-      expect_matches_ref(b.build(), {{"x", random_f32(c.x, 20 + i)}}, "red", c.want, 1e-5, 1e-4);
+      expect_matches_ref(b.build(), {{"x", x}}, "red", c.want, 1e-5, 1e-4);
     }
   });
 }

@@ -1,5 +1,6 @@
-// The cpu provider's own f32 math kernels: binary arithmetic with numpy broadcasting,
-// activations, Softmax/LogSoftmax, LayerNormalization and ReduceSum/ReduceMean. Loops
+// The cpu provider's own f32 math kernels: binary arithmetic (and Max/Min) with numpy
+// broadcasting, activations, Softmax/LogSoftmax, LayerNormalization, BatchNormalization
+// and ReduceSum/Mean/Max/Min. Loops
 // are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
 // over slim's thread pool when a tensor is large enough to pay for the hand-off.
 #include <algorithm>
@@ -29,6 +30,7 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) 
 enum class Unary {
   relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs, clip,
   sqrt, square, pow_half,  // Sqrt; Pow by 2 and by 0.5
+  log,
 };
 
 struct UnaryParams {
@@ -66,6 +68,11 @@ SLIM_INLINE typename Vec<W>::F unary_vec(const UnaryParams& p, typename Vec<W>::
       return x > splat<W>(p.beta) ? splat<W>(p.beta) : x;
     }
     case Unary::square: return x * x;  // exact in double, so ref's pow(x, 2) rounds to the same
+    case Unary::log: {
+      F r;  // logf per lane: ref's std::log on floats, to the bit
+      for (int i = 0; i < W; ++i) r[i] = std::log(x[i]);
+      return r;
+    }
     case Unary::sqrt:
     case Unary::pow_half: {
       F r;
@@ -100,6 +107,7 @@ float unary_scalar(const UnaryParams& p, float x) {
     }
     case Unary::square: return x * x;
     case Unary::sqrt: return std::sqrt(x);
+    case Unary::log: return std::log(x);
     case Unary::pow_half: return std::pow(x, 0.5f);
   }
   return x;
@@ -283,7 +291,7 @@ KernelDef pow_def() {
 // ---------------------------------------------------------------------------------------
 // Binary arithmetic with broadcasting
 
-enum class Binary { add, sub, mul, div };
+enum class Binary { add, sub, mul, div, max, min };
 
 template <int W>
 SLIM_INLINE typename Vec<W>::F binary_vec(Binary op, typename Vec<W>::F a, typename Vec<W>::F b) {
@@ -292,8 +300,23 @@ SLIM_INLINE typename Vec<W>::F binary_vec(Binary op, typename Vec<W>::F a, typen
     case Binary::sub: return a - b;
     case Binary::mul: return a * b;
     case Binary::div: return a / b;
+    // NaN wins, as in ref (numpy's maximum/minimum); else b only when strictly beyond a.
+    case Binary::max: return (a != a) | (b != b) ? splat<W>(NAN) : (b > a ? b : a);
+    case Binary::min: return (a != a) | (b != b) ? splat<W>(NAN) : (b < a ? b : a);
   }
   return a;
+}
+
+float binary_scalar(Binary op, float x, float z) {
+  switch (op) {
+    case Binary::add: return x + z;
+    case Binary::sub: return x - z;
+    case Binary::mul: return x * z;
+    case Binary::div: return x / z;
+    case Binary::max: return std::isnan(x) || std::isnan(z) ? NAN : (z > x ? z : x);
+    case Binary::min: return std::isnan(x) || std::isnan(z) ? NAN : (z < x ? z : x);
+  }
+  return x;
 }
 
 // One row: a and b advance by sa, sb in {0, 1} (0 = the operand is broadcast along it).
@@ -307,10 +330,7 @@ SLIM_INLINE void binary_row(Binary op, const float* a, int64_t sa, const float* 
     const F vb = sb ? load<W>(b + i) : vb0;
     store<W>(y + i, binary_vec<W>(op, va, vb));
   }
-  for (; i < n; ++i) {
-    const float x = a[sa * i], z = b[sb * i];
-    y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
-  }
+  for (; i < n; ++i) y[i] = binary_scalar(op, a[sa * i], b[sb * i]);
 }
 
 #if defined(__x86_64__)
@@ -336,10 +356,7 @@ void binary_run(Binary op, const float* a, int64_t sa, const float* b, int64_t s
     case Isa::neon: return binary_neon(op, a, sa, b, sb, y, n);
 #endif
     default:
-      for (int64_t i = 0; i < n; ++i) {
-        const float x = a[sa * i], z = b[sb * i];
-        y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
-      }
+      for (int64_t i = 0; i < n; ++i) y[i] = binary_scalar(op, a[sa * i], b[sb * i]);
       return;
   }
 }
@@ -595,6 +612,30 @@ SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, f
   for (int64_t r = 0; r < rows; ++r) y[r] = row_sum<W>(x + r * n, n) * mul;
 }
 
+// a NaN-propagating max (or min): once a NaN is in, it stays, as in ref.
+SLIM_INLINE float extreme(float acc, float v, bool max) {
+  return std::isnan(v) || (max ? v > acc : v < acc) ? v : acc;
+}
+
+template <int W>
+SLIM_INLINE void row_extreme(const float* x, float* y, int64_t rows, int64_t n, bool max) {
+  using F = typename Vec<W>::F;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    F m = splat<W>(max ? -INFINITY : INFINITY);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const F v = load<W>(xr + i);
+      if (max) m = (v != v) | (v > m) ? v : m;
+      else m = (v != v) | (v < m) ? v : m;
+    }
+    float acc = max ? -INFINITY : INFINITY;
+    for (int k = 0; k < W; ++k) acc = extreme(acc, m[k], max);
+    for (; i < n; ++i) acc = extreme(acc, xr[i], max);
+    y[r] = acc;
+  }
+}
+
 SLIM_DISPATCH3(softmax_rows, (const float* x, float* y, int64_t rows, int64_t n, bool log), (x, y, rows, n, log))
 SLIM_DISPATCH3(layer_norm_rows,
                (const float* x, float* y, int64_t rows, int64_t n, const float* s, const float* b, float eps),
@@ -604,6 +645,7 @@ SLIM_DISPATCH3(batch_norm_rows,
                 const float* k, const float* b),
                (x, y, first, rows, n, channels, m, k, b))
 SLIM_DISPATCH3(row_reduce, (const float* x, float* y, int64_t rows, int64_t n, float mul), (x, y, rows, n, mul))
+SLIM_DISPATCH3(row_extreme, (const float* x, float* y, int64_t rows, int64_t n, bool max), (x, y, rows, n, max))
 
 // Rows of length n from a shape split at `axis`.
 void split_rows(const Shape& s, int axis, int64_t* rows, int64_t* n) {
@@ -809,23 +851,26 @@ KernelDef batch_norm_def() {
   return def;
 }
 
-// ReduceSum/ReduceMean whose reduced axes form one block at the end (row sums) or the
-// start (column sums) of the shape, after size-1 dims are ignored.
+// ReduceSum/Mean/Max/Min whose reduced axes form one block at the end (rows) or the
+// start (columns) of the shape, after size-1 dims are ignored.
+enum class Reduce { sum, mean, max, min };
+
 struct ReducePlan {
   Shape y;
   int64_t rows = 1, n = 1;
   bool columns = false;
+  Reduce op = Reduce::sum;
   float mul = 1.f;
 };
 
-std::optional<std::string> reduce_plan(const KernelBuildInfo& info, bool mean, ReducePlan* p) {
+std::optional<std::string> reduce_plan(const KernelBuildInfo& info, Reduce op, ReducePlan* p) {
   const Node& node = info.node;
   if (node.outputs.size() != 1) return std::string("expects one output");
   if (auto r = need_f32(info, 0)) return r;
   if (auto r = need_static(info, 0)) return r;
   const Shape& s = *info.input(0).shape;
   const int rank = int(s.size());
-  const bool axes_input = mean ? info.opset >= 18 : info.opset >= 13;
+  const bool axes_input = op == Reduce::sum ? info.opset >= 13 : info.opset >= 18;
   Shape axes;
   if (axes_input) {
     if (info.has_input(1)) {
@@ -869,7 +914,8 @@ std::optional<std::string> reduce_plan(const KernelBuildInfo& info, bool mean, R
   p->columns = leading;
   p->rows = leading ? red : kept;
   p->n = leading ? kept : red;
-  p->mul = mean ? float(1.0 / double(red)) : 1.f;
+  p->op = op;
+  p->mul = op == Reduce::mean ? float(1.0 / double(red)) : 1.f;
   return std::nullopt;
 }
 
@@ -891,8 +937,10 @@ class ReduceKernel final : public OpKernel {
         column_sum_any_offset(x, py, b, e);
       });
     } else {
+      const bool extreme = p_.op == Reduce::max || p_.op == Reduce::min;
       parallel_items(ctx, p_.rows, p_.n, [&](int64_t b, int64_t e) {
-        row_reduce_any(x + b * p_.n, py + b, e - b, p_.n, p_.mul);
+        if (extreme) row_extreme_any(x + b * p_.n, py + b, e - b, p_.n, p_.op == Reduce::max);
+        else row_reduce_any(x + b * p_.n, py + b, e - b, p_.n, p_.mul);
       });
     }
   }
@@ -908,6 +956,14 @@ class ReduceKernel final : public OpKernel {
   void column_sum_strided(const float* x, float* y, int64_t width) const {
     // column_sum over a window of `width` columns of rows spaced p_.n apart.
     float buf[256];
+    const bool max = p_.op == Reduce::max;
+    if (max || p_.op == Reduce::min) {
+      std::fill(buf, buf + width, max ? -INFINITY : INFINITY);
+      for (int64_t r = 0; r < p_.rows; ++r)
+        for (int64_t j = 0; j < width; ++j) buf[j] = extreme(buf[j], x[r * p_.n + j], max);
+      std::copy(buf, buf + width, y);
+      return;
+    }
     std::fill(buf, buf + width, 0.f);
     for (int64_t r = 0; r < p_.rows; ++r) {
       const float* xr = x + r * p_.n;
@@ -918,18 +974,18 @@ class ReduceKernel final : public OpKernel {
   ReducePlan p_;
 };
 
-KernelDef reduce_def(const std::string& op, bool mean) {
+KernelDef reduce_def(const std::string& op, Reduce kind) {
   KernelDef def;
   def.op_type = op;
   def.since_version = 1;
-  def.claim = [mean](const KernelBuildInfo& info) {
+  def.claim = [kind](const KernelBuildInfo& info) {
     ReducePlan p;
-    if (auto r = reduce_plan(info, mean, &p)) return Claim::no(*r);
+    if (auto r = reduce_plan(info, kind, &p)) return Claim::no(*r);
     return Claim::yes();
   };
-  def.build = [mean](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     ReducePlan p;
-    if (auto r = reduce_plan(info, mean, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    if (auto r = reduce_plan(info, kind, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
     return std::make_unique<ReduceKernel>(std::move(p));
   };
   return def;
@@ -950,18 +1006,23 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.add(unary_def("Neg", 6, Unary::neg));
   r.add(unary_def("Abs", 6, Unary::abs));
   r.add(unary_def("Sqrt", 6, Unary::sqrt));
+  r.add(unary_def("Log", 6, Unary::log));
   r.add(clip_def());
   r.add(pow_def());
   r.add(binary_def("Add", Binary::add));
   r.add(binary_def("Sub", Binary::sub));
   r.add(binary_def("Mul", Binary::mul));
   r.add(binary_def("Div", Binary::div));
+  r.add(binary_def("Max", Binary::max));  // two inputs; one or three and more stay with ref
+  r.add(binary_def("Min", Binary::min));
   r.add(softmax_def("Softmax", false));
   r.add(softmax_def("LogSoftmax", true));
   r.add(layer_norm_def());
   r.add(batch_norm_def());
-  r.add(reduce_def("ReduceSum", false));
-  r.add(reduce_def("ReduceMean", true));
+  r.add(reduce_def("ReduceSum", Reduce::sum));
+  r.add(reduce_def("ReduceMean", Reduce::mean));
+  r.add(reduce_def("ReduceMax", Reduce::max));
+  r.add(reduce_def("ReduceMin", Reduce::min));
 }
 
 }  // namespace slim::cpu
