@@ -475,6 +475,33 @@ TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
   }
 }
 
+// Elementwise nodes between convolutions (a Max by a scalar, Abs) read the convolution's
+// channels-last or blocked output as it is and pass it on (openWakeWord's embedding
+// encoder: Conv, LeakyRelu, Max(x, -0.4), Conv); where their output has a reader that
+// takes plain only (Softmax), they reorder their result into it.
+TEST(CpuDnnl, ElementwiseNodesPassTheConvolutionsLayoutOn) {
+  for (int64_t c : {24, 32}) {
+    for (bool plain_reader : {false, true}) {
+      SCOPED_TRACE("channels " + std::to_string(c) + (plain_reader ? ", a plain reader too" : ""));
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({2, 8, 9, 7})).output("y");
+      if (plain_reader) b.output("s");
+      b.initializer("w1", random_f32({c, 8, 3, 1}, 1)).initializer("w2", random_f32({c, c, 1, 3}, 2));
+      b.initializer("w3", random_f32({8, c, 1, 1}, 3)).initializer("floor", Tensor::from_vector<float>({1, 1, 1, 1}, {-0.4f}));
+      b.initializer("lo", Tensor::scalar<float>(-0.5f)).initializer("hi", Tensor::scalar<float>(0.75f));
+      b.node("Conv", {"x", "w1"}, {"c1"}, "conv1").attrs["pads"] = attr_ints({1, 0, 1, 0});
+      b.node("Max", {"c1", "floor"}, {"m1"}, "max1");
+      b.node("Abs", {"m1"}, {"a1"}, "abs1");
+      b.node("Conv", {"a1", "w2"}, {"c2"}, "conv2").attrs["pads"] = attr_ints({0, 1, 0, 1});
+      b.node("Clip", {"c2", "lo", "hi"}, {"k2"}, "clip2");
+      b.node("Conv", {"k2", "w3"}, {"y"}, "conv3");
+      if (plain_reader) b.node("Softmax", {"a1"}, {"s"}, "sm");
+      const TensorMap in = {{"x", random_f32({2, 8, 9, 7}, 4)}};
+      for (const char* node : {"max1", "abs1", "conv3"}) expect_matches_ref(b.build(), in, node, "cpu", 1e-5, 1e-4);
+    }
+  }
+}
+
 // MobileNetV2's stem: a convolution of 3 input channels (run from plain NCHW, writing
 // oneDNN's blocked layout) feeds a depthwise convolution that runs channels-last; the
 // stem converts its output once, into the depthwise convolution's layout, instead of to

@@ -131,4 +131,27 @@ std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t 
   return std::nullopt;
 }
 
+float* ChannelPassThrough::target(Tensor& y) const {
+  if (in_ == out_) return y.data<float>();
+  if (!buf_) {
+    const auto& eng = dnnl_engine();
+    stream_ = dnnl::stream(eng);
+    buf_ = owned_memory(f32_md(shape_, *channel_layout(shape_, in_)), eng, keep_);
+    dst_ = dnnl::memory(plain_md(shape_), eng, DNNL_MEMORY_NONE);
+    reorder_ = dnnl::reorder(buf_, dst_);
+  }
+  return static_cast<float*>(buf_.get_data_handle());
+}
+
+void ChannelPassThrough::finish(const KernelContext& ctx, Tensor& y) const {
+  if (in_ == out_) return;
+  limit_dnnl_threads(ctx);
+  dnnl_call(ctx.node(), "reorder to plain", [&] {
+    dst_.set_data_handle(y.raw_data());
+    reorder_.execute(stream_, buf_, dst_);
+    stream_.wait();
+    return 0;
+  });
+}
+
 }  // namespace slim::cpu

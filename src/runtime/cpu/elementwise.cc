@@ -152,23 +152,37 @@ void unary_run(const UnaryParams& p, const float* x, float* y, int64_t n) {
   }
 }
 
-void unary_compute(KernelContext& ctx, const UnaryParams& p) {
+void unary_compute(KernelContext& ctx, const UnaryParams& p, const ChannelPassThrough& layout) {
   const Tensor& x = ctx.required_input(0);
   Tensor& y = ctx.output(0, DType::f32, x.shape());
   const float* px = x.data<float>();
-  float* py = y.data<float>();
+  float* py = layout.target(y);
   constexpr int64_t kBlock = 4096;
   const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
   parallel_items(ctx, blocks, kBlock, [&](int64_t b, int64_t e) {
     const int64_t lo = b * kBlock, hi = std::min(n, e * kBlock);
     unary_run(p, px + lo, py + lo, hi - lo);
   });
+  layout.finish(ctx, y);
 }
 
-class UnaryKernel final : public OpKernel {
+// A one-input elementwise kernel: takes its input's channel layout and passes it on.
+class ElementwiseKernel : public OpKernel {
  public:
-  explicit UnaryKernel(UnaryParams p) : p_(p) {}
-  void compute(KernelContext& ctx) const override { unary_compute(ctx, p_); }
+  explicit ElementwiseKernel(const Shape& shape) { layout_.set_shape(shape); }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? layout_.offer() : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout_.accepts(layout); }
+  void use_private_input(int i, uint64_t layout) override { layout_.use_input(layout); }
+  void use_private_output(int i, uint64_t layout) override { layout_.use_output(layout); }
+
+ protected:
+  ChannelPassThrough layout_;
+};
+
+class UnaryKernel final : public ElementwiseKernel {
+ public:
+  UnaryKernel(UnaryParams p, const Shape& shape) : ElementwiseKernel(shape), p_(p) {}
+  void compute(KernelContext& ctx) const override { unary_compute(ctx, p_, layout_); }
 
  private:
   UnaryParams p_;
@@ -207,16 +221,17 @@ KernelDef unary_def(const std::string& op, int64_t since, Unary kind) {
   def.build = [params](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     UnaryParams p;
     if (auto r = params(info.node, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
-    return std::make_unique<UnaryKernel>(p);
+    return std::make_unique<UnaryKernel>(p, *info.input(0).shape);
   };
   return def;
 }
 
 // Clip: bounds from the attributes (opsets 6-10, defaulting to the float range) or from
 // optional one-element inputs (11+), read at each run so they need not be constants.
-class ClipKernel final : public OpKernel {
+class ClipKernel final : public ElementwiseKernel {
  public:
-  ClipKernel(float lo, float hi, bool bound_inputs) : lo_(lo), hi_(hi), bound_inputs_(bound_inputs) {}
+  ClipKernel(const Shape& shape, float lo, float hi, bool bound_inputs)
+      : ElementwiseKernel(shape), lo_(lo), hi_(hi), bound_inputs_(bound_inputs) {}
   void compute(KernelContext& ctx) const override {
     UnaryParams p{Unary::clip, lo_, hi_};
     for (int i = 1; bound_inputs_ && i <= 2; ++i) {
@@ -227,7 +242,7 @@ class ClipKernel final : public OpKernel {
                                                   " must be a one-element f32 tensor, got " + b->describe());
       (i == 1 ? p.alpha : p.beta) = b->data<float>()[0];
     }
-    unary_compute(ctx, p);
+    unary_compute(ctx, p, layout_);
   }
 
  private:
@@ -249,8 +264,9 @@ KernelDef clip_def() {
     return Claim::yes();
   };
   def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
-    if (info.opset >= 11) return std::make_unique<ClipKernel>(-INFINITY, INFINITY, true);
-    return std::make_unique<ClipKernel>(info.node.attr_float("min", -FLT_MAX), info.node.attr_float("max", FLT_MAX),
+    const Shape& s = *info.input(0).shape;
+    if (info.opset >= 11) return std::make_unique<ClipKernel>(s, -INFINITY, INFINITY, true);
+    return std::make_unique<ClipKernel>(s, info.node.attr_float("min", -FLT_MAX), info.node.attr_float("max", FLT_MAX),
                                         false);
   };
   return def;
@@ -283,7 +299,7 @@ KernelDef pow_def() {
   def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     UnaryParams p;
     if (auto r = kind(info, &p.op)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
-    return std::make_unique<UnaryKernel>(p);
+    return std::make_unique<UnaryKernel>(p, *info.input(0).shape);
   };
   return def;
 }
@@ -426,14 +442,22 @@ class BinaryKernel final : public OpKernel {
     *shape = p_.y;
     return i == 0;
   }
-  BinaryKernel(Binary op, BroadcastPlan plan) : op_(op), p_(std::move(plan)) {}
+  // `full`: the operand of the output's shape when the other is a single element (the
+  // kernel then passes that operand's channel layout through), else -1.
+  BinaryKernel(Binary op, BroadcastPlan plan, int full) : op_(op), p_(std::move(plan)), full_(full) {
+    layout_.set_shape(p_.y);
+  }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? layout_.offer() : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override { return i == full_ && layout_.accepts(layout); }
+  void use_private_input(int i, uint64_t layout) override { layout_.use_input(layout); }
+  void use_private_output(int i, uint64_t layout) override { layout_.use_output(layout); }
   void compute(KernelContext& ctx) const override {
     const Tensor& a = ctx.required_input(0);
     const Tensor& b = ctx.required_input(1);
     Tensor& y = ctx.output(0, DType::f32, p_.y);
     const float* pa = a.data<float>();
     const float* pb = b.data<float>();
-    float* py = y.data<float>();
+    float* py = layout_.target(y);
     // Long rows are cut into pieces so a single row still spreads over the threads.
     const int64_t piece = p_.rows >= 8 ? p_.inner : std::max<int64_t>(4096, (p_.inner + 7) / 8);
     const int64_t pieces = (p_.inner + piece - 1) / piece;
@@ -451,11 +475,14 @@ class BinaryKernel final : public OpKernel {
                    py + row * p_.inner + lo, n);
       }
     });
+    layout_.finish(ctx, y);
   }
 
  private:
   Binary op_;
   BroadcastPlan p_;
+  int full_;
+  ChannelPassThrough layout_;
 };
 
 KernelDef binary_def(const std::string& op, Binary kind) {
@@ -469,9 +496,11 @@ KernelDef binary_def(const std::string& op, Binary kind) {
     return Claim::yes();
   };
   def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
-    auto plan = plan_broadcast(*info.input(0).shape, *info.input(1).shape);
+    const Shape &a = *info.input(0).shape, &b = *info.input(1).shape;
+    auto plan = plan_broadcast(a, b);
     if (!plan) throw Error(ErrorCode::internal, info.node.describe() + ": shapes do not broadcast");
-    return std::make_unique<BinaryKernel>(kind, std::move(*plan));
+    const int full = shape_numel(b) == 1 && a == plan->y ? 0 : shape_numel(a) == 1 && b == plan->y ? 1 : -1;
+    return std::make_unique<BinaryKernel>(kind, std::move(*plan), full);
   };
   return def;
 }
