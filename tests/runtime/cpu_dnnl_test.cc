@@ -374,7 +374,7 @@ TEST(CpuDnnl, FusedGemmAndFusedMatMulEqualTheirChains) {
   }
 }
 
-TEST(CpuDnnl, FusedConvOutputScaleAndShiftEqualTheChain) {
+TEST(CpuDnnl, FusedConvOutputScaleShiftAndClampEqualTheChain) {
   const Shape xs{1, 32, 9, 7}, ws{16, 32, 3, 3}, ys{1, 16, 9, 7};
   const Tensor x = random_f32(xs, 60, -2, 2), w = random_f32(ws, 61), bias = random_f32({16}, 62);
   for (const Act& a : {Act{"HardSwish", {}}, Act{"Relu", {}}}) {
@@ -383,15 +383,20 @@ TEST(CpuDnnl, FusedConvOutputScaleAndShiftEqualTheChain) {
     n.attrs["pads"] = attr_ints({1, 1, 1, 1});
     n.attrs["output_scale"] = attr_float(0.625f);
     n.attrs["output_shift"] = attr_float(-1.25f);
+    n.attrs["output_min"] = attr_float(-1.f);
+    n.attrs["output_max"] = attr_float(2.5f);
     const Tensor got = run_cpu_fused(n, {x, w, bias}, {false, true, true});
     ModelBuilder b(20);
     b.input("x", DType::f32, spec(xs)).output("y");
     b.initializer("w", w).initializer("b", bias);
     b.initializer("scale", Tensor::scalar<float>(0.625f)).initializer("shift", Tensor::scalar<float>(-1.25f));
+    b.initializer("lo", Tensor::scalar<float>(-1.f)).initializer("hi", Tensor::scalar<float>(2.5f));
     b.node("Conv", {"x", "w", "b"}, {"c"}).attrs["pads"] = attr_ints({1, 1, 1, 1});
     add_activation(b, a.name, a.params, "c", "act");
     b.node("Mul", {"act", "scale"}, {"m"});
-    b.node("Add", {"m", "shift"}, {"y"});
+    b.node("Add", {"m", "shift"}, {"s"});
+    b.node("Max", {"s", "lo"}, {"t"});
+    b.node("Min", {"t", "hi"}, {"y"});
     EXPECT_LE(cpu_test::worst_error(got, run_ref(b.build(), {{"x", x}}).at("y"), 1e-5, 1e-4), 1.0);
   }
 }

@@ -477,6 +477,17 @@ TEST(Passes, ScalarMulAndAddAfterTheActivationFuse) {
   auto sr = expect_same_outputs(r.build(), {{"x", random_f32({2, 3, 6, 6}, 52)}});
   EXPECT_EQ(op_types(sr->compiled_graph()), (std::vector<std::string>{"slim:FusedConv", "Mul"}));
   EXPECT_EQ(sr->compiled_graph().nodes[0].attr_float("output_shift", 0), 0.5f);
+  // TensorFlow's LeakyRelu then tf.maximum(x, -0.4) (and a Min after it): the clamp.
+  ModelBuilder t = conv_model();
+  t.initializer("floor", f32({1, 1, 1, 1}, {-0.4f})).initializer("ceil", Tensor::scalar<float>(1.5f));
+  t.node("LeakyRelu", {"c"}, {"l"}).attrs["alpha"] = attr_float(0.2f);
+  t.node("Max", {"floor", "l"}, {"m"});
+  t.node("Min", {"m", "ceil"}, {"y"});
+  t.output("y");
+  auto st = expect_same_outputs(t.build(), {{"x", random_f32({2, 3, 6, 6}, 53, -4, 4)}});
+  const Node& tn = only_node(*st);
+  EXPECT_EQ(tn.attr_float("output_min", 0), -0.4f);
+  EXPECT_EQ(tn.attr_float("output_max", 0), 1.5f);
 }
 
 TEST(Passes, MatMulResidualFusesAfterShapesAreKnown) {

@@ -69,6 +69,7 @@ void append_activation(dnnl::post_ops& ops, const ActivationSpec& a) {
     case Activation::tanh: ops.append_eltwise(1.f, A::eltwise_tanh, 0.f, 0.f); break;
   }
   if (a.has_affine()) ops.append_eltwise(1.f, A::eltwise_linear, a.scale, a.shift);
+  if (a.has_clamp()) ops.append_eltwise(1.f, A::eltwise_clip_v2, a.lo, a.hi);
 }
 
 std::optional<std::string> need_f32(const KernelBuildInfo& info, int i) {

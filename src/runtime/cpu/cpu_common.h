@@ -110,7 +110,7 @@ class ChannelPassThrough {
   mutable dnnl::stream stream_;
 };
 
-// Adds the activation and output affine as eltwise post-ops (none adds nothing).
+// Adds the activation, output affine and clamp as eltwise post-ops (none adds nothing).
 void append_activation(dnnl::post_ops& ops, const ActivationSpec& a);
 
 // Claim helpers: decline unless input i is present with a known f32 dtype / static shape.

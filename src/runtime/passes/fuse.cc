@@ -1,5 +1,5 @@
 // fuse_bias_activation: Conv / Gemm / MatMul followed by a constant bias Add, a residual
-// Add, an activation and a scalar Mul and Add become one slim:Fused* node
+// Add, an activation and a scalar Mul, Add, Max and Min become one slim:Fused* node
 // (include/slim/runtime/fused_ops.h),
 // so a provider computes the epilogue while the output tile is still in cache instead of
 // reading and writing the whole tensor once per elementwise node.
@@ -206,7 +206,8 @@ struct Chain {
   enum class Base { conv, gemm, matmul } base;
   Node fused;
   std::string output;  // value the chain produces so far
-  bool has_bias = false, has_residual = false, has_activation = false, has_scale = false, has_shift = false;
+  bool has_bias = false, has_residual = false, has_activation = false;
+  int epilogue = 0;  // the last epilogue step absorbed: 1 scale, 2 shift, 3 min (Max), 4 max (Min)
   int64_t channels = -1;        // Conv: M; Gemm/MatMul: N (bias length); -1 unknown
   int64_t out_rank = -1;        // -1 unknown
   std::vector<Node*> absorbed;  // nodes after the base that the fused node replaces
@@ -258,8 +259,9 @@ std::optional<Chain> start_chain(const PassGraph& g, const Node& n) {
     c.has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
     c.has_residual = n.inputs.size() > 3 && !n.inputs[3].empty();
     c.has_activation = !n.attr_string("activation", "").empty();
-    c.has_scale = n.has_attr("output_scale");
-    c.has_shift = n.has_attr("output_shift");
+    const char* steps[] = {"output_scale", "output_shift", "output_min", "output_max"};
+    for (int k = 0; k < 4; ++k)
+      if (n.has_attr(steps[k])) c.epilogue = k + 1;
   } else if (n.domain.empty() &&
              (n.op_type == "Conv" || n.op_type == "Gemm" || n.op_type == "MatMul")) {
     c.base = n.op_type == "Conv" ? Chain::Base::conv
@@ -325,16 +327,20 @@ Attribute float_attr(float f) {
   return a;
 }
 
-// After the activation: a Mul by a scalar, then an Add of one (output_scale, output_shift).
-bool absorb_affine(const PassGraph& g, const UseIndex& index, Chain& c) {
-  if (!c.has_activation || c.has_shift || index.pinned(c.output)) return false;
+// After the activation, in this order: a Mul by a scalar, an Add of one, a Max and a Min
+// with one (output_scale, output_shift, output_min, output_max).
+bool absorb_epilogue(const PassGraph& g, const UseIndex& index, Chain& c) {
+  if (!c.has_activation || index.pinned(c.output)) return false;
   Node* n = index.sole_reader(c.output);
-  const bool mul = is_op(n, "Mul") && !c.has_scale, add = is_op(n, "Add");
-  if ((!mul && !add) || n->outputs.size() != 1) return false;
+  static const char* const kOps[] = {"Mul", "Add", "Max", "Min"};
+  static const char* const kAttrs[] = {"output_scale", "output_shift", "output_min", "output_max"};
+  int step = 0;
+  while (step < 4 && !is_op(n, kOps[step])) ++step;
+  if (step == 4 || step < c.epilogue || n->outputs.size() != 1) return false;
   const auto v = f32_scalar(g, other_input(*n, c.output), c.out_rank);
   if (!v) return false;
-  c.fused.attrs[mul ? "output_scale" : "output_shift"] = float_attr(*v);
-  (mul ? c.has_scale : c.has_shift) = true;
+  c.fused.attrs[kAttrs[step]] = float_attr(*v);
+  c.epilogue = step + 1;
   c.output = n->outputs[0];
   c.absorbed.push_back(n);
   return true;
@@ -396,7 +402,7 @@ int64_t fuse_bias_activation(PassGraph& g) {
     Node* n = g.nodes[i].get();
     if (!n) continue;
     auto chain = start_chain(g, *n);
-    if (!chain || chain->has_shift) continue;
+    if (!chain || chain->epilogue == 4) continue;
     Chain& c = *chain;
     if (g.can_fuse && !g.can_fuse(base_name(c.base), fused_name(c.base))) continue;
     while (!c.has_activation) {
@@ -429,7 +435,7 @@ int64_t fuse_bias_activation(PassGraph& g) {
       c.output = act->output;
       c.absorbed.insert(c.absorbed.end(), act->nodes.begin(), act->nodes.end());
     }
-    while (absorb_affine(g, index, c)) {
+    while (absorb_epilogue(g, index, c)) {
     }
     if (c.absorbed.empty()) continue;
     // The fused node goes where the last absorbed node was: every input (a residual may be
