@@ -23,5 +23,6 @@ void register_pool_kernels(KernelRegistry& r);                // pool.cc
 void register_resize_kernels(KernelRegistry& r);              // resize.cc
 void register_quant_kernels(KernelRegistry& r);               // quant.cc
 void register_fused_kernels(KernelRegistry& r);               // fused.cc
+void register_control_flow_kernels(KernelRegistry& r);        // control_flow.cc
 
 }  // namespace slim::ref

@@ -26,6 +26,7 @@ const KernelRegistry& ref_kernel_registry() {
     ref::register_resize_kernels(r);
     ref::register_quant_kernels(r);
     ref::register_fused_kernels(r);
+    ref::register_control_flow_kernels(r);
     return r;
   }();
   return registry;
