@@ -1457,8 +1457,9 @@ std::vector<Value> CompiledSubgraph::run(const KernelContext& ctx, std::vector<V
 int CompiledSubgraph::num_outputs() const { return int(plan_->graph.outputs.size()); }
 
 std::optional<DType> CompiledSubgraph::output_dtype(int i) const {
-  const ValueSlot* v = plan_->find_value(plan_->graph.outputs[size_t(i)].name);
-  return v ? v->dtype : std::nullopt;
+  const ValueInfo& vi = plan_->graph.outputs[size_t(i)];
+  const ValueSlot* v = plan_->find_value(vi.name);
+  return v && v->dtype ? v->dtype : vi.dtype;
 }
 
 std::optional<Shape> CompiledSubgraph::output_shape(int i) const {
