@@ -37,6 +37,7 @@ const char* kind_name(Attribute::Kind k) {
     case Attribute::Kind::strings: return "strings";
     case Attribute::Kind::tensors: return "tensors";
     case Attribute::Kind::graphs: return "graphs";
+    case Attribute::Kind::type: return "type";
   }
   return "?";
 }

@@ -494,6 +494,68 @@ class ScanKernel final : public OpKernel {
   std::vector<NodeInputInfo> initial_;
 };
 
+
+// --------------------------------------------------------------------------- SequenceMap
+
+// SequenceMap(seq, more...) runs the body once per item of seq, giving it item i of each
+// sequence input and every tensor input whole, and collects each body output into a
+// sequence.
+class SequenceMapKernel final : public OpKernel {
+ public:
+  explicit SequenceMapKernel(const KernelBuildInfo& info) {
+    // Items differ in shape from call to call: what a tensor input is, is known.
+    std::vector<NodeInputInfo> formal;
+    for (size_t k = 0; k < info.node.inputs.size(); ++k) {
+      NodeInputInfo in = info.input(int(k));
+      in.constant = nullptr;
+      if (k == 0 || !in.dtype) in = NodeInputInfo{};
+      formal.push_back(in);
+    }
+    body_ = compile(info, "body", formal);
+    check(body_->num_inputs() == int(info.node.inputs.size()) &&
+              body_->num_outputs() == int(info.node.outputs.size()),
+          ErrorCode::invalid_model,
+          info.node.describe() + ": the body has " + std::to_string(body_->num_inputs()) + " inputs and " +
+              std::to_string(body_->num_outputs()) + " outputs, the node " +
+              std::to_string(info.node.inputs.size()) + " and " + std::to_string(info.node.outputs.size()));
+  }
+
+  void compute(KernelContext& ctx) const override {
+    std::vector<Value> ins;
+    for (int k = 0; k < ctx.num_inputs(); ++k) {
+      ins.push_back(ctx.value(k));
+      if (!ins.back().defined()) ctx.fail(ErrorCode::invalid_model, "input " + std::to_string(k) + " is missing");
+    }
+    if (!ins[0].is_sequence())
+      ctx.fail(ErrorCode::invalid_argument, "input 0 must be a sequence, got " + ins[0].describe());
+    const size_t n = ins[0].items().size();
+    for (size_t k = 1; k < ins.size(); ++k)
+      if (ins[k].is_sequence() && ins[k].items().size() != n)
+        ctx.fail(ErrorCode::invalid_argument, "input " + std::to_string(k) + " has " +
+                                                  std::to_string(ins[k].items().size()) + " items, input 0 " +
+                                                  std::to_string(n));
+    std::vector<std::vector<Tensor>> items(size_t(ctx.num_outputs()));
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<Value> feeds;
+      for (const auto& v : ins) feeds.push_back(v.is_sequence() ? Value(v.items()[i]) : v);
+      std::vector<Value> outs = body_->run(ctx, std::move(feeds));
+      for (size_t k = 0; k < items.size(); ++k) {
+        const Tensor& t = tensor_of(ctx, outs[k], "body output " + std::to_string(k));
+        if (!items[k].empty() && t.dtype() != items[k][0].dtype())
+          ctx.fail(ErrorCode::invalid_argument, "body output " + std::to_string(k) + " is " + t.describe() +
+                                                    " for item " + std::to_string(i) + ", " +
+                                                    items[k][0].describe() + " before");
+        items[k].push_back(t);
+      }
+    }
+    for (int k = 0; k < ctx.num_outputs(); ++k)
+      ctx.set_output(k, Value::sequence(std::move(items[size_t(k)]), body_->output_dtype(k)));
+  }
+
+ private:
+  std::unique_ptr<SubgraphPlan> body_;
+};
+
 template <typename K>
 KernelDef control_flow(const char* op, int64_t since) {
   KernelDef def{op, "", since, INT_MAX, nullptr, {}};
@@ -509,6 +571,7 @@ void register_control_flow_kernels(KernelRegistry& r) {
   r.add(control_flow<IfKernel>("If", 1));
   r.add(control_flow<LoopKernel>("Loop", 1));
   r.add(control_flow<ScanKernel>("Scan", 8));
+  r.add(control_flow<SequenceMapKernel>("SequenceMap", 17));
 }
 
 }  // namespace slim::ref

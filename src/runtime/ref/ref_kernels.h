@@ -24,5 +24,6 @@ void register_resize_kernels(KernelRegistry& r);              // resize.cc
 void register_quant_kernels(KernelRegistry& r);               // quant.cc
 void register_fused_kernels(KernelRegistry& r);               // fused.cc
 void register_control_flow_kernels(KernelRegistry& r);        // control_flow.cc
+void register_sequence_kernels(KernelRegistry& r);            // sequence.cc
 
 }  // namespace slim::ref

@@ -27,6 +27,7 @@ const KernelRegistry& ref_kernel_registry() {
     ref::register_quant_kernels(r);
     ref::register_fused_kernels(r);
     ref::register_control_flow_kernels(r);
+    ref::register_sequence_kernels(r);
     return r;
   }();
   return registry;
