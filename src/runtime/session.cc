@@ -335,6 +335,7 @@ struct Session::Impl {
     std::unique_ptr<OpKernel> kernel;
   };
   std::unordered_map<const Node*, ReusableKernel> reusable_kernels;
+  int64_t inlined_ifs = 0;  // Ifs replaced by their taken branch
   std::vector<std::unique_ptr<Node>> retired_nodes;  // addresses reusable_kernels keys on
   std::unique_ptr<OpKernel> take_reusable_kernel(const Node& node, const std::string& provider);
   void fold_and_infer(const std::vector<const KernelRegistry*>& regs);
@@ -425,6 +426,8 @@ void Session::Impl::compile() {
   if (options.optimize) optimize(registries, false);
   fold_and_infer(registries);
   if (options.optimize) optimize(registries, true);
+  // What only an inlined If's other branch read is dead now.
+  if (inlined_ifs) eliminate_dead_nodes();
 
   // Folding leaves constants nobody reads; drop them so their memory goes.
   std::unordered_set<std::string> used;
@@ -535,15 +538,26 @@ void Session::Impl::eliminate_dead_nodes() {
     if (!live[i]) continue;
     for (const auto& u : node_uses(*node_store[i])) needed.insert(u);
   }
+  // Once kernels are chosen, their steps and assignments go with their nodes.
+  const bool built = steps.size() == node_store.size();
   std::vector<std::unique_ptr<Node>> kept;
+  std::vector<Step> kept_steps;
+  std::vector<NodeAssignment> kept_assignments;
   kept.reserve(node_store.size());
   for (size_t i = 0; i < node_store.size(); ++i) {
-    if (live[i])
-      kept.push_back(std::move(node_store[i]));
-    else
+    if (!live[i]) {
       ++stats.dead_nodes;
+      continue;
+    }
+    kept.push_back(std::move(node_store[i]));
+    if (!built) continue;
+    kept_steps.push_back(std::move(steps[i]));
+    kept_assignments.push_back(std::move(assignments[i]));
   }
   node_store = std::move(kept);
+  if (!built) return;
+  steps = std::move(kept_steps);
+  assignments = std::move(kept_assignments);
 }
 
 void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& registries) {
@@ -576,6 +590,7 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
         node_store.insert(node_store.begin() + std::ptrdiff_t(pos + 1),
                           std::make_move_iterator(inlined.begin()), std::make_move_iterator(inlined.end()));
         ++stats.folded_nodes;
+        ++inlined_ifs;
         continue;
       }
     }
@@ -643,18 +658,22 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     bool probe = !reused && all_known && shape_inputs_constant;
     if ((probe || (subgraph && !reused)) && !fold) {
       // Kernels that fixed their output shapes at build time need no probe run.
+      // A node with subgraphs also keeps the outputs it knows when it does not know all.
       std::vector<std::pair<DType, Shape>> known(node.outputs.size());
+      std::vector<char> has(node.outputs.size(), 0);
       bool all_static = true;
-      for (size_t i = 0; i < node.outputs.size() && all_static; ++i)
-        all_static = node.outputs[i].empty() || kernel->static_output(int(i), &known[i].first, &known[i].second);
-      if (all_static) {
+      for (size_t i = 0; i < node.outputs.size() && (all_static || subgraph); ++i) {
+        has[i] = !node.outputs[i].empty() && kernel->static_output(int(i), &known[i].first, &known[i].second);
+        all_static = all_static && (has[i] || node.outputs[i].empty());
+      }
+      if (all_static || subgraph) {
         for (size_t i = 0; i < node.outputs.size(); ++i) {
-          if (node.outputs[i].empty()) continue;
+          if (!has[i]) continue;
           ValueSlot& v = values[size_t(value_id(node.outputs[i]))];
           v.dtype = known[i].first;
           v.shape = known[i].second;
         }
-        probe = false;
+        probe = probe && !all_static;
       }
     }
     probe = probe && !subgraph;
@@ -781,7 +800,9 @@ class CompiledSubgraph final : public SubgraphPlan {
   CompiledSubgraph(std::unique_ptr<Session::Impl> plan, const Session::Impl* parent,
                    std::vector<int> capture_index, std::string attr, int num_formal)
       : plan_(std::move(plan)), parent_(parent), capture_index_(std::move(capture_index)),
-        attr_(std::move(attr)), num_formal_(num_formal) {}
+        attr_(std::move(attr)), num_formal_(num_formal) {
+    for (size_t k = 0; k < plan_->graph.outputs.size(); ++k) all_outputs_.push_back(int(k));
+  }
 
   std::vector<Value> run(const KernelContext& ctx, std::vector<Value> inputs) override;
   int num_inputs() const override { return num_formal_; }
@@ -795,7 +816,7 @@ class CompiledSubgraph final : public SubgraphPlan {
   std::vector<int> capture_index_;  // for each captured input, its index in ctx.captures()
   std::string attr_;                // the node's attribute that holds the subgraph
   int num_formal_;
-  std::vector<int> all_outputs_;
+  std::vector<int> all_outputs_;    // 0, 1, ... num_outputs() - 1
 };
 
 }  // namespace
@@ -1442,8 +1463,6 @@ std::vector<Value> CompiledSubgraph::run(const KernelContext& ctx, std::vector<V
     ctx.fail(ErrorCode::invalid_model, attr_ + " declares " + std::to_string(num_formal_) +
                                            " inputs, the node gives it " + std::to_string(inputs.size()));
   for (int k : capture_index_) inputs.push_back(ctx.captures()[size_t(k)]);
-  if (all_outputs_.empty())
-    for (size_t k = 0; k < plan_->graph.outputs.size(); ++k) all_outputs_.push_back(int(k));
   try {
     plan_->check_feeds(inputs);
     Session::Impl* target = plan_->plan_for(inputs);

@@ -76,6 +76,8 @@ TEST(ControlFlow, IfWithAKnownConditionIsInlined) {
               cond ? (std::vector<double>{11, 22, 33, 14, 25, 36})
                    : (std::vector<double>{0, 2, 6, 12, 20, 30}));
     EXPECT_EQ(s->compiled_graph().nodes.back().name, cond ? "if/then_add" : "if/else_mul");
+    // s = x - 1 is read only by the else branch.
+    EXPECT_EQ(s->compiled_graph().nodes.size(), cond ? 1u : 2u);
   }
 }
 
