@@ -4,7 +4,9 @@
 // last one answered) or open loop (Poisson arrivals at a rate, sent on schedule by a pool
 // of connections; latency counts from the scheduled time, so a late send is charged to
 // the request instead of hiding the server's queueing). Requests are encoded once per
-// stream, so the client adds only its transport's microseconds. Loopback only.
+// stream, so the client adds only its transport's microseconds. Loopback only. SIGINT
+// ends the run before --duration and reports what was measured (a bench that loads the
+// server while something else happens stops the load when that is done).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -38,6 +41,8 @@ using slim::ErrorCode;
 using slim::Tensor;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+
+std::atomic<bool> g_stop{false};  // set by SIGINT: every worker ends after its current request
 
 enum class Protocol { rest_json, rest_binary, grpc };
 enum class Outcome { ok, rejected, unavailable, timeout, error };
@@ -557,7 +562,7 @@ class Run {
                                           std::chrono::duration<double, std::micro>(start)));
         lag = std::max(0.0, now_us() - start);
       }
-      if (start >= end_us() || !claim(s)) break;
+      if (start >= end_us() || g_stop || !claim(s)) break;
       const Outcome outcome = c.send(&error);
       mine.push_back({start, now_us() - start, lag, outcome});
       if (outcome != Outcome::ok) {
@@ -602,7 +607,7 @@ int main(int argc, char** argv) {
   app.add_option("--stream", o.streams, "Stream spec, repeatable (see above)")->required();
   app.add_option("--protocol", o.protocol, "Protocol of streams that name none (default grpc)")
       ->check(CLI::IsMember({"rest-json", "rest-binary", "grpc"}));
-  app.add_option("--duration", o.duration_s, "Measured seconds (default 10)")
+  app.add_option("--duration", o.duration_s, "Measured seconds (default 10; SIGINT ends the run sooner)")
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup_s, "Seconds of load before measuring (default 1)")
       ->check(CLI::NonNegativeNumber);
@@ -620,6 +625,7 @@ int main(int argc, char** argv) {
       throw Error(ErrorCode::invalid_argument,
                   "--host '" + o.host +
                       "' is not a loopback address: the load generator only loads this machine");
+    std::signal(SIGINT, [](int) { g_stop = true; });
     Run run(o);
     run.execute();
     run.report();

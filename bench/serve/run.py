@@ -9,15 +9,19 @@ numbers (`slim bench`) and the targets of issue 28. Scenarios:
              batching on vs off, vs in-process throughput at the batch size the server formed
   priority   CNN: a priority-1 Poisson stream at 10% of capacity, alone (idle) and beside a
              priority-3 Poisson stream offering 3x capacity into a bounded queue
+  swaps      a repository in poll mode (the CNN by default) under 32 closed-loop gRPC clients:
+             steady state, then the same load while 20 new versions are dropped in one by one
 
 Each server's CPU time per answered request (/proc/PID/stat) and peak RSS (VmHWM) is
-reported. Writes RESULTS/serve_bench.json, results.md (the tables) and serve_bench.png.
-Called by run.sh, which builds the binaries and the models.
+reported. Writes RESULTS/serve_bench.json, results.md (the tables) and serve_bench.png; a
+run of some of the scenarios replaces those in an existing serve_bench.json and keeps the
+others. Called by run.sh, which builds the binaries and the models.
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -31,7 +35,9 @@ import numpy as np
 PORT_LINE = re.compile(r"^slim serve: (HTTP|gRPC|metrics) listening on [0-9.]+:(\d+)$")
 TICK = os.sysconf("SC_CLK_TCK")
 TARGETS = {"rest_overhead_us": 150, "grpc_overhead_us": 100, "batching_gain": 2.0, "batching_vs_inprocess": 0.85,
-           "priority_p99_ratio": 2.0, "idle_rss_mb": 30, "startup_ms": 200}
+           "priority_p99_ratio": 2.0, "idle_rss_mb": 30, "startup_ms": 200, "swap_failed_requests": 0,
+           "swap_p99_ratio": 2.0}
+SCENARIOS = ("footprint", "overhead", "batching", "priority", "swaps")
 
 DIGITS = """max_batch_size: 32
 input [ { name: "pixels", data_type: TYPE_FP32, dims: [ 64 ] } ]
@@ -87,10 +93,10 @@ def write_repo(path, models):
 class Server:
     """`slim serve` on free loopback ports; reads its CPU time and memory from /proc."""
 
-    def __init__(self, slim, repo, threads):
+    def __init__(self, slim, repo, threads, extra=()):
         t0 = time.monotonic()
         self.proc = subprocess.Popen([slim, "serve", "--model-repository", repo, "--host", "127.0.0.1", "--http-port", "0",
-                                      "--grpc-port", "0", "--metrics-port", "0", "--threads", str(threads)],
+                                      "--grpc-port", "0", "--metrics-port", "0", "--threads", str(threads), *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.ports, self.stderr = {}, []
         threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
@@ -133,6 +139,18 @@ class Server:
                 c[names[name]] += float(line.rsplit(" ", 1)[1])
         return c
 
+    def wait_stderr(self, text, since, timeout):
+        """Waits for a stderr line containing text at index since or later; returns its index."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(since, len(self.stderr)):
+                if text in self.stderr[i]:
+                    return i
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        raise RuntimeError(f"slim serve printed no '{text}' within {timeout} s:\n" + "".join(self.stderr[-20:]))
+
     def stop(self):
         peak = self.status_mb("VmHWM")
         self.proc.send_signal(signal.SIGTERM)
@@ -157,23 +175,33 @@ class Bench:
         os.makedirs(os.path.join(self.work, "runs"), exist_ok=True)
         self.results = {"machine": machine(), "scenarios": {}}
         self.servers = []  # per server: what it served, requests, CPU seconds, peak RSS
+        self.scenario = None  # the one running
 
-    def loadgen(self, server, model, inputs, streams, duration, tag, warmup=None, account=True):
+    def loadgen(self, server, model, inputs, streams, duration, tag, warmup=None, account=True, during=None):
+        """Runs serve_loadgen against the server. With during, the load runs while during(warmup)
+        runs here, and ends (SIGINT) when it returns: duration is then an upper bound."""
         out = os.path.join(self.work, "runs", tag + ".json")
+        warmup = self.a.warmup if warmup is None else warmup
         cmd = [self.a.loadgen, "--http-port", str(server.ports["HTTP"]), "--grpc-port", str(server.ports["gRPC"]),
-               "--model", model, "--duration", str(duration), "--warmup", str(self.a.warmup if warmup is None else warmup),
-               "--json", out]
+               "--model", model, "--duration", str(duration), "--warmup", str(warmup), "--json", out]
         cmd += [x for i in inputs for x in ("--input", i)] + [x for s in streams for x in ("--stream", s)]
         cpu0 = server.cpu_s()
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            if during:
+                during(warmup)
+        finally:
+            if during:
+                p.send_signal(signal.SIGINT)
+            text = p.communicate()[0]
         cpu = server.cpu_s() - cpu0
         if p.returncode != 0:
-            raise RuntimeError(f"serve_loadgen failed ({tag}):\n{p.stdout}")
+            raise RuntimeError(f"serve_loadgen failed ({tag}):\n{text}")
         with open(out) as f:
             r = json.load(f)
         if not account:
             return r
-        log(f"-- {tag}\n{p.stdout.rstrip()}")
+        log(f"-- {tag}\n{text.rstrip()}")
         server.requests += r["requests_total"]
         server.cpu += cpu
         r["server_cpu_us_per_request"] = cpu / max(1, r["requests_total"]) * 1e6
@@ -194,14 +222,14 @@ class Bench:
                          account=False)
         return time.monotonic() - t0
 
-    def start(self, repo, label):
-        s = Server(self.a.slim, repo, self.a.threads)
+    def start(self, repo, label, extra=()):
+        s = Server(self.a.slim, repo, self.a.threads, extra)
         s.label, s.requests, s.cpu = label, 0, 0.0
         return s
 
     def stop(self, s):
         peak = s.stop()
-        self.servers.append({"server": s.label, "requests": s.requests, "cpu_us_per_request":
+        self.servers.append({"server": s.label, "scenario": self.scenario, "requests": s.requests, "cpu_us_per_request":
                              s.cpu / s.requests * 1e6 if s.requests else None, "peak_rss_mb": peak,
                              "idle_rss_mb": s.idle_rss_mb, "ready_ms": s.ready_ms})
 
@@ -338,6 +366,74 @@ class Bench:
         res["warm_s"] = warm_s
         self.results["scenarios"]["priority"] = res
 
+    def swaps(self):
+        """A repository in poll mode under 32 closed-loop gRPC clients: a steady-state window,
+        then the same load while new version folders are dropped in one after another (each
+        copied into a staging folder and renamed in, so the server never sees half a file),
+        each awaited in the server's "loaded model" line before the next. The folder of the
+        version before the one serving goes in the same moment, so the repository stays at
+        two versions without an extra reload."""
+        name = self.a.swap_model
+        if name == "digits":
+            onnx, config = os.path.join(self.work, "models/digits/digits_mlp.onnx"), DIGITS
+            inp = ["pixels=" + os.path.join(self.work, "models/digit1.npy")]
+        else:
+            onnx, in_name, npy, config = MODELS[name]
+            onnx, config = os.path.join(self.work, "models", onnx), f"max_batch_size: {BATCH}\n" + config
+            inp = [f"{in_name}=" + os.path.join(self.work, "models", npy + "1.npy")]
+        repo, staging = os.path.join(self.work, "repo_swaps"), os.path.join(self.work, "swaps_staging")
+        for d in (repo, staging):
+            shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(staging)
+        write_repo(repo, {name: (onnx, config)})
+        s = self.start(repo, f"swaps ({name})", ["--model-control-mode", "poll", "--repository-poll-secs", "1"])
+        version = 1
+
+        def stats(r):  # a loadgen total: every outcome other than ok is a failed request
+            return {"requests": r["sent"], "failed": r["sent"] - r["ok"], "throughput_rps": r["throughput_rps"],
+                    "outcomes": {k: r[k] for k in ("rejected", "unavailable", "timeout", "error")},
+                    **{k: r["latency_us"][k] for k in ("p50", "p99", "max")}}
+
+        runs = {"steady": [], "during": []}
+        for i in range(self.a.repeat):
+            runs["steady"].append(stats(self.loadgen(s, name, inp, ["clients=32"], self.a.swaps_steady_s,
+                                                     f"swaps_steady_{i}")["total"]))
+            took, window = [], {}
+
+            def swap_all(warmup):
+                nonlocal version
+                time.sleep(warmup)
+                t_start = time.monotonic()
+                for _ in range(self.a.swaps):
+                    version += 1
+                    tmp = os.path.join(staging, str(version))
+                    os.makedirs(tmp)
+                    shutil.copyfile(onnx, os.path.join(tmp, "model.onnx"))
+                    shutil.rmtree(os.path.join(repo, name, str(version - 2)), ignore_errors=True)
+                    since, t0 = len(s.stderr), time.monotonic()
+                    os.rename(tmp, os.path.join(repo, name, str(version)))
+                    s.wait_stderr(f"loaded model '{name}' version {version} (", since, 30)
+                    took.append(time.monotonic() - t0)
+                window["s"] = time.monotonic() - t_start
+
+            r = self.loadgen(s, name, inp, ["clients=32"], 3600, f"swaps_during_{i}", during=swap_all)
+            runs["during"].append(stats(r["total"]) | {"window_s": window["s"], "swap_s": took,
+                                                        "first_error": [x["first_error"] for x in r["streams"]
+                                                                        if "first_error" in x]})
+        self.stop(s)
+        trouble = [line.strip() for line in s.stderr if "failed" in line or "warning" in line]
+        res = {"model": name, "clients": 32, "protocol": "grpc", "poll_secs": 1, "swaps": self.a.swaps * self.a.repeat,
+               "load_ms": self.inprocess(onnx, inp, 10, 0)["cold_start_ms"], "server_trouble": trouble, "runs": runs}
+        for phase, rs in runs.items():
+            res[phase] = {k: statistics.median(x[k] for x in rs) for k in ("p50", "p99", "throughput_rps")}
+            res[phase] |= {"max": max(x["max"] for x in rs), "requests": sum(x["requests"] for x in rs),
+                           "failed": sum(x["failed"] for x in rs)}
+        swap_s = [t for x in runs["during"] for t in x["swap_s"]]
+        res["swap_s"] = {"median": statistics.median(swap_s), "max": max(swap_s)}
+        res["window_s"] = {"steady": self.a.swaps_steady_s, "during": statistics.median(x["window_s"] for x in runs["during"])}
+        res["p99_ratio"] = res["during"]["p99"] / res["steady"]["p99"]
+        self.results["scenarios"]["swaps"] = res
+
 
 def machine():
     cpu = "unknown"
@@ -409,6 +505,29 @@ def tables(r):
                 f"{f['empty']['idle_rss_mb']:.1f} MB (≤ 30 MB: {mark(f['empty']['idle_rss_mb'] <= 30)}) |",
                 f"| digits (in-process load + compile + first run {d['model_load_ms']:.1f} ms) | {d['ready_ms']:.0f} ms "
                 f"(≤ 200 ms + load: {mark(d['ready_ms'] <= 200 + d['model_load_ms'])}) | {d['idle_rss_mb']:.1f} MB |", ""]
+    if "swaps" in sc:
+        w = sc["swaps"]
+        st, du = w["steady"], w["during"]
+        out += [f"| Hot swaps ({w['model']}, {w['clients']} closed-loop {w['protocol']} clients, poll every "
+                f"{w['poll_secs']} s) | steady state | during swaps | target |", "|---|---:|---:|---|",
+                f"| window per run | {w['window_s']['steady']:.1f} s | {w['window_s']['during']:.1f} s "
+                f"({w['swaps'] // w['run']['repeat']} swaps) | |",
+                f"| requests / failed (all runs) | {st['requests']} / {st['failed']} | {du['requests']} / {du['failed']} | "
+                f"0 failed: {mark(du['failed'] == 0)} |",
+                f"| answered per second | {st['throughput_rps']:.0f}/s | {du['throughput_rps']:.0f}/s | |",
+                f"| p50 / p99 / max | {st['p50'] / 1e3:.2f} / {st['p99'] / 1e3:.2f} / {st['max'] / 1e3:.1f} ms | "
+                f"{du['p50'] / 1e3:.2f} / {du['p99'] / 1e3:.2f} / {du['max'] / 1e3:.1f} ms | |",
+                f"| p99 during swaps / steady | | {w['p99_ratio']:.2f}× | ≤ 2×: {mark(w['p99_ratio'] <= 2)} |",
+                f"| swaps done; drop to loaded, median / max | | {w['swaps']}; {w['swap_s']['median']:.2f} / "
+                f"{w['swap_s']['max']:.2f} s | |",
+                f"| the model's load + compile + first run in-process (`slim bench`) | | {w['load_ms']:.0f} ms | |", ""]
+    # Scenarios kept from an earlier run (a partial run merges into the results) say when.
+    for name, res in sc.items():
+        run = res.get("run")
+        if run and run["date"] != r.get("date"):
+            m = run["machine"]
+            out += [f"The {name} scenario ran separately ({run['date']}) on {m['cpu']}, {m['cores']} cores ({m['isa']}): "
+                    f"load average {m['load_average'][0]:.2f} at its start, medians of {run['repeat']} runs.", ""]
     if r["servers"]:
         out += ["| Server process | answered requests | CPU per request | peak RSS | idle RSS | ready |",
                 "|---|---:|---:|---:|---:|---:|"]
@@ -424,14 +543,18 @@ def plot(r, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sc = r["scenarios"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    panels = [n for n in ("overhead", "batching", "priority", "swaps") if n in sc]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
     if "overhead" in sc:
         o = sc["overhead"]
         names = ["in-process", "rest-json", "rest-binary", "grpc"]
         vals = [o["inprocess_p50_us"]] + [o[n]["p50_us"] for n in names[1:]]
-        axes[0].bar(names, vals, color=["gray", "C0", "C1", "C2"])
-        axes[0].set_title("digits MLP, batch 1, 1 client: p50")
-        axes[0].set_ylabel("µs")
+        axes["overhead"].bar(names, vals, color=["gray", "C0", "C1", "C2"])
+        axes["overhead"].set_title("digits MLP, batch 1, 1 client: p50")
+        axes["overhead"].set_ylabel("µs")
     if "batching" in sc:
         b = sc["batching"]
         x = np.arange(len(b))
@@ -439,20 +562,29 @@ def plot(r, path):
                 ("inprocess", "in-process, the server's batch"))
         for i, (key, label) in enumerate(bars):
             vals = [v[key]["throughput_sps" if key.startswith("inprocess") else "throughput_rps"] for v in b.values()]
-            axes[1].bar(x + (i - 1.5) * 0.2, vals, 0.2, label=label)
-        axes[1].set_xticks(x, [f"{k} ({v['model']})" for k, v in b.items()])
-        axes[1].set_ylabel("samples / s")
-        axes[1].set_title("32 clients: throughput")
-        axes[1].legend()
+            axes["batching"].bar(x + (i - 1.5) * 0.2, vals, 0.2, label=label)
+        axes["batching"].set_xticks(x, [f"{k} ({v['model']})" for k, v in b.items()])
+        axes["batching"].set_ylabel("samples / s")
+        axes["batching"].set_title("32 clients: throughput")
+        axes["batching"].legend()
     if "priority" in sc:
         p = sc["priority"]
         x = np.arange(2)
-        axes[2].bar(x - 0.2, [p["idle_p50"] / 1e3, p["loaded_p50"] / 1e3], 0.4, label="p50")
-        axes[2].bar(x + 0.2, [p["idle_p99"] / 1e3, p["loaded_p99"] / 1e3], 0.4, label="p99")
-        axes[2].set_xticks(x, ["idle server", "3× low-priority overload"])
-        axes[2].set_ylabel("ms")
-        axes[2].set_title("priority-1 stream at 10 % of capacity")
-        axes[2].legend()
+        axes["priority"].bar(x - 0.2, [p["idle_p50"] / 1e3, p["loaded_p50"] / 1e3], 0.4, label="p50")
+        axes["priority"].bar(x + 0.2, [p["idle_p99"] / 1e3, p["loaded_p99"] / 1e3], 0.4, label="p99")
+        axes["priority"].set_xticks(x, ["idle server", "3× low-priority overload"])
+        axes["priority"].set_ylabel("ms")
+        axes["priority"].set_title("priority-1 stream at 10 % of capacity")
+        axes["priority"].legend()
+    if "swaps" in sc:
+        w = sc["swaps"]
+        x = np.arange(2)
+        axes["swaps"].bar(x - 0.2, [w["steady"]["p50"] / 1e3, w["during"]["p50"] / 1e3], 0.4, label="p50")
+        axes["swaps"].bar(x + 0.2, [w["steady"]["p99"] / 1e3, w["during"]["p99"] / 1e3], 0.4, label="p99")
+        axes["swaps"].set_xticks(x, ["steady state", f"{w['swaps'] // w['run']['repeat']} hot swaps"])
+        axes["swaps"].set_ylabel("ms")
+        axes["swaps"].set_title(f"{w['model']}, {w['clients']} clients, poll mode")
+        axes["swaps"].legend()
     fig.suptitle(f"slim serve on {r['machine']['cpu']}, {r['machine']['cores']} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -464,24 +596,44 @@ def main():
     ap.add_argument("--loadgen", required=True, help="serve_loadgen binary")
     ap.add_argument("--work", required=True, help="folder with models/ (make_models.py); repositories go here")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--scenarios", default="footprint,overhead,batching,priority")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated (default all)")
     ap.add_argument("--threads", type=int, default=1, help="server compute threads and slim bench threads (default 1)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; tables show medians (default 3)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measurement")
     ap.add_argument("--overhead-s", type=float, default=3.0)
     ap.add_argument("--batching-s", type=float, default=6.0)
     ap.add_argument("--priority-s", type=float, default=5.0)
+    ap.add_argument("--swaps", type=int, default=20, help="versions dropped in per run of the swaps scenario (default 20)")
+    ap.add_argument("--swaps-steady-s", type=float, default=20.0, help="steady-state window before the swaps (default 20)")
+    ap.add_argument("--swap-model", choices=("cnn", "digits"), default="cnn",
+                    help="model of the swaps scenario (default cnn: a digits load takes 3 ms and shows nothing)")
     a = ap.parse_args()
+    names = a.scenarios.split(",")
+    if unknown := [n for n in names if n not in SCENARIOS]:
+        ap.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     bench = Bench(a)
-    t0 = time.monotonic()
-    for name in a.scenarios.split(","):
+    t0, date = time.monotonic(), time.strftime("%Y-%m-%d %H:%M")
+    for name in names:
         log(f"== {name}")
+        bench.scenario, m = name, machine()
         getattr(bench, name)()
+        bench.results["scenarios"][name]["run"] = {"date": date, "machine": m, "repeat": a.repeat}
     r = bench.results
-    r.update(threads=a.threads, repeat=a.repeat, servers=bench.servers, targets=TARGETS,
+    r.update(date=date, threads=a.threads, repeat=a.repeat, servers=bench.servers, targets=TARGETS,
              load_average_end=os.getloadavg(), seconds=time.monotonic() - t0)
     os.makedirs(a.results, exist_ok=True)
-    with open(os.path.join(a.results, "serve_bench.json"), "w") as f:
+    path = os.path.join(a.results, "serve_bench.json")
+    old = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    if any(k not in names for k in old.get("scenarios", {})):
+        # A partial run: the other scenarios (and their servers) stay as an earlier run left them.
+        old["scenarios"] |= r["scenarios"]
+        old["servers"] = [x for x in old["servers"] if x.get("scenario") not in names] + r["servers"]
+        old["targets"] = TARGETS
+        r = old
+    with open(path, "w") as f:
         json.dump(r, f, indent=2)
     text = tables(r)
     with open(os.path.join(a.results, "results.md"), "w") as f:

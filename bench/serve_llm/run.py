@@ -14,6 +14,10 @@ of the same length. The mixed run: --mixed-clients normal clients (priority 10) 
 slots, plus priority-0 requests (about 10% of all); those are then replayed on the idle
 server, and the table shows their TTFT p99 under load over idle.
 
+Before the load, each server is started once per model (one slot) for `slim check URL`, whose
+JSON report goes to RESULTS/check_ENGINE_MODEL.json, with a one-line summary printed
+(--check-only: that step alone).
+
 Models: shared/models/slimlm-f16.gguf (next to the repository; --model to name others), and
 with --random-1b the random-weight 1.1 B Llama of bench/vs_llamacpp (Q4_0 by default).
 llama-server is built once by bench/llamacpp.py (native, or --isa avx2) into bench/.work.
@@ -112,6 +116,42 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.logf.close()
+
+
+def slug(label):
+    return "".join(c if c.isalnum() else "-" for c in label.lower())
+
+
+def check(a, engine, label, model, logdir):
+    """`slim check` against the engine serving model (one slot): writes its report into the
+    results and returns a one-line summary: exit code, protocols that answered, models."""
+    server = Server(engine, a, model, 1, os.path.join(logdir, "%s-check.log" % engine))
+    try:
+        # 30 s a request, not the default 3: on two shared cores llama-server's spinning threads
+        # can take longer than 3 s for a 4-token completion, and this checks protocols, not speed.
+        p = subprocess.run([a.slim, "check", "http://127.0.0.1:%d" % server.port, "--timeout-ms", "30000"],
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        server.stop()
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        raise RuntimeError("slim check against %s printed no JSON report (exit %d):\n%s" % (engine, p.returncode,
+                                                                                          p.stderr))
+    with open(os.path.join(a.results, "check_%s_%s.json" % (engine, slug(label))), "w") as f:
+        json.dump(report, f, indent=2)
+    protocols = [k for k, v in (report.get("protocols") or {}).items() if v.get("answered")]
+    models = []
+    for m in report.get("models") or []:
+        lat = m.get("latency") or {}
+        models.append("%s [%s%s]" % (m["name"], "+".join(m["protocols"]) or "no protocol",
+                                     ", median %s ms" % fmt(lat["median_ms"]) if lat.get("median_ms") else ""))
+    name = {"llama": "llama-server", "slim": "slim serve"}[engine]
+    srv = report.get("server") or {}
+    return ("slim check vs %s (%s): exit %d; protocols: %s; server: %s; models: %s%s" % (
+        name, label, p.returncode, ", ".join(protocols) or "none",
+        "%s %s" % (srv["name"], srv["version"]) if srv.get("name") else "unnamed", ", ".join(models) or "none",
+        "; problems: " + "; ".join(report["problems"]) if report.get("problems") else ""))
 
 
 def median_summary(runs):
@@ -255,6 +295,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--corpus", default=llamacpp.find_shared("heldout-long.txt"))
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    ap.add_argument("--check-only", action="store_true", help="only run `slim check` against each server")
     a = ap.parse_args()
     sys.setswitchinterval(0.0005)  # see loadgen.main
     engines = [e for e in ENGINES if a.only in (None, e)]
@@ -272,6 +313,11 @@ def main():
     logdir = os.path.join(llamacpp.WORK, "serve_llm")
     os.makedirs(logdir, exist_ok=True)
     os.makedirs(a.results, exist_ok=True)
+
+    checks = [check(a, e, label, path, logdir) for label, path in models for e in engines]
+    print("\n".join(checks), flush=True)
+    if a.check_only:
+        return 0
 
     results = {}
     print("%-16s %8s %5s | %9s %9s %9s %8s %8s | %s" % ("model", "clients", "srv", "out tok/s", "TTFT p50", "TTFT p99",
@@ -296,13 +342,14 @@ def main():
                     log("  first errors:", s["first_errors"])
             results[label][level] = per
     info = dict(threads=a.threads, ctx_per_slot=a.ctx, isa=a.isa, engines=engines, models=dict(models),
-                llama_server=a.llama_server, slim=a.slim, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+                llama_server=a.llama_server, slim=a.slim, checks=checks, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     with open(os.path.join(a.results, "serve_llm.json"), "w") as f:
         json.dump(dict(info=info, results=results), f, indent=1)
     md = tables(results, engines)
     with open(os.path.join(a.results, "results.md"), "w") as f:
         f.write("Threads %d, %d context tokens per slot, ISA %s, %s.\n\n" % (a.threads, a.ctx, a.isa, info["date"]))
         f.write(md)
+        f.write("\n" + "".join("- %s\n" % c for c in checks))
     print(md)
     try:
         plot(results, engines, os.path.join(a.results, "serve_llm.png"))

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Exports the vs_ort benchmark models with random weights (speed does not depend on
 the weights): ResNet-18, MobileNetV2 and SqueezeNet 1.1 from torchvision, and a 6-layer
-BERT-style encoder (hidden 768, 12 heads, FFN 3072, sequence length 128). The batch dim
+BERT-style encoder (hidden 768, 12 heads, FFN 3072, sequence length 128), and speech-sized
+2-layer LSTMs (hidden 64 and 128) and GRU (hidden 128) at 1 and 100 steps. The batch dim
 is symbolic, so one file serves batch 1 and 8."""
 import math
 import os
@@ -57,6 +58,41 @@ class Encoder(nn.Module):
         return x
 
 
+class SpeechRnn(nn.Module):
+    """A speech model's recurrent core (Silero VAD style): 2 stacked LSTM or GRU layers,
+    batch 1, the state passed in and out by the caller at every call."""
+
+    def __init__(self, kind, hidden):
+        super().__init__()
+        self.kind = kind
+        self.rnn = (nn.LSTM if kind == "lstm" else nn.GRU)(hidden, hidden, num_layers=2)
+
+    def forward(self, x, h, c=None):
+        if self.kind == "lstm":
+            y, (h, c) = self.rnn(x, (h, c))
+            return y, h, c
+        y, h = self.rnn(x, h)
+        return y, h
+
+
+# name: (kind, hidden, steps); the state inputs are [layers, batch, hidden].
+RNN_MODELS = {f"{kind}_h{hidden}_t{steps}": (kind, hidden, steps)
+              for kind, hidden in [("lstm", 64), ("lstm", 128), ("gru", 128)] for steps in (1, 100)}
+
+
+def export_rnn(name, path):
+    kind, hidden, steps = RNN_MODELS[name]
+    model = SpeechRnn(kind, hidden).eval()
+    states = ["h", "c"] if kind == "lstm" else ["h"]
+    example = (torch.randn(steps, 1, hidden),) + tuple(torch.zeros(2, 1, hidden) for _ in states)
+    outputs = ["y"] + [s + "_out" for s in states]
+    with torch.no_grad():
+        torch.onnx.export(model, example, path, opset_version=OPSET, input_names=["x"] + states,
+                          output_names=outputs, dynamic_axes={n: {1: "batch"} for n in ["x"] + states + outputs},
+                          do_constant_folding=True)
+    print("wrote", path, f"({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
 def export(model, example, path, input_name):
     model.eval()
     with torch.no_grad():
@@ -80,6 +116,10 @@ def main(out_dir):
     path = os.path.join(out_dir, "bert6.onnx")
     if not os.path.exists(path):
         export(Encoder(), torch.randint(0, 8000, (1, 128)), path, "input_ids")
+    for name in RNN_MODELS:
+        path = os.path.join(out_dir, name + ".onnx")
+        if not os.path.exists(path):
+            export_rnn(name, path)
 
 
 if __name__ == "__main__":

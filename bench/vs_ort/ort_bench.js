@@ -13,7 +13,8 @@ async function main() {
   for (const inp of spec.inputs) {
     const buf = fs.readFileSync(inp.file);
     const ab = buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.byteLength);
-    const data = inp.dtype === 'float32' ? new Float32Array(ab) : new BigInt64Array(ab);
+    const data = inp.dtype === 'float32' ? new Float32Array(ab)
+      : inp.dtype === 'int32' ? new Int32Array(ab) : new BigInt64Array(ab);
     feeds[inp.name] = new ort.Tensor(inp.dtype, data, inp.shape);
   }
   const ms = (a, b) => Number(b - a) / 1e6;

@@ -15,45 +15,55 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# name: its inputs as (name, dtype, shape), "B" marking the batch dim.
 MODELS = {
-    # name: (input name, dtype, shape after the batch dim)
-    "resnet18": ("input", np.float32, (3, 224, 224)),
-    "mobilenet_v2": ("input", np.float32, (3, 224, 224)),
-    "squeezenet1_1": ("input", np.float32, (3, 224, 224)),
-    "bert6": ("input_ids", np.int64, (128,)),
+    "resnet18": [("input", np.float32, ("B", 3, 224, 224))],
+    "mobilenet_v2": [("input", np.float32, ("B", 3, 224, 224))],
+    "squeezenet1_1": [("input", np.float32, ("B", 3, 224, 224))],
+    "bert6": [("input_ids", np.int64, ("B", 128))],
 }
+# The speech RNNs of export_models.py: x [steps, batch, hidden] and the states [2, batch, hidden].
+for _kind, _hidden in [("lstm", 64), ("lstm", 128), ("gru", 128)]:
+    for _steps in (1, 100):
+        MODELS[f"{_kind}_h{_hidden}_t{_steps}"] = [("x", np.float32, (_steps, "B", _hidden))] + [
+            (s, np.float32, (2, "B", _hidden)) for s in (["h", "c"] if _kind == "lstm" else ["h"])]
 
 
 def make_input(model, batch, work):
-    name, dtype, rest = MODELS[model]
+    """Writes each input as .npy (slim) and raw (ORT) plus ORT's spec; returns the slim
+    -i arguments and the spec's path."""
     rng = np.random.default_rng(1234 + batch)
-    shape = (batch,) + rest
-    if dtype == np.int64:
-        x = rng.integers(0, 8000, size=shape, dtype=np.int64)
-    else:
-        x = rng.standard_normal(shape, dtype=np.float32)
-    base = os.path.join(work, f"{model}_b{batch}_{name}")
-    np.save(base + ".npy", x)
-    x.tofile(base + ".bin")
-    spec = {"inputs": [{"name": name, "file": base + ".bin", "shape": list(shape),
-                        "dtype": "float32" if dtype == np.float32 else "int64"}]}
-    with open(base + ".json", "w") as f:
+    slim_args, spec = [], {"inputs": []}
+    for name, dtype, rest in MODELS[model]:
+        shape = tuple(batch if d == "B" else d for d in rest)
+        if dtype == np.int64:
+            x = rng.integers(0, 8000, size=shape, dtype=np.int64)
+        else:
+            x = rng.standard_normal(shape, dtype=np.float32)
+        base = os.path.join(work, f"{model}_b{batch}_{name}")
+        np.save(base + ".npy", x)
+        x.tofile(base + ".bin")
+        slim_args += ["-i", f"{name}={base}.npy"]
+        spec["inputs"].append({"name": name, "file": base + ".bin", "shape": list(shape),
+                               "dtype": "float32" if dtype == np.float32 else "int64"})
+    spec_path = os.path.join(work, f"{model}_b{batch}.json")
+    with open(spec_path, "w") as f:
         json.dump(spec, f)
-    return name, base
+    return slim_args, spec_path
 
 
-def run_slim(args, model_path, input_name, base, batch, threads, iters, out_dir):
+def run_slim(args, model_path, input_args, batch, threads, iters, out_dir):
     res = os.path.join(out_dir, "slim.json")
     cmd = [args.slim, "bench", model_path, "--batch", str(batch), "--threads", str(threads),
-           "--warmup", str(args.warmup), "--iters", str(iters), "-i", f"{input_name}={base}.npy",
+           "--warmup", str(args.warmup), "--iters", str(iters)] + input_args + [
            "-o", out_dir, "--json", res, "--top", "0"] + (["--isa", args.isa] if args.isa else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
     with open(res) as f:
         return json.load(f)
 
 
-def run_ort(args, model_path, base, threads, iters, out_dir):
-    cmd = ["node", os.path.join(HERE, "ort_bench.js"), model_path, base + ".json", str(threads),
+def run_ort(args, model_path, spec_path, threads, iters, out_dir):
+    cmd = ["node", os.path.join(HERE, "ort_bench.js"), model_path, spec_path, str(threads),
            str(args.warmup), str(iters), out_dir]
     env = dict(os.environ, NODE_PATH=os.path.join(HERE, "node_modules"))
     subprocess.run(cmd, check=True, env=env, timeout=args.timeout)
@@ -109,7 +119,7 @@ def main():
     for model in args.models.split(","):
         model_path = os.path.join(args.work, model + ".onnx")
         for batch in [int(b) for b in args.batches.split(",")]:
-            input_name, base = make_input(model, batch, args.work)
+            input_args, spec_path = make_input(model, batch, args.work)
             iters = max(2, args.iters // batch * 2) if batch > 1 else args.iters
             for threads in [int(t) for t in args.threads.split(",")]:
                 slim_runs, ort_runs, slim_cold, ort_cold = [], [], [], []
@@ -119,12 +129,12 @@ def main():
                     order = ["slim", "ort"] if r % 2 == 0 else ["ort", "slim"]
                     for engine in order:
                         if engine == "slim":
-                            slim_res = run_slim(args, model_path, input_name, base, batch, threads,
+                            slim_res = run_slim(args, model_path, input_args, batch, threads,
                                                 iters, os.path.join(out, "slim"))
                             slim_runs += slim_res["runs_ms"]
                             slim_cold.append(slim_res["cold_start_ms"])
                         else:
-                            ort_res = run_ort(args, model_path, base, threads, iters,
+                            ort_res = run_ort(args, model_path, spec_path, threads, iters,
                                               os.path.join(out, "ort"))
                             ort_runs += ort_res["runs_ms"]
                             ort_cold.append(ort_res["cold_start_ms"])

@@ -76,6 +76,13 @@ std::optional<double> estimate_node_flops(const Node& node, const ShapeLookup& s
     if (op == "Gemm" && in(2)) f += numel_d(*y);
     return f;
   }
+  if (op == "LSTM" || op == "GRU" || op == "RNN") {
+    // Each step and batch row multiplies every direction's W and R: 2 (I + H) per gate unit.
+    auto x = in(0), w = in(1), r = in(2);
+    if (!x || !w || !r || x->size() != 3 || w->size() != 3 || r->size() != 3 || x->back() < 1 || (*w)[2] < 1)
+      return std::nullopt;
+    return 2.0 * numel_d(*x) / double(x->back()) * numel_d(*w) / double((*w)[2]) * double((*w)[2] + (*r)[2]);
+  }
   if (op == "MaxPool" || op == "AveragePool" || op == "LpPool") {
     auto y = out(0);
     if (!y) return std::nullopt;

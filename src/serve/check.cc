@@ -375,7 +375,12 @@ json check_server(const CheckOptions& o) {
   const Reply listing = http.get("/v1/models");
   const json* openai_models = listing.ok() ? field(listing.body, "data") : nullptr;
   const json* v1_models = listing.ok() ? field(listing.body, "models") : nullptr;
-  const bool has_openai = openai_models && openai_models->is_array();
+  const bool openai_list = openai_models && openai_models->is_array();
+  // llama-server answers every route 503 with an OpenAI error object ({"error": {"message":
+  // "Loading model", ...}}) while it loads its model: the API is there, not ready yet, which
+  // its /health then says.
+  const json* listing_error = listing.status == 503 ? field(listing.body, "error") : nullptr;
+  const bool has_openai = openai_list || (listing_error && field(*listing_error, "message"));
   json openai{{"answered", has_openai}, {"health", nullptr}};
   if (has_openai) {
     const Reply health = http.get("/health");
@@ -400,7 +405,7 @@ json check_server(const CheckOptions& o) {
       report["error"] = index.failure();
     }
   }
-  if (has_openai)
+  if (openai_list)
     for (const json& m : *openai_models)
       if (const json* id = field(m, "id"); id && id->is_string())
         add_protocol(model_entry(models, id->get<std::string>()), "openai");

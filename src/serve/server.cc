@@ -187,6 +187,9 @@ struct InferenceServer::Impl {
   std::unique_ptr<MemorySource> memory;     // memory-aware variants, when on
   std::unique_ptr<VariantController> variants;
   std::string memory_error;                 // the last reading's error, logged once
+  // The largest resident bytes / file bytes measured of a variant so far: a first load
+  // scales the file sizes of a model never seen by it (under mu).
+  double resident_ratio = 1.0;
   std::thread watcher;  // polling, integrity checks, canary decisions, variant switches
   std::mutex watch_mu;
   std::condition_variable watch_cv;
@@ -373,27 +376,31 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
   return s;
 }
 
-// One request of zeros through each new version before it is swapped in, so that the
-// first client request does not pay for first-run set-up (plans, packed weights). A model
-// that cannot run zeros (say, a size-1 spatial dim too small for it) still loads.
+// A request of zeros through each new version, twice, before it is swapped in, so that
+// clients' first requests do not pay for first-run set-up: packed weights, and the plan a
+// session specializes for input shapes it sees a second time. A model that cannot run
+// zeros (say, a size-1 spatial dim too small for it) still loads.
 void InferenceServer::Impl::warm_up(const LoadedModel& m) const {
   if (m.platform == "slim_llm") return;
-  for (const auto& [v, lv] : m.versions) {
-    InferRequest req;
-    req.model = m.name;
-    for (const ServedTensor& t : m.inputs) {
-      Shape shape = t.spec.shape;
-      for (int64_t& d : shape) d = d < 0 ? 1 : d;
-      req.inputs.emplace_back(t.spec.name, Tensor(t.spec.dtype, shape));
+  for (const auto& [v, lv] : m.versions)
+    for (int run = 0; run < 2; ++run) {
+      InferRequest req;
+      req.model = m.name;
+      for (const ServedTensor& t : m.inputs) {
+        Shape shape = t.spec.shape;
+        for (int64_t& d : shape) d = d < 0 ? 1 : d;
+        req.inputs.emplace_back(t.spec.name, Tensor(t.spec.dtype, shape));
+      }
+      std::promise<InferResult> done;
+      auto s = schedule(m, std::move(req), [&done](InferResult&& r) { done.set_value(std::move(r)); });
+      lv->batcher->enqueue(std::move(s));
+      InferResult r = done.get_future().get();
+      if (r.error) {
+        std::cerr << "slim serve: warning: model '" << m.name << "' version " << lv->name
+                  << " did not run its warm-up request: " << r.error->what() << "\n";
+        break;
+      }
     }
-    std::promise<InferResult> done;
-    auto s = schedule(m, std::move(req), [&done](InferResult&& r) { done.set_value(std::move(r)); });
-    lv->batcher->enqueue(std::move(s));
-    InferResult r = done.get_future().get();
-    if (r.error)
-      std::cerr << "slim serve: warning: model '" << m.name << "' version " << lv->name
-                << " did not run its warm-up request: " << r.error->what() << "\n";
-  }
 }
 
 // `m`'s outputs on the canary reference set, run through its newest version as clients'
@@ -455,8 +462,13 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
       if (auto it = slots.find(name); it != slots.end() && it->second.variant) return *it->second.variant;
     }
     if (!variants) return 0;
+    std::vector<int64_t> scaled = bytes;
+    {
+      std::lock_guard lock(mu);
+      for (int64_t& b : scaled) b = int64_t(double(b) * resident_ratio);
+    }
     try {
-      return variants->initial(bytes, memory->read());
+      return variants->initial(scaled, memory->read());
     } catch (const Error& e) {
       std::cerr << "slim serve: warning: cannot read the memory to choose a variant of '" << name << "': " << e.what()
                 << "\n";
@@ -594,6 +606,9 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
     if (r.size() != fresh->variants.size()) r.assign(fresh->variants.size(), 0);
     r[fresh->variant] = std::max(r[fresh->variant], grew);
     if (from && *from != fresh->variant && grew - net > 0) r[*from] = grew - net;
+    for (size_t i = 0; i < r.size(); ++i)  // small files: the process's own growth would swamp them
+      if (fresh->variant_bytes[i] >= (int64_t(8) << 20))
+        resident_ratio = std::max(resident_ratio, double(r[i]) / double(fresh->variant_bytes[i]));
     estimate = resident_estimate(*fresh, r);
   }
   variants->set_model(name, estimate, fresh->variant);

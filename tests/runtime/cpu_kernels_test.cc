@@ -12,6 +12,7 @@ namespace slim {
 namespace {
 
 using cpu_test::expect_matches_ref;
+using cpu_test::for_each_isa;
 using cpu_test::random_f32;
 using cpu_test::spec;
 using testing::attr_float;
@@ -19,19 +20,6 @@ using testing::attr_int;
 using testing::attr_ints;
 using testing::attr_string;
 using testing::ModelBuilder;
-
-// Runs `body` once per instruction set the CPU runs at or below the active one,
-// restoring that one after.
-void for_each_isa(const std::function<void()>& body) {
-  const Isa active = active_isa();
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
-    if (!isa_enabled(isa)) continue;
-    set_isa_limit(isa);
-    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
-    body();
-    set_isa_limit(active);
-  }
-}
 
 TEST(CpuKernels, IsaCanBeLoweredButNotRaised) {
   const Isa active = active_isa();

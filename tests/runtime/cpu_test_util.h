@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/test_graphs.h"
+#include "slim/core/cpu_features.h"
 #include "slim/runtime/session.h"
 
 namespace slim::cpu_test {
@@ -21,6 +22,19 @@ inline std::vector<testing::DimSpec> spec(const Shape& s) {
   std::vector<testing::DimSpec> out;
   for (int64_t d : s) out.emplace_back(d);
   return out;
+}
+
+// Runs `body` once per instruction set the CPU runs at or below the active one,
+// restoring that one after.
+inline void for_each_isa(const std::function<void()>& body) {
+  const Isa active = active_isa();
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
+    if (!isa_enabled(isa)) continue;
+    set_isa_limit(isa);
+    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
+    body();
+    set_isa_limit(active);
+  }
 }
 
 inline Tensor random_f32(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {

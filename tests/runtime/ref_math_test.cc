@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "slim/core/convert.h"
 #include "slim/core/dispatch.h"
@@ -344,6 +346,36 @@ TEST(RefMathReduce, TopKTiesAndDirections) {
   const Error e = error_of([&] { run("TopK", 11, {x, i64({1}, {5})}, {}, 2); });
   EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
   EXPECT_NE(std::string(e.what()).find("K = 5"), std::string::npos) << e.what();
+}
+
+TEST(RefMathReduce, TopKOnAMillionElementsEqualsAFullSort) {
+  // Few distinct values, so most comparisons are ties decided by the index; NaNs rank
+  // above every number when largest and below when smallest.
+  const int64_t n = 1000000;
+  std::mt19937 rng(11);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& e : v) e = rng() % 1000 == 0 ? std::numeric_limits<float>::quiet_NaN() : float(rng() % 5000) - 2500.f;
+  const Tensor x = f32({1, n}, v);
+  for (const bool largest : {true, false}) {
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const float va = v[size_t(a)], vb = v[size_t(b)];
+      if (std::isnan(va) != std::isnan(vb)) return largest == std::isnan(va);
+      if (!std::isnan(va) && va != vb) return largest ? va > vb : va < vb;
+      return a < b;
+    });
+    for (const int64_t k : {int64_t(100), n / 2}) {
+      const auto out = run("TopK", 11, {x, i64({1}, {k})}, {{"largest", attr_i(largest)}}, 2);
+      ASSERT_EQ(out[1].shape(), (Shape{1, k}));
+      const int64_t* idx = out[1].data<int64_t>();
+      const float* val = out[0].data<float>();
+      for (int64_t j = 0; j < k; ++j) {
+        ASSERT_EQ(idx[j], order[size_t(j)]) << "largest " << largest << " k " << k << " at " << j;
+        ASSERT_TRUE(val[j] == v[size_t(idx[j])] || (std::isnan(val[j]) && std::isnan(v[size_t(idx[j])])));
+      }
+    }
+  }
 }
 
 TEST(RefMathReduce, CumSumExclusiveReverse) {

@@ -332,6 +332,35 @@ TEST(RefTensorMisc, NonMaxSuppressionGreedyByScore) {
   error_of(ErrorCode::invalid_argument, [&] { run_op("NonMaxSuppression", 11, {boxes, tensor<float>({1, 1, 2}, {1, 2})}); });
 }
 
+TEST(RefTensorMisc, NonMaxSuppressionEdgeCases) {
+  const Tensor max_out = i64s({10}), iou = tensor<float>({1}, {0.5f});
+  // No boxes at all.
+  EXPECT_EQ(run_op("NonMaxSuppression", 11, {tensor<float>({1, 0, 4}, {}), tensor<float>({1, 1, 0}, {}), max_out, iou})[0].shape(),
+            (Shape{0, 3}));
+  // Every score at or below the threshold: nothing is selected.
+  const Tensor boxes = tensor<float>({1, 3, 4}, {0, 0, 1, 1, 0, 0, 1, 1, 5, 5, 6, 6});
+  EXPECT_EQ(run_op("NonMaxSuppression", 11, {boxes, tensor<float>({1, 1, 3}, {0.2f, 0.3f, 0.3f}), max_out, iou,
+                                             tensor<float>({1}, {0.3f})})[0].shape(),
+            (Shape{0, 3}));
+  // Equal scores: the lower box index wins; its identical twin is suppressed.
+  EXPECT_EQ(values<int64_t>(run_op("NonMaxSuppression", 11, {boxes, tensor<float>({1, 1, 3}, {0.7f, 0.7f, 0.7f}), max_out, iou})[0]),
+            (std::vector<int64_t>{0, 0, 0, 0, 0, 2}));
+  // IoU exactly at the threshold is kept (only a larger IoU suppresses): the second box is
+  // half of the first, IoU 0.5.
+  const Tensor half = tensor<float>({1, 2, 4}, {0, 0, 1, 2, 0, 0, 1, 1});
+  EXPECT_EQ(values<int64_t>(run_op("NonMaxSuppression", 11, {half, tensor<float>({1, 1, 2}, {0.9f, 0.8f}), max_out, iou})[0]),
+            (std::vector<int64_t>{0, 0, 0, 0, 0, 1}));
+  // Two batches and two classes: rows go batch by batch, class by class, then by score.
+  const Tensor boxes2 = tensor<float>({2, 2, 4}, {0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3});
+  const Tensor scores2 = tensor<float>({2, 2, 2}, {0.1f, 0.9f, 0.8f, 0.2f, 0.5f, 0.6f, 0.7f, 0.4f});
+  EXPECT_EQ(values<int64_t>(run_op("NonMaxSuppression", 11, {boxes2, scores2, i64s({1}), iou})[0]),
+            (std::vector<int64_t>{0, 0, 1, 0, 1, 0, 1, 0, 1, 1, 1, 0}));
+  EXPECT_EQ(error_of(ErrorCode::invalid_model, [&] {
+              run_op("NonMaxSuppression", 11, {boxes, tensor<float>({1, 1, 3}, {1, 1, 1})}, {{"center_point_box", attr_i(2)}});
+            }),
+            "NonMaxSuppression node 'n0': center_point_box must be 0 or 1");
+}
+
 TEST(RefTensorMisc, ExtremeValuesGiveErrorsOrExactResultsNotOverflow) {
   const Tensor x = tensor<float>({4}, arange_f(4));
   // Steps far beyond the axis take one element.

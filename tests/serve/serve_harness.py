@@ -8,6 +8,8 @@ is put in front of it when set. The server binds port 0 for each front door and 
 the ports it bound, then "slim serve: ready"; stop() sends SIGTERM and returns the exit
 code, which a clean drain makes 0.
 """
+import contextlib
+import json
 import os
 import re
 import shlex
@@ -15,6 +17,8 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 
 PORT_LINE = re.compile(r"^slim serve: (HTTP|gRPC|metrics) listening on ([0-9.]+):(\d+)$")
 
@@ -106,3 +110,54 @@ def start_server(repo, extra_args=(), env=None, prefix=()):
     args = ["--model-repository", repo, "--host", "127.0.0.1", "--http-port", "0",
             "--grpc-port", "0", "--metrics-port", "0"] + list(extra_args)
     return Server(args, env=env, prefix=prefix)
+
+
+def request(srv, path, body=None, timeout=30):
+    """GET (or POST `body` as JSON) on the server's HTTP port: (status, parsed JSON body)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(srv.url(path), data=data, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def wait_for(cond, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def audit_events(log, model=None):
+    """The records of an audit log (`slim audit show --json`), of one model when given."""
+    args = ["audit", "show", log, "--json"] + (["--model", model] if model else [])
+    p = subprocess.run(slim_command(*args), capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def clients(call, n=4):
+    """`n` threads calling `call()` again and again while the block runs; yields the set of
+    what the calls returned and the list of what they raised, complete once the block ends."""
+    stop, seen, failures = threading.Event(), set(), []
+
+    def loop():
+        while not stop.is_set():
+            try:
+                seen.add(call())
+            except Exception as e:  # noqa: BLE001
+                failures.append(str(e))
+
+    threads = [threading.Thread(target=loop) for _ in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        yield seen, failures
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()

@@ -2,11 +2,13 @@
 """`slim check URL` end to end: slim serve on free loopback ports with the test repository
 (tests/serve/make_repository.py) and a language model (make_llm.py), probed by `slim check`,
 whose JSON report and exit code are checked; then a port nobody listens on (exit 2), one
-that accepts and never answers (exit 2 after --timeout-ms) and a repository with a model
-that fails to load (exit 1). The verdict's exit 3 (a signature or integrity failure) is
-tested on hand-built reports in check_test.cc. Also GET /v2/models/M/config, the Triton
+that accepts and never answers (exit 2 after --timeout-ms), a stand-in for llama-server
+loading its model (exit 1, not ready) and a repository with a model that fails to load
+(exit 1). The verdict's exit 3 (a signature or integrity failure) is tested on hand-built
+reports in check_test.cc. Also GET /v2/models/M/config, the Triton
 route the report's batching comes from. Run by ctest with SLIM_BINARY_DIR set.
 """
+import http.server
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 import urllib.error
 import urllib.request
@@ -179,6 +182,34 @@ class CheckUnreachable(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertEqual(p.stderr, "slim: error [invalid_argument]: 'ftp://127.0.0.1:1': only http:// servers can "
                                    "be checked\n")
+
+
+class CheckLoadingLlamaServer(unittest.TestCase):
+    def test_an_openai_server_that_is_loading_is_exit_1_not_ready(self):
+        # llama-server while it loads its model: every route answers 503 with an OpenAI error.
+        body = json.dumps({"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}).encode()
+
+        class Loading(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = answer
+
+            def log_message(self, *args):
+                pass
+
+        with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loading) as srv:
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            rc, r, err = check("http://127.0.0.1:%d" % srv.server_address[1])
+            srv.shutdown()
+        self.assertEqual(rc, 1)
+        self.assertEqual(r["protocols"]["kserve_rest"], {"answered": False, "live": None, "ready": None})
+        self.assertEqual(r["protocols"]["openai"], {"answered": True, "health": False})
+        self.assertEqual((r["models"], r["problems"]), ([], ["OpenAI API: GET /health says the server is not ready"]))
 
 
 class CheckModelThatFailsToLoad(unittest.TestCase):

@@ -7,7 +7,6 @@ y = x + 2 in version 2, so the answer tells which version served). Run by ctest 
 SLIM_BINARY_DIR set to the build folder.
 """
 import base64
-import concurrent.futures
 import json
 import os
 import shutil
@@ -15,17 +14,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
-import urllib.error
-import urllib.request
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_harness import slim_command, start_server  # noqa: E402
+from serve_harness import audit_events, clients, request, slim_command, start_server, wait_for  # noqa: E402
 
 FIXTURES = tempfile.mkdtemp(prefix="slim_ops_fixtures_")
 subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), FIXTURES], check=True,
@@ -63,14 +59,6 @@ def add_version(repo, version, source):
     return os.path.join(repo, "plain", str(version))
 
 
-def request(srv, path, body=None, timeout=30):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(srv.url(path), data=data, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def infer_plain(srv):
@@ -86,18 +74,8 @@ def served_versions(srv):
     return request(srv, "/v2/models/plain")[1].get("versions")
 
 
-def wait_for(cond, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
 
 
-def audit_events(log, model=None):
-    args = ["audit", "show", log, "--json"] + (["--model", model] if model else [])
-    return [json.loads(line) for line in slim(*args).stdout.splitlines() if line.strip()]
 
 
 class Polling(unittest.TestCase):
@@ -115,25 +93,10 @@ class Polling(unittest.TestCase):
             os.replace(model1 + ".new", model1)
             time.sleep(3.5)  # three polls
             self.assertEqual([e["event"] for e in audit_events(log, "plain")], ["model.load"])
-            stop = threading.Event()
-            seen, failures = set(), []
-
-            def client():
-                while not stop.is_set():
-                    try:
-                        seen.add(infer_plain(srv))
-                    except Exception as e:  # noqa: BLE001
-                        failures.append(str(e))
-
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                for _ in range(4):
-                    pool.submit(client)
-                try:
-                    add_version(repo, 2, source=2)
-                    wait_for(lambda: served_versions(srv) == ["2"], what="version 2 to serve")
-                    time.sleep(0.3)
-                finally:
-                    stop.set()
+            with clients(lambda: infer_plain(srv)) as (seen, failures):
+                add_version(repo, 2, source=2)
+                wait_for(lambda: served_versions(srv) == ["2"], what="version 2 to serve")
+                time.sleep(0.3)
             self.assertEqual(failures, [])
             self.assertEqual(seen, {1, 2})
             self.assertEqual(infer_plain(srv), 2)

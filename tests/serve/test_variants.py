@@ -14,17 +14,14 @@ The variants are two MLPs x[batch,1024] -> y[batch,256] with the same signature 
 tell them apart on an input of ones: 1024 from the large one, 2048 from the small one. Run by
 ctest with SLIM_BINARY_DIR set to the build folder.
 """
-import concurrent.futures
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -33,7 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_harness import slim_command, start_server  # noqa: E402
+from serve_harness import audit_events, clients, request, slim_command, start_server, wait_for  # noqa: E402
 
 MiB = 1 << 20
 CGROUP_RUN = os.path.join(HERE, "cgroup_run.sh")
@@ -72,14 +69,6 @@ def add_model(repo, name, large="model.onnx", variants=VARIANTS):
     os.rename(tmp, os.path.join(repo, name))
 
 
-def request(srv, path, body=None, timeout=30):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(srv.url(path), data=data, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def infer(srv, model="mlp"):
@@ -104,19 +93,8 @@ def metric(srv, line_start):
     return None
 
 
-def wait_for(cond, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
 
 
-def audit_events(log, model):
-    p = subprocess.run(slim_command("audit", "show", log, "--json", "--model", model), capture_output=True,
-                       text=True, check=True)
-    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
 
 
 def write_memory(folder, limit, current):
@@ -145,27 +123,13 @@ class MemoryFiles(unittest.TestCase):
         with self.serve() as srv:
             self.assertEqual(variant(srv), "model.onnx")
             self.assertEqual(infer(srv), LARGE)
-            stop, seen, failures = threading.Event(), set(), []
-
-            def client():
-                while not stop.is_set():
-                    try:
-                        seen.add(infer(srv))
-                    except Exception as e:  # noqa: BLE001
-                        failures.append(str(e))
-
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                for _ in range(4):
-                    pool.submit(client)
-                try:
-                    write_memory(self.memory, 1000 * MiB, 950 * MiB)  # 5 % left: below 15 %
-                    wait_for(lambda: variant(srv) == "model.small.onnx", what="the switch down")
-                    self.assertEqual(metric(srv, 'slim_model_variant{model="mlp"}'), 1)
-                    write_memory(self.memory, 1000 * MiB, 100 * MiB)  # plenty again, after the dwell
-                    wait_for(lambda: variant(srv) == "model.onnx", what="the switch back")
-                    time.sleep(0.3)
-                finally:
-                    stop.set()
+            with clients(lambda: infer(srv)) as (seen, failures):
+                write_memory(self.memory, 1000 * MiB, 950 * MiB)  # 5 % left: below 15 %
+                wait_for(lambda: variant(srv) == "model.small.onnx", what="the switch down")
+                self.assertEqual(metric(srv, 'slim_model_variant{model="mlp"}'), 1)
+                write_memory(self.memory, 1000 * MiB, 100 * MiB)  # plenty again, after the dwell
+                wait_for(lambda: variant(srv) == "model.onnx", what="the switch back")
+                time.sleep(0.3)
             self.assertEqual(failures, [])
             self.assertEqual(seen, {LARGE, SMALL})
             self.assertEqual(infer(srv), LARGE)
@@ -227,20 +191,30 @@ def read_info(path):
         return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
 
 
+def memory_stat(cg):
+    with open(os.path.join(cg["dir"], "memory.stat")) as f:
+        return dict(line.split() for line in f)
+
+
 def anon(cg):
     """The cgroup's anonymous memory (memory.stat: anon under v2, total_rss under v1)."""
-    with open(os.path.join(cg["dir"], "memory.stat")) as f:
-        stat = dict(line.split() for line in f)
-    return int(stat["anon" if cg["version"] == "2" else "total_rss"])
+    return int(memory_stat(cg)["anon" if cg["version"] == "2" else "total_rss"])
+
+
+def working_set(cg):
+    """What the server counts as used: the cgroup's usage less its inactive file pages."""
+    v2 = cg["version"] == "2"
+    with open(os.path.join(cg["dir"], "memory.current" if v2 else "memory.usage_in_bytes")) as f:
+        usage = int(f.read())
+    return usage - int(memory_stat(cg)["inactive_file" if v2 else "total_inactive_file"])
 
 
 class RealCgroup(unittest.TestCase):
     """The server runs in a cgroup with 1 GiB. It loads `a` with the 63 MB variant; then the
-    limit shrinks to 8 % above the cgroup's anonymous memory, and a second model `b` (the same
+    limit shrinks to 8 % above what the cgroup uses, and a second model `b` (the same
     variants) arrives in the polled repository. With switching the server steps `a` down,
-    loads `b` small and lives; without it, loading `b` large is past the limit: OOM kill.
-    (No request reaches `a` before the squeeze: its first requests compile plans whose packed
-    weights double its memory, which the smaller limit would not hold without switching.)"""
+    loads `b` small (its first load scales `b`'s file sizes by what `a`'s variants were
+    measured to take) and lives; without it, loading `b` large is past the limit: OOM kill."""
 
     def run_server(self, switching):
         repo = tempfile.mkdtemp(prefix="slim_variants_cgroup_")
@@ -257,12 +231,14 @@ class RealCgroup(unittest.TestCase):
         with srv:
             cg = read_info(info)
             self.assertEqual(variant(srv, "a"), "model.onnx")
+            time.sleep(0.5)  # the server's threads have settled
             anon_before = anon(cg)
             self.assertGreater(anon_before, 60 * MiB)
-            with open(cg["limit_file"], "w") as f:  # the kernel drops page cache to fit
-                f.write(str(int(anon_before * 1.08)))
+            with open(cg["limit_file"], "w") as f:  # 7.4 % headroom: a switch down, room for the small one
+                f.write(str(int(working_set(cg) * 1.08)))
             if switching:
-                wait_for(lambda: variant(srv, "a") == "model.small.onnx", what="a to step down")
+                wait_for(lambda: srv.proc.poll() is not None or variant(srv, "a") == "model.small.onnx", what="a to step down")
+                self.assertIsNone(srv.proc.poll(), "\n".join(srv.stderr_lines))
                 wait_for(lambda: anon(cg) < anon_before - 40 * MiB, what="a's large variant to be freed")
             add_model(repo, "b", large="model.huge.onnx")
             if switching:

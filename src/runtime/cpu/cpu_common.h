@@ -20,6 +20,7 @@ namespace slim::cpu {
 void register_dnnl_conv_kernels(KernelRegistry& r);    // dnnl_conv.cc
 void register_dnnl_matmul_kernels(KernelRegistry& r);  // dnnl_matmul.cc
 void register_dnnl_pool_kernels(KernelRegistry& r);    // dnnl_pool.cc
+void register_dnnl_rnn_kernels(KernelRegistry& r);     // dnnl_rnn.cc
 void register_elementwise_kernels(KernelRegistry& r);  // elementwise.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
 

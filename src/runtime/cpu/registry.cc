@@ -10,6 +10,7 @@ const KernelRegistry& cpu_kernel_registry() {
     cpu::register_dnnl_conv_kernels(r);
     cpu::register_dnnl_matmul_kernels(r);
     cpu::register_dnnl_pool_kernels(r);
+    cpu::register_dnnl_rnn_kernels(r);
     cpu::register_elementwise_kernels(r);
     cpu::register_tensor_kernels(r);
     return r;

@@ -91,25 +91,35 @@ KernelDef topk_kernel(int64_t since, int64_t until) {
         using C = compute_t<T>;
         const T* in = elems<T>(x);
         T* pv = elems_mut<T>(values);
-        std::vector<int64_t> order(size_t(s.n));
+        // The order is total (value, NaN above every number when largest and below when
+        // smallest as numpy sorts, then the lower index), so selecting the k first and
+        // sorting only those equals a stable sort of the line: a heap of k for small k
+        // (most items lose one comparison with its top), nth_element (linear) otherwise.
+        using Item = std::pair<C, int64_t>;
+        const auto before = [largest](const Item& l, const Item& r) {
+          if constexpr (std::is_floating_point_v<C>) {
+            const bool nl = std::isnan(l.first), nr = std::isnan(r.first);
+            if (nl != nr) return largest ? nl : nr;
+            if (nl) return l.second < r.second;
+          }
+          if (l.first != r.first) return largest ? l.first > r.first : l.first < r.first;
+          return l.second < r.second;
+        };
+        std::vector<Item> line(size_t(s.n));
         for (int64_t o = 0; o < s.outer; ++o)
           for (int64_t i = 0; i < s.inner; ++i) {
             const T* p = in + o * s.n * s.inner + i;
-            std::iota(order.begin(), order.end(), 0);
-            // NaN ranks above every number when largest, below when smallest, as numpy sorts.
-            const auto before = [&](int64_t l, int64_t r) {
-              const C a_ = C(p[l * s.inner]), b_ = C(p[r * s.inner]);
-              if constexpr (std::is_floating_point_v<C>) {
-                const bool na = std::isnan(a_), nb = std::isnan(b_);
-                if (na || nb) return largest ? (na && !nb) : (!na && nb);
-              }
-              return largest ? a_ > b_ : a_ < b_;
-            };
-            std::stable_sort(order.begin(), order.end(), before);
+            for (int64_t j = 0; j < s.n; ++j) line[size_t(j)] = {C(p[j * s.inner]), j};
+            if (k <= s.n / 64) {
+              std::partial_sort(line.begin(), line.begin() + k, line.end(), before);
+            } else {
+              std::nth_element(line.begin(), line.begin() + k, line.end(), before);
+              std::sort(line.begin(), line.begin() + k, before);
+            }
             for (int64_t j = 0; j < k; ++j) {
               const int64_t dst = (o * k + j) * s.inner + i;
-              pv[dst] = p[order[size_t(j)] * s.inner];
-              pi[dst] = order[size_t(j)];
+              pv[dst] = p[line[size_t(j)].second * s.inner];
+              pi[dst] = line[size_t(j)].second;
             }
           }
       });

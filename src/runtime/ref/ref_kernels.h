@@ -18,6 +18,9 @@ void register_loss_kernels(KernelRegistry& r);                // loss.cc
 void register_tensor_kernels(KernelRegistry& r);              // tensor.cc
 void register_tensor_index_kernels(KernelRegistry& r);        // tensor_index.cc
 void register_shape_kernels(KernelRegistry& r);               // shape.cc
+void register_signal_kernels(KernelRegistry& r);              // signal.cc
+void register_random_kernels(KernelRegistry& r);              // random.cc
+void register_ngram_kernels(KernelRegistry& r);               // ngram.cc
 void register_conv_kernels(KernelRegistry& r);                // conv.cc
 void register_pool_kernels(KernelRegistry& r);                // pool.cc
 void register_resize_kernels(KernelRegistry& r);              // resize.cc
@@ -25,5 +28,6 @@ void register_quant_kernels(KernelRegistry& r);               // quant.cc
 void register_fused_kernels(KernelRegistry& r);               // fused.cc
 void register_control_flow_kernels(KernelRegistry& r);        // control_flow.cc
 void register_sequence_kernels(KernelRegistry& r);            // sequence.cc
+void register_rnn_kernels(KernelRegistry& r);                 // rnn.cc
 
 }  // namespace slim::ref

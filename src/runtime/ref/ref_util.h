@@ -2,6 +2,9 @@
 // reading shape-like input tensors.
 #pragma once
 
+#include <cmath>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,5 +37,38 @@ void check_output_shape(const KernelContext& ctx, const Shape& shape);
 // each element (f16/bf16 through float; integers by C++ conversion).
 void write_doubles(Tensor& out, const std::vector<double>& v);
 void write_ints(Tensor& out, const std::vector<int64_t>& v);
+
+// MT19937 drawing doubles in [0, 1) the way numpy's legacy RandomState does (53 bits from
+// two 32-bit words), so a seeded Dropout reproduces the ONNX reference masks; normals by
+// Marsaglia's polar method, as numpy's legacy gauss. Unseeded, it starts from the OS.
+class UniformRng {
+ public:
+  explicit UniformRng(std::optional<uint32_t> seed) : rng_(seed ? *seed : std::random_device{}()) {}
+  double operator()() {
+    const uint32_t a = rng_() >> 5, b = rng_() >> 6;
+    return (double(a) * 67108864.0 + double(b)) / 9007199254740992.0;
+  }
+  double normal() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    double x1, x2, r2;
+    do {
+      x1 = 2 * (*this)() - 1;
+      x2 = 2 * (*this)() - 1;
+      r2 = x1 * x1 + x2 * x2;
+    } while (r2 >= 1.0 || r2 == 0.0);
+    const double f = std::sqrt(-2.0 * std::log(r2) / r2);
+    spare_ = f * x1;
+    has_spare_ = true;
+    return f * x2;
+  }
+
+ private:
+  std::mt19937 rng_;
+  bool has_spare_ = false;
+  double spare_ = 0;
+};
 
 }  // namespace slim::ref

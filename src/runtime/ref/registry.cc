@@ -21,6 +21,9 @@ const KernelRegistry& ref_kernel_registry() {
     ref::register_tensor_kernels(r);
     ref::register_tensor_index_kernels(r);
     ref::register_shape_kernels(r);
+    ref::register_signal_kernels(r);
+    ref::register_random_kernels(r);
+    ref::register_ngram_kernels(r);
     ref::register_conv_kernels(r);
     ref::register_pool_kernels(r);
     ref::register_resize_kernels(r);
@@ -28,6 +31,7 @@ const KernelRegistry& ref_kernel_registry() {
     ref::register_fused_kernels(r);
     ref::register_control_flow_kernels(r);
     ref::register_sequence_kernels(r);
+    ref::register_rnn_kernels(r);
     return r;
   }();
   return registry;

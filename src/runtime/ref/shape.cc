@@ -107,66 +107,9 @@ void range_op(KernelContext& ctx) {
   });
 }
 
-// HannWindow, HammingWindow, BlackmanWindow (opset 17): generalized cosine windows
-// y[n] = sum_k (-1)^k a_k cos(2 pi k n / N), with N = size (periodic) or size - 1.
-class CosineWindow final : public OpKernel {
- public:
-  CosineWindow(const Node& node, std::vector<double> coeffs) : coeffs_(std::move(coeffs)) {
-    periodic_ = node.attr_int("periodic", 1) != 0;
-    const int64_t code = node.attr_int("output_datatype", 1);
-    switch (code) {
-      case 1: out_ = DType::f32; break;
-      case 2: out_ = DType::u8; break;
-      case 3: out_ = DType::i8; break;
-      case 4: out_ = DType::u16; break;
-      case 5: out_ = DType::i16; break;
-      case 6: out_ = DType::i32; break;
-      case 7: out_ = DType::i64; break;
-      case 10: out_ = DType::f16; break;
-      case 11: out_ = DType::f64; break;
-      case 12: out_ = DType::u32; break;
-      case 13: out_ = DType::u64; break;
-      case 16: out_ = DType::bf16; break;
-      default:
-        throw Error(ErrorCode::invalid_model, node.describe() + ": output_datatype " + std::to_string(code) + " is not supported");
-    }
-  }
-  void compute(KernelContext& ctx) const override {
-    const std::vector<int64_t> size_v = tensor_to_int64s(ctx.required_input(0));
-    if (size_v.size() != 1 || size_v[0] < 0 || size_v[0] > (int64_t(1) << 32))
-      ctx.fail(ErrorCode::invalid_argument, "size must be one value in [0, 2^32]");
-    const int64_t n = size_v[0];
-    const double denom = double(periodic_ ? n : n - 1);
-    Tensor& out = ctx.output(0, out_, {n});
-    visit_dtype(out_, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      T* o = static_cast<T*>(out.raw_data());
-      for (int64_t i = 0; i < n; ++i) {
-        double v = 0, sign = 1;
-        for (size_t k = 0; k < coeffs_.size(); ++k, sign = -sign)
-          v += sign * coeffs_[k] * (denom > 0 ? std::cos(2 * M_PI * double(k) * double(i) / denom) : 1.0);
-        if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) o[i] = T(float(v));
-        else o[i] = static_cast<T>(v);
-      }
-    });
-  }
-
- private:
-  std::vector<double> coeffs_;
-  bool periodic_ = true;
-  DType out_ = DType::f32;
-};
-
-KernelFactory window_factory(std::vector<double> coeffs) {
-  return [coeffs](const Node& n, int64_t) -> std::unique_ptr<OpKernel> { return std::make_unique<CosineWindow>(n, coeffs); };
-}
-
 }  // namespace
 
 void register_shape_kernels(KernelRegistry& r) {
-  r.add({"HannWindow", "", 17, INT_MAX, window_factory({0.5, 0.5}), {0}});
-  r.add({"HammingWindow", "", 17, INT_MAX, window_factory({25.0 / 46.0, 21.0 / 46.0}), {0}});
-  r.add({"BlackmanWindow", "", 17, INT_MAX, window_factory({0.42, 0.5, 0.08}), {0}});
   r.add({"Shape", "", 1, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
            return std::make_unique<ShapeOp>(n, o);
          }, {}});

@@ -3,7 +3,6 @@
 // serves every dtype.
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "runtime/ref/ref_kernels.h"
 #include "runtime/ref/ref_util.h"
@@ -612,13 +611,7 @@ class Dropout final : public OpKernel {
     }
     if (!dtype_is_float(x.dtype()))
       ctx.fail(ErrorCode::unsupported, "training-mode dropout of " + x.describe());
-    // MT19937 drawing doubles the way numpy's legacy RandomState does (53 bits from two
-    // 32-bit words), so a seeded run reproduces the ONNX reference masks.
-    std::mt19937 rng(has_seed_ ? uint32_t(seed_) : std::random_device{}());
-    auto uniform = [&rng] {
-      const uint32_t a = rng() >> 5, b = rng() >> 6;
-      return (double(a) * 67108864.0 + double(b)) / 9007199254740992.0;
-    };
+    UniformRng uniform(has_seed_ ? std::optional<uint32_t>(uint32_t(seed_)) : std::nullopt);
     Tensor& y = ctx.output(0, x.dtype(), x.shape());
     Tensor* mask = ctx.output_wanted(1) ? &ctx.output(1, mask_type, x.shape()) : nullptr;
     const double scale = 1.0 / (1.0 - ratio);
