@@ -7,9 +7,10 @@ namespace slim {
 Value Value::sequence(std::vector<Tensor> items, std::optional<DType> elem) {
   if (!elem && !items.empty()) elem = items.front().dtype();
   for (const auto& t : items)
-    check(t.defined() && t.dtype() == *elem, ErrorCode::invalid_argument,
-          "a sequence holds tensors of one type: got " + t.describe() + " in a sequence of " +
-              std::string(dtype_name(*elem)));
+    if (!t.defined() || t.dtype() != *elem)
+      throw Error(ErrorCode::invalid_argument, "a sequence holds tensors of one type: got " +
+                                                   t.describe() + " in a sequence of " +
+                                                   std::string(dtype_name(*elem)));
   Value v;
   v.kind_ = Kind::sequence;
   v.seq_ = std::make_shared<const Seq>(Seq{std::move(items), elem});
@@ -23,34 +24,28 @@ Value Value::none() {
 }
 
 Value Value::optional(Value element) {
-  check(element.is_tensor() ? element.tensor_.defined() : element.is_sequence(),
-        ErrorCode::invalid_argument,
-        "an optional holds a tensor or a sequence, not " + element.describe());
+  if (element.is_tensor() ? !element.tensor_.defined() : !element.is_sequence())
+    throw Error(ErrorCode::invalid_argument,
+                "an optional holds a tensor or a sequence, not " + element.describe());
   element.kind_ = Kind::optional;
   return element;
 }
 
-const Tensor& Value::tensor() const {
-  check(kind_ == Kind::tensor, ErrorCode::invalid_argument,
-        "expected a tensor, got " + describe());
-  return tensor_;
-}
-
-Tensor& Value::tensor() {
-  check(kind_ == Kind::tensor, ErrorCode::invalid_argument,
-        "expected a tensor, got " + describe());
-  return tensor_;
+// Messages are built only on failure: tensor() is on every step's path.
+void Value::expect(Kind kind) const {
+  if (kind_ != kind)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(kind == Kind::tensor ? "expected a tensor" : "expected a sequence") +
+                    ", got " + describe());
 }
 
 const std::vector<Tensor>& Value::items() const {
-  check(kind_ == Kind::sequence, ErrorCode::invalid_argument,
-        "expected a sequence, got " + describe());
+  expect(Kind::sequence);
   return seq_->items;
 }
 
 std::optional<DType> Value::elem_dtype() const {
-  check(kind_ == Kind::sequence, ErrorCode::invalid_argument,
-        "expected a sequence, got " + describe());
+  expect(Kind::sequence);
   return seq_->elem;
 }
 
@@ -59,8 +54,8 @@ bool Value::has_element() const {
 }
 
 Value Value::element() const {
-  check(kind_ == Kind::optional, ErrorCode::invalid_argument,
-        "expected an optional, got " + describe());
+  if (kind_ != Kind::optional)
+    throw Error(ErrorCode::invalid_argument, "expected an optional, got " + describe());
   check(has_element(), ErrorCode::invalid_argument, "the optional is empty");
   Value v = *this;
   v.kind_ = seq_ ? Kind::sequence : Kind::tensor;

@@ -265,6 +265,7 @@ struct Session::Impl {
   // gets an address that never changes; graph.nodes is a copy for inspection.
   std::vector<std::unique_ptr<Node>> node_store;
   std::vector<int> input_ids;  // graph.inputs, then graph.overridable_inputs
+  size_t max_step_inputs = 0, max_step_outputs = 0;
   std::vector<int> output_ids;
   std::shared_ptr<Storage> arena;
   std::unordered_set<const Storage*> constant_storages;
@@ -1090,6 +1091,8 @@ void Session::Impl::build_steps() {
       step.outputs.push_back(id);
     }
     step.planned.resize(node.outputs.size());
+    max_step_inputs = std::max(max_step_inputs, step.inputs.size());
+    max_step_outputs = std::max(max_step_outputs, step.outputs.size());
   }
   for (auto& v : values)
     if (v.graph_output) v.last_step = num_steps;
@@ -1357,9 +1360,11 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
 
   ThreadPool& pool = default_thread_pool();
   std::vector<const Tensor*> ins;
-  std::vector<const Value*> value_ins;
   std::vector<Tensor> outs;
-  std::vector<Value> value_outs, captured;
+  // The non-tensor channel: entries are null (undefined) except while a step that has
+  // such inputs (outputs) runs, so tensor steps do not touch them.
+  std::vector<const Value*> value_ins(max_step_inputs, nullptr);
+  std::vector<Value> value_outs(max_step_outputs), captured;
   for (size_t s = 0; s < steps.size(); ++s) {
     Step& step = steps[s];
     const Node& node = *step.node;
@@ -1368,7 +1373,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
       continue;
     }
     ins.assign(step.inputs.size(), nullptr);
-    value_ins.assign(step.inputs.size(), nullptr);
+    bool value_inputs = false;
     for (size_t k = 0; k < step.inputs.size(); ++k) {
       const int id = step.inputs[k];
       if (id < 0) continue;
@@ -1376,16 +1381,18 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
         ins[k] = ref[size_t(id)];
       } else if (held[size_t(id)].defined()) {
         value_ins[k] = &held[size_t(id)];
+        value_inputs = true;
       } else {
         throw Error(ErrorCode::internal,
                     node.describe() + ": input '" + node.inputs[k] + "' has no value");
       }
     }
-    captured.clear();
-    for (int id : step.captures)
-      captured.push_back(ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)]);
+    if (step.subgraphs) {
+      captured.clear();
+      for (int id : step.captures)
+        captured.push_back(ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)]);
+    }
     outs.assign(step.outputs.size(), Tensor());
-    value_outs.assign(step.outputs.size(), Value());
     try {
       KernelContext ctx(node, ins, &outs, &step.planned, &pool);
       ctx.set_values(&value_ins, &value_outs, &captured);
@@ -1400,15 +1407,18 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     } catch (const std::bad_alloc&) {
       throw Error(ErrorCode::resource_exhausted, node.describe() + ": out of memory");
     }
+    if (value_inputs) std::fill(value_ins.begin(), value_ins.begin() + std::ptrdiff_t(step.inputs.size()), nullptr);
     for (size_t o = 0; o < step.outputs.size(); ++o) {
       const int id = step.outputs[o];
-      if (id < 0) continue;
       if (value_outs[o].defined()) {
         // A sequence or optional outlives the step: it must not keep arena bytes that
         // later steps reuse.
-        hold(id, value_outs[o].map_tensors([&](const Tensor& t) { return in_arena(t) ? t.clone() : t; }));
+        Value v = std::move(value_outs[o]);
+        value_outs[o] = Value();
+        if (id >= 0) hold(id, v.map_tensors([&](const Tensor& t) { return in_arena(t) ? t.clone() : t; }));
         continue;
       }
+      if (id < 0) continue;
       Tensor& t = outs[o];
       if (!t.defined())
         throw Error(ErrorCode::internal,

@@ -31,8 +31,14 @@ class Value {
   bool defined() const { return kind_ != Kind::tensor || tensor_.defined(); }
 
   // The tensor of a tensor value; invalid_argument for any other kind.
-  const Tensor& tensor() const;
-  Tensor& tensor();
+  const Tensor& tensor() const {
+    if (kind_ != Kind::tensor) expect(Kind::tensor);
+    return tensor_;
+  }
+  Tensor& tensor() {
+    if (kind_ != Kind::tensor) expect(Kind::tensor);
+    return tensor_;
+  }
   // A sequence's tensors and element type (nullopt: an empty sequence of unknown type).
   const std::vector<Tensor>& items() const;
   std::optional<DType> elem_dtype() const;
@@ -53,6 +59,7 @@ class Value {
     std::vector<Tensor> items;
     std::optional<DType> elem;
   };
+  [[gnu::cold]] void expect(Kind kind) const;  // invalid_argument unless of that kind
   Kind kind_ = Kind::tensor;
   Tensor tensor_;                    // a tensor, or the tensor an optional holds
   std::shared_ptr<const Seq> seq_;  // a sequence, or the sequence an optional holds

@@ -21,16 +21,18 @@ std::unique_ptr<SubgraphPlan> compile(const KernelBuildInfo& info, const std::st
 }
 
 // The one bool of a condition input or output; `what` names it in the error.
-bool truth(const KernelContext& ctx, const Tensor& t, const std::string& what) {
+bool truth(const KernelContext& ctx, const Tensor& t, const char* what) {
   if (t.dtype() != DType::boolean || t.numel() != 1)
-    ctx.fail(ErrorCode::invalid_argument, what + " must be a bool scalar, got " + t.describe());
+    ctx.fail(ErrorCode::invalid_argument, std::string(what) + " must be a bool scalar, got " + t.describe());
   return *static_cast<const bool*>(t.raw_data());
 }
 
-// The tensor in a value a subgraph returned; `what` names it in the error.
-const Tensor& tensor_of(const KernelContext& ctx, const Value& v, const std::string& what) {
+// The tensor in a value a subgraph returned; `what` and `index` ("scan output", 2) name it
+// in the error.
+const Tensor& tensor_of(const KernelContext& ctx, const Value& v, const char* what, int index = -1) {
   if (!v.is_tensor() || !v.defined())
-    ctx.fail(ErrorCode::invalid_argument, what + " must be a tensor, got " + v.describe());
+    ctx.fail(ErrorCode::invalid_argument, std::string(what) + (index >= 0 ? " " + std::to_string(index) : "") +
+                                              " must be a tensor, got " + v.describe());
   return v.tensor();
 }
 
@@ -203,11 +205,11 @@ class LoopKernel final : public OpKernel {
         cond = truth(ctx, tensor_of(ctx, outs[0], "the body's condition"), "the body's condition");
       for (int k = 0; k < carried_; ++k) carried[size_t(k)] = std::move(outs[size_t(1 + k)]);
       for (int k = 0; k < scans_; ++k) {
-        const std::string what = "scan output " + std::to_string(k);
-        const Tensor& part = tensor_of(ctx, outs[size_t(1 + carried_ + k)], what);
+        const Tensor& part = tensor_of(ctx, outs[size_t(1 + carried_ + k)], "scan output", k);
         auto& list = scans[size_t(k)];
         if (!list.empty() && (part.shape() != list[0].shape() || part.dtype() != list[0].dtype()))
-          ctx.fail(ErrorCode::invalid_argument, what + " is " + part.describe() + " in iteration " +
+          ctx.fail(ErrorCode::invalid_argument, "scan output " + std::to_string(k) + " is " +
+                                                    part.describe() + " in iteration " +
                                                     std::to_string(i) + ", " + list[0].describe() +
                                                     " before");
         list.push_back(part);
@@ -463,14 +465,14 @@ class ScanKernel final : public OpKernel {
         feeds.emplace_back(take(inputs[size_t(j)], axes[size_t(j)], in_dirs_[size_t(j)] ? steps - 1 - t : t));
       std::vector<Value> outs = body_.plan->run(ctx, std::move(feeds));
       for (int k = 0; k < states_; ++k) {
-        const Tensor& s = tensor_of(ctx, outs[size_t(k)], "state " + std::to_string(k));
+        const Tensor& s = tensor_of(ctx, outs[size_t(k)], "state", k);
         if (s.shape() != states[size_t(k)].shape() || s.dtype() != states[size_t(k)].dtype())
           ctx.fail(ErrorCode::invalid_argument, "the body turns state " + std::to_string(k) + " from " +
                                                     states[size_t(k)].describe() + " into " + s.describe());
         states[size_t(k)] = s;
       }
       for (int k = 0; k < scan_outputs_; ++k) {
-        const Tensor& part = tensor_of(ctx, outs[size_t(states_ + k)], "scan output " + std::to_string(k));
+        const Tensor& part = tensor_of(ctx, outs[size_t(states_ + k)], "scan output", k);
         auto& parts = r.parts[size_t(k)];
         const int64_t pos = out_dirs_[size_t(k)] ? steps - 1 - t : t;
         if (t > 0) {
@@ -540,7 +542,7 @@ class SequenceMapKernel final : public OpKernel {
       for (const auto& v : ins) feeds.push_back(v.is_sequence() ? Value(v.items()[i]) : v);
       std::vector<Value> outs = body_->run(ctx, std::move(feeds));
       for (size_t k = 0; k < items.size(); ++k) {
-        const Tensor& t = tensor_of(ctx, outs[k], "body output " + std::to_string(k));
+        const Tensor& t = tensor_of(ctx, outs[k], "body output", int(k));
         if (!items[k].empty() && t.dtype() != items[k][0].dtype())
           ctx.fail(ErrorCode::invalid_argument, "body output " + std::to_string(k) + " is " + t.describe() +
                                                     " for item " + std::to_string(i) + ", " +
