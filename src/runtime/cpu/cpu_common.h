@@ -24,6 +24,7 @@ void register_dnnl_rnn_kernels(KernelRegistry& r);     // dnnl_rnn.cc
 void register_elementwise_kernels(KernelRegistry& r);  // elementwise.cc
 void register_resize_kernels(KernelRegistry& r);       // resize.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
+void register_matmul_nbits_kernels(KernelRegistry& r); // matmul_nbits.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();

@@ -14,6 +14,7 @@ const KernelRegistry& cpu_kernel_registry() {
     cpu::register_elementwise_kernels(r);
     cpu::register_resize_kernels(r);
     cpu::register_tensor_kernels(r);
+    cpu::register_matmul_nbits_kernels(r);
     return r;
   }();
   return registry;

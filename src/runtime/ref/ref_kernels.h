@@ -27,5 +27,7 @@ void register_resize_kernels(KernelRegistry& r);              // resize.cc
 void register_quant_kernels(KernelRegistry& r);               // quant.cc
 void register_fused_kernels(KernelRegistry& r);               // fused.cc
 void register_rnn_kernels(KernelRegistry& r);                 // rnn.cc
+void register_contrib_kernels(KernelRegistry& r);             // contrib.cc
+void register_contrib_attention_kernels(KernelRegistry& r);   // contrib_attention.cc
 
 }  // namespace slim::ref
