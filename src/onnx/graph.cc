@@ -14,7 +14,7 @@ std::optional<Shape> ValueInfo::static_shape() const {
 
 std::string ValueInfo::describe() const {
   std::string out = dtype ? std::string(dtype_name(*dtype)) : (onnx_type.empty() ? "?" : onnx_type);
-  if (!shape) return out + "[?]";
+  if (!shape) return dtype || onnx_type.empty() ? out + "[?]" : out;  // "seq(tensor(float))"
   out += "[";
   for (size_t i = 0; i < shape->size(); ++i) {
     if (i) out += ",";
@@ -37,6 +37,7 @@ const char* kind_name(Attribute::Kind k) {
     case Attribute::Kind::strings: return "strings";
     case Attribute::Kind::tensors: return "tensors";
     case Attribute::Kind::graphs: return "graphs";
+    case Attribute::Kind::type: return "type";
   }
   return "?";
 }

@@ -2,6 +2,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <onnx/onnx-data_pb.h>
 #include <onnx/onnx_pb.h>
 
 #include <climits>
@@ -223,6 +224,7 @@ Attribute convert_attribute(onnx::AttributeProto& p, LoadContext& ctx, const std
     else if (p.has_t()) type = AP::TENSOR;
     else if (p.has_g()) type = AP::GRAPH;
     else if (p.has_sparse_tensor()) type = AP::SPARSE_TENSOR;
+    else if (p.has_tp()) type = AP::TYPE_PROTO;
     else if (p.floats_size()) type = AP::FLOATS;
     else if (p.ints_size()) type = AP::INTS;
     else if (p.strings_size()) type = AP::STRINGS;
@@ -287,8 +289,12 @@ Attribute convert_attribute(onnx::AttributeProto& p, LoadContext& ctx, const std
       }
       break;
     case AP::TYPE_PROTO:
+      a.kind = Attribute::Kind::type;
+      check(p.has_tp(), ErrorCode::invalid_model, what + " is a type attribute without a type");
+      a.s = type_proto_name(p.tp(), 1);  // spelled as ONNX does: "tensor(float)"
+      break;
     case AP::TYPE_PROTOS:
-      throw Error(ErrorCode::unsupported, what + " holds a type, which slim does not support");
+      throw Error(ErrorCode::unsupported, what + " holds a list of types, which slim does not support");
     default:
       throw Error(ErrorCode::invalid_model,
                   what + " has unknown attribute type " + std::to_string(type));
@@ -640,6 +646,53 @@ Tensor read_tensor_pb(const std::string& path, std::string* name) {
   if (source.base_dir.empty()) source.base_dir = ".";
   if (name) *name = proto.name();
   return tensor_from_proto(proto, source, path + ": tensor " + in_quotes(proto.name()));
+}
+
+namespace {
+
+Value value_from_proto(onnx::SequenceProto& p, TensorSource& source, const std::string& what);
+
+Value value_from_proto(onnx::OptionalProto& p, TensorSource& source, const std::string& what) {
+  if (p.has_tensor_value())
+    return Value::optional(tensor_from_proto(*p.mutable_tensor_value(), source, what + " element"));
+  if (p.has_sequence_value())
+    return Value::optional(value_from_proto(*p.mutable_sequence_value(), source, what + " element"));
+  check(p.elem_type() == onnx::OptionalProto::TENSOR || p.elem_type() == onnx::OptionalProto::SEQUENCE ||
+            p.elem_type() == onnx::OptionalProto::UNDEFINED,
+        ErrorCode::unsupported, what + ": optionals hold tensors or sequences in slim");
+  return Value::none();
+}
+
+Value value_from_proto(onnx::SequenceProto& p, TensorSource& source, const std::string& what) {
+  check(p.elem_type() == onnx::SequenceProto::TENSOR ||
+            (p.elem_type() == onnx::SequenceProto::UNDEFINED && p.tensor_values_size() == 0),
+        ErrorCode::unsupported, what + ": sequences hold tensors in slim");
+  std::vector<Tensor> items;
+  for (int i = 0; i < p.tensor_values_size(); ++i)
+    items.push_back(tensor_from_proto(*p.mutable_tensor_values(i), source, what + " item " + std::to_string(i)));
+  return Value::sequence(std::move(items));
+}
+
+}  // namespace
+
+Value read_value_pb(const std::string& path, const std::string& onnx_type) {
+  const bool sequence = onnx_type.rfind("seq(", 0) == 0, optional = onnx_type.rfind("optional(", 0) == 0;
+  if (!sequence && !optional) return read_tensor_pb(path);
+  auto file = MappedFile::open(path);
+  TensorSource source;
+  source.file = path;
+  source.base_dir = fs::path(path).parent_path().string();
+  if (source.base_dir.empty()) source.base_dir = ".";
+  if (sequence) {
+    onnx::SequenceProto proto;
+    check(parse_large(proto, file->data(), file->size()), ErrorCode::invalid_model,
+          path + ": cannot parse as an ONNX SequenceProto");
+    return value_from_proto(proto, source, path + ": sequence " + in_quotes(proto.name()));
+  }
+  onnx::OptionalProto proto;
+  check(parse_large(proto, file->data(), file->size()), ErrorCode::invalid_model,
+        path + ": cannot parse as an ONNX OptionalProto");
+  return value_from_proto(proto, source, path + ": optional " + in_quotes(proto.name()));
 }
 
 std::vector<size_t> validate_graph(const Graph& graph, const std::string& context) {

@@ -1,5 +1,8 @@
 #include "slim/runtime/kernel.h"
 
+#include <set>
+
+#include "slim/onnx/importer.h"
 #include "slim/runtime/provider.h"
 
 namespace slim {
@@ -14,7 +17,13 @@ KernelContext::KernelContext(const Node& node, std::vector<const Tensor*> inputs
 const Tensor* KernelContext::input(int i) const {
   if (i < 0 || i >= int(inputs_.size())) return nullptr;
   const Tensor* t = inputs_[size_t(i)];
-  return (t && t->defined()) ? t : nullptr;
+  if (t && t->defined()) return t;
+  // A sequence or optional where a tensor is expected is an error, not an absent input.
+  if (value_inputs_ && size_t(i) < value_inputs_->size() && (*value_inputs_)[size_t(i)])
+    fail(ErrorCode::invalid_argument, "input " + std::to_string(i) + " is " +
+                                          (*value_inputs_)[size_t(i)]->describe() +
+                                          ", expected a tensor");
+  return nullptr;
 }
 
 const Tensor& KernelContext::required_input(int i) const {
@@ -46,6 +55,52 @@ void KernelContext::set_output(int i, Tensor t) {
   if (i < 0 || i >= num_outputs())
     fail(ErrorCode::internal, "output index " + std::to_string(i) + " out of range");
   (*outputs_)[size_t(i)] = std::move(t);
+}
+
+void KernelContext::set_values(const std::vector<const Value*>* inputs,
+                               std::vector<Value>* outputs,
+                               const std::vector<Value>* captures) {
+  value_inputs_ = inputs;
+  value_outputs_ = outputs;
+  captures_ = captures;
+}
+
+Value KernelContext::value(int i) const {
+  if (value_inputs_ && i >= 0 && size_t(i) < value_inputs_->size() && (*value_inputs_)[size_t(i)])
+    return *(*value_inputs_)[size_t(i)];
+  const Tensor* t = input(i);
+  return t ? Value(*t) : Value();
+}
+
+void KernelContext::set_output(int i, Value v) {
+  if (v.is_tensor()) return set_output(i, std::move(v.tensor()));
+  if (i < 0 || i >= num_outputs())
+    fail(ErrorCode::internal, "output index " + std::to_string(i) + " out of range");
+  if (!value_outputs_)
+    fail(ErrorCode::internal, "produced " + v.describe() + " outside a session");
+  (*value_outputs_)[size_t(i)] = std::move(v);
+}
+
+const std::vector<Value>& KernelContext::captures() const {
+  static const std::vector<Value> kNone;
+  return captures_ ? *captures_ : kNone;
+}
+
+std::vector<std::string> node_captures(const Node& node) {
+  std::set<std::string> outer;
+  for (const auto& [key, a] : node.attrs) {
+    if (a.kind == Attribute::Kind::g && a.g) {
+      const auto refs = outer_scope_refs(*a.g);
+      outer.insert(refs.begin(), refs.end());
+    }
+    if (a.kind == Attribute::Kind::graphs)
+      for (const auto& sg : a.graphs)
+        if (sg) {
+          const auto refs = outer_scope_refs(*sg);
+          outer.insert(refs.begin(), refs.end());
+        }
+  }
+  return {outer.begin(), outer.end()};
 }
 
 void KernelContext::fail(ErrorCode code, const std::string& msg) const {

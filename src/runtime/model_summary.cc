@@ -22,6 +22,22 @@ const std::set<std::string>& data_movement_ops() {
   return ops;
 }
 
+void count_subgraph_ops(const Node& node, ModelSummary& s) {
+  for (const auto& [key, a] : node.attrs) {
+    std::vector<const Graph*> graphs;
+    if (a.kind == Attribute::Kind::g && a.g) graphs.push_back(a.g.get());
+    if (a.kind == Attribute::Kind::graphs)
+      for (const auto& g : a.graphs)
+        if (g) graphs.push_back(g.get());
+    for (const Graph* g : graphs)
+      for (const auto& n : g->nodes) {
+        s.op_histogram[n.domain.empty() ? n.op_type : n.domain + ":" + n.op_type]++;
+        ++s.subgraph_nodes;
+        count_subgraph_ops(n, s);
+      }
+  }
+}
+
 }  // namespace
 
 std::optional<double> estimate_node_flops(const Node& node, const ShapeLookup& shape_of) {
@@ -100,6 +116,7 @@ ModelSummary summarize_model(const Model& model, const ShapeLookup& shape_of) {
   for (const auto& n : g.nodes) {
     const std::string key = n.domain.empty() ? n.op_type : n.domain + ":" + n.op_type;
     s.op_histogram[key]++;
+    count_subgraph_ops(n, s);
     if (auto f = estimate_node_flops(n, shape_of)) {
       s.flops += *f;
       s.flops_by_op[key] += *f;

@@ -81,26 +81,15 @@ bool has_subgraph(const Node& node) {
   return false;
 }
 
-// Every value a node reads: its inputs, then what its subgraphs read from outside.
+// Every value a node reads: its inputs, then what its subgraphs read from outside (their
+// kernel needs those alive, so they count as uses of the node that owns the subgraph).
 std::vector<std::string> node_uses(const Node& node) {
   std::vector<std::string> uses;
   for (const auto& i : node.inputs)
     if (!i.empty()) uses.push_back(i);
   if (has_subgraph(node)) {
-    std::set<std::string> outer;
-    // Values a subgraph reads from enclosing scopes: its kernel needs them alive, so
-    // they count as uses of the node that owns the subgraph.
-    auto add = [&](const Graph& sub) {
-      const auto refs = outer_scope_refs(sub);
-      outer.insert(refs.begin(), refs.end());
-    };
-    for (const auto& [key, a] : node.attrs) {
-      if (a.kind == Attribute::Kind::g && a.g) add(*a.g);
-      if (a.kind == Attribute::Kind::graphs)
-        for (const auto& sg : a.graphs)
-          if (sg) add(*sg);
-    }
-    uses.insert(uses.end(), outer.begin(), outer.end());
+    const auto captures = node_captures(node);
+    uses.insert(uses.end(), captures.begin(), captures.end());
   }
   return uses;
 }
@@ -323,6 +312,8 @@ struct Step {
   std::unique_ptr<OpKernel> kernel;
   std::vector<int> inputs;   // value ids, -1 for an omitted input
   std::vector<int> uses;     // every value read, subgraph captures included
+  std::vector<int> captures;  // what its subgraphs read from this scope (node_captures)
+  bool subgraphs = false;     // the node has subgraphs (If, Loop, Scan, SequenceMap)
   std::vector<int> outputs;  // value ids, -1 for an omitted output
   std::vector<Tensor> planned;
   std::vector<int> release;  // values whose last reader is this step
@@ -345,6 +336,8 @@ struct Session::Impl {
   // The nodes the steps run. Kernels may keep a reference to their node, so each node
   // gets an address that never changes; graph.nodes is a copy for inspection.
   std::vector<std::unique_ptr<Node>> node_store;
+  std::vector<int> input_ids;  // graph.inputs, then graph.overridable_inputs
+  size_t max_step_inputs = 0, max_step_outputs = 0;
   std::vector<int> output_ids;
   std::shared_ptr<Storage> arena;
   std::unordered_set<const Storage*> constant_storages;
@@ -358,11 +351,12 @@ struct Session::Impl {
     std::unique_ptr<Impl> impl;
   };
   bool has_symbolic_inputs = false;
+  bool is_specialization = false;
   std::list<Specialization> specializations;  // most recently used first
   int64_t num_specialized = 0;
   const Impl* last_used = nullptr;
   NodeProfiler profiler_fn;  // Session::set_profiler
-  Impl* specialization_for(const TensorMap& inputs);
+  Impl* specialization_for(const std::vector<Value>& feeds);
 
   int value_id(const std::string& name) {
     auto it = value_ids.find(name);
@@ -379,9 +373,28 @@ struct Session::Impl {
   }
 
   void compile();
-  void validate_inputs(const TensorMap& inputs) const;
-  TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names);
+
+  // Running. Feeds are the input values in input_ids order; an undefined one leaves an
+  // overridable input at its initializer.
+  template <typename Map>
+  std::vector<Value> feeds_from(const Map& inputs) const;
+  void check_feeds(const std::vector<Value>& feeds) const;
+  std::vector<int> output_positions(const std::vector<std::string>& names) const;
+  // The plan to run these feeds with: this one or a shape specialization of it.
+  Impl* plan_for(const std::vector<Value>& feeds);
+  // Runs the steps and returns the outputs at `wanted` (positions in graph.outputs);
+  // `partial` skips steps none of them needs. Outputs never share memory with the arena
+  // or a constant; a top-level run also copies those that share the caller's inputs.
+  std::vector<Value> execute(std::vector<Value> feeds, const std::vector<int>& wanted,
+                             bool partial, bool top_level);
   const NodeProfiler* profiler = nullptr;  // set by Session::run when profiling
+  // Session::run: picks the plan (a specialization or this one) and executes it.
+  std::vector<Value> run_feeds(std::vector<Value> feeds, const std::vector<int>& wanted, bool partial) {
+    Impl* target = plan_for(feeds);
+    last_used = target;
+    target->profiler = profiler_fn ? &profiler_fn : nullptr;
+    return target->execute(std::move(feeds), wanted, partial, true);
+  }
 
  private:
   void eliminate_dead_nodes();
@@ -395,9 +408,14 @@ struct Session::Impl {
     std::unique_ptr<OpKernel> kernel;
   };
   std::unordered_map<const Node*, ReusableKernel> reusable_kernels;
+  int64_t inlined_ifs = 0;  // Ifs replaced by their taken branch
   std::vector<std::unique_ptr<Node>> retired_nodes;  // addresses reusable_kernels keys on
   std::unique_ptr<OpKernel> take_reusable_kernel(const Node& node, const std::string& provider);
   void fold_and_infer(const std::vector<const KernelRegistry*>& regs);
+  // The nodes of an If's taken branch, renamed into this scope, to replace the If.
+  std::vector<std::unique_ptr<Node>> inline_branch(const Node& if_node, const Graph& branch);
+  std::unique_ptr<SubgraphPlan> compile_subgraph(const Node& node, const std::string& attr,
+                                                 const std::vector<NodeInputInfo>& formal);
   void build_steps();
   void negotiate_private_layouts();
   void plan_arena();
@@ -407,8 +425,9 @@ struct Session::Impl {
 };
 
 void Session::Impl::compile() {
-  context = model.path.empty() ? (model.graph.name.empty() ? "model" : "model '" + model.graph.name + "'")
-                               : model.path;
+  if (context.empty())  // subgraph plans come with their place in the model
+    context = model.path.empty() ? (model.graph.name.empty() ? "model" : "model '" + model.graph.name + "'")
+                                 : model.path;
   set_num_threads(options.num_threads);
   const auto registries = resolve_providers(options.providers);
   stats.nodes_in = int64_t(model.graph.nodes.size());
@@ -480,6 +499,8 @@ void Session::Impl::compile() {
   if (options.optimize) optimize(registries, false);
   fold_and_infer(registries);
   if (options.optimize) optimize(registries, true);
+  // What only an inlined If's other branch read is dead now.
+  if (inlined_ifs) eliminate_dead_nodes();
 
   // Folding leaves constants nobody reads; drop them so their memory goes.
   std::unordered_set<std::string> used;
@@ -497,7 +518,9 @@ void Session::Impl::compile() {
   }
   for (const auto& vi : graph.overridable_inputs) {
     auto it = model.graph.initializers.find(vi.name);
-    if (it != model.graph.initializers.end()) graph.initializers[vi.name] = it->second;
+    if (it == model.graph.initializers.end()) continue;
+    graph.initializers[vi.name] = it->second;
+    constant_storages.insert(it->second.storage().get());
   }
 
   build_steps();
@@ -512,18 +535,19 @@ void Session::Impl::compile() {
     if (v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && !v.shape)
       ++dynamic;
   stats.memory.dynamic_values = dynamic;
-  for (const auto& vi : graph.inputs) has_symbolic_inputs |= !vi.static_shape().has_value();
-  for (const auto& vi : graph.overridable_inputs)
-    has_symbolic_inputs |= !vi.static_shape().has_value();
+  // Inputs a specialization could fix: tensors (or untyped values) without a static shape.
+  for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
+    for (const auto& vi : *list) {
+      input_ids.push_back(value_id(vi.name));
+      const bool tensor_like = vi.dtype || vi.onnx_type.empty();
+      has_symbolic_inputs |= tensor_like && !vi.static_shape().has_value();
+    }
 }
 
-Session::Impl* Session::Impl::specialization_for(const TensorMap& inputs) {
+Session::Impl* Session::Impl::specialization_for(const std::vector<Value>& feeds) {
   std::vector<std::optional<Shape>> key;
-  for (const auto& vi : graph.inputs) key.push_back(inputs.at(vi.name).shape());
-  for (const auto& vi : graph.overridable_inputs) {
-    auto it = inputs.find(vi.name);
-    key.push_back(it == inputs.end() ? std::nullopt : std::optional<Shape>(it->second.shape()));
-  }
+  for (const auto& f : feeds)
+    key.push_back(f.defined() && f.is_tensor() ? std::optional<Shape>(f.tensor().shape()) : std::nullopt);
   auto it = std::find_if(specializations.begin(), specializations.end(),
                          [&](const Specialization& sp) { return sp.key == key; });
   if (it == specializations.end()) {
@@ -537,23 +561,23 @@ Session::Impl* Session::Impl::specialization_for(const TensorMap& inputs) {
   // probes every node once) without gaining anything from the plan.
   if (!sp.impl && !sp.failed && sp.seen >= 2) {
     Model m = model;
-    auto fix = [](ValueInfo& vi, const Shape& shape) {
-      std::vector<Dim> dims(shape.size());
-      for (size_t d = 0; d < shape.size(); ++d) dims[d].value = shape[d];
-      vi.shape = std::move(dims);
-    };
-    for (auto& vi : m.graph.inputs) fix(vi, inputs.at(vi.name).shape());
-    for (auto& vi : m.graph.overridable_inputs) {
-      auto given = inputs.find(vi.name);
-      auto init = m.graph.initializers.find(vi.name);
-      if (given != inputs.end())
-        fix(vi, given->second.shape());
-      else if (!vi.static_shape() && init != m.graph.initializers.end())
-        fix(vi, init->second.shape());
-    }
+    size_t k = 0;
+    for (auto* list : {&m.graph.inputs, &m.graph.overridable_inputs})
+      for (auto& vi : *list) {
+        const Value& f = feeds[k++];
+        const Tensor* t = f.defined() && f.is_tensor() ? &f.tensor() : nullptr;
+        auto init = m.graph.initializers.find(vi.name);
+        if (!t && !vi.static_shape() && init != m.graph.initializers.end()) t = &init->second;
+        if (!t || (!vi.dtype && !vi.onnx_type.empty())) continue;  // a sequence or optional
+        std::vector<Dim> dims(t->shape().size());
+        for (size_t d = 0; d < dims.size(); ++d) dims[d].value = t->shape()[d];
+        vi.shape = std::move(dims);
+        vi.dtype = t->dtype();
+      }
     auto spec = std::make_unique<Impl>();
     spec->options = options;
-    spec->options.shape_specializations = 0;
+    spec->is_specialization = true;
+    spec->context = context;
     spec->model = std::move(m);
     try {
       spec->compile();
@@ -570,6 +594,13 @@ Session::Impl* Session::Impl::specialization_for(const TensorMap& inputs) {
   return target;
 }
 
+Session::Impl* Session::Impl::plan_for(const std::vector<Value>& feeds) {
+  if (!has_symbolic_inputs || is_specialization || options.shape_specializations <= 0 ||
+      !(options.fold_constants || options.plan_memory))
+    return this;
+  return specialization_for(feeds);
+}
+
 void Session::Impl::eliminate_dead_nodes() {
   std::unordered_set<std::string> needed;
   for (const auto& vi : graph.outputs) needed.insert(vi.name);
@@ -580,15 +611,26 @@ void Session::Impl::eliminate_dead_nodes() {
     if (!live[i]) continue;
     for (const auto& u : node_uses(*node_store[i])) needed.insert(u);
   }
+  // Once kernels are chosen, their steps and assignments go with their nodes.
+  const bool built = steps.size() == node_store.size();
   std::vector<std::unique_ptr<Node>> kept;
+  std::vector<Step> kept_steps;
+  std::vector<NodeAssignment> kept_assignments;
   kept.reserve(node_store.size());
   for (size_t i = 0; i < node_store.size(); ++i) {
-    if (live[i])
-      kept.push_back(std::move(node_store[i]));
-    else
+    if (!live[i]) {
       ++stats.dead_nodes;
+      continue;
+    }
+    kept.push_back(std::move(node_store[i]));
+    if (!built) continue;
+    kept_steps.push_back(std::move(steps[i]));
+    kept_assignments.push_back(std::move(assignments[i]));
   }
   node_store = std::move(kept);
+  if (!built) return;
+  steps = std::move(kept_steps);
+  assignments = std::move(kept_assignments);
 }
 
 void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& registries) {
@@ -600,13 +642,40 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
   std::vector<Step> built;
   std::vector<NodeAssignment> assigned;
   kept.reserve(node_store.size());
-  for (auto& node_ptr : node_store) {
+  for (size_t pos = 0; pos < node_store.size(); ++pos) {
+    auto& node_ptr = node_store[pos];
     const Node& node = *node_ptr;
     const int64_t opset = model.opset(node.domain);
+    // An If whose condition is known: only the taken branch is compiled, as nodes of
+    // this plan (folded, claimed and memory-planned with the rest).
+    if (options.fold_constants && node.op_type == "If" && node.domain.empty() &&
+        !node.inputs.empty() && !node.inputs[0].empty()) {
+      const ValueSlot& cond = values[size_t(value_id(node.inputs[0]))];
+      if (cond.kind == ValueKind::constant) {
+        check(cond.constant.dtype() == DType::boolean && cond.constant.numel() == 1,
+              ErrorCode::invalid_model,
+              node.describe() + ": the condition must be one bool, got " + cond.constant.describe());
+        const char* taken = *static_cast<const bool*>(cond.constant.raw_data()) ? "then_branch" : "else_branch";
+        const Attribute* a = node.attr(taken);
+        check(a && a->kind == Attribute::Kind::g && a->g, ErrorCode::invalid_model,
+              node.describe() + ": attribute '" + std::string(taken) + "' is missing or not a graph");
+        auto inlined = inline_branch(node, *a->g);
+        node_store.insert(node_store.begin() + std::ptrdiff_t(pos + 1),
+                          std::make_move_iterator(inlined.begin()), std::make_move_iterator(inlined.end()));
+        ++stats.folded_nodes;
+        ++inlined_ifs;
+        continue;
+      }
+    }
     // Partitioning: providers see what is known about the inputs by now (earlier nodes
     // were folded or probed in order) and claim or decline the node.
     KernelBuildInfo info{node, opset, {}};
     info.winograd = options.winograd;
+    const bool subgraph = has_subgraph(node);
+    if (subgraph)
+      info.compile_subgraph = [this, &node](const std::string& attr, const std::vector<NodeInputInfo>& formal) {
+        return compile_subgraph(node, attr, formal);
+      };
     info.inputs.resize(node.inputs.size());
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k].empty()) continue;
@@ -638,7 +707,6 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     check(kernel != nullptr, ErrorCode::internal,
           node.describe() + ": provider '" + provider + "' returned no kernel");
 
-    const bool subgraph = has_subgraph(node);
     bool all_constant = true, all_known = true;
     for (const auto& in : node.inputs) {
       if (in.empty()) continue;
@@ -658,23 +726,30 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
     const bool shape_only = node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
     const bool fold = options.fold_constants && !subgraph && !is_nondeterministic(node) &&
                       (all_constant || (shape_only && all_known));
-    bool probe = !reused && !subgraph && all_known && shape_inputs_constant;
-    if (probe && !fold) {
+    // Nodes with subgraphs are never run at compile (a Loop may be long), but their
+    // kernels may know their output shapes from their subgraphs' plans.
+    bool probe = !reused && all_known && shape_inputs_constant;
+    if ((probe || (subgraph && !reused)) && !fold) {
       // Kernels that fixed their output shapes at build time need no probe run.
+      // A node with subgraphs also keeps the outputs it knows when it does not know all.
       std::vector<std::pair<DType, Shape>> known(node.outputs.size());
+      std::vector<char> has(node.outputs.size(), 0);
       bool all_static = true;
-      for (size_t i = 0; i < node.outputs.size() && all_static; ++i)
-        all_static = node.outputs[i].empty() || kernel->static_output(int(i), &known[i].first, &known[i].second);
-      if (all_static) {
+      for (size_t i = 0; i < node.outputs.size() && (all_static || subgraph); ++i) {
+        has[i] = !node.outputs[i].empty() && kernel->static_output(int(i), &known[i].first, &known[i].second);
+        all_static = all_static && (has[i] || node.outputs[i].empty());
+      }
+      if (all_static || subgraph) {
         for (size_t i = 0; i < node.outputs.size(); ++i) {
-          if (node.outputs[i].empty()) continue;
+          if (!has[i]) continue;
           ValueSlot& v = values[size_t(value_id(node.outputs[i]))];
           v.dtype = known[i].first;
           v.shape = known[i].second;
         }
-        probe = false;
+        probe = probe && !all_static;
       }
     }
+    probe = probe && !subgraph;
 
     if (fold || probe) {
       std::vector<Tensor> probe_inputs;
@@ -691,10 +766,12 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
       }
       for (const auto& t : probe_inputs) ins.push_back(t.defined() ? &t : nullptr);
       std::vector<Tensor> outs(node.outputs.size());
+      std::vector<Value> value_outs(node.outputs.size());
       bool ok = true;
       if (!fold) ++stats.probed_nodes;
       try {
         KernelContext ctx(node, ins, &outs, nullptr, &default_thread_pool());
+        ctx.set_values(nullptr, &value_outs, nullptr);
         kernel->compute(ctx);
       } catch (const Error&) {
         // Folding real constants fails the same way at every run, so report it now. A
@@ -703,6 +780,8 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
         if (fold && all_constant) throw;
         ok = false;
       }
+      // Constants are tensors: a sequence or optional result stays a node.
+      for (const auto& v : value_outs) ok = ok && !v.defined();
       if (ok && fold) {
         for (size_t i = 0; i < node.outputs.size(); ++i) {
           if (node.outputs[i].empty()) continue;
@@ -755,6 +834,189 @@ void Session::Impl::fold_and_infer(const std::vector<const KernelRegistry*>& reg
   node_store = std::move(kept);
   steps = std::move(built);
   assignments = std::move(assigned);
+}
+
+namespace {
+
+// Renames, in a subgraph and the subgraphs inside it, the values it reads from the scopes
+// around it; names it defines itself are its own and keep theirs. Graphs are shared
+// between copies of a node, so each one renamed is copied first.
+void rename_captures(std::shared_ptr<Graph>& g, const std::map<std::string, std::string>& rename) {
+  std::map<std::string, std::string> outer = rename;
+  for (const auto* list : {&g->inputs, &g->overridable_inputs})
+    for (const auto& vi : *list) outer.erase(vi.name);
+  for (const auto& [name, t] : g->initializers) outer.erase(name);
+  for (const auto& n : g->nodes)
+    for (const auto& o : n.outputs) outer.erase(o);
+  if (outer.empty()) return;
+  g = std::make_shared<Graph>(*g);
+  auto apply = [&](std::string& name) {
+    auto it = outer.find(name);
+    if (it != outer.end()) name = it->second;
+  };
+  for (auto& n : g->nodes) {
+    for (auto& in : n.inputs) apply(in);
+    for (auto& [key, a] : n.attrs) {
+      if (a.g) rename_captures(a.g, outer);
+      for (auto& sub : a.graphs)
+        if (sub) rename_captures(sub, outer);
+    }
+  }
+  for (auto& vi : g->outputs) apply(vi.name);
+}
+
+// A subgraph compiled into a Session::Impl of its own: its inputs are the body's formal
+// inputs, then the captured values that are not constants (constants became its
+// initializers, so its plan folds them and kernels pack them).
+class CompiledSubgraph final : public SubgraphPlan {
+ public:
+  CompiledSubgraph(std::unique_ptr<Session::Impl> plan, const Session::Impl* parent,
+                   std::vector<int> capture_index, std::string attr, int num_formal)
+      : plan_(std::move(plan)), parent_(parent), capture_index_(std::move(capture_index)),
+        attr_(std::move(attr)), num_formal_(num_formal) {
+    for (size_t k = 0; k < plan_->graph.outputs.size(); ++k) all_outputs_.push_back(int(k));
+  }
+
+  std::vector<Value> run(const KernelContext& ctx, std::vector<Value> inputs) override;
+  int num_inputs() const override { return num_formal_; }
+  int num_outputs() const override;
+  std::optional<DType> output_dtype(int i) const override;
+  std::optional<Shape> output_shape(int i) const override;
+
+ private:
+  std::unique_ptr<Session::Impl> plan_;
+  const Session::Impl* parent_;
+  std::vector<int> capture_index_;  // for each captured input, its index in ctx.captures()
+  std::string attr_;                // the node's attribute that holds the subgraph
+  int num_formal_;
+  std::vector<int> all_outputs_;    // 0, 1, ... num_outputs() - 1
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Node>> Session::Impl::inline_branch(const Node& if_node, const Graph& branch) {
+  check(branch.inputs.empty(), ErrorCode::invalid_model,
+        if_node.describe() + ": an If branch takes no inputs, this one declares " +
+            std::to_string(branch.inputs.size()));
+  check(branch.outputs.size() == if_node.outputs.size(), ErrorCode::invalid_model,
+        if_node.describe() + ": the branch has " + std::to_string(branch.outputs.size()) +
+            " outputs, the node " + std::to_string(if_node.outputs.size()));
+  std::map<std::string, std::string> rename;
+  std::set<std::string> produced;
+  for (const auto& n : branch.nodes)
+    for (const auto& o : n.outputs)
+      if (!o.empty()) produced.insert(o);
+  // A branch output its nodes produce takes the If output's name; the rest of the
+  // branch's names stay, or get the If's name as a prefix where this scope has them.
+  std::vector<bool> direct(if_node.outputs.size(), false);
+  for (size_t j = 0; j < branch.outputs.size(); ++j) {
+    const std::string& name = branch.outputs[j].name;
+    if (if_node.outputs[j].empty() || !produced.count(name) || rename.count(name)) continue;
+    rename[name] = if_node.outputs[j];
+    direct[j] = true;
+  }
+  auto fresh = [&](const std::string& name) {
+    std::string out = name;
+    for (int k = 1; value_ids.count(out); ++k)
+      out = if_node.name + "/" + name + (k > 1 ? "_" + std::to_string(k) : "");
+    value_id(out);
+    return out;
+  };
+  for (const auto& name : produced)
+    if (!rename.count(name)) rename[name] = fresh(name);
+  for (const auto& [name, t] : branch.initializers) {
+    const std::string to = fresh(name);
+    rename[name] = to;
+    ValueSlot& v = values[size_t(value_id(to))];
+    v.kind = ValueKind::constant;
+    v.constant = t.contiguous();
+    v.dtype = t.dtype();
+    v.shape = t.shape();
+  }
+  auto renamed = [&](const std::string& name) {
+    auto it = rename.find(name);
+    return it == rename.end() ? name : it->second;
+  };
+  // The branch's nodes in an order its own values allow (what it captures is defined).
+  Graph scope = branch;
+  for (const auto& name : outer_scope_refs(branch)) scope.inputs.push_back(ValueInfo{name, {}, {}, {}});
+  std::vector<std::unique_ptr<Node>> out;
+  for (size_t bn : validate_graph(scope, context + ": " + if_node.describe())) {
+    auto n = std::make_unique<Node>(branch.nodes[bn]);
+    n->name = if_node.name + "/" + n->name;
+    for (auto& in : n->inputs)
+      if (!in.empty()) in = renamed(in);
+    for (auto& o : n->outputs)
+      if (!o.empty()) o = renamed(o);
+    for (auto& [key, a] : n->attrs) {
+      if (a.g) rename_captures(a.g, rename);
+      for (auto& sub : a.graphs)
+        if (sub) rename_captures(sub, rename);
+    }
+    out.push_back(std::move(n));
+  }
+  // Outputs that are outer values, initializers or repeated: an Identity gives them the
+  // If output's name.
+  for (size_t j = 0; j < branch.outputs.size(); ++j) {
+    if (direct[j] || if_node.outputs[j].empty()) continue;
+    auto n = std::make_unique<Node>();
+    n->op_type = "Identity";
+    n->name = if_node.name + "/" + if_node.outputs[j];
+    n->inputs = {renamed(branch.outputs[j].name)};
+    n->outputs = {if_node.outputs[j]};
+    value_id(n->inputs[0]);
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+std::unique_ptr<SubgraphPlan> Session::Impl::compile_subgraph(const Node& node, const std::string& attr,
+                                                              const std::vector<NodeInputInfo>& formal) {
+  const Attribute* a = node.attr(attr);
+  check(a && a->kind == Attribute::Kind::g && a->g, ErrorCode::invalid_model,
+        node.describe() + ": attribute '" + attr + "' is missing or not a graph");
+  const Graph& body = *a->g;
+  auto sub = std::make_unique<Impl>();
+  sub->options = options;
+  sub->context = context + ": " + node.describe() + " " + attr;
+  Model& m = sub->model;
+  m.ir_version = model.ir_version;
+  m.opsets = model.opsets;
+  m.graph = body;
+  for (size_t k = 0; k < formal.size() && k < m.graph.inputs.size(); ++k) {
+    ValueInfo& vi = m.graph.inputs[k];
+    if (formal[k].dtype) vi.dtype = formal[k].dtype;
+    if (formal[k].shape) {
+      std::vector<Dim> dims(formal[k].shape->size());
+      for (size_t d = 0; d < dims.size(); ++d) dims[d].value = (*formal[k].shape)[d];
+      vi.shape = std::move(dims);
+    }
+  }
+  const int num_formal = int(m.graph.inputs.size());
+  const std::vector<std::string> node_caps = node_captures(node);
+  std::vector<int> capture_index;
+  for (const auto& name : outer_scope_refs(body)) {
+    const ValueSlot* v = find_value(name);
+    check(v != nullptr, ErrorCode::internal, sub->context + ": captured value '" + name + "' is unknown");
+    if (v->kind == ValueKind::constant && v->constant.defined()) {
+      m.graph.initializers[name] = v->constant;
+      continue;
+    }
+    ValueInfo vi;
+    vi.name = name;
+    vi.dtype = v->dtype;
+    if (v->shape) {
+      std::vector<Dim> dims(v->shape->size());
+      for (size_t d = 0; d < dims.size(); ++d) dims[d].value = (*v->shape)[d];
+      vi.shape = std::move(dims);
+    }
+    m.graph.inputs.push_back(std::move(vi));
+    capture_index.push_back(int(std::find(node_caps.begin(), node_caps.end(), name) - node_caps.begin()));
+  }
+  sub->compile();
+  stats.subgraph_plans += 1 + sub->stats.subgraph_plans;
+  return std::make_unique<CompiledSubgraph>(std::move(sub), this, std::move(capture_index), attr,
+                                            num_formal);
 }
 
 void Session::Impl::optimize(const std::vector<const KernelRegistry*>& registries,
@@ -879,6 +1141,10 @@ void Session::Impl::build_steps() {
     const Node& node = *node_store[size_t(s)];
     Step& step = steps[size_t(s)];
     for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : value_id(in));
+    if (has_subgraph(node)) {
+      step.subgraphs = true;
+      for (const auto& c : node_captures(node)) step.captures.push_back(value_id(c));
+    }
     for (const auto& u : node_uses(node)) {
       const int id = value_id(u);
       step.uses.push_back(id);
@@ -897,6 +1163,8 @@ void Session::Impl::build_steps() {
       step.outputs.push_back(id);
     }
     step.planned.resize(node.outputs.size());
+    max_step_inputs = std::max(max_step_inputs, step.inputs.size());
+    max_step_outputs = std::max(max_step_outputs, step.outputs.size());
   }
   for (auto& v : values)
     if (v.graph_output) v.last_step = num_steps;
@@ -1019,14 +1287,56 @@ bool Session::Impl::overlaps(const Tensor& a, const Tensor& b) const {
   return pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
-void Session::Impl::validate_inputs(const TensorMap& inputs) const {
-  auto describe_expected = [](const ValueInfo& vi) { return vi.describe(); };
-  std::unordered_map<std::string, const ValueInfo*> declared;
-  for (const auto& vi : graph.inputs) declared[vi.name] = &vi;
-  for (const auto& vi : graph.overridable_inputs) declared[vi.name] = &vi;
-  for (const auto& [name, t] : inputs) {
-    auto it = declared.find(name);
-    if (it == declared.end()) {
+namespace {
+
+// What a value's declared ONNX type says about its kind.
+enum class DeclaredKind { any, tensor, sequence, optional };
+
+DeclaredKind declared_kind(const ValueInfo& vi) {
+  if (vi.onnx_type.rfind("seq(", 0) == 0) return DeclaredKind::sequence;
+  if (vi.onnx_type.rfind("optional(", 0) == 0) return DeclaredKind::optional;
+  return vi.dtype ? DeclaredKind::tensor : DeclaredKind::any;
+}
+
+// A value that contradicts its input's declared type is invalid_argument naming the input.
+// An optional input also takes a plain tensor or sequence (what it would hold).
+void check_declared(const ValueInfo& vi, const Value& v) {
+  if (!v.defined())
+    throw Error(ErrorCode::invalid_argument, "input '" + vi.name + "': tensor is undefined");
+  bool ok = true;
+  switch (declared_kind(vi)) {
+    case DeclaredKind::any:
+    case DeclaredKind::optional:
+      break;
+    case DeclaredKind::sequence:
+      ok = v.is_sequence();
+      break;
+    case DeclaredKind::tensor:
+      ok = v.is_tensor() && *vi.dtype == v.tensor().dtype();
+      if (ok && vi.shape) {
+        const Shape& shape = v.tensor().shape();
+        ok = vi.shape->size() == shape.size();
+        for (size_t d = 0; ok && d < shape.size(); ++d)
+          if ((*vi.shape)[d].is_fixed() && (*vi.shape)[d].value != shape[d]) ok = false;
+      }
+      break;
+  }
+  if (!ok)
+    throw Error(ErrorCode::invalid_argument,
+                "input '" + vi.name + "': expected " + vi.describe() + ", got " + v.describe());
+}
+
+}  // namespace
+
+template <typename Map>
+std::vector<Value> Session::Impl::feeds_from(const Map& inputs) const {
+  std::unordered_map<std::string, size_t> position;
+  for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
+    for (const auto& vi : *list) position.emplace(vi.name, position.size());
+  std::vector<Value> feeds(position.size());
+  for (const auto& [name, given] : inputs) {
+    auto it = position.find(name);
+    if (it == position.end()) {
       std::vector<std::string> names, optional;
       for (const auto& vi : graph.inputs) names.push_back(vi.name);
       for (const auto& vi : graph.overridable_inputs) optional.push_back(vi.name);
@@ -1035,49 +1345,54 @@ void Session::Impl::validate_inputs(const TensorMap& inputs) const {
                       (optional.empty() ? "" : "; overridable initializers: " + join(optional)) +
                       ")");
     }
-    const ValueInfo& vi = *it->second;
-    if (!t.defined())
+    feeds[it->second] = Value(given);
+    if (!feeds[it->second].defined())
       throw Error(ErrorCode::invalid_argument, "input '" + name + "': tensor is undefined");
-    bool ok = !vi.dtype || *vi.dtype == t.dtype();
-    if (ok && vi.shape) {
-      ok = vi.shape->size() == t.shape().size();
-      for (size_t d = 0; ok && d < vi.shape->size(); ++d)
-        if ((*vi.shape)[d].is_fixed() && (*vi.shape)[d].value != t.shape()[d]) ok = false;
-    }
-    if (!ok)
-      throw Error(ErrorCode::invalid_argument, "input '" + name + "': expected " +
-                                                   describe_expected(vi) + ", got " + t.describe());
   }
-  for (const auto& vi : graph.inputs)
-    if (!inputs.count(vi.name))
-      throw Error(ErrorCode::invalid_argument,
-                  "missing input '" + vi.name + "' (expected " + describe_expected(vi) + ")");
+  for (size_t k = 0; k < graph.inputs.size(); ++k)
+    if (!feeds[k].defined())
+      throw Error(ErrorCode::invalid_argument, "missing input '" + graph.inputs[k].name +
+                                                   "' (expected " + graph.inputs[k].describe() + ")");
+  check_feeds(feeds);
+  return feeds;
 }
 
-TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::string>& output_names) {
-  std::vector<int> wanted;
-  if (output_names.empty()) {
-    wanted = output_ids;
-  } else {
-    for (const auto& name : output_names) {
-      auto pos = std::find_if(graph.outputs.begin(), graph.outputs.end(),
-                              [&](const ValueInfo& vi) { return vi.name == name; });
-      if (pos == graph.outputs.end()) {
-        std::vector<std::string> names;
-        for (const auto& vi : graph.outputs) names.push_back(vi.name);
-        throw Error(ErrorCode::invalid_argument,
-                    "unknown output '" + name + "' (model outputs: " + join(names) + ")");
-      }
-      wanted.push_back(output_ids[size_t(pos - graph.outputs.begin())]);
+void Session::Impl::check_feeds(const std::vector<Value>& feeds) const {
+  size_t k = 0;
+  for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
+    for (const auto& vi : *list) {
+      const Value& f = feeds[k++];
+      if (f.defined() || list == &graph.inputs) check_declared(vi, f);
     }
-  }
-  validate_inputs(inputs);
+}
 
+std::vector<int> Session::Impl::output_positions(const std::vector<std::string>& names) const {
+  std::vector<int> wanted;
+  if (names.empty()) {
+    for (size_t k = 0; k < graph.outputs.size(); ++k) wanted.push_back(int(k));
+    return wanted;
+  }
+  for (const auto& name : names) {
+    auto pos = std::find_if(graph.outputs.begin(), graph.outputs.end(),
+                            [&](const ValueInfo& vi) { return vi.name == name; });
+    if (pos == graph.outputs.end()) {
+      std::vector<std::string> all;
+      for (const auto& vi : graph.outputs) all.push_back(vi.name);
+      throw Error(ErrorCode::invalid_argument,
+                  "unknown output '" + name + "' (model outputs: " + join(all) + ")");
+    }
+    wanted.push_back(int(pos - graph.outputs.begin()));
+  }
+  return wanted;
+}
+
+std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::vector<int>& wanted,
+                                          bool partial, bool top_level) {
   // When only some outputs are wanted, skip the steps none of them depends on.
   std::vector<char> skip(steps.size(), 0);
-  if (!output_names.empty()) {
+  if (partial) {
     std::vector<char> needed(values.size(), 0);
-    for (int id : wanted) needed[size_t(id)] = 1;
+    for (int k : wanted) needed[size_t(output_ids[size_t(k)])] = 1;
     for (size_t s = steps.size(); s-- > 0;) {
       bool live = false;
       for (int id : steps[s].outputs) live = live || (id >= 0 && needed[size_t(id)]);
@@ -1087,55 +1402,74 @@ TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::str
     }
   }
 
-  // Per-run state: the tensors this run produced or was given. Constants are read
-  // straight from the plan.
-  std::vector<Tensor> held(values.size());
+  // Per-run state: the values this run produced or was given, and the tensors among them
+  // (constants are read straight from the plan).
+  std::vector<Value> held(values.size());
   std::vector<const Tensor*> ref(values.size(), nullptr);
   std::unordered_set<const Storage*> caller_storages;
   for (size_t id = 0; id < values.size(); ++id) {
     const ValueSlot& v = values[id];
     if (v.kind == ValueKind::constant && v.constant.defined()) ref[id] = &v.constant;
   }
-  for (const auto& vi : graph.overridable_inputs) {
-    auto it = model.graph.initializers.find(vi.name);
-    if (it == model.graph.initializers.end()) continue;
-    const int id = value_ids.at(vi.name);
-    held[size_t(id)] = it->second.contiguous();
-    ref[size_t(id)] = &held[size_t(id)];
-  }
-  for (const auto& [name, t] : inputs) {
-    const int id = value_ids.at(name);
-    held[size_t(id)] = t.contiguous();
-    caller_storages.insert(t.storage().get());
-    ref[size_t(id)] = &held[size_t(id)];
+  auto hold = [&](int id, Value value) {
+    held[size_t(id)] = std::move(value);
+    ref[size_t(id)] = held[size_t(id)].is_tensor() ? &held[size_t(id)].tensor() : nullptr;
+  };
+  for (size_t k = 0; k < feeds.size(); ++k) {
+    const int id = input_ids[k];
+    if (!feeds[k].defined()) {  // an overridable input left at its initializer
+      auto it = model.graph.initializers.find(values[size_t(id)].name);
+      if (it != model.graph.initializers.end()) hold(id, it->second.contiguous());
+      continue;
+    }
+    if (top_level)
+      feeds[k].map_tensors([&](const Tensor& t) {
+        caller_storages.insert(t.storage().get());
+        return t;
+      });
+    hold(id, feeds[k].map_tensors([](const Tensor& t) { return t.contiguous(); }));
   }
 
   ThreadPool& pool = default_thread_pool();
   std::vector<const Tensor*> ins;
   std::vector<Tensor> outs;
+  // The non-tensor channel: entries are null (undefined) except while a step that has
+  // such inputs (outputs) runs, so tensor steps do not touch them.
+  std::vector<const Value*> value_ins(max_step_inputs, nullptr);
+  std::vector<Value> value_outs(max_step_outputs), captured;
   for (size_t s = 0; s < steps.size(); ++s) {
     Step& step = steps[s];
     const Node& node = *step.node;
     if (skip[s]) {
-      for (int id : step.release) {
-        held[size_t(id)] = Tensor();
-        ref[size_t(id)] = nullptr;
-      }
+      for (int id : step.release) hold(id, Value());
       continue;
     }
     ins.assign(step.inputs.size(), nullptr);
+    bool value_inputs = false;
     for (size_t k = 0; k < step.inputs.size(); ++k) {
       const int id = step.inputs[k];
       if (id < 0) continue;
-      if (!ref[size_t(id)] || !ref[size_t(id)]->defined())
+      if (ref[size_t(id)] && ref[size_t(id)]->defined()) {
+        ins[k] = ref[size_t(id)];
+      } else if (held[size_t(id)].defined()) {
+        value_ins[k] = &held[size_t(id)];
+        value_inputs = true;
+      } else {
         throw Error(ErrorCode::internal,
                     node.describe() + ": input '" + node.inputs[k] + "' has no value");
-      ins[k] = ref[size_t(id)];
+      }
+    }
+    if (step.subgraphs) {
+      captured.clear();
+      for (int id : step.captures)
+        captured.push_back(ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)]);
     }
     outs.assign(step.outputs.size(), Tensor());
     try {
       KernelContext ctx(node, ins, &outs, &step.planned, &pool);
-      if (profiler) {
+      ctx.set_values(&value_ins, &value_outs, &captured);
+      // A node with subgraphs is timed through its subgraphs' nodes.
+      if (profiler && !step.subgraphs) {
         const auto t0 = std::chrono::steady_clock::now();
         step.kernel->compute(ctx);
         (*profiler)(node, step.provider, t0, std::chrono::steady_clock::now());
@@ -1145,8 +1479,17 @@ TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::str
     } catch (const std::bad_alloc&) {
       throw Error(ErrorCode::resource_exhausted, node.describe() + ": out of memory");
     }
+    if (value_inputs) std::fill(value_ins.begin(), value_ins.begin() + std::ptrdiff_t(step.inputs.size()), nullptr);
     for (size_t o = 0; o < step.outputs.size(); ++o) {
       const int id = step.outputs[o];
+      if (value_outs[o].defined()) {
+        // A sequence or optional outlives the step: it must not keep arena bytes that
+        // later steps reuse.
+        Value v = std::move(value_outs[o]);
+        value_outs[o] = Value();
+        if (id >= 0) hold(id, v.map_tensors([&](const Tensor& t) { return in_arena(t) ? t.clone() : t; }));
+        continue;
+      }
       if (id < 0) continue;
       Tensor& t = outs[o];
       if (!t.defined())
@@ -1172,28 +1515,57 @@ TensorMap Session::Impl::run(const TensorMap& inputs, const std::vector<std::str
           }
         }
       }
-      held[size_t(id)] = std::move(t);
-      ref[size_t(id)] = &held[size_t(id)];
+      hold(id, std::move(t));
     }
-    for (int id : step.release) {
-      held[size_t(id)] = Tensor();
-      ref[size_t(id)] = nullptr;
-    }
+    for (int id : step.release) hold(id, Value());
   }
 
-  TensorMap result;
-  for (int id : wanted) {
+  std::vector<Value> result;
+  result.reserve(wanted.size());
+  for (int k : wanted) {
+    const int id = output_ids[size_t(k)];
     const ValueSlot& v = values[size_t(id)];
-    const Tensor* t = ref[size_t(id)];
-    if (!t || !t->defined())
+    const Value out = ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)];
+    if (!out.defined())
       throw Error(ErrorCode::internal, context + ": output '" + v.name + "' was not produced");
-    // Outputs belong to the caller: never hand out the arena, a constant or an input.
-    const bool shared = v.kind != ValueKind::produced || in_arena(*t) ||
-                        constant_storages.count(t->storage().get()) ||
-                        caller_storages.count(t->storage().get());
-    result[v.name] = shared ? t->clone() : *t;
+    // Outputs never share the arena or a constant, and the caller's get none of its
+    // inputs' memory either; a subgraph passes its inputs on as they are.
+    const bool input = v.kind == ValueKind::input;
+    result.push_back(out.map_tensors([&](const Tensor& t) {
+      const bool shared = in_arena(t) || constant_storages.count(t.storage().get()) ||
+                          (top_level && (input || caller_storages.count(t.storage().get())));
+      return shared ? t.clone() : t;
+    }));
   }
   return result;
+}
+
+std::vector<Value> CompiledSubgraph::run(const KernelContext& ctx, std::vector<Value> inputs) {
+  if (int(inputs.size()) != num_formal_)
+    ctx.fail(ErrorCode::invalid_model, attr_ + " declares " + std::to_string(num_formal_) +
+                                           " inputs, the node gives it " + std::to_string(inputs.size()));
+  for (int k : capture_index_) inputs.push_back(ctx.captures()[size_t(k)]);
+  try {
+    plan_->check_feeds(inputs);
+    Session::Impl* target = plan_->plan_for(inputs);
+    target->profiler = parent_->profiler;
+    return target->execute(std::move(inputs), all_outputs_, false, false);
+  } catch (const Error& e) {
+    throw Error(e.code(), ctx.node().describe() + " " + attr_ + ": " + e.what());
+  }
+}
+
+int CompiledSubgraph::num_outputs() const { return int(plan_->graph.outputs.size()); }
+
+std::optional<DType> CompiledSubgraph::output_dtype(int i) const {
+  const ValueInfo& vi = plan_->graph.outputs[size_t(i)];
+  const ValueSlot* v = plan_->find_value(vi.name);
+  return v && v->dtype ? v->dtype : vi.dtype;
+}
+
+std::optional<Shape> CompiledSubgraph::output_shape(int i) const {
+  const ValueSlot* v = plan_->find_value(plan_->graph.outputs[size_t(i)].name);
+  return v ? v->shape : std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1216,16 +1588,27 @@ std::unique_ptr<Session> Session::compile(Model model, SessionOptions options) {
 
 TensorMap Session::run(const TensorMap& inputs, const std::vector<std::string>& output_names) {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
-  Impl* target = impl_.get();
-  const SessionOptions& o = impl_->options;
-  if (impl_->has_symbolic_inputs && o.shape_specializations > 0 &&
-      (o.fold_constants || o.plan_memory)) {
-    impl_->validate_inputs(inputs);  // errors name the model's symbolic dims
-    target = impl_->specialization_for(inputs);
+  const std::vector<int> wanted = impl_->output_positions(output_names);
+  std::vector<Value> outs = impl_->run_feeds(impl_->feeds_from(inputs), wanted, !output_names.empty());
+  TensorMap result;
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const std::string& name = impl_->graph.outputs[size_t(wanted[k])].name;
+    if (!outs[k].is_tensor())
+      throw Error(ErrorCode::invalid_argument, "output '" + name + "' is " + outs[k].describe() +
+                                                   ", not a tensor: Session::run_values returns it");
+    result[name] = std::move(outs[k].tensor());
   }
-  impl_->last_used = target;
-  target->profiler = impl_->profiler_fn ? &impl_->profiler_fn : nullptr;
-  return target->run(inputs, output_names);
+  return result;
+}
+
+ValueMap Session::run_values(const ValueMap& inputs, const std::vector<std::string>& output_names) {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  const std::vector<int> wanted = impl_->output_positions(output_names);
+  std::vector<Value> outs = impl_->run_feeds(impl_->feeds_from(inputs), wanted, !output_names.empty());
+  ValueMap result;
+  for (size_t k = 0; k < wanted.size(); ++k)
+    result[impl_->graph.outputs[size_t(wanted[k])].name] = std::move(outs[k]);
+  return result;
 }
 
 void Session::set_profiler(NodeProfiler profiler) {

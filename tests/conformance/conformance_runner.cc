@@ -107,6 +107,22 @@ Tensor bf16_if_stored_as_u16(const Tensor& t, DType wanted) {
   return Tensor::borrow(DType::bf16, c.shape(), c.raw_data(), c.storage());
 }
 
+// Sequences and optionals compare item by item.
+std::string compare(const Value& got, const Value& want, const Tolerance& tol) {
+  if (got.kind() != want.kind() || got.has_element() != want.has_element())
+    return "got " + got.describe() + ", expected " + want.describe();
+  if (want.is_tensor())
+    return compare(got.tensor(), bf16_if_stored_as_u16(want.tensor(), got.tensor().dtype()), tol);
+  if (want.is_optional()) return want.has_element() ? compare(got.element(), want.element(), tol) : "";
+  if (got.items().size() != want.items().size())
+    return "got " + got.describe() + ", expected " + want.describe();
+  for (size_t i = 0; i < want.items().size(); ++i) {
+    const std::string diff = compare(Value(got.items()[i]), Value(want.items()[i]), tol);
+    if (!diff.empty()) return "item " + std::to_string(i) + ": " + diff;
+  }
+  return "";
+}
+
 std::vector<fs::path> sorted_files(const fs::path& dir, const std::string& prefix) {
   std::vector<std::pair<int, fs::path>> found;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -147,36 +163,39 @@ Outcome run_case(const fs::path& dir, const SessionOptions& options, const Toler
   std::sort(sets.begin(), sets.end());
   if (sets.empty()) return {Verdict::skip, "no test data set"};
   for (const auto& set : sets) {
-    TensorMap inputs;
+    // Files hold TensorProtos, or Sequence/OptionalProtos where the model's value is one.
+    ValueMap inputs;
     const auto input_files = sorted_files(set, "input_");
     const auto& graph_inputs = session->inputs();
     if (input_files.size() > graph_inputs.size())
       return {Verdict::fail, set.filename().string() + ": more input files than model inputs"};
     for (size_t i = 0; i < input_files.size(); ++i) {
       try {
-        const Tensor t = read_tensor_pb(input_files[i].string());
-        inputs[graph_inputs[i].name] =
-            bf16_if_stored_as_u16(t, graph_inputs[i].dtype.value_or(t.dtype()));
+        Value v = read_value_pb(input_files[i].string(), graph_inputs[i].onnx_type);
+        if (v.is_tensor())
+          v = bf16_if_stored_as_u16(v.tensor(), graph_inputs[i].dtype.value_or(v.tensor().dtype()));
+        inputs[graph_inputs[i].name] = std::move(v);
       } catch (const Error& e) {
-        return {Verdict::skip, std::string("input is not a supported tensor: ") + e.what()};
+        return {Verdict::skip, std::string("input is not a supported value: ") + e.what()};
       }
     }
-    std::vector<Tensor> expected;
+    const auto& graph_outputs = session->outputs();
+    std::vector<Value> expected;
     for (const auto& f : sorted_files(set, "output_")) {
       try {
-        expected.push_back(read_tensor_pb(f.string()));
+        const size_t i = expected.size();
+        expected.push_back(read_value_pb(f.string(), i < graph_outputs.size() ? graph_outputs[i].onnx_type : ""));
       } catch (const Error& e) {
-        return {Verdict::skip, std::string("output is not a supported tensor: ") + e.what()};
+        return {Verdict::skip, std::string("output is not a supported value: ") + e.what()};
       }
     }
-    TensorMap outputs;
+    ValueMap outputs;
     try {
-      outputs = session->run(inputs);
+      outputs = session->run_values(inputs);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::unsupported) return {Verdict::skip, e.what()};
       return {Verdict::fail, std::string("run: ") + e.what()};
     }
-    const auto& graph_outputs = session->outputs();
     if (expected.size() != graph_outputs.size())
       return {Verdict::fail, "model has " + std::to_string(graph_outputs.size()) + " outputs, data set has " +
                                  std::to_string(expected.size())};
@@ -184,9 +203,9 @@ Outcome run_case(const fs::path& dir, const SessionOptions& options, const Toler
       const std::string& name = graph_outputs[i].name;
       auto it = outputs.find(name);
       if (it == outputs.end()) return {Verdict::fail, "output '" + name + "' missing"};
-      const Tensor want = bf16_if_stored_as_u16(expected[i], it->second.dtype());
-      const std::string diff =
-          random_output_case(dir) ? compare_random_bits(it->second, want) : compare(it->second, want, tol);
+      const std::string diff = random_output_case(dir) && it->second.is_tensor() && expected[i].is_tensor()
+                                   ? compare_random_bits(it->second.tensor(), expected[i].tensor())
+                                   : compare(it->second, expected[i], tol);
       if (!diff.empty()) return {Verdict::fail, "output '" + name + "': " + diff};
     }
   }

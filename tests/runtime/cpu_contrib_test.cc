@@ -6,7 +6,6 @@
 // ContribOps (contrib_ops_test.cc) holds both providers to ONNX Runtime's outputs.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <map>
 #include <random>
 
@@ -18,22 +17,12 @@ namespace {
 
 using cpu_test::cpu_decline_reason;
 using cpu_test::expect_matches_ref;
+using cpu_test::for_each_isa;
 using cpu_test::random_f32;
 using cpu_test::spec;
 using testing::attr_float;
 using testing::attr_int;
 using testing::ModelBuilder;
-
-void for_each_isa(const std::function<void()>& body) {
-  const Isa active = active_isa();
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon, Isa::scalar}) {
-    if (!isa_enabled(isa)) continue;
-    set_isa_limit(isa);
-    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
-    body();
-    set_isa_limit(active);
-  }
-}
 
 Tensor random_bytes(const Shape& shape, uint64_t seed) {
   Tensor t(DType::u8, shape);

@@ -246,7 +246,7 @@ TEST(SessionCompile, UnsupportedOpReportSaysWhyAndWhere) {
   b.node("Frobnicate", {"x"}, {"f"}, "frob2");
   b.node("Reshape", {"f", "s"}, {"z"}, "rs");
   b.node("Gizmo", {"x"}, {"dead"}, "gizmo");
-  const auto report = unsupported_op_report(b.build(), {"test"});
+  const auto report = unsupported_op_report(b.build(), test_options().providers);
   ASSERT_EQ(report.size(), 3u);
   EXPECT_EQ(report[0].op, "ai.onnx:Frobnicate (opset 4)");
   EXPECT_EQ(report[0].reason, "slim does not implement it");

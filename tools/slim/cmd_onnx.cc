@@ -113,7 +113,9 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
     return std::nullopt;
   };
   const ModelSummary s = summarize_model(model, lookup);
-  std::cout << "nodes:     " << s.num_nodes << "\n";
+  std::cout << "nodes:     " << s.num_nodes;
+  if (s.subgraph_nodes) std::cout << " (+" << s.subgraph_nodes << " in subgraphs)";
+  std::cout << "\n";
   std::vector<std::pair<std::string, int64_t>> hist(s.op_histogram.begin(), s.op_histogram.end());
   std::stable_sort(hist.begin(), hist.end(), [](auto& a, auto& b) { return a.second > b.second; });
   for (const auto& [op, n] : hist) {

@@ -34,7 +34,8 @@ struct ValueInfo {
 };
 
 struct Attribute {
-  enum class Kind { f, i, s, t, g, floats, ints, strings, tensors, graphs };
+  // `type`: an ONNX type (Optional's), held as its name in `s` ("seq(tensor(float))").
+  enum class Kind { f, i, s, t, g, floats, ints, strings, tensors, graphs, type };
   Kind kind = Kind::i;
   float f = 0;
   int64_t i = 0;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "slim/onnx/graph.h"
+#include "slim/onnx/value.h"
 
 namespace slim {
 
@@ -26,6 +27,10 @@ class OnnxImporter {
 // Reads a serialized TensorProto file (the input_N.pb / output_N.pb files of the ONNX
 // backend test data). Returns the tensor and its name.
 Tensor read_tensor_pb(const std::string& path, std::string* name = nullptr);
+// Reads a value file of that data for a value of ONNX type `onnx_type` (ValueInfo::
+// onnx_type): a SequenceProto for "seq(...)", an OptionalProto for "optional(...)", else
+// a TensorProto.
+Value read_value_pb(const std::string& path, const std::string& onnx_type);
 
 // Checks the graph structure: every node input is defined before use (by a graph input,
 // an initializer or an earlier node in some topological order), no value has two

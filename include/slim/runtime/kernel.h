@@ -14,6 +14,7 @@
 #include "slim/core/tensor.h"
 #include "slim/core/thread_pool.h"
 #include "slim/onnx/graph.h"
+#include "slim/onnx/value.h"
 
 namespace slim {
 
@@ -40,6 +41,17 @@ class KernelContext {
   // Sets output i to an existing tensor (e.g. a view for Identity-like ops).
   void set_output(int i, Tensor t);
 
+  // Sequences and optionals. A session also hands every step its non-tensor inputs
+  // (input(i) is nullptr for them), a place for non-tensor outputs, and the values the
+  // node's subgraphs capture from enclosing scopes (in node_captures order).
+  void set_values(const std::vector<const Value*>* inputs, std::vector<Value>* outputs,
+                  const std::vector<Value>* captures);
+  // Input i as a value of any kind; undefined for an omitted input.
+  Value value(int i) const;
+  // Sets output i to a value of any kind (a tensor goes where set_output puts it).
+  void set_output(int i, Value v);
+  const std::vector<Value>& captures() const;
+
   ThreadPool& pool() const { return *pool_; }
   const Node& node() const { return node_; }
   // Throws Error(code, "<op> node '<name>': " + msg).
@@ -51,6 +63,29 @@ class KernelContext {
   std::vector<Tensor>* outputs_;
   const std::vector<Tensor>* planned_;
   ThreadPool* pool_;
+  const std::vector<const Value*>* value_inputs_ = nullptr;
+  std::vector<Value>* value_outputs_ = nullptr;
+  const std::vector<Value>* captures_ = nullptr;
+};
+
+// Values a node's subgraphs read from the scopes around it (sorted by name): what a
+// KernelContext's captures() holds, one for one.
+std::vector<std::string> node_captures(const Node& node);
+
+// A subgraph (If branch, Loop/Scan/SequenceMap body) compiled by the session into a plan
+// of its own (kernels, folding, memory plan) when the node's kernel is built; the kernel
+// runs it as often as it needs.
+class SubgraphPlan {
+ public:
+  virtual ~SubgraphPlan() = default;
+  // Runs the body on its formal inputs, in the order the body declares them; what it
+  // captures from enclosing scopes comes from ctx.captures(). Returns its outputs.
+  virtual std::vector<Value> run(const KernelContext& ctx, std::vector<Value> inputs) = 0;
+  virtual int num_inputs() const = 0;
+  virtual int num_outputs() const = 0;
+  // Static dtype and shape of output i, when the plan inferred them.
+  virtual std::optional<DType> output_dtype(int i) const = 0;
+  virtual std::optional<Shape> output_shape(int i) const = 0;
 };
 
 class OpKernel {
@@ -109,6 +144,12 @@ struct KernelBuildInfo {
   std::vector<NodeInputInfo> inputs;
   // SessionOptions::winograd: 3x3 convolutions may use Winograd's algorithm.
   bool winograd = true;
+  // Compiles the subgraph in the node's graph attribute `attr` (a session sets it). What
+  // is known of the formal inputs comes from `inputs` where given, else from the body's
+  // own declarations; captured values are described as the session knows them.
+  std::function<std::unique_ptr<SubgraphPlan>(const std::string& attr,
+                                              const std::vector<NodeInputInfo>& inputs)>
+      compile_subgraph = nullptr;
   // The input, or a shared absent one past the node's inputs.
   const NodeInputInfo& input(int i) const;
   bool has_input(int i) const { return input(i).present; }

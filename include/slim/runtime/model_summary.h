@@ -15,6 +15,9 @@ namespace slim {
 struct ModelSummary {
   int64_t num_nodes = 0;
   std::map<std::string, int64_t> op_histogram;  // "Conv" -> count ("domain:Op" outside ai.onnx)
+  // Nodes inside If/Loop/Scan/SequenceMap subgraphs: in the histogram, not in the FLOPs
+  // (a body runs as often as its data says).
+  int64_t subgraph_nodes = 0;
   int64_t num_initializers = 0;
   int64_t parameter_count = 0;  // elements of all initializers
   int64_t parameter_bytes = 0;

@@ -13,6 +13,7 @@
 
 #include "slim/core/tensor.h"
 #include "slim/onnx/graph.h"
+#include "slim/onnx/value.h"
 #include "slim/runtime/provider.h"
 
 namespace slim {
@@ -58,13 +59,19 @@ struct CompileStats {
   // report them, OpKernel::static_output, are not).
   int64_t probed_nodes = 0;
   int64_t pass_rewrites = 0;  // rewrites the graph passes made (SessionOptions::optimize)
+  // Subgraphs (If branches, Loop/Scan/SequenceMap bodies, nested ones included) compiled
+  // into plans of their own; an If whose condition was known is inlined and not counted.
+  int64_t subgraph_plans = 0;
   MemoryPlanStats memory;
 };
 
 using TensorMap = std::map<std::string, Tensor>;
+using ValueMap = std::map<std::string, Value>;
 
 // Called after each node of Session::run with the node, its provider and when the
 // kernel started and ended (`slim bench --profile`). It runs on the hot path: keep it cheap.
+// The nodes of subgraphs (If branches, Loop bodies) are reported as they run; the
+// If/Loop/Scan/SequenceMap node that runs them is not, so times add up.
 using NodeProfiler = std::function<void(const Node& node, const std::string& provider,
                                         std::chrono::steady_clock::time_point start,
                                         std::chrono::steady_clock::time_point end)>;
@@ -82,6 +89,9 @@ class Session {
   // they never share memory with the session. Concurrent calls are serialized by a
   // mutex, because every run writes its intermediates into the session's one arena.
   TensorMap run(const TensorMap& inputs, const std::vector<std::string>& output_names = {});
+  // run() for models whose inputs or outputs include sequences or optionals (ONNX's
+  // seq(...) and optional(...) types); run() refuses those outputs.
+  ValueMap run_values(const ValueMap& inputs, const std::vector<std::string>& output_names = {});
   // Installs (or, with an empty function, removes) a per-node timing callback for later runs.
   void set_profiler(NodeProfiler profiler);
 

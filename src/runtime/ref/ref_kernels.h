@@ -26,6 +26,8 @@ void register_pool_kernels(KernelRegistry& r);                // pool.cc
 void register_resize_kernels(KernelRegistry& r);              // resize.cc
 void register_quant_kernels(KernelRegistry& r);               // quant.cc
 void register_fused_kernels(KernelRegistry& r);               // fused.cc
+void register_control_flow_kernels(KernelRegistry& r);        // control_flow.cc
+void register_sequence_kernels(KernelRegistry& r);            // sequence.cc
 void register_rnn_kernels(KernelRegistry& r);                 // rnn.cc
 void register_contrib_kernels(KernelRegistry& r);             // contrib.cc
 void register_contrib_attention_kernels(KernelRegistry& r);   // contrib_attention.cc

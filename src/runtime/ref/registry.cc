@@ -29,6 +29,8 @@ const KernelRegistry& ref_kernel_registry() {
     ref::register_resize_kernels(r);
     ref::register_quant_kernels(r);
     ref::register_fused_kernels(r);
+    ref::register_control_flow_kernels(r);
+    ref::register_sequence_kernels(r);
     ref::register_rnn_kernels(r);
     ref::register_contrib_kernels(r);
     ref::register_contrib_attention_kernels(r);

@@ -563,7 +563,13 @@ class Flatten final : public OpKernel {
 
 // ---------------------------------------------------------------- Identity / Dropout / Constant
 
-void identity(KernelContext& ctx) { ctx.set_output(0, packed(ctx.required_input(0))); }
+// Sequences and optionals (opset 14 and 16) pass through as they are.
+void identity(KernelContext& ctx) {
+  Value v = ctx.value(0);
+  if (!v.defined()) ctx.fail(ErrorCode::invalid_model, "required input 0 is missing");
+  if (v.is_tensor()) return ctx.set_output(0, packed(v.tensor()));
+  ctx.set_output(0, std::move(v));
+}
 
 class Dropout final : public OpKernel {
  public:
