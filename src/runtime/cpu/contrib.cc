@@ -127,33 +127,11 @@ SLIM_INLINE void skip_norm_rows(const SkipNormArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
-#if defined(__x86_64__)
-#define SLIM_CONTRIB_DISPATCH(name, params, args)                                  \
-  __attribute__((target("avx512f"))) void name##_avx512 params { name<16> args; } \
-  __attribute__((target("avx2,fma"))) void name##_avx2 params { name<8> args; }   \
-  void name##_any params {                                                         \
-    switch (detected_isa()) {                                                      \
-      case Isa::avx512: return name##_avx512 args;                                 \
-      case Isa::avx2: return name##_avx2 args;                                     \
-      default: return name<1> args;                                                \
-    }                                                                              \
-  }
-#elif defined(__aarch64__)
-#define SLIM_CONTRIB_DISPATCH(name, params, args)      \
-  void name##_any params {                             \
-    if (detected_isa() == Isa::neon) return name<4> args; \
-    return name<1> args;                               \
-  }
-#else
-#define SLIM_CONTRIB_DISPATCH(name, params, args) \
-  void name##_any params { return name<1> args; }
-#endif
-
-SLIM_CONTRIB_DISPATCH(activation_rows,
+SLIM_DISPATCH3(activation_rows,
                       (Act act, float alpha, const float* x, const float* bias, float* y, int64_t h, int64_t r0,
                        int64_t r1),
                       (act, alpha, x, bias, y, h, r0, r1))
-SLIM_CONTRIB_DISPATCH(skip_norm_rows, (const SkipNormArgs& a, int64_t r0, int64_t r1), (a, r0, r1))
+SLIM_DISPATCH3(skip_norm_rows, (const SkipNormArgs& a, int64_t r0, int64_t r1), (a, r0, r1))
 
 // fn(begin, end) over [0, rows) rows of `h` values on slim's pool; inline under 256K values.
 template <typename Fn>

@@ -87,6 +87,21 @@ struct Follower {
   }
 };
 
+// The folded node: `conv` with the scaled weights `w2` and the bias s * b + t (b = 0 when
+// the node has none), both new constants.
+bool emit_folded(PassGraph& g, const Node& conv, const Affine& affine, const std::optional<std::vector<double>>& b,
+                 const std::string& b_name, int64_t m, Tensor w2, Node* fused) {
+  Tensor b2(DType::f32, {m});
+  for (int64_t o = 0; o < m; ++o)
+    b2.data<float>()[o] = float(affine.s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine.t[size_t(o)]);
+  *fused = conv;
+  fused->inputs.resize(3);
+  fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
+  fused->inputs[2] =
+      g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded", std::move(b2));
+  return true;
+}
+
 // Conv: W [M, C/g, k...] scaled per output channel m; B' = s * B + t.
 bool fold_into_conv(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
   const Tensor* w = conv.inputs.size() > 1 ? g.constant(conv.inputs[1]) : nullptr;
@@ -104,16 +119,7 @@ bool fold_into_conv(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
     for (int64_t k = 0; k < per; ++k)
       w2.data<float>()[o * per + k] =
           float(double(wc.data<float>()[o * per + k]) * affine->s[size_t(o)]);
-  Tensor b2(DType::f32, {m});
-  for (int64_t o = 0; o < m; ++o)
-    b2.data<float>()[o] =
-        float(affine->s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine->t[size_t(o)]);
-  *fused = conv;
-  fused->inputs.resize(3);
-  fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
-  fused->inputs[2] =
-      g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded", std::move(b2));
-  return true;
+  return emit_folded(g, conv, *affine, b, b_name, m, std::move(w2), fused);
 }
 
 // ConvTranspose: W [C, O/g, k...]; output channel o of group q is W[q * C/g + c, o - q * O/g].
@@ -138,15 +144,7 @@ bool fold_into_conv_transpose(PassGraph& g, Node& conv, const Follower& bn, Node
         w2.data<float>()[at] = float(double(wc.data<float>()[at]) * s);
       }
     }
-  Tensor b2(DType::f32, {m});
-  for (int64_t o = 0; o < m; ++o)
-    b2.data<float>()[o] = float(affine->s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine->t[size_t(o)]);
-  *fused = conv;
-  fused->inputs.resize(3);
-  fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
-  fused->inputs[2] =
-      g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded", std::move(b2));
-  return true;
+  return emit_folded(g, conv, *affine, b, b_name, m, std::move(w2), fused);
 }
 
 // Gemm: Y = alpha * A op(B) + beta * C, BN over Y's columns n.
