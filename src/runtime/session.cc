@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <list>
+#include <map>
 #include <mutex>
 #include <new>
 #include <set>
@@ -180,10 +182,71 @@ const KernelRegistry* find_provider(const std::string& name) {
 
 namespace {
 
+// Every registered provider, the built-in ones first.
+std::vector<const KernelRegistry*> all_providers() {
+  std::vector<const KernelRegistry*> out = {&cpu_kernel_registry(), &ref_kernel_registry()};
+  std::lock_guard<std::mutex> lock(g_providers_mu);
+  for (const auto* p : extra_providers()) out.push_back(p);
+  return out;
+}
+
+// Why no selected provider runs an op at `opset`: they have it for other opsets only,
+// only providers left out of the selection have it, or none has it.
+std::string missing_reason(const std::string& op, const std::string& domain, int64_t opset,
+                           const std::vector<const KernelRegistry*>& selected) {
+  std::vector<std::string> ranges;
+  for (const auto* r : selected) {
+    std::vector<std::pair<int64_t, int64_t>> spans;  // opset ranges, adjacent ones merged
+    for (const auto& d : r->defs())
+      if (d.op_type == op && d.domain == domain) spans.emplace_back(d.since_version, d.until_version);
+    if (spans.empty()) continue;
+    std::sort(spans.begin(), spans.end());
+    std::string versions;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const int64_t lo = spans[i].first;
+      while (i + 1 < spans.size() && spans[i].second != INT_MAX && spans[i + 1].first == spans[i].second + 1) ++i;
+      const int64_t hi = spans[i].second;
+      versions += (versions.empty() ? "" : ", ") + std::to_string(lo) +
+                  (hi == INT_MAX ? "+" : hi == lo ? "" : "-" + std::to_string(hi));
+    }
+    ranges.push_back(r->provider() + " has opset" + (versions.find_first_of(",-+") == std::string::npos ? " " : "s ") +
+                     versions);
+  }
+  if (!ranges.empty()) {
+    std::string list;
+    for (const auto& x : ranges) list += (list.empty() ? "" : "; ") + x;
+    return "no kernel for opset " + std::to_string(opset) + " (" + list + ")";
+  }
+  std::vector<std::string> others;
+  for (const auto* r : all_providers())
+    if (std::find(selected.begin(), selected.end(), r) == selected.end() && r->has_op(op, domain))
+      others.push_back(r->provider());
+  if (others.size() == 1) return "only provider " + others[0] + " implements it, and it is not selected";
+  if (!others.empty()) return "only providers " + join(others) + " implement it, and they are not selected";
+  return "slim does not implement it";
+}
+
 void collect_unsupported(const Graph& g, const Model& model,
                          const std::vector<const KernelRegistry*>& registries,
-                         std::set<std::string>& out) {
-  for (const auto& node : g.nodes) {
+                         std::map<std::string, UnsupportedOp>& out) {
+  // Live nodes: those a graph output depends on, found walking back from the outputs.
+  std::unordered_set<std::string> needed;
+  for (const auto& vi : g.outputs) needed.insert(vi.name);
+  std::vector<bool> live(g.nodes.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = g.nodes.size(); i-- > 0;) {
+      if (live[i]) continue;
+      for (const auto& o : g.nodes[i].outputs)
+        if (!o.empty() && needed.count(o)) live[i] = true;
+      if (!live[i]) continue;
+      changed = true;
+      for (const auto& u : node_uses(g.nodes[i])) needed.insert(u);
+    }
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& node = g.nodes[i];
+    if (!live[i]) continue;
     for (const auto& [key, a] : node.attrs) {
       if (a.kind == Attribute::Kind::g && a.g) collect_unsupported(*a.g, model, registries, out);
       if (a.kind == Attribute::Kind::graphs)
@@ -198,20 +261,29 @@ void collect_unsupported(const Graph& g, const Model& model,
         found = true;
         break;
       }
-    if (!found)
-      out.insert(domain_label(node.domain) + ":" + node.op_type + " (opset " +
-                 std::to_string(opset) + ")");
+    if (found) continue;
+    const std::string op = domain_label(node.domain) + ":" + node.op_type + " (opset " + std::to_string(opset) + ")";
+    UnsupportedOp& u = out[op];
+    if (u.op.empty()) u = {op, missing_reason(node.op_type, node.domain, opset, registries), {}};
+    u.nodes.push_back(node.name);
   }
 }
 
 }  // namespace
 
-std::vector<std::string> unsupported_ops(const Model& model,
-                                         const std::vector<std::string>& providers) {
+std::vector<UnsupportedOp> unsupported_op_report(const Model& model, const std::vector<std::string>& providers) {
   const auto registries = resolve_providers(providers);
-  std::set<std::string> out;
+  std::map<std::string, UnsupportedOp> out;
   collect_unsupported(model.graph, model, registries, out);
-  return {out.begin(), out.end()};
+  std::vector<UnsupportedOp> list;
+  for (auto& [op, u] : out) list.push_back(std::move(u));
+  return list;
+}
+
+std::vector<std::string> unsupported_ops(const Model& model, const std::vector<std::string>& providers) {
+  std::vector<std::string> out;
+  for (const auto& u : unsupported_op_report(model, providers)) out.push_back(u.op);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -38,6 +38,40 @@ TEST_F(OnnxCli, InspectReportsModel) {
   EXPECT_NE(r.out.find("unsupported ops: none"), std::string::npos) << r.out;
 }
 
+TEST_F(OnnxCli, UnsupportedOpsAreListedAllAtOnce) {
+  // Three ops without kernels, for three reasons; `run` names them all and fails before
+  // compile (whose folding of a broken Reshape would fail otherwise), with exit code 2.
+  const auto gen = run_command("/usr/bin/python3 " + source_dir() + "/tests/fixtures/make_unsupported_model.py " + dir_);
+  ASSERT_EQ(gen.exit_code, 0) << gen.out << gen.err;
+  const std::string m = dir_ + "/unsupported.onnx";
+  const std::string lines[] = {
+      "ai.onnx.preview.training:Adagrad (opset 1): slim does not implement it (node 'adagrad')",
+      "ai.onnx:Upsample (opset 13): no kernel for opset 13 (cpu has opsets 7-10; ref has opsets 7-10) (node "
+      "'upsample')",
+      "com.microsoft:WordConvEmbedding (opset 1): slim does not implement it (nodes 'embed_a', 'embed_b')",
+  };
+  const auto inspect = run_slim("inspect " + m);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("unsupported ops: 3 (providers cpu,ref cannot run this model)"), std::string::npos)
+      << inspect.out;
+  for (const auto& line : lines) EXPECT_NE(inspect.out.find("  " + line + "\n"), std::string::npos) << inspect.out;
+  const std::string listed = inspect.out.substr(inspect.out.find("unsupported ops:"));
+  EXPECT_EQ(listed.find("Adam"), std::string::npos) << "a dead node's op is listed:\n" << listed;
+
+  const auto run = run_slim("run " + m);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.err.find("slim: error [unsupported]: " + m + ": 3 ops with no kernel in providers cpu,ref:"),
+            std::string::npos)
+      << run.err;
+  for (const auto& line : lines) EXPECT_NE(run.err.find("\n  " + line), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("Reshape"), std::string::npos) << run.err;
+  EXPECT_EQ(run.out, "");
+  const auto bench = run_slim("bench " + m);  // bench checks the same way
+  EXPECT_EQ(bench.exit_code, 2);
+  EXPECT_NE(bench.err.find(": 3 ops with no kernel in providers cpu,ref:\n  " + lines[0]), std::string::npos)
+      << bench.err;
+}
+
 TEST_F(OnnxCli, RunClassifiesLikeSklearn) {
   const std::string out = dir_ + "/out";
   const auto r = run_slim("run " + model() + " --input pixels=" + dir_ + "/digits.npy --argmax --output-dir " + out);

@@ -475,7 +475,7 @@ TEST(OnnxImporter, BadAttributes) {
   expect_load_error(m, ErrorCode::invalid_model, {"attribute 'beta'", "function attribute 'outer'"});
   b->clear_ref_attr_name();
   b->set_type(onnx::AttributeProto::TYPE_PROTO);
-  expect_load_error(m, ErrorCode::unsupported, {"attribute 'beta'", "type"});
+  expect_load_error(m, ErrorCode::invalid_model, {"attribute 'beta'", "a type attribute without a type"});
 }
 
 // ---- graph structure -----------------------------------------------------------------

@@ -74,6 +74,10 @@ TEST(CpuDnnl, ConvTransposeMatchesRef) {
       {{2, 4, 7, 5}, {4, 2, 3, 2}, 2, {2, 2}, {}, {1, 0, 1, 1}},
       {{1, 3, 4, 4}, {3, 5, 2, 3}, 1, {2, 3}, {2, 1}, {}},
       {{1, 2, 9}, {2, 3, 4}, 1, {3}, {}, {1, 1}},
+      // Kernel = stride: one matrix product and a scatter (a 1-channel map, a batch of 2;
+      // a non-square patch without bias).
+      {{2, 24, 5, 7}, {24, 1, 2, 2}, 1, {2, 2}},
+      {{1, 5, 4, 3}, {5, 6, 3, 2}, 1, {3, 2}, {}, {}, {}, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
@@ -370,6 +374,33 @@ TEST(CpuDnnl, FusedGemmAndFusedMatMulEqualTheirChains) {
   }
 }
 
+TEST(CpuDnnl, FusedConvOutputScaleShiftAndClampEqualTheChain) {
+  const Shape xs{1, 32, 9, 7}, ws{16, 32, 3, 3}, ys{1, 16, 9, 7};
+  const Tensor x = random_f32(xs, 60, -2, 2), w = random_f32(ws, 61), bias = random_f32({16}, 62);
+  for (const Act& a : {Act{"HardSwish", {}}, Act{"Relu", {}}}) {
+    SCOPED_TRACE(a.name);
+    Node n = fused_node("FusedConv", 3, a.name, a.params);
+    n.attrs["pads"] = attr_ints({1, 1, 1, 1});
+    n.attrs["output_scale"] = attr_float(0.625f);
+    n.attrs["output_shift"] = attr_float(-1.25f);
+    n.attrs["output_min"] = attr_float(-1.f);
+    n.attrs["output_max"] = attr_float(2.5f);
+    const Tensor got = run_cpu_fused(n, {x, w, bias}, {false, true, true});
+    ModelBuilder b(20);
+    b.input("x", DType::f32, spec(xs)).output("y");
+    b.initializer("w", w).initializer("b", bias);
+    b.initializer("scale", Tensor::scalar<float>(0.625f)).initializer("shift", Tensor::scalar<float>(-1.25f));
+    b.initializer("lo", Tensor::scalar<float>(-1.f)).initializer("hi", Tensor::scalar<float>(2.5f));
+    b.node("Conv", {"x", "w", "b"}, {"c"}).attrs["pads"] = attr_ints({1, 1, 1, 1});
+    add_activation(b, a.name, a.params, "c", "act");
+    b.node("Mul", {"act", "scale"}, {"m"});
+    b.node("Add", {"m", "shift"}, {"s"});
+    b.node("Max", {"s", "lo"}, {"t"});
+    b.node("Min", {"t", "hi"}, {"y"});
+    EXPECT_LE(cpu_test::worst_error(got, run_ref(b.build(), {{"x", x}}).at("y"), 1e-5, 1e-4), 1.0);
+  }
+}
+
 TEST(CpuDnnl, FusedOpWithUnknownActivationIsDeclined) {
   Node n = fused_node("FusedMatMul", 2, "Swish2", {});
   run_cpu_fused(n, {random_f32({2, 3}, 1), random_f32({3, 4}, 2)}, {false, true}, false);
@@ -446,6 +477,33 @@ TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
     dw.attrs["pads"] = attr_ints({1, 1, 1, 1});
     b.node("Sigmoid", {"c4"}, {"y"}, "sig");
     expect_matches_ref(b.build(), {{"x", random_f32({2, 16, 10, 10}, 7)}}, "conv4", "cpu", 1e-5, 1e-4);
+  }
+}
+
+// Elementwise nodes between convolutions (a Max by a scalar, Abs) read the convolution's
+// channels-last or blocked output as it is and pass it on (openWakeWord's embedding
+// encoder: Conv, LeakyRelu, Max(x, -0.4), Conv); where their output has a reader that
+// takes plain only (Softmax), they reorder their result into it.
+TEST(CpuDnnl, ElementwiseNodesPassTheConvolutionsLayoutOn) {
+  for (int64_t c : {24, 32}) {
+    for (bool plain_reader : {false, true}) {
+      SCOPED_TRACE("channels " + std::to_string(c) + (plain_reader ? ", a plain reader too" : ""));
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({2, 8, 9, 7})).output("y");
+      if (plain_reader) b.output("s");
+      b.initializer("w1", random_f32({c, 8, 3, 1}, 1)).initializer("w2", random_f32({c, c, 1, 3}, 2));
+      b.initializer("w3", random_f32({8, c, 1, 1}, 3)).initializer("floor", Tensor::from_vector<float>({1, 1, 1, 1}, {-0.4f}));
+      b.initializer("lo", Tensor::scalar<float>(-0.5f)).initializer("hi", Tensor::scalar<float>(0.75f));
+      b.node("Conv", {"x", "w1"}, {"c1"}, "conv1").attrs["pads"] = attr_ints({1, 0, 1, 0});
+      b.node("Max", {"c1", "floor"}, {"m1"}, "max1");
+      b.node("Abs", {"m1"}, {"a1"}, "abs1");
+      b.node("Conv", {"a1", "w2"}, {"c2"}, "conv2").attrs["pads"] = attr_ints({0, 1, 0, 1});
+      b.node("Clip", {"c2", "lo", "hi"}, {"k2"}, "clip2");
+      b.node("Conv", {"k2", "w3"}, {"y"}, "conv3");
+      if (plain_reader) b.node("Softmax", {"a1"}, {"s"}, "sm");
+      const TensorMap in = {{"x", random_f32({2, 8, 9, 7}, 4)}};
+      for (const char* node : {"max1", "abs1", "conv3"}) expect_matches_ref(b.build(), in, node, "cpu", 1e-5, 1e-4);
+    }
   }
 }
 

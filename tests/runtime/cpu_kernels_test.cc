@@ -54,7 +54,8 @@ TEST(CpuKernels, ActivationsMatchRef) {
       {"Relu", 14, "", 0},      {"LeakyRelu", 16, "alpha", 0.07f}, {"Sigmoid", 13, "", 0},
       {"Tanh", 13, "", 0},      {"Erf", 13, "", 0},                {"Gelu", 20, "", 0},
       {"HardSwish", 14, "", 0}, {"HardSigmoid", 6, "alpha", 0.3f}, {"Exp", 13, "", 0},
-      {"Neg", 13, "", 0},       {"Abs", 13, "", 0},
+      {"Neg", 13, "", 0},       {"Abs", 13, "", 0},                {"Sqrt", 13, "", 0},
+      {"Log", 13, "", 0},
   };
   for_each_isa([&] {
     for (const auto& c : cases) {
@@ -116,6 +117,28 @@ TEST(CpuKernels, BinaryOpsBroadcastLikeNumpy) {
   });
 }
 
+TEST(CpuKernels, MaxMinBroadcastAndLetNaNWin) {
+  for_each_isa([&] {
+    for (const char* op : {"Max", "Min"}) {
+      for (const auto& [sa, sb] : std::vector<std::pair<Shape, Shape>>{{{3, 37}, {3, 37}}, {{2, 3, 37}, {1}}, {{4, 1}, {1, 21}}}) {
+        SCOPED_TRACE(std::string(op) + " " + shape_str(sa) + " " + shape_str(sb));
+        ModelBuilder b(13);
+        b.input("a", DType::f32, spec(sa)).input("b", DType::f32, spec(sb)).output("y");
+        b.node(op, {"a", "b"}, {"y"}, "mm");
+        Tensor x = random_f32(sa, 3, -2, 2), z = random_f32(sb, 4, -2, 2);
+        x.data<float>()[1] = NAN;
+        x.data<float>()[2] = -0.f;
+        if (z.numel() > 3) z.data<float>()[3] = NAN;
+        expect_matches_ref(b.build(), {{"a", x}, {"b", z}}, "mm", "cpu", 0, 0);
+      }
+    }
+  });
+  ModelBuilder three(13);  // variadic Max of three stays with ref
+  three.input("a", DType::f32, spec({4})).output("y");
+  three.node("Max", {"a", "a", "a"}, {"y"}, "mm");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(three.build(), "mm"), "expects two inputs");
+}
+
 TEST(CpuKernels, SoftmaxLogSoftmaxLayerNorm) {
   for_each_isa([&] {
     for (const char* op : {"Softmax", "LogSoftmax"}) {
@@ -165,6 +188,8 @@ TEST(CpuKernels, ReduceSumAndMean) {
       {"ReduceSum", 13, {2, 7, 300}, {}, 1, "cpu"},      {"ReduceMean", 18, {6, 260}, {1}, 1, "cpu"},
       {"ReduceSum", 11, {6, 7, 8}, {1}, 1, "ref"},       {"ReduceMean", 13, {2, 3, 4}, {0, 2}, 1, "ref"},
       {"ReduceSum", 13, {300, 3}, {0}, 0, "cpu"},
+      {"ReduceMax", 13, {4, 5, 33}, {2}, 1, "cpu"},      {"ReduceMin", 18, {4, 5, 33}, {1, 2}, 0, "cpu"},
+      {"ReduceMax", 13, {300, 3}, {0}, 0, "cpu"},        {"ReduceMin", 13, {7, 20}, {}, 0, "cpu"},
   };
   for_each_isa([&] {
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -173,6 +198,8 @@ TEST(CpuKernels, ReduceSumAndMean) {
       ModelBuilder b(c.opset);
       b.input("x", DType::f32, spec(c.x)).output("y");
       const bool axes_input = c.op == "ReduceSum" ? c.opset >= 13 : c.opset >= 18;
+      Tensor x = random_f32(c.x, 20 + i);
+      if (c.op == "ReduceMax" || c.op == "ReduceMin") x.data<float>()[5] = NAN;  // NaN wins its group
       std::vector<std::string> ins = {"x"};
       if (axes_input && !c.axes.empty()) {
         b.initializer("axes", Tensor::from_vector<int64_t>({int64_t(c.axes.size())}, c.axes));
@@ -181,7 +208,7 @@ TEST(CpuKernels, ReduceSumAndMean) {
       Node& n = b.node(c.op, ins, {"y"}, "red");
       if (!axes_input && !c.axes.empty()) n.attrs["axes"] = attr_ints(c.axes);
       n.attrs["keepdims"] = attr_int(c.keepdims);
-      expect_matches_ref(b.build(), {{"x", random_f32(c.x, 20 + i)}}, "red", c.want, 1e-5, 1e-4);
+      expect_matches_ref(b.build(), {{"x", x}}, "red", c.want, 1e-5, 1e-4);
     }
   });
 }
@@ -245,6 +272,14 @@ TEST(CpuKernels, TransposeConcatSliceGather) {
       }
       b.node("Slice", ins, {"y"}, "sl");
       expect_matches_ref(b.build(), {{"x", random_f32({5, 7, 9}, 30 + i)}}, "sl", "cpu", 0, 0);
+      if (!c.steps.empty()) continue;
+      ModelBuilder old(9);  // before opset 10: attributes, no steps
+      old.input("x", DType::f32, spec({5, 7, 9})).output("y");
+      Node& n = old.node("Slice", {"x"}, {"y"}, "sl");
+      n.attrs["starts"] = attr_ints(c.starts);
+      n.attrs["ends"] = attr_ints(c.ends);
+      n.attrs["axes"] = attr_ints(c.axes);
+      expect_matches_ref(old.build(), {{"x", random_f32({5, 7, 9}, 40 + i)}}, "sl", "cpu", 0, 0);
     }
   }
   {
@@ -264,6 +299,122 @@ TEST(CpuKernels, TransposeConcatSliceGather) {
     EXPECT_EQ(code, ErrorCode::invalid_argument);
     EXPECT_NE(msg.find("Gather node 'g': index 6 is out of range for an axis of size 6"), std::string::npos) << msg;
   }
+}
+
+TEST(CpuKernels, ClipMatchesRef) {
+  for_each_isa([&] {
+    Tensor x = random_f32({3, 45}, 11, -5, 5);
+    x.data<float>()[2] = NAN;
+    x.data<float>()[9] = INFINITY;
+    x.data<float>()[10] = -INFINITY;
+    // Opset 11+: optional bound inputs, constant or given at run time; a missing one does not clip.
+    for (int bounds = 0; bounds < 4; ++bounds) {
+      SCOPED_TRACE("bounds " + std::to_string(bounds));
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({3, 45})).input("hi", DType::f32, spec({})).output("y");
+      b.initializer("lo", Tensor::from_vector<float>({}, {-1.5f}));
+      std::vector<std::string> ins = {"x", bounds & 1 ? "lo" : "", bounds & 2 ? "hi" : ""};
+      while (!ins.empty() && ins.back().empty()) ins.pop_back();
+      b.node("Clip", ins, {"y"}, "clip");
+      expect_matches_ref(b.build(), {{"x", x}, {"hi", Tensor::from_vector<float>({}, {2.25f})}}, "clip", "cpu", 0, 0);
+    }
+    ModelBuilder crossed(13);  // min > max: every element becomes max
+    crossed.input("x", DType::f32, spec({3, 45})).output("y");
+    crossed.initializer("lo", Tensor::from_vector<float>({}, {1.f})).initializer("hi", Tensor::from_vector<float>({}, {-1.f}));
+    crossed.node("Clip", {"x", "lo", "hi"}, {"y"}, "clip");
+    expect_matches_ref(crossed.build(), {{"x", x}}, "clip", "cpu", 0, 0);
+    ModelBuilder old(6);  // attributes; the default bounds are the float range
+    old.input("x", DType::f32, spec({3, 45})).output("y");
+    old.node("Clip", {"x"}, {"y"}, "clip").attrs["max"] = attr_float(0.5f);
+    expect_matches_ref(old.build(), {{"x", x}}, "clip", "cpu", 0, 0);
+  });
+  ModelBuilder b(13);  // a bound of more than one element fails at run time, naming the node
+  b.input("x", DType::f32, spec({4})).input("lo", DType::f32, spec({2})).output("y");
+  b.node("Clip", {"x", "lo"}, {"y"}, "clip");
+  SessionOptions o;
+  o.providers = {"cpu"};
+  auto s = Session::compile(b.build(), o);
+  const std::string msg = testing::error_of([&] { s->run({{"x", random_f32({4}, 1)}, {"lo", random_f32({2}, 2)}}); });
+  EXPECT_NE(msg.find("Clip node 'clip': min must be a one-element f32 tensor, got f32[2]"), std::string::npos) << msg;
+}
+
+TEST(CpuKernels, PowBySquareAndSquareRootMatchesRef) {
+  for_each_isa([&] {
+    for (float e : {2.f, 0.5f}) {
+      SCOPED_TRACE(e);
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec({3, 37})).output("y");
+      b.initializer("e", Tensor::from_vector<float>({1}, {e}));
+      b.node("Pow", {"x", "e"}, {"y"}, "pow");
+      Tensor x = random_f32({3, 37}, 13, -4, 9);
+      x.data<float>()[1] = -0.f;
+      x.data<float>()[2] = -INFINITY;
+      x.data<float>()[3] = INFINITY;
+      x.data<float>()[4] = NAN;
+      expect_matches_ref(b.build(), {{"x", x}}, "pow", "cpu", 0, 2e-7);
+    }
+  });
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec({4})).output("y");
+  b.initializer("e", Tensor::scalar<float>(3.f));
+  b.node("Pow", {"x", "e"}, {"y"}, "pow");
+  EXPECT_EQ(cpu_test::cpu_decline_reason(b.build(), "pow"), "exponent 3.000000");
+}
+
+TEST(CpuKernels, BatchNormalizationMatchesRef) {
+  for_each_isa([&] {
+    for (const Shape& shape : std::vector<Shape>{{2, 5, 7, 9}, {3, 4}, {1, 6, 33}, {2, 3, 2, 3, 5}}) {
+      SCOPED_TRACE(shape_str(shape));
+      const int64_t c = shape[1];
+      ModelBuilder b(15);
+      b.input("x", DType::f32, spec(shape)).input("mean", DType::f32, spec({c})).output("y");
+      b.initializer("scale", random_f32({c}, 1)).initializer("bias", random_f32({c}, 2));
+      b.initializer("var", random_f32({c}, 3, 0.1f, 2.f));
+      b.node("BatchNormalization", {"x", "scale", "bias", "mean", "var"}, {"y"}, "bn").attrs["epsilon"] =
+          attr_float(1e-3f);
+      expect_matches_ref(b.build(), {{"x", random_f32(shape, 4, -3, 3)}, {"mean", random_f32({c}, 5)}}, "bn", "cpu",
+                         1e-6, 1e-5);
+    }
+  });
+  ModelBuilder t(15);  // training mode stays with ref
+  t.input("x", DType::f32, spec({2, 3, 4})).output("y");
+  for (const char* n : {"s", "b", "m", "v"}) t.initializer(n, random_f32({3}, 1, 0.5f, 1.f));
+  t.node("BatchNormalization", {"x", "s", "b", "m", "v"}, {"y"}, "bn").attrs["training_mode"] = attr_int(1);
+  EXPECT_EQ(cpu_test::cpu_decline_reason(t.build(), "bn"), "training_mode");
+}
+
+TEST(CpuKernels, PadEveryModeMatchesRef) {
+  struct Case {
+    std::string mode;
+    std::vector<int64_t> pads, axes;
+    int64_t opset = 19;
+  };
+  const std::vector<Case> cases = {
+      {"constant", {0, 1, 2, 1, 0, 3}},  {"edge", {1, 0, 5, 0, 2, 1}},     {"reflect", {0, 2, 3, 0, 1, 3}},
+      {"wrap", {1, 1, 4, 0, 2, 5}},      {"constant", {0, -1, 2, 0, 1, -3}},  // negative pads crop
+      {"reflect", {2, 3}, {-1}, 18},      {"constant", {1, 0, 0, 2}, {0, 2}, 18},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE("case " + std::to_string(i) + " " + c.mode);
+    ModelBuilder b(c.opset);
+    b.input("x", DType::f32, spec({2, 3, 7})).output("y");
+    b.initializer("pads", Tensor::from_vector<int64_t>({int64_t(c.pads.size())}, c.pads));
+    b.initializer("value", Tensor::scalar<float>(-2.5f));
+    std::vector<std::string> ins = {"x", "pads", "value"};
+    if (!c.axes.empty()) {
+      b.initializer("axes", Tensor::from_vector<int64_t>({int64_t(c.axes.size())}, c.axes));
+      ins.push_back("axes");
+    }
+    b.node("Pad", ins, {"y"}, "pad").attrs["mode"] = attr_string(c.mode);
+    expect_matches_ref(b.build(), {{"x", random_f32({2, 3, 7}, 50 + i)}}, "pad", "cpu", 0, 0);
+  }
+  ModelBuilder old(2);  // attributes; an int64 input copies as bytes
+  old.input("x", DType::i64, spec({3, 4})).output("y");
+  old.node("Pad", {"x"}, {"y"}, "pad").attrs["pads"] = attr_ints({1, 2, 0, 1});
+  std::vector<int64_t> v(12);
+  for (int k = 0; k < 12; ++k) v[size_t(k)] = k * 3 - 7;
+  expect_matches_ref(old.build(), {{"x", Tensor::from_vector<int64_t>({3, 4}, v)}}, "pad", "cpu", 0, 0);
 }
 
 TEST(CpuKernels, LargeTensorsSplitOverThreadsGiveTheSameResult) {

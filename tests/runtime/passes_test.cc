@@ -182,6 +182,53 @@ TEST(Passes, BatchNormStaysWhenConvOutputIsNeededElsewhere) {
   }
 }
 
+TEST(Passes, FoldConstantMulIntoConvAndGemm) {
+  // Per-channel [4,1,1] (written first, as Paddle does) and scalar scales fold into Conv.
+  for (const Shape& cs : std::vector<Shape>{{4, 1, 1}, {1}, {}}) {
+    SCOPED_TRACE(shape_str(cs));
+    ModelBuilder b = conv_model();
+    b.initializer("scale", random_f32(cs, 40, 0.5f, 2.f));
+    b.node("Mul", {"scale", "c"}, {"y"});
+    b.output("y");
+    auto s = expect_same_outputs(b.build(), {{"x", random_f32({2, 3, 6, 6}, 41)}}, 1e-5);
+    EXPECT_EQ(only_node(*s).op_type, "Conv");
+  }
+  {
+    ModelBuilder b = conv_model();  // [4] broadcasts along the width, not the channels
+    b.initializer("scale", random_f32({4}, 42));
+    b.node("Mul", {"c", "scale"}, {"y"});
+    b.output("y");
+    PassGraph g = pass_graph_from_model(b.build());
+    EXPECT_EQ(fold_batch_norm(g), 0);
+  }
+  ModelBuilder b(17);
+  b.input("x", DType::f32, {{3, 5}});
+  b.initializer("w", random_f32({5, 4}, 43)).initializer("c", random_f32({4}, 44));
+  b.initializer("scale", random_f32({1, 4}, 45));
+  b.node("Gemm", {"x", "w", "c"}, {"g"});
+  b.node("Mul", {"g", "scale"}, {"y"});
+  b.output("y");
+  auto s = expect_same_outputs(b.build(), {{"x", random_f32({3, 5}, 46)}}, 1e-5);
+  EXPECT_EQ(only_node(*s).op_type, "Gemm");
+}
+
+TEST(Passes, FoldBiasAddAndBatchNormIntoConvTranspose) {
+  // The detector head's ConvTranspose -> Add(bias) -> BatchNormalization, grouped here.
+  ModelBuilder b(17);
+  b.input("x", DType::f32, {{1, 4, 5, 6}});
+  b.initializer("w", random_f32({4, 3, 2, 2}, 60, -0.5f, 0.5f));
+  b.initializer("bias", random_f32({1, 6, 1, 1}, 61));
+  Node& ct = b.node("ConvTranspose", {"x", "w"}, {"ct"}, "ct");
+  ct.attrs["strides"] = attr_ints({2, 2});
+  ct.attrs["group"] = attr_int(2);
+  b.node("Add", {"ct", "bias"}, {"c"});
+  add_batch_norm(b, "c", "y", 6);
+  b.output("y");
+  auto s = expect_same_outputs(b.build(), {{"x", random_f32({1, 4, 5, 6}, 62)}}, 1e-5);
+  EXPECT_EQ(only_node(*s).op_type, "ConvTranspose");
+  EXPECT_EQ(only_node(*s).inputs.size(), 3u);
+}
+
 // ---------------------------------------------------------------------------------------
 // fuse_bias_activation
 
@@ -364,6 +411,83 @@ TEST(Passes, MatMulBiasActivationFusesEveryActivation) {
     EXPECT_EQ(n.attr_string("activation", ""), c.expected);
     EXPECT_EQ(n.inputs.size(), 3u);
   }
+}
+
+namespace {
+
+// Conv, then x * Clip(x + 3, 0, 6) / 6 written out as the opset-11 exports do.
+void add_hard_swish(ModelBuilder& b, const std::string& in, const std::string& out, bool by_sixth = false) {
+  b.initializer("three", Tensor::scalar<float>(3.f)).initializer("zero", Tensor::scalar<float>(0.f));
+  b.initializer("six", Tensor::scalar<float>(6.f)).initializer("sixth", Tensor::scalar<float>(1.f / 6));
+  b.node("Add", {in, "three"}, {in + "_p3"});
+  b.node("Clip", {in + "_p3", "zero", "six"}, {in + "_clip"});
+  b.node("Mul", {in + "_clip", in}, {in + "_m"});
+  b.node(by_sixth ? "Mul" : "Div", {in + "_m", by_sixth ? "sixth" : "six"}, {out});
+}
+
+}  // namespace
+
+TEST(Passes, HardSwishWrittenOutFusesIntoConv) {
+  for (bool by_sixth : {false, true}) {
+    ModelBuilder b = conv_model();
+    b.model().opsets[""] = 11;
+    add_hard_swish(b, "c", "y", by_sixth);
+    b.output("y");
+    auto s = expect_same_outputs(b.build(), {{"x", random_f32({2, 3, 6, 6}, 50, -4, 4)}}, 1e-6);
+    const Node& n = only_node(*s);
+    EXPECT_EQ(n.op_type, "FusedConv");
+    EXPECT_EQ(n.attr_string("activation", ""), "HardSwish");
+  }
+  // Other constants are not HardSwish.
+  ModelBuilder b = conv_model();
+  b.model().opsets[""] = 11;
+  add_hard_swish(b, "c", "y");
+  b.model().graph.initializers["six"] = Tensor::scalar<float>(5.f);
+  b.output("y");
+  PassGraph g = pass_graph_from_model(b.build());
+  fuse_bias_activation(g);
+  EXPECT_EQ(op_types(g), (std::vector<std::string>{"Conv", "Add", "Clip", "Mul", "Div"}));
+}
+
+TEST(Passes, ScalarMulAndAddAfterTheActivationFuse) {
+  // PaddleOCR's learnable affine blocks around a written-out HardSwish: one FusedConv.
+  ModelBuilder b = conv_model();
+  b.model().opsets[""] = 11;
+  b.initializer("s1", f32({1}, {0.75f})).initializer("b1", f32({1}, {0.25f}));
+  b.initializer("s2", f32({1}, {1.5f})).initializer("b2", f32({1}, {-0.5f}));
+  b.node("Mul", {"s1", "c"}, {"m1"});
+  b.node("Add", {"m1", "b1"}, {"a1"});
+  add_hard_swish(b, "a1", "h");
+  b.node("Mul", {"s2", "h"}, {"m2"});
+  b.node("Add", {"m2", "b2"}, {"y"});
+  b.output("y");
+  auto s = expect_same_outputs(b.build(), {{"x", random_f32({2, 3, 6, 6}, 51, -4, 4)}}, 1e-6);
+  const Node& n = only_node(*s);
+  EXPECT_EQ(n.attr_string("activation", ""), "HardSwish");
+  EXPECT_EQ(n.attr_float("output_scale", 0), 1.5f);
+  EXPECT_EQ(n.attr_float("output_shift", 0), -0.5f);
+  // The affine follows an activation only; an Add then a Mul keeps the Mul (the scale
+  // would have to apply to the shift too).
+  ModelBuilder r = conv_model();
+  r.initializer("d", Tensor::scalar<float>(0.5f)).initializer("e", Tensor::scalar<float>(3.f));
+  r.node("Relu", {"c"}, {"relu"});
+  r.node("Add", {"relu", "d"}, {"a"});
+  r.node("Mul", {"a", "e"}, {"y"});
+  r.output("y");
+  auto sr = expect_same_outputs(r.build(), {{"x", random_f32({2, 3, 6, 6}, 52)}});
+  EXPECT_EQ(op_types(sr->compiled_graph()), (std::vector<std::string>{"slim:FusedConv", "Mul"}));
+  EXPECT_EQ(sr->compiled_graph().nodes[0].attr_float("output_shift", 0), 0.5f);
+  // TensorFlow's LeakyRelu then tf.maximum(x, -0.4) (and a Min after it): the clamp.
+  ModelBuilder t = conv_model();
+  t.initializer("floor", f32({1, 1, 1, 1}, {-0.4f})).initializer("ceil", Tensor::scalar<float>(1.5f));
+  t.node("LeakyRelu", {"c"}, {"l"}).attrs["alpha"] = attr_float(0.2f);
+  t.node("Max", {"floor", "l"}, {"m"});
+  t.node("Min", {"m", "ceil"}, {"y"});
+  t.output("y");
+  auto st = expect_same_outputs(t.build(), {{"x", random_f32({2, 3, 6, 6}, 53, -4, 4)}});
+  const Node& tn = only_node(*st);
+  EXPECT_EQ(tn.attr_float("output_min", 0), -0.4f);
+  EXPECT_EQ(tn.attr_float("output_max", 0), 1.5f);
 }
 
 TEST(Passes, MatMulResidualFusesAfterShapesAreKnown) {

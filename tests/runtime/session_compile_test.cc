@@ -235,6 +235,29 @@ TEST(SessionCompile, UnsupportedOpNamesOpDomainOpsetAndNode) {
   EXPECT_EQ(code, ErrorCode::invalid_argument);
 }
 
+TEST(SessionCompile, UnsupportedOpReportSaysWhyAndWhere) {
+  // Softmax: only cpu and ref have it; Reshape: the test provider has it from opset 5;
+  // Frobnicate: nobody; Gizmo: only in a dead node, which compile drops.
+  ModelBuilder b(4);
+  b.input("x", DType::f32, {{2}}).output("y").output("z");
+  b.initializer("s", i64({1}, {2}));
+  b.node("Softmax", {"x"}, {"a"}, "sm");
+  b.node("Frobnicate", {"a"}, {"y"}, "frob1");
+  b.node("Frobnicate", {"x"}, {"f"}, "frob2");
+  b.node("Reshape", {"f", "s"}, {"z"}, "rs");
+  b.node("Gizmo", {"x"}, {"dead"}, "gizmo");
+  const auto report = unsupported_op_report(b.build(), test_options().providers);
+  ASSERT_EQ(report.size(), 3u);
+  EXPECT_EQ(report[0].op, "ai.onnx:Frobnicate (opset 4)");
+  EXPECT_EQ(report[0].reason, "slim does not implement it");
+  EXPECT_EQ(report[0].nodes, (std::vector<std::string>{"frob1", "frob2"}));
+  EXPECT_EQ(report[1].op, "ai.onnx:Reshape (opset 4)");
+  EXPECT_EQ(report[1].reason, "no kernel for opset 4 (test has opsets 5+)");
+  EXPECT_EQ(report[2].op, "ai.onnx:Softmax (opset 4)");
+  EXPECT_EQ(report[2].reason, "only providers cpu, ref implement it, and they are not selected");
+  EXPECT_EQ(report[2].nodes, std::vector<std::string>{"sm"});
+}
+
 TEST(SessionCompile, KernelsAreChosenByOpset) {
   ModelBuilder b(4);  // the test Reshape exists from opset 5 on
   b.input("x", DType::f32, {{4}}).output("y");

@@ -238,6 +238,7 @@ void bench(const BenchOptions& o) {
   // Cold start: load and compile, then the first run, as a serving process would.
   const auto t_load = Clock::now();
   Model model = OnnxImporter::load_file(o.model);
+  require_supported_ops(model, so.providers, o.model);
   TensorMap feeds;
   for (const auto& spec : o.inputs) {
     const auto [name, file] = name_value(spec, "--input");

@@ -43,6 +43,24 @@ Model with_unit_symbolic_dims(Model m) {
   return m;
 }
 
+std::string join_names(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+
+// "op: reason (nodes 'a', 'b' and 3 more)" for each op the providers cannot run.
+std::vector<std::string> describe_unsupported(const std::vector<UnsupportedOp>& missing) {
+  std::vector<std::string> lines;
+  for (const auto& u : missing) {
+    std::string nodes;
+    for (size_t i = 0; i < std::min<size_t>(u.nodes.size(), 3); ++i) nodes += (i ? ", '" : "'") + u.nodes[i] + "'";
+    if (u.nodes.size() > 3) nodes += " and " + std::to_string(u.nodes.size() - 3) + " more";
+    lines.push_back(u.op + ": " + u.reason + " (node" + (u.nodes.size() > 1 ? "s " : " ") + nodes + ")");
+  }
+  return lines;
+}
+
 // One line per compiled node: its provider and, where a provider ahead of it declined,
 // why (the first reason; the rest follow on indented lines).
 void print_partition(const Session& session) {
@@ -76,7 +94,7 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
   std::cout << "outputs:\n";
   for (const auto& v : model.graph.outputs) std::cout << "  " << v.name << "  " << v.describe() << "\n";
 
-  const std::vector<std::string> missing = unsupported_ops(model, providers);
+  const std::vector<UnsupportedOp> missing = unsupported_op_report(model, providers);
   std::unique_ptr<Session> session;
   std::string compile_error;
   if (missing.empty()) {
@@ -131,8 +149,9 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
   if (missing.empty()) {
     std::cout << "unsupported ops: none\n";
   } else {
-    std::cout << "unsupported ops:\n";
-    for (const auto& op : missing) std::cout << "  " << op << "\n";
+    std::cout << "unsupported ops: " << missing.size() << " (providers " << join_names(providers, ",")
+              << " cannot run this model)\n";
+    for (const auto& line : describe_unsupported(missing)) std::cout << "  " << line << "\n";
   }
 }
 
@@ -222,6 +241,7 @@ void run(const RunOptions& o) {
     for (size_t d = 0; d < in.shape->size(); ++d)
       if (!(*in.shape)[d].is_fixed()) (*in.shape)[d].value = fits ? given->second.shape()[d] : 1;
   }
+  require_supported_ops(model, so.providers, o.model);
   auto session = Session::compile(std::move(model), so);
   std::mt19937_64 rng(o.seed);
   for (const auto& in : session->inputs())
@@ -295,4 +315,14 @@ SLIM_COMMAND(11, [](CLI::App& app) {
 });
 
 }  // namespace
+
+void require_supported_ops(const Model& model, const std::vector<std::string>& providers, const std::string& path) {
+  const std::vector<UnsupportedOp> missing = unsupported_op_report(model, providers);
+  if (missing.empty()) return;
+  throw Error(ErrorCode::unsupported, path + ": " + std::to_string(missing.size()) + " op" +
+                                          (missing.size() > 1 ? "s" : "") + " with no kernel in providers " +
+                                          join_names(providers, ",") + ":\n  " +
+                                          join_names(describe_unsupported(missing), "\n  "));
+}
+
 }  // namespace slim::cli

@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace slim {
+struct Model;
+}  // namespace slim
+
 namespace slim::cli {
 
 struct CommandEntry {
@@ -34,6 +38,9 @@ std::string cpu_note();
 std::string isa_report();
 // --mmap for commands that load a GGUF model (see LlamaModel::load).
 void add_mmap_flag(CLI::App* cmd, bool* map);
+// Refuses (unsupported, exit code 2) a model with ops the providers have no kernel for,
+// naming every such op with its reason and nodes, before compile touches a weight.
+void require_supported_ops(const Model& model, const std::vector<std::string>& providers, const std::string& path);
 
 }  // namespace slim::cli
 

@@ -7,11 +7,16 @@
 //   slim:FusedGemm   inputs A, B, [C], [Z]   Gemm's attributes + activation
 //   slim:FusedMatMul inputs A, B, [bias], [Z]  bias broadcasts over the last axis
 //
-//   Y = act(op(...) + Z)  (Z, the residual, has Y's shape; the bias is part of op)
+//   Y = min(max(act(op(...) + Z) * output_scale + output_shift, output_min), output_max)
+//   (Z, the residual, has Y's shape; the bias is part of op)
 //
 // Attributes: `activation` (string, absent or "" for none) and `activation_params`
 // (floats): Relu; Clip [min, max]; Sigmoid; HardSwish; SiLU (x * sigmoid(x));
-// Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh.
+// Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh. Then
+// `output_scale` and `output_shift` (floats, default 1 and 0): a Mul and an Add by scalars
+// after the activation (PaddleOCR's learnable affine blocks), each rounded to f32, and
+// `output_min`/`output_max` (default -inf/inf): a Max and a Min with scalars (TensorFlow
+// exports' tf.maximum after LeakyRelu), NaN winning as in the ops.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +24,8 @@
 #include <numbers>
 #include <string>
 #include <vector>
+
+#include "slim/onnx/graph.h"
 
 namespace slim {
 
@@ -30,6 +37,10 @@ enum class Activation { none, relu, clip, sigmoid, hard_swish, silu, gelu, gelu_
 struct ActivationSpec {
   Activation kind = Activation::none;
   float p0 = 0.f, p1 = 0.f;  // Clip: min, max; LeakyRelu: alpha
+  float scale = 1.f, shift = 0.f;          // output_scale, output_shift
+  float lo = -INFINITY, hi = INFINITY;     // output_min, output_max
+  bool has_affine() const { return scale != 1.f || shift != 0.f; }
+  bool has_clamp() const { return lo != -INFINITY || hi != INFINITY; }
 };
 
 // Parses the `activation` / `activation_params` attribute pair; nullopt-like failure is
@@ -52,6 +63,17 @@ inline bool parse_activation(const std::string& name, const std::vector<float>& 
     return true;
   }
   return false;
+}
+
+// The activation and output affine of a slim:Fused* node; false when the activation is
+// unknown or has the wrong number of params (the caller names the node in its error).
+inline bool parse_fused_activation(const Node& node, ActivationSpec* out) {
+  if (!parse_activation(node.attr_string("activation", ""), node.attr_floats("activation_params"), out)) return false;
+  out->scale = node.attr_float("output_scale", 1.f);
+  out->shift = node.attr_float("output_shift", 0.f);
+  out->lo = node.attr_float("output_min", -INFINITY);
+  out->hi = node.attr_float("output_max", INFINITY);
+  return true;
 }
 
 // The scalar definition every vectorized version is tested against. It matches the ref
@@ -81,6 +103,16 @@ inline float apply_activation(const ActivationSpec& a, float x) {
     case Activation::tanh: return std::tanh(x);
   }
   return x;
+}
+
+// The activation, then the output affine as the unfused Mul and Add round it, then the
+// clamp as Max and Min compute it (NaN wins).
+inline float apply_fused_epilogue(const ActivationSpec& a, float x) {
+  float v = apply_activation(a, x);
+  if (a.scale != 1.f) v = v * a.scale;
+  if (a.shift != 0.f) v = v + a.shift;
+  if (a.has_clamp() && !std::isnan(v)) v = std::min(std::max(v, a.lo), a.hi);
+  return v;
 }
 
 }  // namespace slim

@@ -132,7 +132,19 @@ void register_provider(const KernelRegistry* registry);
 // The registry of a provider name; nullptr when none is registered under that name.
 const KernelRegistry* find_provider(const std::string& name);
 
-// Ops of a model no registered provider can run, as "domain:Op (opset N)" strings.
+// An op that none of the given providers has a kernel for, at the model's opset.
+struct UnsupportedOp {
+  std::string op;                  // "domain:Op (opset N)"
+  std::string reason;              // why: not implemented, other opsets only, provider not selected
+  std::vector<std::string> nodes;  // the nodes that need it, in file order
+};
+
+// The ops of a model that the providers cannot run, one entry per op (nodes in
+// subgraphs included; nodes no graph output depends on, which compile drops, left out).
+// Looks at the graph only, so it answers before compile touches any weight.
+std::vector<UnsupportedOp> unsupported_op_report(const Model& model,
+                                                 const std::vector<std::string>& providers = {"cpu", "ref"});
+// The same as "domain:Op (opset N)" strings.
 std::vector<std::string> unsupported_ops(const Model& model,
                                          const std::vector<std::string>& providers = {"cpu", "ref"});
 

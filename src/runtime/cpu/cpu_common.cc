@@ -54,31 +54,22 @@ dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides) {
   return dnnl::memory::desc(to_dims(dims), dnnl::memory::data_type::f32, to_dims(strides));
 }
 
-ActivationSpec fused_activation(const Node& node) {
-  ActivationSpec a;
-  const std::string name = node.attr_string("activation", "");
-  const std::vector<float> params = node.attr_floats("activation_params");
-  if (!parse_activation(name, params, &a))
-    throw Error(ErrorCode::invalid_model, node.describe() + ": activation '" + name + "' with " +
-                                              std::to_string(params.size()) +
-                                              " activation_params is not a known fused activation");
-  return a;
-}
-
 void append_activation(dnnl::post_ops& ops, const ActivationSpec& a) {
   using A = dnnl::algorithm;
   switch (a.kind) {
-    case Activation::none: return;
-    case Activation::relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); return;
-    case Activation::leaky_relu: ops.append_eltwise(1.f, A::eltwise_relu, a.p0, 0.f); return;
-    case Activation::clip: ops.append_eltwise(1.f, A::eltwise_clip_v2, a.p0, a.p1); return;
-    case Activation::sigmoid: ops.append_eltwise(1.f, A::eltwise_logistic, 0.f, 0.f); return;
-    case Activation::hard_swish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); return;
-    case Activation::silu: ops.append_eltwise(1.f, A::eltwise_swish, 1.f, 0.f); return;
-    case Activation::gelu: ops.append_eltwise(1.f, A::eltwise_gelu_erf, 0.f, 0.f); return;
-    case Activation::gelu_tanh: ops.append_eltwise(1.f, A::eltwise_gelu_tanh, 0.f, 0.f); return;
-    case Activation::tanh: ops.append_eltwise(1.f, A::eltwise_tanh, 0.f, 0.f); return;
+    case Activation::none: break;
+    case Activation::relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); break;
+    case Activation::leaky_relu: ops.append_eltwise(1.f, A::eltwise_relu, a.p0, 0.f); break;
+    case Activation::clip: ops.append_eltwise(1.f, A::eltwise_clip_v2, a.p0, a.p1); break;
+    case Activation::sigmoid: ops.append_eltwise(1.f, A::eltwise_logistic, 0.f, 0.f); break;
+    case Activation::hard_swish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); break;
+    case Activation::silu: ops.append_eltwise(1.f, A::eltwise_swish, 1.f, 0.f); break;
+    case Activation::gelu: ops.append_eltwise(1.f, A::eltwise_gelu_erf, 0.f, 0.f); break;
+    case Activation::gelu_tanh: ops.append_eltwise(1.f, A::eltwise_gelu_tanh, 0.f, 0.f); break;
+    case Activation::tanh: ops.append_eltwise(1.f, A::eltwise_tanh, 0.f, 0.f); break;
   }
+  if (a.has_affine()) ops.append_eltwise(1.f, A::eltwise_linear, a.scale, a.shift);
+  if (a.has_clamp()) ops.append_eltwise(1.f, A::eltwise_clip_v2, a.lo, a.hi);
 }
 
 std::optional<std::string> need_f32(const KernelBuildInfo& info, int i) {
@@ -139,6 +130,29 @@ std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t 
   if (layout == layout_tag(f32_md(s, dnnl::memory::format_tag::nhwc))) return dnnl::memory::format_tag::nhwc;
   if (s[1] % blocked_channels() == 0 && layout == layout_tag(f32_md(s, blocked_layout()))) return blocked_layout();
   return std::nullopt;
+}
+
+float* ChannelPassThrough::target(Tensor& y) const {
+  if (in_ == out_) return y.data<float>();
+  if (!buf_) {
+    const auto& eng = dnnl_engine();
+    stream_ = dnnl::stream(eng);
+    buf_ = owned_memory(f32_md(shape_, *channel_layout(shape_, in_)), eng, keep_);
+    dst_ = dnnl::memory(plain_md(shape_), eng, DNNL_MEMORY_NONE);
+    reorder_ = dnnl::reorder(buf_, dst_);
+  }
+  return static_cast<float*>(buf_.get_data_handle());
+}
+
+void ChannelPassThrough::finish(const KernelContext& ctx, Tensor& y) const {
+  if (in_ == out_) return;
+  limit_dnnl_threads(ctx);
+  dnnl_call(ctx.node(), "reorder to plain", [&] {
+    dst_.set_data_handle(y.raw_data());
+    reorder_.execute(stream_, buf_, dst_);
+    stream_.wait();
+    return 0;
+  });
 }
 
 }  // namespace slim::cpu

@@ -22,7 +22,9 @@ void register_dnnl_matmul_kernels(KernelRegistry& r);  // dnnl_matmul.cc
 void register_dnnl_pool_kernels(KernelRegistry& r);    // dnnl_pool.cc
 void register_dnnl_rnn_kernels(KernelRegistry& r);     // dnnl_rnn.cc
 void register_elementwise_kernels(KernelRegistry& r);  // elementwise.cc
+void register_resize_kernels(KernelRegistry& r);       // resize.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
+void register_matmul_nbits_kernels(KernelRegistry& r); // matmul_nbits.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();
@@ -82,9 +84,34 @@ dnnl::memory::format_tag blocked_layout();
 std::optional<dnnl::memory::format_tag> channel_layout(const Shape& s, uint64_t layout);
 dnnl::memory::desc f32_md(const Shape& s, dnnl::memory::format_tag f);
 
-// The fused activation of a slim:Fused* node; throws invalid_model naming the node.
-ActivationSpec fused_activation(const Node& node);
-// Adds the activation as an eltwise post-op (none adds nothing).
+// For elementwise kernels whose output element depends on the same element of one 4-D
+// input alone (activations, Clip, a binary op with a one-element operand): they read
+// that input in a neighbour's channel layout as it is (channel_layout: the same bytes as
+// plain, in another order) and offer it on for their output, so a convolution, an
+// activation oneDNN cannot fuse and the next convolution keep their layout. When the
+// output's readers take plain only, the result is computed into a buffer in the input's
+// layout and reordered.
+class ChannelPassThrough {
+ public:
+  void set_shape(const Shape& s) { shape_ = s; }
+  bool accepts(uint64_t layout) const { return channel_layout(shape_, layout).has_value(); }
+  void use_input(uint64_t layout) { in_ = layout; }
+  uint64_t offer() const { return in_; }
+  void use_output(uint64_t layout) { out_ = layout; }
+  // Where the elementwise results go: y itself, or the buffer finish() reorders into y.
+  float* target(Tensor& y) const;
+  void finish(const KernelContext& ctx, Tensor& y) const;
+
+ private:
+  Shape shape_;
+  uint64_t in_ = 0, out_ = 0;
+  mutable std::vector<std::shared_ptr<Storage>> keep_;
+  mutable dnnl::memory buf_, dst_;
+  mutable dnnl::reorder reorder_;
+  mutable dnnl::stream stream_;
+};
+
+// Adds the activation, output affine and clamp as eltwise post-ops (none adds nothing).
 void append_activation(dnnl::post_ops& ops, const ActivationSpec& a);
 
 // Claim helpers: decline unless input i is present with a known f32 dtype / static shape.

@@ -137,7 +137,7 @@ std::optional<std::string> matmul_setup(const KernelBuildInfo& info, Kind kind, 
       s->z_input = 3;
     }
     ActivationSpec a;
-    if (!parse_activation(node.attr_string("activation", ""), node.attr_floats("activation_params"), &a))
+    if (!parse_fused_activation(node, &a))
       return std::string("unknown activation");
     s->act = a;
   }

@@ -1,12 +1,15 @@
-// The cpu provider's own f32 math kernels: binary arithmetic with numpy broadcasting,
-// activations, Softmax/LogSoftmax, LayerNormalization and ReduceSum/ReduceMean. Loops
+// The cpu provider's own f32 math kernels: binary arithmetic (and Max/Min) with numpy
+// broadcasting, activations, Softmax/LogSoftmax, LayerNormalization, BatchNormalization
+// and ReduceSum/Mean/Max/Min. Loops
 // are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
 // over slim's thread pool when a tensor is large enough to pay for the hand-off.
 #include <algorithm>
+#include <cfloat>
 #include <numeric>
 
 #include "runtime/cpu/cpu_common.h"
 #include "runtime/cpu/simd.h"
+#include "slim/core/convert.h"
 #include "slim/runtime/provider.h"
 
 namespace slim::cpu {
@@ -24,11 +27,15 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) 
 // ---------------------------------------------------------------------------------------
 // Unary activations
 
-enum class Unary { relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs };
+enum class Unary {
+  relu, leaky_relu, sigmoid, tanh, erf, gelu, gelu_tanh, hard_swish, hard_sigmoid, exp, neg, abs, clip,
+  sqrt, square, pow_half,  // Sqrt; Pow by 2 and by 0.5
+  log,
+};
 
 struct UnaryParams {
   Unary op = Unary::relu;
-  float alpha = 0.f, beta = 0.f;
+  float alpha = 0.f, beta = 0.f;  // clip: the bounds
 };
 
 template <int W>
@@ -55,6 +62,26 @@ SLIM_INLINE typename Vec<W>::F unary_vec(const UnaryParams& p, typename Vec<W>::
     case Unary::exp: return vexp<W>(x);
     case Unary::neg: return -x;
     case Unary::abs: return x < zero ? -x : x;
+    case Unary::clip: {
+      // NaN compares false and passes through, as in ref.
+      x = x < splat<W>(p.alpha) ? splat<W>(p.alpha) : x;
+      return x > splat<W>(p.beta) ? splat<W>(p.beta) : x;
+    }
+    case Unary::square: return x * x;  // exact in double, so ref's pow(x, 2) rounds to the same
+    case Unary::log: {
+      F r;  // logf per lane: ref's std::log on floats, to the bit
+      for (int i = 0; i < W; ++i) r[i] = std::log(x[i]);
+      return r;
+    }
+    case Unary::sqrt:
+    case Unary::pow_half: {
+      F r;
+      for (int i = 0; i < W; ++i) r[i] = __builtin_sqrtf(x[i]);
+      if (p.op == Unary::sqrt) return r;
+      // pow(x, 0.5): +0 for -0 (adding +0 does that) and +inf for -inf.
+      r = r + zero;
+      return x == splat<W>(-INFINITY) ? splat<W>(INFINITY) : r;
+    }
   }
   return x;
 }
@@ -74,6 +101,14 @@ float unary_scalar(const UnaryParams& p, float x) {
     case Unary::exp: return std::exp(x);
     case Unary::neg: return -x;
     case Unary::abs: return std::fabs(x);
+    case Unary::clip: {
+      x = x < p.alpha ? p.alpha : x;
+      return x > p.beta ? p.beta : x;
+    }
+    case Unary::square: return x * x;
+    case Unary::sqrt: return std::sqrt(x);
+    case Unary::log: return std::log(x);
+    case Unary::pow_half: return std::pow(x, 0.5f);
   }
   return x;
 }
@@ -117,21 +152,37 @@ void unary_run(const UnaryParams& p, const float* x, float* y, int64_t n) {
   }
 }
 
-class UnaryKernel final : public OpKernel {
+void unary_compute(KernelContext& ctx, const UnaryParams& p, const ChannelPassThrough& layout) {
+  const Tensor& x = ctx.required_input(0);
+  Tensor& y = ctx.output(0, DType::f32, x.shape());
+  const float* px = x.data<float>();
+  float* py = layout.target(y);
+  constexpr int64_t kBlock = 4096;
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  parallel_items(ctx, blocks, kBlock, [&](int64_t b, int64_t e) {
+    const int64_t lo = b * kBlock, hi = std::min(n, e * kBlock);
+    unary_run(p, px + lo, py + lo, hi - lo);
+  });
+  layout.finish(ctx, y);
+}
+
+// A one-input elementwise kernel: takes its input's channel layout and passes it on.
+class ElementwiseKernel : public OpKernel {
  public:
-  explicit UnaryKernel(UnaryParams p) : p_(p) {}
-  void compute(KernelContext& ctx) const override {
-    const Tensor& x = ctx.required_input(0);
-    Tensor& y = ctx.output(0, DType::f32, x.shape());
-    const float* px = x.data<float>();
-    float* py = y.data<float>();
-    constexpr int64_t kBlock = 4096;
-    const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
-    parallel_items(ctx, blocks, kBlock, [&](int64_t b, int64_t e) {
-      const int64_t lo = b * kBlock, hi = std::min(n, e * kBlock);
-      unary_run(p_, px + lo, py + lo, hi - lo);
-    });
-  }
+  explicit ElementwiseKernel(const Shape& shape) { layout_.set_shape(shape); }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? layout_.offer() : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout_.accepts(layout); }
+  void use_private_input(int i, uint64_t layout) override { layout_.use_input(layout); }
+  void use_private_output(int i, uint64_t layout) override { layout_.use_output(layout); }
+
+ protected:
+  ChannelPassThrough layout_;
+};
+
+class UnaryKernel final : public ElementwiseKernel {
+ public:
+  UnaryKernel(UnaryParams p, const Shape& shape) : ElementwiseKernel(shape), p_(p) {}
+  void compute(KernelContext& ctx) const override { unary_compute(ctx, p_, layout_); }
 
  private:
   UnaryParams p_;
@@ -170,7 +221,85 @@ KernelDef unary_def(const std::string& op, int64_t since, Unary kind) {
   def.build = [params](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     UnaryParams p;
     if (auto r = params(info.node, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
-    return std::make_unique<UnaryKernel>(p);
+    return std::make_unique<UnaryKernel>(p, *info.input(0).shape);
+  };
+  return def;
+}
+
+// Clip: bounds from the attributes (opsets 6-10, defaulting to the float range) or from
+// optional one-element inputs (11+), read at each run so they need not be constants.
+class ClipKernel final : public ElementwiseKernel {
+ public:
+  ClipKernel(const Shape& shape, float lo, float hi, bool bound_inputs)
+      : ElementwiseKernel(shape), lo_(lo), hi_(hi), bound_inputs_(bound_inputs) {}
+  void compute(KernelContext& ctx) const override {
+    UnaryParams p{Unary::clip, lo_, hi_};
+    for (int i = 1; bound_inputs_ && i <= 2; ++i) {
+      const Tensor* b = ctx.input(i);
+      if (!b) continue;
+      if (b->dtype() != DType::f32 || b->numel() != 1)
+        ctx.fail(ErrorCode::invalid_argument, std::string(i == 1 ? "min" : "max") +
+                                                  " must be a one-element f32 tensor, got " + b->describe());
+      (i == 1 ? p.alpha : p.beta) = b->data<float>()[0];
+    }
+    unary_compute(ctx, p, layout_);
+  }
+
+ private:
+  float lo_, hi_;
+  bool bound_inputs_;
+};
+
+KernelDef clip_def() {
+  KernelDef def;
+  def.op_type = "Clip";
+  def.since_version = 6;  // opset 1's bounds and consumed_inputs are not worth a kernel
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.node.outputs.size() != 1) return Claim::no("expects one output");
+    if (auto r = need_f32(info, 0)) return Claim::no(*r);
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    for (int i = 1; i < int(info.inputs.size()); ++i)
+      if (info.has_input(i))
+        if (auto r = need_f32(info, i)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    const Shape& s = *info.input(0).shape;
+    if (info.opset >= 11) return std::make_unique<ClipKernel>(s, -INFINITY, INFINITY, true);
+    return std::make_unique<ClipKernel>(s, info.node.attr_float("min", -FLT_MAX), info.node.attr_float("max", FLT_MAX),
+                                        false);
+  };
+  return def;
+}
+
+// Pow by a constant scalar exponent of 2 or 0.5 (the squares and roots of normalizations
+// written out); other exponents stay with ref.
+KernelDef pow_def() {
+  KernelDef def;
+  def.op_type = "Pow";
+  def.since_version = 7;  // before 7: the broadcast/axis attributes
+  auto kind = [](const KernelBuildInfo& info, Unary* op) -> std::optional<std::string> {
+    if (info.inputs.size() != 2 || info.node.outputs.size() != 1) return std::string("expects two inputs");
+    if (auto r = need_f32(info, 0)) return r;
+    if (auto r = need_static(info, 0)) return r;
+    const Tensor* e = info.input(1).constant;
+    if (!e || e->numel() != 1 || e->rank() > int(info.input(0).shape->size()))
+      return std::string("exponent is not a constant scalar");
+    const double v = tensor_to_doubles(*e)[0];
+    if (v == 2.0) *op = Unary::square;
+    else if (v == 0.5) *op = Unary::pow_half;
+    else return "exponent " + std::to_string(v);
+    return std::nullopt;
+  };
+  def.claim = [kind](const KernelBuildInfo& info) {
+    Unary op;
+    if (auto r = kind(info, &op)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    UnaryParams p;
+    if (auto r = kind(info, &p.op)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<UnaryKernel>(p, *info.input(0).shape);
   };
   return def;
 }
@@ -178,7 +307,7 @@ KernelDef unary_def(const std::string& op, int64_t since, Unary kind) {
 // ---------------------------------------------------------------------------------------
 // Binary arithmetic with broadcasting
 
-enum class Binary { add, sub, mul, div };
+enum class Binary { add, sub, mul, div, max, min };
 
 template <int W>
 SLIM_INLINE typename Vec<W>::F binary_vec(Binary op, typename Vec<W>::F a, typename Vec<W>::F b) {
@@ -187,8 +316,23 @@ SLIM_INLINE typename Vec<W>::F binary_vec(Binary op, typename Vec<W>::F a, typen
     case Binary::sub: return a - b;
     case Binary::mul: return a * b;
     case Binary::div: return a / b;
+    // NaN wins, as in ref (numpy's maximum/minimum); else b only when strictly beyond a.
+    case Binary::max: return (a != a) | (b != b) ? splat<W>(NAN) : (b > a ? b : a);
+    case Binary::min: return (a != a) | (b != b) ? splat<W>(NAN) : (b < a ? b : a);
   }
   return a;
+}
+
+float binary_scalar(Binary op, float x, float z) {
+  switch (op) {
+    case Binary::add: return x + z;
+    case Binary::sub: return x - z;
+    case Binary::mul: return x * z;
+    case Binary::div: return x / z;
+    case Binary::max: return std::isnan(x) || std::isnan(z) ? NAN : (z > x ? z : x);
+    case Binary::min: return std::isnan(x) || std::isnan(z) ? NAN : (z < x ? z : x);
+  }
+  return x;
 }
 
 // One row: a and b advance by sa, sb in {0, 1} (0 = the operand is broadcast along it).
@@ -202,10 +346,7 @@ SLIM_INLINE void binary_row(Binary op, const float* a, int64_t sa, const float* 
     const F vb = sb ? load<W>(b + i) : vb0;
     store<W>(y + i, binary_vec<W>(op, va, vb));
   }
-  for (; i < n; ++i) {
-    const float x = a[sa * i], z = b[sb * i];
-    y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
-  }
+  for (; i < n; ++i) y[i] = binary_scalar(op, a[sa * i], b[sb * i]);
 }
 
 #if defined(__x86_64__)
@@ -231,10 +372,7 @@ void binary_run(Binary op, const float* a, int64_t sa, const float* b, int64_t s
     case Isa::neon: return binary_neon(op, a, sa, b, sb, y, n);
 #endif
     default:
-      for (int64_t i = 0; i < n; ++i) {
-        const float x = a[sa * i], z = b[sb * i];
-        y[i] = op == Binary::add ? x + z : op == Binary::sub ? x - z : op == Binary::mul ? x * z : x / z;
-      }
+      for (int64_t i = 0; i < n; ++i) y[i] = binary_scalar(op, a[sa * i], b[sb * i]);
       return;
   }
 }
@@ -304,14 +442,22 @@ class BinaryKernel final : public OpKernel {
     *shape = p_.y;
     return i == 0;
   }
-  BinaryKernel(Binary op, BroadcastPlan plan) : op_(op), p_(std::move(plan)) {}
+  // `full`: the operand of the output's shape when the other is a single element (the
+  // kernel then passes that operand's channel layout through), else -1.
+  BinaryKernel(Binary op, BroadcastPlan plan, int full) : op_(op), p_(std::move(plan)), full_(full) {
+    layout_.set_shape(p_.y);
+  }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? layout_.offer() : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override { return i == full_ && layout_.accepts(layout); }
+  void use_private_input(int i, uint64_t layout) override { layout_.use_input(layout); }
+  void use_private_output(int i, uint64_t layout) override { layout_.use_output(layout); }
   void compute(KernelContext& ctx) const override {
     const Tensor& a = ctx.required_input(0);
     const Tensor& b = ctx.required_input(1);
     Tensor& y = ctx.output(0, DType::f32, p_.y);
     const float* pa = a.data<float>();
     const float* pb = b.data<float>();
-    float* py = y.data<float>();
+    float* py = layout_.target(y);
     // Long rows are cut into pieces so a single row still spreads over the threads.
     const int64_t piece = p_.rows >= 8 ? p_.inner : std::max<int64_t>(4096, (p_.inner + 7) / 8);
     const int64_t pieces = (p_.inner + piece - 1) / piece;
@@ -329,11 +475,14 @@ class BinaryKernel final : public OpKernel {
                    py + row * p_.inner + lo, n);
       }
     });
+    layout_.finish(ctx, y);
   }
 
  private:
   Binary op_;
   BroadcastPlan p_;
+  int full_;
+  ChannelPassThrough layout_;
 };
 
 KernelDef binary_def(const std::string& op, Binary kind) {
@@ -347,9 +496,11 @@ KernelDef binary_def(const std::string& op, Binary kind) {
     return Claim::yes();
   };
   def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
-    auto plan = plan_broadcast(*info.input(0).shape, *info.input(1).shape);
+    const Shape &a = *info.input(0).shape, &b = *info.input(1).shape;
+    auto plan = plan_broadcast(a, b);
     if (!plan) throw Error(ErrorCode::internal, info.node.describe() + ": shapes do not broadcast");
-    return std::make_unique<BinaryKernel>(kind, std::move(*plan));
+    const int full = shape_numel(b) == 1 && a == plan->y ? 0 : shape_numel(a) == 1 && b == plan->y ? 1 : -1;
+    return std::make_unique<BinaryKernel>(kind, std::move(*plan), full);
   };
   return def;
 }
@@ -468,40 +619,62 @@ SLIM_INLINE void layer_norm_rows(const float* x, float* y, int64_t rows, int64_t
   }
 }
 
+// BatchNormalization: rows [first, first + rows) of an (N*C) x n matrix, row r in channel
+// r % C: y = (x - mean) * k + b, the order of ref's terms.
+template <int W>
+SLIM_INLINE void batch_norm_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t n, int64_t channels,
+                                 const float* mean, const float* k, const float* b) {
+  using F = typename Vec<W>::F;
+  for (int64_t r = first; r < first + rows; ++r) {
+    const int64_t c = r % channels;
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const F vm = splat<W>(mean[c]), vk = splat<W>(k[c]), vb = splat<W>(b[c]);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) store<W>(yr + i, (load<W>(xr + i) - vm) * vk + vb);
+    for (; i < n; ++i) yr[i] = (xr[i] - mean[c]) * k[c] + b[c];
+  }
+}
+
 template <int W>
 SLIM_INLINE void row_reduce(const float* x, float* y, int64_t rows, int64_t n, float mul) {
   for (int64_t r = 0; r < rows; ++r) y[r] = row_sum<W>(x + r * n, n) * mul;
 }
 
-#if defined(__x86_64__)
-#define SLIM_DISPATCH3(name, params, args)                                                  \
-  __attribute__((target("avx512f"))) void name##_avx512 params { name<16> args; }           \
-  __attribute__((target("avx2,fma"))) void name##_avx2 params { name<8> args; }             \
-  void name##_any params {                                                                  \
-    switch (detected_isa()) {                                                               \
-      case Isa::avx512: return name##_avx512 args;                                          \
-      case Isa::avx2: return name##_avx2 args;                                              \
-      case Isa::scalar:                                                                     \
-      case Isa::neon: return name<1> args;                                                  \
-    }                                                                                       \
+// a NaN-propagating max (or min): once a NaN is in, it stays, as in ref.
+SLIM_INLINE float extreme(float acc, float v, bool max) {
+  return std::isnan(v) || (max ? v > acc : v < acc) ? v : acc;
+}
+
+template <int W>
+SLIM_INLINE void row_extreme(const float* x, float* y, int64_t rows, int64_t n, bool max) {
+  using F = typename Vec<W>::F;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    F m = splat<W>(max ? -INFINITY : INFINITY);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const F v = load<W>(xr + i);
+      if (max) m = (v != v) | (v > m) ? v : m;
+      else m = (v != v) | (v < m) ? v : m;
+    }
+    float acc = max ? -INFINITY : INFINITY;
+    for (int k = 0; k < W; ++k) acc = extreme(acc, m[k], max);
+    for (; i < n; ++i) acc = extreme(acc, xr[i], max);
+    y[r] = acc;
   }
-#elif defined(__aarch64__)
-// NEON: the same loops at 4 lanes (ASIMD is aarch64's baseline).
-#define SLIM_DISPATCH3(name, params, args)                                                  \
-  void name##_any params {                                                                  \
-    if (detected_isa() == Isa::neon) return name<4> args;                                   \
-    return name<1> args;                                                                    \
-  }
-#else
-#define SLIM_DISPATCH3(name, params, args) \
-  void name##_any params { return name<1> args; }
-#endif
+}
 
 SLIM_DISPATCH3(softmax_rows, (const float* x, float* y, int64_t rows, int64_t n, bool log), (x, y, rows, n, log))
 SLIM_DISPATCH3(layer_norm_rows,
                (const float* x, float* y, int64_t rows, int64_t n, const float* s, const float* b, float eps),
                (x, y, rows, n, s, b, eps))
+SLIM_DISPATCH3(batch_norm_rows,
+               (const float* x, float* y, int64_t first, int64_t rows, int64_t n, int64_t channels, const float* m,
+                const float* k, const float* b),
+               (x, y, first, rows, n, channels, m, k, b))
 SLIM_DISPATCH3(row_reduce, (const float* x, float* y, int64_t rows, int64_t n, float mul), (x, y, rows, n, mul))
+SLIM_DISPATCH3(row_extreme, (const float* x, float* y, int64_t rows, int64_t n, bool max), (x, y, rows, n, max))
 
 // Rows of length n from a shape split at `axis`.
 void split_rows(const Shape& s, int axis, int64_t* rows, int64_t* n) {
@@ -643,23 +816,90 @@ KernelDef layer_norm_def() {
   return def;
 }
 
-// ReduceSum/ReduceMean whose reduced axes form one block at the end (row sums) or the
-// start (column sums) of the shape, after size-1 dims are ignored.
+// BatchNormalization in inference form over (N, C, ...): per channel k = scale /
+// sqrt(var + eps) (in double, as ref), from the inputs at each run.
+class BatchNormKernel final : public OpKernel {
+ public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
+  BatchNormKernel(Shape shape, double eps) : shape_(std::move(shape)), eps_(eps) {
+    channels_ = shape_[1];
+    rows_ = shape_[0] * channels_;
+    n_ = shape_numel(shape_) / std::max<int64_t>(rows_, 1);
+  }
+  void compute(KernelContext& ctx) const override {
+    const float* scale = ctx.required_input(1).data<float>();
+    const float* bias = ctx.required_input(2).data<float>();
+    const float* mean = ctx.required_input(3).data<float>();
+    const float* var = ctx.required_input(4).data<float>();
+    std::vector<float> k(static_cast<size_t>(channels_));
+    for (int64_t c = 0; c < channels_; ++c) k[size_t(c)] = float(double(scale[c]) / std::sqrt(double(var[c]) + eps_));
+    const float* x = ctx.required_input(0).data<float>();
+    float* y = ctx.output(0, DType::f32, shape_).data<float>();
+    parallel_items(ctx, rows_, n_, [&](int64_t b, int64_t e) {
+      batch_norm_rows_any(x, y, b, e - b, n_, channels_, mean, k.data(), bias);
+    });
+  }
+
+ private:
+  Shape shape_;
+  double eps_;
+  int64_t channels_ = 1, rows_ = 1, n_ = 1;
+};
+
+std::optional<std::string> batch_norm_check(const KernelBuildInfo& info) {
+  const Node& node = info.node;
+  if (node.attr_int("training_mode", 0) != 0) return std::string("training_mode");
+  if (info.opset < 9 && node.attr_int("spatial", 1) == 0) return std::string("spatial=0");
+  for (size_t o = 1; o < node.outputs.size(); ++o)
+    if (!node.outputs[o].empty()) return std::string("mean/var outputs are not implemented");
+  if (info.inputs.size() != 5) return std::string("expects five inputs");
+  if (auto r = need_all_f32_static(info)) return r;
+  const Shape& s = *info.input(0).shape;
+  if (s.size() < 2) return std::string("input of rank below 2");
+  for (int i = 1; i <= 4; ++i)
+    if (shape_numel(*info.input(i).shape) != s[1]) return "input " + std::to_string(i) + " is not one value per channel";
+  return std::nullopt;
+}
+
+KernelDef batch_norm_def() {
+  KernelDef def;
+  def.op_type = "BatchNormalization";
+  def.since_version = 7;  // before 7: is_test and consumed_inputs
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = batch_norm_check(info)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    if (auto r = batch_norm_check(info)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<BatchNormKernel>(*info.input(0).shape, info.node.attr_float("epsilon", 1e-5f));
+  };
+  return def;
+}
+
+// ReduceSum/Mean/Max/Min whose reduced axes form one block at the end (rows) or the
+// start (columns) of the shape, after size-1 dims are ignored.
+enum class Reduce { sum, mean, max, min };
+
 struct ReducePlan {
   Shape y;
   int64_t rows = 1, n = 1;
   bool columns = false;
+  Reduce op = Reduce::sum;
   float mul = 1.f;
 };
 
-std::optional<std::string> reduce_plan(const KernelBuildInfo& info, bool mean, ReducePlan* p) {
+std::optional<std::string> reduce_plan(const KernelBuildInfo& info, Reduce op, ReducePlan* p) {
   const Node& node = info.node;
   if (node.outputs.size() != 1) return std::string("expects one output");
   if (auto r = need_f32(info, 0)) return r;
   if (auto r = need_static(info, 0)) return r;
   const Shape& s = *info.input(0).shape;
   const int rank = int(s.size());
-  const bool axes_input = mean ? info.opset >= 18 : info.opset >= 13;
+  const bool axes_input = op == Reduce::sum ? info.opset >= 13 : info.opset >= 18;
   Shape axes;
   if (axes_input) {
     if (info.has_input(1)) {
@@ -703,7 +943,8 @@ std::optional<std::string> reduce_plan(const KernelBuildInfo& info, bool mean, R
   p->columns = leading;
   p->rows = leading ? red : kept;
   p->n = leading ? kept : red;
-  p->mul = mean ? float(1.0 / double(red)) : 1.f;
+  p->op = op;
+  p->mul = op == Reduce::mean ? float(1.0 / double(red)) : 1.f;
   return std::nullopt;
 }
 
@@ -725,8 +966,10 @@ class ReduceKernel final : public OpKernel {
         column_sum_any_offset(x, py, b, e);
       });
     } else {
+      const bool extreme = p_.op == Reduce::max || p_.op == Reduce::min;
       parallel_items(ctx, p_.rows, p_.n, [&](int64_t b, int64_t e) {
-        row_reduce_any(x + b * p_.n, py + b, e - b, p_.n, p_.mul);
+        if (extreme) row_extreme_any(x + b * p_.n, py + b, e - b, p_.n, p_.op == Reduce::max);
+        else row_reduce_any(x + b * p_.n, py + b, e - b, p_.n, p_.mul);
       });
     }
   }
@@ -742,6 +985,14 @@ class ReduceKernel final : public OpKernel {
   void column_sum_strided(const float* x, float* y, int64_t width) const {
     // column_sum over a window of `width` columns of rows spaced p_.n apart.
     float buf[256];
+    const bool max = p_.op == Reduce::max;
+    if (max || p_.op == Reduce::min) {
+      std::fill(buf, buf + width, max ? -INFINITY : INFINITY);
+      for (int64_t r = 0; r < p_.rows; ++r)
+        for (int64_t j = 0; j < width; ++j) buf[j] = extreme(buf[j], x[r * p_.n + j], max);
+      std::copy(buf, buf + width, y);
+      return;
+    }
     std::fill(buf, buf + width, 0.f);
     for (int64_t r = 0; r < p_.rows; ++r) {
       const float* xr = x + r * p_.n;
@@ -752,18 +1003,18 @@ class ReduceKernel final : public OpKernel {
   ReducePlan p_;
 };
 
-KernelDef reduce_def(const std::string& op, bool mean) {
+KernelDef reduce_def(const std::string& op, Reduce kind) {
   KernelDef def;
   def.op_type = op;
   def.since_version = 1;
-  def.claim = [mean](const KernelBuildInfo& info) {
+  def.claim = [kind](const KernelBuildInfo& info) {
     ReducePlan p;
-    if (auto r = reduce_plan(info, mean, &p)) return Claim::no(*r);
+    if (auto r = reduce_plan(info, kind, &p)) return Claim::no(*r);
     return Claim::yes();
   };
-  def.build = [mean](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     ReducePlan p;
-    if (auto r = reduce_plan(info, mean, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    if (auto r = reduce_plan(info, kind, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
     return std::make_unique<ReduceKernel>(std::move(p));
   };
   return def;
@@ -783,15 +1034,24 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.add(unary_def("Exp", 6, Unary::exp));
   r.add(unary_def("Neg", 6, Unary::neg));
   r.add(unary_def("Abs", 6, Unary::abs));
+  r.add(unary_def("Sqrt", 6, Unary::sqrt));
+  r.add(unary_def("Log", 6, Unary::log));
+  r.add(clip_def());
+  r.add(pow_def());
   r.add(binary_def("Add", Binary::add));
   r.add(binary_def("Sub", Binary::sub));
   r.add(binary_def("Mul", Binary::mul));
   r.add(binary_def("Div", Binary::div));
+  r.add(binary_def("Max", Binary::max));  // two inputs; one or three and more stay with ref
+  r.add(binary_def("Min", Binary::min));
   r.add(softmax_def("Softmax", false));
   r.add(softmax_def("LogSoftmax", true));
   r.add(layer_norm_def());
-  r.add(reduce_def("ReduceSum", false));
-  r.add(reduce_def("ReduceMean", true));
+  r.add(batch_norm_def());
+  r.add(reduce_def("ReduceSum", Reduce::sum));
+  r.add(reduce_def("ReduceMean", Reduce::mean));
+  r.add(reduce_def("ReduceMax", Reduce::max));
+  r.add(reduce_def("ReduceMin", Reduce::min));
 }
 
 }  // namespace slim::cpu

@@ -12,7 +12,9 @@ const KernelRegistry& cpu_kernel_registry() {
     cpu::register_dnnl_pool_kernels(r);
     cpu::register_dnnl_rnn_kernels(r);
     cpu::register_elementwise_kernels(r);
+    cpu::register_resize_kernels(r);
     cpu::register_tensor_kernels(r);
+    cpu::register_matmul_nbits_kernels(r);
     return r;
   }();
   return registry;

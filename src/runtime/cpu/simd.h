@@ -146,4 +146,30 @@ SLIM_INLINE typename Vec<W>::F verf(typename Vec<W>::F x) {
   return x < splat<W>(0.f) ? -r : r;
 }
 
+// Defines name##_any params, which runs the loop template name<W> args at the widest
+// vector width the active instruction set has (name<1> is the scalar loop).
+#if defined(__x86_64__)
+#define SLIM_DISPATCH3(name, params, args)                                                  \
+  __attribute__((target("avx512f"))) void name##_avx512 params { name<16> args; }           \
+  __attribute__((target("avx2,fma"))) void name##_avx2 params { name<8> args; }             \
+  void name##_any params {                                                                  \
+    switch (detected_isa()) {                                                               \
+      case Isa::avx512: return name##_avx512 args;                                          \
+      case Isa::avx2: return name##_avx2 args;                                              \
+      case Isa::scalar:                                                                     \
+      case Isa::neon: return name<1> args;                                                  \
+    }                                                                                       \
+  }
+#elif defined(__aarch64__)
+// NEON: the same loops at 4 lanes (ASIMD is aarch64's baseline).
+#define SLIM_DISPATCH3(name, params, args)                                                  \
+  void name##_any params {                                                                  \
+    if (detected_isa() == Isa::neon) return name<4> args;                                   \
+    return name<1> args;                                                                    \
+  }
+#else
+#define SLIM_DISPATCH3(name, params, args) \
+  void name##_any params { return name<1> args; }
+#endif
+
 }  // namespace slim::cpu

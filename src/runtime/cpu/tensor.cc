@@ -1,11 +1,11 @@
-// The cpu provider's data-movement kernels: Transpose, Concat, Slice (opset 10+) and
-// Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
+// The cpu provider's data-movement kernels: Transpose, Concat, Slice, Pad and Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
 // from static shapes; the copies run as contiguous runs (memcpy) where the layout allows
 // and are split over slim's thread pool when large.
 #include <algorithm>
 #include <cstring>
 
 #include "runtime/cpu/cpu_common.h"
+#include "slim/core/convert.h"
 
 namespace slim::cpu {
 namespace {
@@ -154,7 +154,7 @@ std::optional<std::string> transpose_plan(const KernelBuildInfo& info, StridedCo
 }
 
 // ---------------------------------------------------------------------------------------
-// Slice (inputs form, opset 10+)
+// Slice (attributes before opset 10, inputs from 10)
 
 std::optional<std::string> slice_plan(const KernelBuildInfo& info, StridedCopy* out) {
   if (auto r = need_static_dtype(info, 0)) return r;
@@ -171,9 +171,15 @@ std::optional<std::string> slice_plan(const KernelBuildInfo& info, StridedCopy* 
     return std::nullopt;
   };
   Shape starts, ends, axes, steps;
-  if (!info.has_input(1) || !info.has_input(2)) return std::string("missing starts/ends");
-  for (auto [i, v] : {std::pair{1, &starts}, {2, &ends}, {3, &axes}, {4, &steps}})
-    if (auto r = ints(i, v)) return r;
+  if (info.opset < 10) {
+    starts = info.node.attr_ints("starts");
+    ends = info.node.attr_ints("ends");
+    axes = info.node.attr_ints("axes");
+  } else {
+    if (!info.has_input(1) || !info.has_input(2)) return std::string("missing starts/ends");
+    for (auto [i, v] : {std::pair{1, &starts}, {2, &ends}, {3, &axes}, {4, &steps}})
+      if (auto r = ints(i, v)) return r;
+  }
   if (axes.empty())
     for (size_t i = 0; i < starts.size(); ++i) axes.push_back(int64_t(i));
   if (steps.empty()) steps.assign(starts.size(), 1);
@@ -447,6 +453,141 @@ class GatherKernel final : public OpKernel {
   mutable std::vector<int64_t> scratch_;
 };
 
+// ---------------------------------------------------------------------------------------
+// Pad (constant, edge, reflect, wrap): per axis, the source index of every output index
+// (-1: the constant), resolved at compile time from constant pads. The output is walked
+// in rows along the last axis: a row whose outer indices hit the constant is filled, any
+// other copies its middle run in one memcpy and maps its padded ends element by element.
+
+struct PadPlan {
+  Shape x, y;
+  std::vector<std::vector<int64_t>> src;  // per axis, per output index
+  std::vector<char> fill;                 // the constant, one element
+  int64_t begin_last = 0, run = 0;        // last axis: where the input run starts, its length
+};
+
+std::optional<std::string> pad_plan(const KernelBuildInfo& info, PadPlan* p) {
+  if (auto r = need_static_dtype(info, 0)) return r;
+  const Node& node = info.node;
+  const DType dt = *info.input(0).dtype;
+  const size_t es = dtype_size(dt);
+  const std::string mode = node.attr_string("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && !(mode == "wrap" && info.opset >= 19))
+    return "mode '" + mode + "'";
+  p->x = *info.input(0).shape;
+  const int r = int(p->x.size());
+  if (r == 0) return std::string("scalar input");
+  Shape pads, axes;
+  p->fill.assign(es, 0);
+  if (info.opset < 11) {
+    pads = node.attr_ints("pads");
+    const float v = node.attr_float("value", 0.f);
+    if (v != 0.f) {
+      if (dt != DType::f32) return std::string("a nonzero value for a non-f32 input");
+      std::memcpy(p->fill.data(), &v, 4);
+    }
+  } else {
+    for (int i = 1; i <= 3; ++i)
+      if (info.has_input(i) && !info.input(i).constant) return "input " + std::to_string(i) + " is not a constant";
+    if (!info.has_input(1)) return std::string("missing pads");
+    pads = tensor_to_int64s(*info.input(1).constant);
+    if (info.has_input(2) && info.input(2).constant->numel() > 0) {
+      const Tensor& v = *info.input(2).constant;
+      if (v.dtype() != dt) return std::string("constant_value's dtype differs from the data's");
+      std::memcpy(p->fill.data(), v.contiguous().raw_data(), es);
+    }
+    if (info.has_input(3)) axes = tensor_to_int64s(*info.input(3).constant);
+  }
+  if (axes.empty())
+    for (int d = 0; d < r; ++d) axes.push_back(d);
+  if (pads.size() != 2 * axes.size()) return std::string("pads do not match the axes");
+  Shape begin(size_t(r), 0), end(size_t(r), 0);
+  std::vector<bool> seen(size_t(r), false);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int64_t a = axes[i] < 0 ? axes[i] + r : axes[i];
+    if (a < 0 || a >= r || seen[size_t(a)]) return std::string("bad axes");
+    seen[size_t(a)] = true;
+    begin[size_t(a)] = pads[i];
+    end[size_t(a)] = pads[i + axes.size()];
+  }
+  for (int d = 0; d < r; ++d) {
+    const int64_t n = p->x[size_t(d)], o = n + begin[size_t(d)] + end[size_t(d)];
+    if (n <= 0 || o <= 0) return std::string("an empty axis before or after padding");
+    p->y.push_back(o);
+    auto& src = p->src.emplace_back(size_t(o));
+    for (int64_t k = 0; k < o; ++k) {
+      int64_t i = k - begin[size_t(d)];
+      if (i < 0 || i >= n) {
+        if (mode == "constant") i = -1;
+        else if (mode == "edge") i = std::clamp<int64_t>(i, 0, n - 1);
+        else if (mode == "wrap") i = ((i % n) + n) % n;
+        else if (n == 1) i = 0;
+        else {
+          const int64_t period = 2 * (n - 1);
+          i = ((i % period) + period) % period;
+          if (i >= n) i = period - i;
+        }
+      }
+      src[size_t(k)] = i;
+    }
+  }
+  // The input run of the last axis: output indices max(begin, 0) .. that map to i = k - begin.
+  const int64_t b = begin.back(), n = p->x.back();
+  p->begin_last = std::max<int64_t>(b, 0);
+  p->run = std::max<int64_t>(0, std::min(n, p->y.back() - b) - std::max<int64_t>(-b, 0));
+  return std::nullopt;
+}
+
+class PadKernel final : public OpKernel {
+ public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = dt_;
+    *shape = p_.y;
+    return i == 0;
+  }
+  PadKernel(PadPlan p, DType dt) : p_(std::move(p)), dt_(dt), es_(int64_t(dtype_size(dt))) {}
+  void compute(KernelContext& ctx) const override {
+    const char* in = static_cast<const char*>(ctx.required_input(0).raw_data());
+    char* out = static_cast<char*>(ctx.output(0, dt_, p_.y).raw_data());
+    const int r = int(p_.y.size());
+    const int64_t ow = p_.y.back(), rows = shape_numel(p_.y) / ow;
+    const Shape in_str = contiguous_strides(p_.x);
+    const auto& last = p_.src.back();
+    parallel_rows(ctx, rows, ow * es_, [&](int64_t b, int64_t e) {
+      for (int64_t row = b; row < e; ++row) {
+        char* dst = out + row * ow * es_;
+        int64_t off = 0, rest = row;
+        bool constant = false;
+        for (int d = r - 2; d >= 0; --d) {
+          const int64_t s = p_.src[size_t(d)][size_t(rest % p_.y[size_t(d)])];
+          rest /= p_.y[size_t(d)];
+          constant = constant || s < 0;
+          off += s * in_str[size_t(d)];
+        }
+        if (constant) {
+          for (int64_t k = 0; k < ow; ++k) std::memcpy(dst + k * es_, p_.fill.data(), size_t(es_));
+          continue;
+        }
+        const char* src = in + off * es_;
+        for (int64_t k = 0; k < ow; ++k) {
+          if (k == p_.begin_last && p_.run > 0) {
+            std::memcpy(dst + k * es_, src + last[size_t(k)] * es_, size_t(p_.run * es_));
+            k += p_.run - 1;
+            continue;
+          }
+          const int64_t s = last[size_t(k)];
+          std::memcpy(dst + k * es_, s < 0 ? p_.fill.data() : src + s * es_, size_t(es_));
+        }
+      }
+    });
+  }
+
+ private:
+  PadPlan p_;
+  DType dt_;
+  int64_t es_;
+};
+
 template <typename Plan, typename PlanFn, typename MakeFn>
 KernelDef plan_def(const std::string& op, int64_t since, PlanFn plan, MakeFn make) {
   KernelDef def;
@@ -473,12 +614,15 @@ void register_tensor_kernels(KernelRegistry& r) {
     return std::make_unique<CopyKernel>(std::move(c));
   };
   r.add(plan_def<StridedCopy>("Transpose", 1, transpose_plan, copy));
-  r.add(plan_def<StridedCopy>("Slice", 10, slice_plan, copy));
+  r.add(plan_def<StridedCopy>("Slice", 1, slice_plan, copy));
   r.add(plan_def<ConcatPlan>("Concat", 4, concat_plan, [](ConcatPlan p, const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
     const DType dt = *info.input(0).dtype;
     std::vector<Shape> in;
     for (int i = 0; i < int(info.inputs.size()); ++i) in.push_back(*info.input(i).shape);
     return std::make_unique<ConcatKernel>(std::move(p), dt, std::move(in));
+  }));
+  r.add(plan_def<PadPlan>("Pad", 2, pad_plan, [](PadPlan p, const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<PadKernel>(std::move(p), *info.input(0).dtype);
   }));
   r.add(plan_def<GatherPlan>("Gather", 1, gather_plan, [](GatherPlan p, const KernelBuildInfo&) -> std::unique_ptr<OpKernel> {
     return std::make_unique<GatherKernel>(std::move(p));

@@ -1,6 +1,10 @@
 // fold_batch_norm: in inference, BatchNormalization is a per-channel affine map
 // y = s * (x - mean) + beta with s = scale / sqrt(var + eps), so after a Conv or Gemm it
-// folds into that node's weights (scaled per output channel) and bias.
+// folds into that node's weights (scaled per output channel) and bias. A Mul by a
+// constant that varies only along the channels (PaddleOCR's learnable scales) is the
+// same map with beta 0 and folds the same way. After a ConvTranspose, which the fusion
+// pass does not cover, a per-channel constant Add (its bias, exported separately) folds
+// too: the map with scale 1.
 #include <cmath>
 
 #include "runtime/passes/pass_util.h"
@@ -48,15 +52,50 @@ std::optional<Affine> inference_affine(const PassGraph& g, const Node& bn, int64
   return a;
 }
 
+// The per-channel map of a Mul's constant operand c: s = c, t = 0, when c broadcasts
+// along the channel axis of an output of rank `rank` only (and never widens it).
+std::optional<Affine> mul_affine(const Tensor& c, int64_t channels, int64_t rank, int64_t channel_axis) {
+  if (c.dtype() != DType::f32 || c.rank() > rank) return std::nullopt;
+  for (int k = 0; k < c.rank(); ++k) {
+    const int64_t axis = rank - c.rank() + k, d = c.shape()[size_t(k)];
+    if (axis == channel_axis ? (d != channels && d != 1) : d != 1) return std::nullopt;
+  }
+  const Tensor v = c.contiguous();
+  Affine a;
+  for (int64_t m = 0; m < channels; ++m) {
+    a.s.push_back(v.data<float>()[v.numel() == 1 ? 0 : m]);
+    a.t.push_back(0.0);
+  }
+  return a;
+}
+
+// What follows the Conv, ConvTranspose or Gemm: a BatchNormalization, or a Mul or Add
+// by constant `operand`.
+struct Follower {
+  const Node& node;
+  const Tensor* operand = nullptr;
+  bool add = false;
+  // The affine map for an output with `channels` along `channel_axis` of `rank` dims.
+  std::optional<Affine> affine(const PassGraph& g, int64_t channels, int64_t rank, int64_t channel_axis) const {
+    if (!operand) return inference_affine(g, node, channels);
+    auto a = mul_affine(*operand, channels, rank, channel_axis);
+    if (a && add) {
+      a->t = a->s;
+      a->s.assign(a->t.size(), 1.0);
+    }
+    return a;
+  }
+};
+
 // Conv: W [M, C/g, k...] scaled per output channel m; B' = s * B + t.
-bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
+bool fold_into_conv(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
   const Tensor* w = conv.inputs.size() > 1 ? g.constant(conv.inputs[1]) : nullptr;
   if (!w || w->dtype() != DType::f32 || w->rank() < 3) return false;
   const int64_t m = w->shape()[0];
   const std::string b_name = conv.inputs.size() > 2 ? conv.inputs[2] : "";
   std::optional<std::vector<double>> b;
   if (!b_name.empty() && !(b = f32_vector(g, b_name, m))) return false;
-  const auto affine = inference_affine(g, bn, m);
+  const auto affine = bn.affine(g, m, w->rank(), 1);
   if (!affine) return false;
   const Tensor wc = w->contiguous();
   Tensor w2(DType::f32, w->shape());
@@ -77,9 +116,42 @@ bool fold_into_conv(PassGraph& g, Node& conv, const Node& bn, Node* fused) {
   return true;
 }
 
+// ConvTranspose: W [C, O/g, k...]; output channel o of group q is W[q * C/g + c, o - q * O/g].
+bool fold_into_conv_transpose(PassGraph& g, Node& conv, const Follower& bn, Node* fused) {
+  const Tensor* w = conv.inputs.size() > 1 ? g.constant(conv.inputs[1]) : nullptr;
+  if (!w || w->dtype() != DType::f32 || w->rank() < 3) return false;
+  const int64_t group = conv.attr_int("group", 1), c = w->shape()[0], og = w->shape()[1];
+  if (group < 1 || c % group != 0) return false;
+  const int64_t m = og * group, per = shape_numel(Shape(w->shape().begin() + 2, w->shape().end()));
+  const std::string b_name = conv.inputs.size() > 2 ? conv.inputs[2] : "";
+  std::optional<std::vector<double>> b;
+  if (!b_name.empty() && !(b = f32_vector(g, b_name, m))) return false;
+  const auto affine = bn.affine(g, m, w->rank(), 1);
+  if (!affine) return false;
+  const Tensor wc = w->contiguous();
+  Tensor w2(DType::f32, w->shape());
+  for (int64_t i = 0; i < c; ++i)
+    for (int64_t j = 0; j < og; ++j) {
+      const double s = affine->s[size_t(i / (c / group) * og + j)];
+      for (int64_t k = 0; k < per; ++k) {
+        const int64_t at = (i * og + j) * per + k;
+        w2.data<float>()[at] = float(double(wc.data<float>()[at]) * s);
+      }
+    }
+  Tensor b2(DType::f32, {m});
+  for (int64_t o = 0; o < m; ++o)
+    b2.data<float>()[o] = float(affine->s[size_t(o)] * (b ? (*b)[size_t(o)] : 0.0) + affine->t[size_t(o)]);
+  *fused = conv;
+  fused->inputs.resize(3);
+  fused->inputs[1] = g.add_constant(conv.inputs[1] + "/bn_folded", std::move(w2));
+  fused->inputs[2] =
+      g.add_constant((b_name.empty() ? conv.name + "/bias" : b_name) + "/bn_folded", std::move(b2));
+  return true;
+}
+
 // Gemm: Y = alpha * A op(B) + beta * C, BN over Y's columns n.
 // Y' = alpha * A (op(B) * s[n]) + (s[n] * beta * C[n] + t[n]), so C' is a vector and beta 1.
-bool fold_into_gemm(PassGraph& g, Node& gemm, const Node& bn, Node* fused) {
+bool fold_into_gemm(PassGraph& g, Node& gemm, const Follower& bn, Node* fused) {
   const Tensor* bw = gemm.inputs.size() > 1 ? g.constant(gemm.inputs[1]) : nullptr;
   if (!bw || bw->dtype() != DType::f32 || bw->rank() != 2) return false;
   const bool trans_b = gemm.attr_int("transB", 0) != 0;
@@ -97,7 +169,7 @@ bool fold_into_gemm(PassGraph& g, Node& gemm, const Node& bn, Node* fused) {
     if (!scalar && !row) return false;
     for (int64_t j = 0; j < n; ++j) c[size_t(j)] = cc.data<float>()[scalar ? 0 : j];
   }
-  const auto affine = inference_affine(g, bn, n);
+  const auto affine = bn.affine(g, n, 2, 1);
   if (!affine) return false;
   const double beta = gemm.attr_float("beta", 1.0f);
   const Tensor bc = bw->contiguous();
@@ -134,9 +206,21 @@ int64_t fold_batch_norm(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* bn = g.nodes[i].get();
-    if (!bn || bn->op_type != "BatchNormalization" || !bn->domain.empty() || bn->inputs.empty())
+    if (!bn || !bn->domain.empty() || bn->inputs.empty()) continue;
+    std::string x = bn->inputs[0];
+    const Tensor* operand = nullptr;
+    const bool add = bn->op_type == "Add";
+    if (bn->op_type == "Mul" || add) {
+      const auto it = g.opsets.find("");
+      if (it == g.opsets.end() || it->second < 7) continue;  // the legacy broadcast attribute
+      if (bn->inputs.size() != 2 || bn->outputs.size() != 1) continue;
+      // The constant operand may come first (Paddle writes Mul(scale, x)).
+      if ((operand = g.constant(bn->inputs[0]))) x = bn->inputs[1];
+      else operand = g.constant(bn->inputs[1]);
+      if (!operand) continue;
+    } else if (bn->op_type != "BatchNormalization") {
       continue;
-    const std::string& x = bn->inputs[0];
+    }
     if (g.constants.count(x) || index.sole_reader(x) != bn) continue;
     // The producer of x: the node before the BatchNormalization that outputs it.
     auto prod_it = producers.find(x);
@@ -146,8 +230,11 @@ int64_t fold_batch_norm(PassGraph& g) {
     if (producer_pos >= i || !producer->domain.empty() || producer->outputs.size() != 1) continue;
     auto fused = std::make_unique<Node>();
     bool ok = false;
-    if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, *bn, fused.get());
-    if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, *bn, fused.get());
+    const Follower follower{*bn, operand, add};
+    if (producer->op_type == "ConvTranspose") ok = fold_into_conv_transpose(g, *producer, follower, fused.get());
+    else if (add) ok = false;  // the fusion pass merges a constant Add into a Conv or Gemm bias
+    else if (producer->op_type == "Conv") ok = fold_into_conv(g, *producer, follower, fused.get());
+    else if (producer->op_type == "Gemm") ok = fold_into_gemm(g, *producer, follower, fused.get());
     if (!ok) continue;
     fused->outputs = {bn->outputs[0]};
     fused->name = producer->name;

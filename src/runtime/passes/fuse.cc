@@ -1,5 +1,6 @@
 // fuse_bias_activation: Conv / Gemm / MatMul followed by a constant bias Add, a residual
-// Add and an activation become one slim:Fused* node (include/slim/runtime/fused_ops.h),
+// Add, an activation and a scalar Mul, Add, Max and Min become one slim:Fused* node
+// (include/slim/runtime/fused_ops.h),
 // so a provider computes the epilogue while the output tile is still in cache instead of
 // reading and writing the whole tensor once per elementwise node.
 #include <cfloat>
@@ -165,12 +166,48 @@ std::optional<ActivationMatch> erf_gelu(const PassGraph& g, const UseIndex& inde
   return std::nullopt;
 }
 
+// The value of a one-element f32 constant that does not widen an output of rank `rank`.
+std::optional<float> f32_scalar(const PassGraph& g, const std::string& value, int64_t rank) {
+  const Tensor* t = g.constant(value);
+  if (!t || t->dtype() != DType::f32 || t->numel() != 1 || rank < 0 || t->rank() > rank) return std::nullopt;
+  return t->contiguous().data<float>()[0];
+}
+
+// HardSwish written out, as exporters do before opset 14 (PyTorch, Paddle):
+// x * Clip(x + 3, 0, 6) / 6 (or * 1/6); y has exactly the Add and the Mul as readers.
+std::optional<ActivationMatch> hard_swish(const PassGraph& g, const UseIndex& index, const std::string& y,
+                                          int64_t rank) {
+  const auto& r = index.readers(y);
+  if (index.pinned(y) || r.size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    Node* add = r[size_t(k)];
+    Node* mul = r[size_t(1 - k)];
+    if (!is_op(add, "Add") || add->outputs.size() != 1 || f32_scalar(g, other_input(*add, y), rank) != 3.f) continue;
+    Node* clip = index.sole_reader(add->outputs[0]);
+    if (!is_op(clip, "Clip")) continue;
+    const auto bounds = single_node_activation(g, clip, add->outputs[0]);
+    if (!bounds || bounds->params != std::vector<float>{0.f, 6.f}) continue;
+    if (!is_op(mul, "Mul") || mul->outputs.size() != 1 || index.sole_reader(clip->outputs[0]) != mul ||
+        other_input(*mul, y) != clip->outputs[0])
+      continue;
+    Node* div = index.sole_reader(mul->outputs[0]);
+    if (!div || div->outputs.size() != 1) continue;
+    const bool by_six = is_op(div, "Div") && div->inputs.size() == 2 && div->inputs[0] == mul->outputs[0] &&
+                        f32_scalar(g, div->inputs[1], rank) == 6.f;
+    const bool by_sixth = is_op(div, "Mul") && near(f32_scalar(g, other_input(*div, mul->outputs[0]), rank), 1.0 / 6);
+    if (!by_six && !by_sixth) continue;
+    return ActivationMatch{"HardSwish", {}, {add, clip, mul, div}, div->outputs[0]};
+  }
+  return std::nullopt;
+}
+
 // A node being grown into a fused one.
 struct Chain {
   enum class Base { conv, gemm, matmul } base;
   Node fused;
   std::string output;  // value the chain produces so far
   bool has_bias = false, has_residual = false, has_activation = false;
+  int epilogue = 0;  // the last epilogue step absorbed: 1 scale, 2 shift, 3 min (Max), 4 max (Min)
   int64_t channels = -1;        // Conv: M; Gemm/MatMul: N (bias length); -1 unknown
   int64_t out_rank = -1;        // -1 unknown
   std::vector<Node*> absorbed;  // nodes after the base that the fused node replaces
@@ -222,6 +259,9 @@ std::optional<Chain> start_chain(const PassGraph& g, const Node& n) {
     c.has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
     c.has_residual = n.inputs.size() > 3 && !n.inputs[3].empty();
     c.has_activation = !n.attr_string("activation", "").empty();
+    const char* steps[] = {"output_scale", "output_shift", "output_min", "output_max"};
+    for (int k = 0; k < 4; ++k)
+      if (n.has_attr(steps[k])) c.epilogue = k + 1;
   } else if (n.domain.empty() &&
              (n.op_type == "Conv" || n.op_type == "Gemm" || n.op_type == "MatMul")) {
     c.base = n.op_type == "Conv" ? Chain::Base::conv
@@ -280,6 +320,32 @@ Attribute string_attr(const std::string& s) {
   return a;
 }
 
+Attribute float_attr(float f) {
+  Attribute a;
+  a.kind = Attribute::Kind::f;
+  a.f = f;
+  return a;
+}
+
+// After the activation, in this order: a Mul by a scalar, an Add of one, a Max and a Min
+// with one (output_scale, output_shift, output_min, output_max).
+bool absorb_epilogue(const PassGraph& g, const UseIndex& index, Chain& c) {
+  if (!c.has_activation || index.pinned(c.output)) return false;
+  Node* n = index.sole_reader(c.output);
+  static const char* const kOps[] = {"Mul", "Add", "Max", "Min"};
+  static const char* const kAttrs[] = {"output_scale", "output_shift", "output_min", "output_max"};
+  int step = 0;
+  while (step < 4 && !is_op(n, kOps[step])) ++step;
+  if (step == 4 || step < c.epilogue || n->outputs.size() != 1) return false;
+  const auto v = f32_scalar(g, other_input(*n, c.output), c.out_rank);
+  if (!v) return false;
+  c.fused.attrs[kAttrs[step]] = float_attr(*v);
+  c.epilogue = step + 1;
+  c.output = n->outputs[0];
+  c.absorbed.push_back(n);
+  return true;
+}
+
 // Tries to absorb the Add `add` (reading c.output) as bias or residual.
 bool absorb_add(PassGraph& g, Chain& c, Node* add) {
   if (default_opset(g) < 7 || add->outputs.size() != 1) return false;
@@ -336,7 +402,7 @@ int64_t fuse_bias_activation(PassGraph& g) {
     Node* n = g.nodes[i].get();
     if (!n) continue;
     auto chain = start_chain(g, *n);
-    if (!chain || chain->has_activation) continue;
+    if (!chain || chain->epilogue == 4) continue;
     Chain& c = *chain;
     if (g.can_fuse && !g.can_fuse(base_name(c.base), fused_name(c.base))) continue;
     while (!c.has_activation) {
@@ -351,6 +417,7 @@ int64_t fuse_bias_activation(PassGraph& g) {
       if (reader) act = single_node_activation(g, reader, y);
       if (!act) act = silu(index, y);
       if (!act) act = erf_gelu(g, index, y);
+      if (!act) act = hard_swish(g, index, y, c.out_rank);
       if (!act) break;
       // Every intermediate of a multi-node pattern must be private to it.
       bool private_values = true;
@@ -367,6 +434,8 @@ int64_t fuse_bias_activation(PassGraph& g) {
       c.has_activation = true;
       c.output = act->output;
       c.absorbed.insert(c.absorbed.end(), act->nodes.begin(), act->nodes.end());
+    }
+    while (absorb_epilogue(g, index, c)) {
     }
     if (c.absorbed.empty()) continue;
     // The fused node goes where the last absorbed node was: every input (a residual may be

@@ -1,7 +1,7 @@
 // Ref kernels of the fused ops (slim:FusedConv, FusedGemm, FusedMatMul). They are the
 // oracle for every provider's fused kernels, so they compute exactly what the unfused
 // chain does: the base op by its own ref kernel, then each elementwise step rounded to
-// f32 in the order the graph had them (bias, residual, activation).
+// f32 in the order the graph had them (bias, residual, activation, output scale and shift).
 #include "runtime/ref/ref_kernels.h"
 #include "slim/core/error.h"
 #include "slim/runtime/fused_ops.h"
@@ -17,7 +17,7 @@ class FusedKernel final : public OpKernel {
   FusedKernel(const Node& node, const char* base, int base_inputs, int64_t base_opset)
       : base_node_(node), separate_bias_(std::string(base) == "MatMul") {
     const std::vector<float> params = node.attr_floats("activation_params");
-    if (!parse_activation(node.attr_string("activation", ""), params, &activation_))
+    if (!parse_fused_activation(node, &activation_))
       throw Error(ErrorCode::invalid_model, node.describe() + ": unknown activation '" +
                                                 node.attr_string("activation", "") +
                                                 "' or wrong number of activation_params (" +
@@ -29,6 +29,8 @@ class FusedKernel final : public OpKernel {
     base_node_.domain = "";
     base_node_.attrs.erase("activation");
     base_node_.attrs.erase("activation_params");
+    base_node_.attrs.erase("output_scale");
+    base_node_.attrs.erase("output_shift");
     if (base_node_.inputs.size() > size_t(base_inputs))
       base_node_.inputs.resize(size_t(base_inputs));
     const KernelDef* def = ref_kernel_registry().find(base, "", base_opset);
@@ -65,7 +67,7 @@ class FusedKernel final : public OpKernel {
       float v = py[i];
       if (pb) v += pb[i % n];
       if (pz) v += pz[i];
-      po[i] = apply_activation(activation_, v);
+      po[i] = apply_fused_epilogue(activation_, v);
     }
   }
 

@@ -29,5 +29,7 @@ void register_fused_kernels(KernelRegistry& r);               // fused.cc
 void register_control_flow_kernels(KernelRegistry& r);        // control_flow.cc
 void register_sequence_kernels(KernelRegistry& r);            // sequence.cc
 void register_rnn_kernels(KernelRegistry& r);                 // rnn.cc
+void register_contrib_kernels(KernelRegistry& r);             // contrib.cc
+void register_contrib_attention_kernels(KernelRegistry& r);   // contrib_attention.cc
 
 }  // namespace slim::ref

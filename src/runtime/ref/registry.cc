@@ -32,6 +32,8 @@ const KernelRegistry& ref_kernel_registry() {
     ref::register_control_flow_kernels(r);
     ref::register_sequence_kernels(r);
     ref::register_rnn_kernels(r);
+    ref::register_contrib_kernels(r);
+    ref::register_contrib_attention_kernels(r);
     return r;
   }();
   return registry;

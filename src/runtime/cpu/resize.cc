@@ -1,0 +1,388 @@
+// The cpu provider's Resize (opsets 10+) and Upsample: nearest and linear, every
+// coordinate transformation and nearest rounding rule, scales or sizes, any rank. The
+// taps come from ref's ResizeSpec, at compile time when the roi/scales/sizes inputs are
+// constants (else at the first run with their values), so both providers pick the same
+// input pixels. The work is separable, as
+// the ONNX definition is: resized axes before the last two are done one at a time as
+// blends of whole rows, and the last two together, one output row at a time: the one or
+// two source rows are blended (vertical), then gathered along the row (horizontal) with
+// AVX-512/AVX2 gathers. An output row whose taps equal the previous row's (nearest
+// upsampling) is a copy of it. Linear results are rounded to f32 after each axis, so
+// they differ from ref's double sums by a few ulps; nearest copies are exact.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/simd.h"
+#include "runtime/ref/resize_geometry.h"
+#include "slim/core/convert.h"
+
+namespace slim::cpu {
+namespace {
+
+using ref::ResizeAxis;
+using ref::ResizeSpec;
+
+// One axis as at most two taps per output coordinate: y = w0 * x[i0] + w1 * x[i1], with
+// w1 = 0 (and i1 = i0) for a single tap, which then reads x[i0] alone (weight 1 for
+// linear, always for nearest) so infinities never meet a zero weight.
+struct AxisPlan {
+  int64_t in = 1, out = 1;
+  bool identity = true;
+  std::vector<int32_t> i0, i1;
+  std::vector<float> w0, w1;
+  std::vector<int64_t> outside;  // output coordinates that take the extrapolation value
+  bool same_taps(int64_t a, int64_t b) const {
+    return i0[size_t(a)] == i0[size_t(b)] && i1[size_t(a)] == i1[size_t(b)] && w0[size_t(a)] == w0[size_t(b)] &&
+           w1[size_t(a)] == w1[size_t(b)];
+  }
+  bool single(int64_t o) const { return w1[size_t(o)] == 0.f; }
+};
+
+// ---------------------------------------------------------------------------------------
+// Row primitives
+
+// y = a0 * r0 + a1 * r1 (a whole row: the vertical step and the leading-axis passes).
+template <int W>
+SLIM_INLINE void blend_rows(const float* r0, float a0, const float* r1, float a1, float* y, int64_t n) {
+  using F = typename Vec<W>::F;
+  const F v0 = splat<W>(a0), v1 = splat<W>(a1);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store<W>(y + i, load<W>(r0 + i) * v0 + load<W>(r1 + i) * v1);
+  for (; i < n; ++i) y[i] = r0[i] * a0 + r1[i] * a1;
+}
+SLIM_DISPATCH3(blend_rows, (const float* r0, float a0, const float* r1, float a1, float* y, int64_t n),
+               (r0, a0, r1, a1, y, n))
+
+void scale_row(const float* r, float a, float* y, int64_t n) {
+  if (a == 1.f) {
+    if (y != r) std::memcpy(y, r, size_t(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] = r[i] * a;
+}
+
+void gather_scalar(const float* x, const int32_t* idx, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[idx[i]];
+}
+void interp_scalar(const float* x, const int32_t* i0, const int32_t* i1, const float* w0, const float* w1, float* y,
+                   int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = x[i0[i]] * w0[i];
+    y[i] = w1[i] == 0.f ? p : p + x[i1[i]] * w1[i];
+  }
+}
+
+#if defined(__x86_64__)
+// The masked form: GCC 12's plain _mm512_i32gather_ps reads an undefined source vector.
+__attribute__((target("avx512f"))) inline __m512 gather16(const float* x, const int32_t* idx) {
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff, _mm512_loadu_si512(idx), x, 4);
+}
+__attribute__((target("avx512f"))) void gather_avx512(const float* x, const int32_t* idx, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, gather16(x, idx + i));
+  gather_scalar(x, idx + i, y + i, n - i);
+}
+__attribute__((target("avx2,fma"))) void gather_avx2(const float* x, const int32_t* idx, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_i32gather_ps(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i)), 4));
+  gather_scalar(x, idx + i, y + i, n - i);
+}
+__attribute__((target("avx512f"))) void interp_avx512(const float* x, const int32_t* i0, const int32_t* i1,
+                                                      const float* w0, const float* w1, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 b = _mm512_loadu_ps(w1 + i);
+    const __m512 p = _mm512_mul_ps(gather16(x, i0 + i), _mm512_loadu_ps(w0 + i));
+    const __m512 q = _mm512_mul_ps(gather16(x, i1 + i), b);
+    const __mmask16 two = _mm512_cmp_ps_mask(b, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    _mm512_storeu_ps(y + i, _mm512_mask_add_ps(p, two, p, q));
+  }
+  interp_scalar(x, i0 + i, i1 + i, w0 + i, w1 + i, y + i, n - i);
+}
+__attribute__((target("avx2,fma"))) void interp_avx2(const float* x, const int32_t* i0, const int32_t* i1,
+                                                     const float* w0, const float* w1, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 b = _mm256_loadu_ps(w1 + i);
+    const __m256i j0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(i0 + i));
+    const __m256i j1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(i1 + i));
+    const __m256 p = _mm256_mul_ps(_mm256_i32gather_ps(x, j0, 4), _mm256_loadu_ps(w0 + i));
+    const __m256 q = _mm256_mul_ps(_mm256_i32gather_ps(x, j1, 4), b);
+    const __m256 two = _mm256_cmp_ps(b, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    _mm256_storeu_ps(y + i, _mm256_add_ps(p, _mm256_and_ps(two, q)));
+  }
+  interp_scalar(x, i0 + i, i1 + i, w0 + i, w1 + i, y + i, n - i);
+}
+#endif
+
+// Along the last axis: nearest gathers x[i0]; linear blends two gathers.
+void horizontal(const AxisPlan& a, bool nearest, const float* x, float* y) {
+  const int64_t n = a.out;
+  if (a.identity) {
+    if (y != x) std::memcpy(y, x, size_t(n) * 4);
+    return;
+  }
+  switch (detected_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512:
+      return nearest ? gather_avx512(x, a.i0.data(), y, n)
+                     : interp_avx512(x, a.i0.data(), a.i1.data(), a.w0.data(), a.w1.data(), y, n);
+    case Isa::avx2:
+      return nearest ? gather_avx2(x, a.i0.data(), y, n)
+                     : interp_avx2(x, a.i0.data(), a.i1.data(), a.w0.data(), a.w1.data(), y, n);
+#endif
+    default:
+      return nearest ? gather_scalar(x, a.i0.data(), y, n)
+                     : interp_scalar(x, a.i0.data(), a.i1.data(), a.w0.data(), a.w1.data(), y, n);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel
+
+struct ResizePlan {
+  Shape in, out;
+  bool nearest = true;
+  float extrapolation = 0.f;
+  std::vector<AxisPlan> axes;  // one per input axis
+  std::vector<int> leading;    // changed axes before the last two, each a pass over whole rows
+  std::vector<int64_t> scratch;  // floats of each leading pass's result
+};
+
+// The plan for input shape `in` and the roi/scales/sizes values `input(i)` gives; an
+// Error (ref's message) when those values are invalid.
+ResizePlan make_plan(const ResizeSpec& spec, const Shape& in, const std::function<const Tensor*(int)>& input) {
+  const auto g = spec.geometry(in, input);
+  ResizePlan p;
+  p.in = in;
+  p.out = g.out;
+  p.nearest = spec.mode() == ResizeSpec::Mode::nearest;
+  p.extrapolation = float(spec.extrapolation());
+  if (shape_numel(p.in) == 0 && shape_numel(p.out) != 0)
+    throw Error(ErrorCode::invalid_argument, "cannot resize empty input " + shape_str(in) + " to " + shape_str(p.out));
+  for (size_t d = 0; d < in.size(); ++d) {
+    const ResizeAxis& src = g.axes[d];
+    AxisPlan a;
+    a.in = in[d];
+    a.out = p.out[d];
+    if (a.in > INT32_MAX || a.out > INT32_MAX)
+      throw Error(ErrorCode::unsupported, "an axis longer than 2^31 elements");
+    for (int64_t o = 0; o < a.out; ++o) {
+      const auto& taps = src.taps[size_t(o)];
+      if (src.outside[size_t(o)]) a.outside.push_back(o);
+      a.i0.push_back(int32_t(taps[0].index));
+      a.w0.push_back(float(taps[0].weight));
+      a.i1.push_back(int32_t(taps.size() > 1 ? taps[1].index : taps[0].index));
+      a.w1.push_back(taps.size() > 1 ? float(taps[1].weight) : 0.f);
+      a.identity = a.identity && taps.size() == 1 && taps[0].index == o && taps[0].weight == 1.0;
+    }
+    a.identity = a.identity && a.in == a.out && a.outside.empty();
+    p.axes.push_back(std::move(a));
+  }
+  Shape cur = in;
+  for (int d = 0; d + 2 < int(in.size()); ++d) {
+    if (p.axes[size_t(d)].identity) continue;
+    p.leading.push_back(d);
+    cur[size_t(d)] = p.out[size_t(d)];
+    p.scratch.push_back(shape_numel(cur));
+  }
+  return p;
+}
+
+// What the cpu kernel covers: f32 of static shape, nearest or linear (no antialias:
+// at most two taps per axis), and when roi/scales/sizes are constants, valid values.
+std::optional<std::string> resize_check(const KernelBuildInfo& info, bool upsample, std::optional<ResizePlan>* plan) {
+  if (info.node.outputs.size() != 1) return std::string("expects one output");
+  if (auto r = need_f32(info, 0)) return r;
+  if (auto r = need_static(info, 0)) return r;
+  if (info.input(0).shape->empty()) return std::string("scalar input");
+  try {
+    const ResizeSpec spec(info.node, info.opset, upsample);
+    if (spec.mode() == ResizeSpec::Mode::cubic) return std::string("cubic mode is not implemented");
+    if (spec.antialias()) return std::string("antialias is not implemented");
+    for (int i = 1; i < int(info.inputs.size()); ++i)
+      if (info.has_input(i) && !info.input(i).constant) return std::nullopt;  // planned at run time
+    *plan = make_plan(spec, *info.input(0).shape,
+                      [&](int i) { return info.has_input(i) ? info.input(i).constant : nullptr; });
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+class ResizeKernel final : public OpKernel {
+ public:
+  // `plan`: fixed at compile time from constant inputs; absent: made at run time from the
+  // input values (and kept while they repeat).
+  ResizeKernel(ResizeSpec spec, Shape in, std::optional<ResizePlan> plan)
+      : spec_(std::move(spec)), in_(std::move(in)), fixed_(plan.has_value()) {
+    if (plan) prepare(std::move(*plan));
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    if (!fixed_) return false;
+    *dtype = DType::f32;
+    *shape = p_.out;
+    return i == 0;
+  }
+
+  void compute(KernelContext& ctx) const override {
+    if (!fixed_) replan(ctx);
+    const float* x = ctx.required_input(0).data<float>();
+    Tensor& y = ctx.output(0, DType::f32, p_.out);
+    if (y.numel() == 0) return;
+    Shape cur = p_.in;
+    for (size_t k = 0; k < p_.leading.size(); ++k) {
+      float* dst = scratch_[k].data();
+      leading_pass(ctx, p_.leading[k], cur, x, dst);
+      cur[size_t(p_.leading[k])] = p_.out[size_t(p_.leading[k])];
+      x = dst;
+    }
+    last_two(ctx, cur, x, y.data<float>());
+  }
+
+ private:
+  void prepare(ResizePlan p) const {
+    p_ = std::move(p);
+    rank_ = int(p_.in.size());
+    scratch_.clear();
+    for (int64_t n : p_.scratch) scratch_.emplace_back(size_t(n));
+  }
+
+  // Non-constant roi/scales/sizes: plan again when their values change.
+  void replan(const KernelContext& ctx) const {
+    std::vector<double> key;
+    for (int i = 1; i < ctx.num_inputs(); ++i) {
+      const Tensor* t = ctx.input(i);
+      key.push_back(t ? double(t->numel()) : -1.0);
+      if (t) {
+        const auto v = tensor_to_doubles(*t);
+        key.insert(key.end(), v.begin(), v.end());
+      }
+    }
+    if (planned_ && key == key_) return;
+    try {
+      prepare(make_plan(spec_, in_, [&](int i) { return ctx.input(i); }));
+    } catch (const Error& e) {
+      planned_ = false;
+      ctx.fail(e.code(), e.what());
+    }
+    key_ = std::move(key);
+    planned_ = true;
+  }
+
+  // Axis d of a tensor of shape s: [pre, in, post] -> [pre, out, post], rows of `post`.
+  void leading_pass(const KernelContext& ctx, int d, const Shape& s, const float* x, float* y) const {
+    const AxisPlan& a = p_.axes[size_t(d)];
+    int64_t pre = 1, post = 1;
+    for (int k = 0; k < rank_; ++k)
+      if (k != d) (k < d ? pre : post) *= s[size_t(k)];
+    parallel_items(ctx, pre * a.out, post * 4, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t q = t / a.out, o = t % a.out;
+        float* dst = y + t * post;
+        const float* r0 = x + (q * a.in + a.i0[size_t(o)]) * post;
+        const float* r1 = x + (q * a.in + a.i1[size_t(o)]) * post;
+        if (a.single(o)) scale_row(r0, a.w0[size_t(o)], dst, post);
+        else blend_rows_any(r0, a.w0[size_t(o)], r1, a.w1[size_t(o)], dst, post);
+      }
+    });
+    fill_outside(a, pre, post, y);
+  }
+
+  // The last two axes (the last one alone for rank 1): one output row at a time.
+  void last_two(const KernelContext& ctx, const Shape& s, const float* x, float* y) const {
+    const AxisPlan& h = rank_ >= 2 ? p_.axes[size_t(rank_ - 2)] : unit_;
+    const AxisPlan& w = p_.axes[size_t(rank_ - 1)];
+    int64_t planes = 1;
+    for (int k = 0; k < rank_ - 2; ++k) planes *= s[size_t(k)];
+    const int64_t rows = planes * h.out;
+    parallel_items(ctx, rows, w.out * 4, 1 << 15, [&](int64_t b, int64_t e) {
+      std::vector<float> buf(size_t(w.in));
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t q = t / h.out, o = t % h.out;
+        float* dst = y + t * w.out;
+        if (t > b && o > 0 && h.same_taps(o, o - 1)) {
+          std::memcpy(dst, dst - w.out, size_t(w.out) * 4);
+          continue;
+        }
+        const float* r0 = x + (q * h.in + h.i0[size_t(o)]) * w.in;
+        const float* row = r0;
+        if (!h.single(o)) {
+          blend_rows_any(r0, h.w0[size_t(o)], x + (q * h.in + h.i1[size_t(o)]) * w.in, h.w1[size_t(o)], buf.data(),
+                         w.in);
+          row = buf.data();
+        } else if (h.w0[size_t(o)] != 1.f) {
+          scale_row(r0, h.w0[size_t(o)], buf.data(), w.in);
+          row = buf.data();
+        }
+        horizontal(w, p_.nearest, row, dst);
+        for (int64_t c : w.outside) dst[c] = p_.extrapolation;
+      }
+    });
+    if (rank_ >= 2) fill_outside(h, planes, w.out, y);
+  }
+
+  // tf_crop_and_resize: output coordinates of axis `a` that map outside the input.
+  void fill_outside(const AxisPlan& a, int64_t pre, int64_t post, float* y) const {
+    for (int64_t q = 0; q < pre; ++q)
+      for (int64_t o : a.outside) std::fill_n(y + (q * a.out + o) * post, post, p_.extrapolation);
+  }
+
+  ResizeSpec spec_;
+  Shape in_;
+  bool fixed_;
+  // The plan and the intermediate results of the leading passes; replanned at run time
+  // when the inputs are not constants (runs of a session are serialized).
+  mutable ResizePlan p_;
+  mutable int rank_ = 0;
+  mutable std::vector<std::vector<float>> scratch_;
+  mutable std::vector<double> key_;
+  mutable bool planned_ = false;
+  // The height axis of a 1-D resize: one row, taken as it is.
+  const AxisPlan unit_ = [] {
+    AxisPlan a;
+    a.i0 = a.i1 = {0};
+    a.w0 = {1.f};
+    a.w1 = {0.f};
+    return a;
+  }();
+};
+
+KernelDef resize_def(const std::string& op, int64_t since, int64_t until, bool upsample,
+                     std::vector<int> shape_inputs) {
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = since;
+  def.until_version = until;
+  def.shape_inputs = std::move(shape_inputs);
+  def.claim = [upsample](const KernelBuildInfo& info) {
+    std::optional<ResizePlan> p;
+    if (auto r = resize_check(info, upsample, &p)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [upsample](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    std::optional<ResizePlan> p;
+    if (auto r = resize_check(info, upsample, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    return std::make_unique<ResizeKernel>(ResizeSpec(info.node, info.opset, upsample), *info.input(0).shape,
+                                          std::move(p));
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_resize_kernels(KernelRegistry& r) {
+  r.add(resize_def("Resize", 10, 10, false, {1}));
+  r.add(resize_def("Resize", 11, INT_MAX, false, {1, 2, 3}));
+  r.add(resize_def("Upsample", 7, 8, true, {}));
+  r.add(resize_def("Upsample", 9, 10, true, {1}));
+}
+
+}  // namespace slim::cpu
