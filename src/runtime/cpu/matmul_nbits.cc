@@ -2,7 +2,8 @@
 // multiplied without ever unpacking the matrix. At compile time the constant weights are
 // regrouped 16 rows of W (16 output columns) at a time so that one vector lane holds one
 // output column: no horizontal sums, and each unpacked weight vector serves a tile of up
-// to 4 rows of A. The same idea as the llm module's repacked 16-row tiles
+// to 4 rows of A (more rows: each group is unpacked once into floats that 8-row tiles
+// read). The same idea as the llm module's repacked 16-row tiles
 // (src/llm/kernels.cc), which cannot be shared: their activations follow ggml's Q8_0 (f16
 // scales, blocks of 32), MatMulNBits' follow ONNX Runtime's (any block size, f32 scales,
 // per-block zero points), and runtime sits on the llm module's floor.
@@ -13,9 +14,11 @@
 // - int8 (4): A quantized per block to int8 (ref's quantize_a_int8, the bits MLAS makes),
 //   integer dots of the unsigned codes with it (AVX-512 VNNI vpdpbusd, else vpmaddubsw +
 //   vpmaddwd, exact), then per block (dot - zero_point x sum(A codes)) x scale_A x scale_W.
-// AVX-512, AVX2 and scalar versions read the same packed layout; the scalar one is the
-// reference the tests hold the others to.
+// AVX-512, AVX2 and scalar versions read the same packed layout (x86-64; other
+// architectures run the scalar ones); tests hold each to the ref kernel.
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -181,7 +184,14 @@ void tile_unpacked_scalar(const float* w, int64_t k0, int64_t k1, const Tile& t)
     }
 }
 
+#if defined(__x86_64__)
 // ---------------- AVX-512 ----------------
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* operands that -Wmaybe-uninitialized
+// reports as false positives.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define SLIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 
@@ -410,6 +420,9 @@ SLIM_AVX2 void tile_int8_avx2_t(const Tile& t) {
   for (int m = 0; m < T; ++m) store_cols(t.y + m * t.ldy, acc[m][0], acc[m][1], t.cols);
 }
 
+#pragma GCC diagnostic pop
+#endif  // defined(__x86_64__)
+
 // ---------------- dispatch ----------------
 
 using TileFn = void (*)(const Tile&);
@@ -426,7 +439,9 @@ auto by_rows(int rows, Make make) {
   return fn;
 }
 
+// Other architectures (aarch64 included: no NEON tiles yet) run the scalar tiles.
 TileFn tile_fn(bool int8, int rows) {
+#if defined(__x86_64__)
   const Isa isa = detected_isa();
   if (isa == Isa::avx512) {
     if (!int8) return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_f32_avx512_t<T.value>; });
@@ -436,6 +451,9 @@ TileFn tile_fn(bool int8, int rows) {
     if (!int8) return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_f32_avx2_t<T.value>; });
     return by_rows<kTile>(rows, [](auto T) -> TileFn { return tile_int8_avx2_t<T.value>; });
   }
+#else
+  (void)rows;
+#endif
   return int8 ? tile_int8_scalar : tile_f32_scalar;
 }
 
@@ -453,6 +471,7 @@ struct UnpackedKernels {
 
 UnpackedKernels unpacked_kernels() {
   switch (detected_isa()) {
+#if defined(__x86_64__)
     case Isa::avx512:
       return {8, 2, unpack_group_avx512, [](int rows, int groups) {
                 if (groups == 1)
@@ -463,6 +482,7 @@ UnpackedKernels unpacked_kernels() {
       return {4, 1, unpack_group_avx2, [](int rows, int) {
                 return by_rows<4>(rows, [](auto T) { return UnpackedTileFn(tile_unpacked_avx2_t<T.value>); });
               }};
+#endif
     default:
       return {kTile, 1, unpack_group_scalar, [](int, int) { return UnpackedTileFn(tile_unpacked_scalar); }};
   }

@@ -15,6 +15,7 @@ const KernelRegistry& cpu_kernel_registry() {
     cpu::register_resize_kernels(r);
     cpu::register_tensor_kernels(r);
     cpu::register_matmul_nbits_kernels(r);
+    cpu::register_contrib_kernels(r);
     return r;
   }();
   return registry;

@@ -1,9 +1,12 @@
-// The cpu provider's MatMulNBits against ref on every instruction set the CPU runs: block
-// sizes 16-128, K not a multiple of the block, N not a multiple of 16, zero points packed,
-// as floats or absent, bias, 1-9 rows of A, float and int8 (accuracy_level 4) forms.
+// The cpu provider's contrib-op kernels against ref on every instruction set the CPU runs.
+// MatMulNBits: block sizes 16-128, K not a multiple of the block, N not a multiple of 16,
+// zero points packed, as floats or absent, bias, 1-9 rows of A, float and int8
+// (accuracy_level 4) forms. The Gelu variants and Skip(Simplified)LayerNormalization: row
+// lengths with and without vector tails, skips with fewer leading dims, every output.
 // ContribOps (contrib_ops_test.cc) holds both providers to ONNX Runtime's outputs.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "runtime/cpu_test_util.h"
@@ -17,6 +20,7 @@ using cpu_test::expect_matches_ref;
 using cpu_test::for_each_isa;
 using cpu_test::random_f32;
 using cpu_test::spec;
+using testing::attr_float;
 using testing::attr_int;
 using testing::ModelBuilder;
 
@@ -98,6 +102,61 @@ TEST(CpuKernels, MatMulNBitsDeclinesWhatItDoesNotImplement) {
   c.bits = 8;
   EXPECT_EQ(cpu_decline_reason(nbits_model(c), "nbits"), "only 4-bit weights are implemented");
   EXPECT_EQ(cpu_decline_reason(nbits_model({{2, 64}, 16, 32}, false), "nbits"), "input 1 is not a constant");
+}
+
+
+Model contrib_model(const std::string& op, const std::vector<std::pair<std::string, Shape>>& inputs,
+                    const std::vector<std::string>& outputs, std::map<std::string, Attribute> attrs = {}) {
+  ModelBuilder b;
+  b.opset("com.microsoft", 1);
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : inputs) {
+    if (!name.empty()) b.input(name, DType::f32, spec(shape));
+    names.push_back(name);
+  }
+  for (const std::string& o : outputs)
+    if (!o.empty()) b.output(o);
+  b.node(op, names, outputs, "n", "com.microsoft").attrs = std::move(attrs);
+  return b.build();
+}
+
+// expect_matches_ref with the tensors of `all` the model takes as inputs.
+void check(const Model& m, const TensorMap& all) {
+  TensorMap in;
+  for (const ValueInfo& v : m.graph.inputs) in[v.name] = all.at(v.name);
+  expect_matches_ref(m, in, "n");
+}
+
+TEST(CpuKernels, ContribActivationsMatchRef) {
+  for_each_isa([] {
+    for (int64_t h : {1, 7, 16, 33, 100}) {
+      SCOPED_TRACE("last dim " + std::to_string(h));
+      const Shape x{3, h};
+      const TensorMap in = {{"x", random_f32(x, uint64_t(h), -4.f, 4.f)}, {"b", random_f32({h}, 9)}};
+      check(contrib_model("Gelu", {{"x", x}}, {"y"}), in);
+      check(contrib_model("BiasGelu", {{"x", x}, {"b", {h}}}, {"y"}), in);
+      check(contrib_model("FastGelu", {{"x", x}}, {"y"}), in);
+      check(contrib_model("FastGelu", {{"x", x}, {"b", {h}}}, {"y"}), in);
+      check(contrib_model("QuickGelu", {{"x", x}}, {"y"}, {{"alpha", attr_float(1.3f)}}), in);
+    }
+  });
+}
+
+TEST(CpuKernels, ContribSkipNormsMatchRef) {
+  for_each_isa([] {
+    for (int64_t h : {1, 5, 16, 40}) {
+      SCOPED_TRACE("hidden " + std::to_string(h));
+      const Shape x{2, 3, h};
+      TensorMap in = {{"x", random_f32(x, 1, -2.f, 2.f)}, {"s", random_f32(x, 2)}, {"s2", random_f32({3, h}, 3)},
+                      {"g", random_f32({h}, 4)}, {"be", random_f32({h}, 5)}, {"bi", random_f32({h}, 6)}};
+      const std::map<std::string, Attribute> eps = {{"epsilon", attr_float(1e-5f)}};
+      check(contrib_model("SkipLayerNormalization", {{"x", x}, {"s", x}, {"g", {h}}, {"be", {h}}, {"bi", {h}}},
+                                       {"y", "mean", "inv", "sum"}, eps), in);
+      check(contrib_model("SkipLayerNormalization", {{"x", x}, {"s2", {3, h}}, {"g", {h}}}, {"y"}, eps), in);
+      check(contrib_model("SkipSimplifiedLayerNormalization", {{"x", x}, {"s", x}, {"g", {h}}, {"bi", {h}}},
+                                       {"y", "", "inv", "sum"}, eps), in);
+    }
+  });
 }
 
 }  // namespace
