@@ -15,7 +15,7 @@ namespace slim {
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    check(d >= 0, ErrorCode::invalid_argument, "negative dimension in shape " + shape_str(shape));
+    if (d < 0) throw Error(ErrorCode::invalid_argument, "negative dimension in shape " + shape_str(shape));
     if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
       throw Error(ErrorCode::invalid_argument, "shape " + shape_str(shape) + " is too large");
     n *= d;
@@ -180,8 +180,8 @@ Tensor Tensor::borrow(DType dtype, Shape shape, void* data, std::shared_ptr<cons
 int64_t Tensor::dim(int axis) const {
   const int r = rank();
   if (axis < 0) axis += r;
-  check(axis >= 0 && axis < r, ErrorCode::invalid_argument,
-        "axis " + std::to_string(axis) + " out of range for " + describe());
+  if (axis < 0 || axis >= r)
+    throw Error(ErrorCode::invalid_argument, "axis " + std::to_string(axis) + " out of range for " + describe());
   return shape_[size_t(axis)];
 }
 
@@ -203,9 +203,9 @@ void* Tensor::raw_data() const {
 void Tensor::check_type(DType t) const {
   const bool ok = t == dtype_ ||
                   (t == DType::u16 && (dtype_ == DType::f16 || dtype_ == DType::bf16));
-  check(ok, ErrorCode::internal,
-        "tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " +
-            std::string(dtype_name(t)));
+  if (!ok)
+    throw Error(ErrorCode::internal, "tensor of dtype " + std::string(dtype_name(dtype_)) +
+                                         " accessed as " + std::string(dtype_name(t)));
 }
 
 Tensor Tensor::view(Shape shape, Shape strides, int64_t offset_elems) const {
@@ -235,20 +235,22 @@ Tensor Tensor::reshape(Shape shape) const {
   int64_t known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      check(infer < 0, ErrorCode::invalid_argument, "reshape: more than one -1 in " + shape_str(shape));
+      if (infer >= 0) throw Error(ErrorCode::invalid_argument, "reshape: more than one -1 in " + shape_str(shape));
       infer = int(i);
     } else {
-      check(shape[i] >= 0, ErrorCode::invalid_argument, "reshape: bad shape " + shape_str(shape));
+      if (shape[i] < 0) throw Error(ErrorCode::invalid_argument, "reshape: bad shape " + shape_str(shape));
       known *= shape[i];
     }
   }
   if (infer >= 0) {
-    check(known != 0 && numel_ % known == 0, ErrorCode::invalid_argument,
-          "reshape: cannot infer -1 of " + shape_str(shape) + " from " + describe());
+    if (known == 0 || numel_ % known != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "reshape: cannot infer -1 of " + shape_str(shape) + " from " + describe());
     shape[size_t(infer)] = numel_ / known;
   }
-  check(shape_numel(shape) == numel_, ErrorCode::invalid_argument,
-        "reshape: " + describe() + " to " + shape_str(shape) + " changes the element count");
+  if (shape_numel(shape) != numel_)
+    throw Error(ErrorCode::invalid_argument,
+                "reshape: " + describe() + " to " + shape_str(shape) + " changes the element count");
   Shape st = contiguous_strides(shape);
   return view(std::move(shape), std::move(st), 0);
 }
@@ -316,8 +318,8 @@ void strided_copy(const char* src, const Shape& sst, char* dst, const Shape& dst
 }  // namespace
 
 void Tensor::copy_from(const Tensor& src) {
-  check(src.dtype_ == dtype_ && src.shape_ == shape_, ErrorCode::internal,
-        "copy_from: " + src.describe() + " into " + describe());
+  if (src.dtype_ != dtype_ || src.shape_ != shape_)
+    throw Error(ErrorCode::internal, "copy_from: " + src.describe() + " into " + describe());
   if (numel_ == 0) return;
   if (is_contiguous() && src.is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());

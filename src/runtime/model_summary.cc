@@ -51,6 +51,9 @@ std::optional<double> estimate_node_flops(const Node& node, const ShapeLookup& s
   };
   const std::string& op = node.op_type;
   if (data_movement_ops().count(op)) return 0.0;
+  // Control flow: its subgraphs' work depends on the data (ModelSummary::subgraph_nodes).
+  for (const auto& [key, a] : node.attrs)
+    if (a.kind == Attribute::Kind::g || a.kind == Attribute::Kind::graphs) return 0.0;
   if (op == "Conv" || op == "ConvInteger" || op == "QLinearConv") {
     const size_t w_idx = op == "QLinearConv" ? 3 : 1;
     auto w = in(w_idx);

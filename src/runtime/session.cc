@@ -388,6 +388,17 @@ struct Session::Impl {
   std::vector<Value> execute(std::vector<Value> feeds, const std::vector<int>& wanted,
                              bool partial, bool top_level);
   const NodeProfiler* profiler = nullptr;  // set by Session::run when profiling
+  // execute()'s working vectors, kept between runs so that the iterations of a loop body
+  // do not allocate them again. Runs of one plan never overlap: a session serializes its
+  // runs, and a subgraph's plan never runs inside itself.
+  struct RunState {
+    std::vector<char> skip;
+    std::vector<Value> held;
+    std::vector<const Tensor*> ref, ins;
+    std::vector<Tensor> outs;
+    std::vector<const Value*> value_ins;
+    std::vector<Value> value_outs, captured;
+  } run_state;
   // Session::run: picks the plan (a specialization or this one) and executes it.
   std::vector<Value> run_feeds(std::vector<Value> feeds, const std::vector<int>& wanted, bool partial) {
     Impl* target = plan_for(feeds);
@@ -1388,8 +1399,10 @@ std::vector<int> Session::Impl::output_positions(const std::vector<std::string>&
 
 std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::vector<int>& wanted,
                                           bool partial, bool top_level) {
+  RunState& rs = run_state;
   // When only some outputs are wanted, skip the steps none of them depends on.
-  std::vector<char> skip(steps.size(), 0);
+  std::vector<char>& skip = rs.skip;
+  skip.assign(steps.size(), 0);
   if (partial) {
     std::vector<char> needed(values.size(), 0);
     for (int k : wanted) needed[size_t(output_ids[size_t(k)])] = 1;
@@ -1404,8 +1417,17 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
 
   // Per-run state: the values this run produced or was given, and the tensors among them
   // (constants are read straight from the plan).
-  std::vector<Value> held(values.size());
-  std::vector<const Tensor*> ref(values.size(), nullptr);
+  std::vector<Value>& held = rs.held;
+  std::vector<const Tensor*>& ref = rs.ref;
+  held.assign(values.size(), Value());
+  ref.assign(values.size(), nullptr);
+  // What the run still holds is let go when it ends, also when a kernel throws.
+  struct Release {
+    std::vector<Value>& held;
+    ~Release() {
+      for (auto& v : held) v = Value();
+    }
+  } release_at_end{held};
   std::unordered_set<const Storage*> caller_storages;
   for (size_t id = 0; id < values.size(); ++id) {
     const ValueSlot& v = values[id];
@@ -1427,16 +1449,22 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
         caller_storages.insert(t.storage().get());
         return t;
       });
-    hold(id, feeds[k].map_tensors([](const Tensor& t) { return t.contiguous(); }));
+    if (feeds[k].is_tensor() && feeds[k].tensor().is_contiguous())
+      hold(id, std::move(feeds[k]));
+    else
+      hold(id, feeds[k].map_tensors([](const Tensor& t) { return t.contiguous(); }));
   }
 
   ThreadPool& pool = default_thread_pool();
-  std::vector<const Tensor*> ins;
-  std::vector<Tensor> outs;
+  std::vector<const Tensor*>& ins = rs.ins;
+  std::vector<Tensor>& outs = rs.outs;
   // The non-tensor channel: entries are null (undefined) except while a step that has
   // such inputs (outputs) runs, so tensor steps do not touch them.
-  std::vector<const Value*> value_ins(max_step_inputs, nullptr);
-  std::vector<Value> value_outs(max_step_outputs), captured;
+  std::vector<const Value*>& value_ins = rs.value_ins;
+  std::vector<Value>& value_outs = rs.value_outs;
+  std::vector<Value>& captured = rs.captured;
+  value_ins.assign(max_step_inputs, nullptr);
+  value_outs.assign(max_step_outputs, Value());
   for (size_t s = 0; s < steps.size(); ++s) {
     Step& step = steps[s];
     const Node& node = *step.node;
@@ -1525,17 +1553,22 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
   for (int k : wanted) {
     const int id = output_ids[size_t(k)];
     const ValueSlot& v = values[size_t(id)];
-    const Value out = ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)];
+    Value out = ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)];
     if (!out.defined())
       throw Error(ErrorCode::internal, context + ": output '" + v.name + "' was not produced");
     // Outputs never share the arena or a constant, and the caller's get none of its
     // inputs' memory either; a subgraph passes its inputs on as they are.
     const bool input = v.kind == ValueKind::input;
-    result.push_back(out.map_tensors([&](const Tensor& t) {
-      const bool shared = in_arena(t) || constant_storages.count(t.storage().get()) ||
-                          (top_level && (input || caller_storages.count(t.storage().get())));
-      return shared ? t.clone() : t;
-    }));
+    auto shared = [&](const Tensor& t) {
+      return in_arena(t) || constant_storages.count(t.storage().get()) ||
+             (top_level && (input || caller_storages.count(t.storage().get())));
+    };
+    if (out.is_tensor()) {
+      if (shared(out.tensor())) out = out.tensor().clone();
+    } else {
+      out = out.map_tensors([&](const Tensor& t) { return shared(t) ? t.clone() : t; });
+    }
+    result.push_back(std::move(out));
   }
   return result;
 }

@@ -256,3 +256,28 @@ TEST(ControlFlow, ScanWalksAndFillsInEitherDirectionAlongAnyAxis) {
                                               : (std::vector<double>{3, 5, 6, 6, 11, 15}));
   }
 }
+
+TEST(ControlFlow, IfOnAShapeIsInlinedInTheShapesSpecialization) {
+  // y = size(x) == 4 ? x + 1 : x * 2 with x of symbolic length: the general plan keeps
+  // the If; the plan specialized for a length knows the condition and inlines a branch.
+  ModelBuilder then_b(17, "then"), else_b(17, "else");
+  then_b.output("t").node("Add", {"x", "one"}, {"t"});
+  else_b.output("e").node("Mul", {"x", "two"}, {"e"});
+  ModelBuilder b;
+  b.input("x", DType::f32, std::vector<DimSpec>{"n"}).output("y");
+  b.initializer("one", f32({}, {1})).initializer("two", f32({}, {2})).initializer("four", i64({}, {4}));
+  b.node("Size", {"x"}, {"n"});
+  b.node("Equal", {"n", "four"}, {"is4"});
+  Node& n = b.node("If", {"is4"}, {"y"}, "if");
+  n.attrs["then_branch"] = attr_graph(then_b);
+  n.attrs["else_branch"] = attr_graph(else_b);
+  auto s = Session::compile(b.build(), with_providers({"cpu", "ref"}));
+  EXPECT_EQ(s->stats().subgraph_plans, 2);
+  for (int run = 0; run < 3; ++run) {
+    EXPECT_EQ(values_of(s->run({{"x", f32({4}, {1, 2, 3, 4})}}).at("y")), (std::vector<double>{2, 3, 4, 5}));
+    EXPECT_EQ(values_of(s->run({{"x", f32({2}, {1, 2})}}).at("y")), (std::vector<double>{2, 4}));
+  }
+  EXPECT_EQ(s->num_specializations(), 2);
+  EXPECT_EQ(s->last_run_stats().subgraph_plans, 0);
+  EXPECT_EQ(s->last_run_stats().nodes_out, 1);  // x * 2 alone
+}

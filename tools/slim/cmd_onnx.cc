@@ -128,6 +128,7 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
             << " initializers (" << human(double(s.parameter_bytes), "B") << ")\n";
   std::cout << "FLOPs:     " << human(s.flops, "FLOPs") << " per run (estimated, symbolic dims = 1";
   if (s.nodes_without_flops) std::cout << "; " << s.nodes_without_flops << " nodes with unknown shapes not counted";
+  if (s.subgraph_nodes) std::cout << "; the nodes in subgraphs not counted";
   std::cout << ")\n";
   if (session) {
     const auto& st = session->stats();

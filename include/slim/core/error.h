@@ -39,7 +39,13 @@ class Error : public std::runtime_error {
 };
 
 // Throws Error(code, message) when cond is false. For validating data read from files.
+// The message is an argument, so it is built on every call: on hot paths, build it only
+// when cond fails (if (!cond) throw Error(...)). A literal goes through the const char*
+// overload and allocates nothing.
 inline void check(bool cond, ErrorCode code, const std::string& message) {
+  if (!cond) throw Error(code, message);
+}
+inline void check(bool cond, ErrorCode code, const char* message) {
   if (!cond) throw Error(code, message);
 }
 

@@ -70,11 +70,17 @@ BodyPlan compile_body(const KernelBuildInfo& info, std::vector<NodeInputInfo> fo
   bool known = false;
   for (const auto& [in, out] : carried) known = known || formal[size_t(in)].shape.has_value();
   if (known) {
-    auto plan = compile(info, "body", formal);
-    bool same = true;
+    std::unique_ptr<SubgraphPlan> plan;
+    try {
+      plan = compile(info, "body", formal);
+    } catch (const Error& e) {
+      // Shapes the body's declarations do not allow: those decide, below.
+      if (e.code() == ErrorCode::unsupported) throw;
+    }
+    bool same = plan != nullptr;
     for (const auto& [in, out] : carried)
-      if (formal[size_t(in)].shape)
-        same = same && plan->output_dtype(out) == formal[size_t(in)].dtype &&
+      if (same && formal[size_t(in)].shape)
+        same = plan->output_dtype(out) == formal[size_t(in)].dtype &&
                plan->output_shape(out) == formal[size_t(in)].shape;
     if (same) return {std::move(plan), true};
   }
