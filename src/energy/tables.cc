@@ -4,14 +4,13 @@
 //   @cloud-carbon-footprint/azure@1.8.0, @cloud-carbon-footprint/aws@0.15.0;
 //   the average: @cloud-carbon-footprint/azure@1.8.0 MIN/MAX_WATTS_AVG;
 // memory: MEMORY_COEFFICIENT (kWh per GB-hour), the same in both.
-// Grid: averageIntensity.data (gCO2e/kWh) of @tgwf/co2@0.19.0, Ember's annual averages
-//   (each country's latest year in Ember's data when CO2.js 0.19.0 was built: 2022-2024).
+// Grid: averageIntensity.data (gCO2e/kWh) of @tgwf/co2@0.19.0, Ember's annual averages,
+//   each country's latest year in Ember's data when CO2.js 0.19.0 was built (2022-2024).
 #include "energy/tables.h"
 
 namespace slim::energy::tables {
 
-const char* const kCpuSource = "Cloud Carbon Footprint coefficients (@cloud-carbon-footprint/azure@1.8.0, @cloud-carbon-footprint/aws@0.15.0)";
-const char* const kGridSource = "Ember annual averages via @tgwf/co2@0.19.0 (each country's latest year in Ember's data when CO2.js 0.19.0 was built: 2022-2024)";
+const char* const kGridSource = "Ember annual averages via @tgwf/co2@0.19.0, each country's latest year in Ember's data when CO2.js 0.19.0 was built (2022-2024)";
 const double kMemoryKwhPerGbHour = 0.000392;
 const CpuRow kCpuAverage = {"CCF average", 0.74, 3.54, "@cloud-carbon-footprint/azure@1.8.0"};
 
