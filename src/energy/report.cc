@@ -34,7 +34,8 @@ nlohmann::json to_json(const EnergyReport& r, double count, const std::string& u
                       {"idle_gco2e", r.idle_grams},   {"region", r.region},         {"g_per_kwh", r.g_per_kwh},
                       {"pue", r.pue},                 {"carbon", r.carbon}};
   if (count > 0) {
-    j[unit + "s"] = count;
+    if (count == std::floor(count) && count < 9e15) j[unit + "s"] = int64_t(count);
+    else j[unit + "s"] = count;
     j["j_per_" + unit] = r.work_joules / count;
     j[unit + "s_per_j"] = r.work_joules > 0 ? nlohmann::json(count / r.work_joules) : nlohmann::json(nullptr);
     j["gco2e_per_" + unit] = r.work_grams / count;

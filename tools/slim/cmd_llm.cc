@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
+#include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/llm/gguf_tokenizer.h"
@@ -57,11 +59,12 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, tokens, tokens_file;
+  std::string model, prompt, tokens, tokens_file, json;
   int n = 128, threads = 0, ctx = 0, batch = 512;
   llm::SamplerOptions sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false, ids = false, f32_kv = false, mmap = false;
+  EnergyArgs energy;
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -90,8 +93,16 @@ void run_generate(const GenerateArgs& a) {
   req.stop_strings = a.stop;
   if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
   if (!a.stop.empty() && !tok) throw Error(ErrorCode::invalid_argument, "generate: --stop needs a tokenizer in the model");
+  // With --energy: readings before the prompt, at the first token (the end of prefill) and at the end.
+  std::optional<EnergyRun> energy;
+  if (a.energy.on) energy.emplace(a.energy);
+  energy::Reading e_start, e_first, e_end;
+  bool first_token = true;
+  if (energy) energy->meter().read(e_start);
   if (!a.ids && tok) std::fputs(tok->decode(prompt).c_str(), stdout);
   auto res = gen.generate(req, [&](int32_t t) {
+    if (energy && first_token) energy->meter().read(e_first);
+    first_token = false;
     if (a.ids || !tok) std::printf("%d ", t);
     else std::fputs(tok->token_to_piece(t).c_str(), stdout);
     std::fflush(stdout);
@@ -106,6 +117,34 @@ void run_generate(const GenerateArgs& a) {
                decoded / std::max(res.decode_seconds, 1e-9));
   std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
                gen.context().kernel_isa(), a.threads);
+  nlohmann::json j = {{"model", a.model},
+                      {"prompt_tokens", res.prompt_tokens},
+                      {"generated_tokens", res.tokens.size()},
+                      {"prefill_s", res.prefill_seconds},
+                      {"decode_s", res.decode_seconds},
+                      {"stop", llm::stop_reason_name(res.stop)},
+                      {"kernels", gen.context().kernel_isa()},
+                      {"threads", a.threads}};
+  if (energy) {
+    energy->meter().read(e_end);
+    if (first_token) e_first = e_end;  // no token: all of it was prefill
+    energy->print_setup(stderr, 16);
+    const energy::EnergyReport pre = energy->report(e_start, e_first), dec = energy->report(e_first, e_end);
+    std::fprintf(stderr, "prefill energy: %s\n", EnergyRun::per_unit(pre, res.prompt_tokens, "token").c_str());
+    if (decoded > 0) std::fprintf(stderr, "decode energy:  %s\n", EnergyRun::per_unit(dec, decoded, "token").c_str());
+    std::string carbon = "prefill " + energy::si(pre.work_grams / res.prompt_tokens, "gCO2e") + " per token";
+    if (decoded > 0) carbon += ", decode " + energy::si(dec.work_grams / decoded, "gCO2e") + " per token";
+    carbon += ", idle " + energy::si(pre.idle_grams + dec.idle_grams, "gCO2e");
+    std::fprintf(stderr, "carbon:         %s\n", carbon.c_str());
+    j["energy"] = energy->setup_json();
+    j["energy"]["prefill"] = energy::to_json(pre, res.prompt_tokens, "token");
+    j["energy"]["decode"] = energy::to_json(dec, decoded, "token");
+  }
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    if (!f) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + a.json + "'");
+    f << j.dump() << "\n";
+  }
 }
 
 void add_generate(CLI::App& app) {
@@ -129,6 +168,8 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag("--ids", a->ids, "Print token IDs instead of text");
   cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
+  cmd->add_option("--json", a->json, "Also write the token counts, times (and energy) as JSON to this file");
+  add_energy_options(cmd, &a->energy);
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   add_isa_option(cmd);

@@ -53,6 +53,7 @@ void EnergyRun::print_setup(FILE* out, int width) const {
   for (const auto& n : meter_.notes()) std::fprintf(out, "%-*s  not measured: %s\n", width, "", n.c_str());
   std::fprintf(out, "%-*s%s (%s), reported apart from the work\n", width, "idle power:",
                energy::si(meter_.idle_watts(), "W").c_str(), idle_from_.c_str());
+  std::fprintf(out, "%-*s%s\n", width, "grid:", carbon_.describe().c_str());
 }
 
 std::string EnergyRun::per_unit(const energy::EnergyReport& r, double count, const std::string& unit) {
@@ -67,8 +68,7 @@ std::string EnergyRun::per_unit(const energy::EnergyReport& r, double count, con
 }
 
 std::string EnergyRun::carbon_line(const energy::EnergyReport& r, double count, const std::string& unit) {
-  return energy::si(r.work_grams / count, "gCO2e") + " per " + unit + ", idle " + energy::si(r.idle_grams, "gCO2e") +
-         "; " + r.carbon;
+  return energy::si(r.work_grams / count, "gCO2e") + " per " + unit + ", idle " + energy::si(r.idle_grams, "gCO2e");
 }
 
 nlohmann::json EnergyRun::setup_json() const {

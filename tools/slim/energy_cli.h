@@ -35,11 +35,11 @@ class EnergyRun {
   energy::EnergyMeter& meter() { return meter_; }
   energy::EnergyReport report(const energy::Reading& from, const energy::Reading& to) const;
 
-  // "energy:", "  not measured: ..." and "idle power:" lines, the label padded to `width`.
+  // "energy:", "  not measured: ...", "idle power:" and "grid:" lines, labels padded to `width`.
   void print_setup(FILE* out, int width) const;
   // "1.23 mJ per token (812 tokens/J)"
   static std::string per_unit(const energy::EnergyReport& r, double count, const std::string& unit);
-  // "162 ugCO2e per token, idle 1.2 mgCO2e; WORLD 472.94 g/kWh (...), PUE 1"
+  // "162 ugCO2e per token, idle 1.2 mgCO2e"
   static std::string carbon_line(const energy::EnergyReport& r, double count, const std::string& unit);
   // {"notes": [...], "idle_basis": ...}: what the window reports do not repeat.
   nlohmann::json setup_json() const;
