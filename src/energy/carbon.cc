@@ -52,13 +52,16 @@ std::string fmt_g(double v) {
 const std::vector<GridRegion>& grid_regions() {
   static const std::vector<GridRegion> regions = [] {
     std::vector<GridRegion> v;
-    for (size_t i = 0; i < tables::kNumGridRows; ++i) v.push_back({tables::kGridRows[i].region, tables::kGridRows[i].g_per_kwh});
+    for (size_t i = 0; i < tables::kNumGridRows; ++i)
+      v.push_back({tables::kGridRows[i].region, tables::kGridRows[i].g_per_kwh});
     return v;
   }();
   return regions;
 }
 
-const char* grid_source() { return tables::kGridSource; }
+const char* grid_source() {
+  return tables::kGridSource;
+}
 
 std::optional<double> parse_timestamp(const std::string& text) {
   const std::string s = trim(text);
@@ -72,7 +75,8 @@ std::optional<double> parse_timestamp(const std::string& text) {
   size_t pos = size_t(used);
   if (pos < s.size() && s[pos] == ':') {
     size_t end = pos + 1;
-    while (end < s.size() && (std::isdigit(static_cast<unsigned char>(s[end])) || s[end] == '.')) ++end;
+    while (end < s.size() && (std::isdigit(static_cast<unsigned char>(s[end])) || s[end] == '.'))
+      ++end;
     const auto v = parse_number(s.substr(pos + 1, end - pos - 1));
     if (!v || *v < 0 || *v >= 61) return std::nullopt;
     sec = *v;
@@ -83,7 +87,8 @@ std::optional<double> parse_timestamp(const std::string& text) {
   if (!zone.empty() && zone != "Z") {
     int zh = 0, zm = 0;
     if ((zone[0] != '+' && zone[0] != '-') ||
-        !(std::sscanf(zone.c_str() + 1, "%2d:%2d", &zh, &zm) == 2 || std::sscanf(zone.c_str() + 1, "%2d%2d", &zh, &zm) == 2))
+        !(std::sscanf(zone.c_str() + 1, "%2d:%2d", &zh, &zm) == 2 ||
+          std::sscanf(zone.c_str() + 1, "%2d%2d", &zh, &zm) == 2))
       return std::nullopt;
     offset = (zone[0] == '-' ? -1 : 1) * (zh * 3600.0 + zm * 60.0);
   }
@@ -111,8 +116,9 @@ std::vector<std::pair<double, double>> read_grid_series(const std::string& path)
         first = false;
         continue;
       }
-      throw Error(ErrorCode::invalid_argument, where + "expected 'timestamp,g_per_kwh' (unix seconds or ISO 8601), got '" +
-                                                   trim(line) + "'");
+      throw Error(ErrorCode::invalid_argument,
+                  where + "expected 'timestamp,g_per_kwh' (unix seconds or ISO 8601), got '" +
+                      trim(line) + "'");
     }
     first = false;
     if (*g < 0) throw Error(ErrorCode::invalid_argument, where + "negative grid intensity");
@@ -120,22 +126,26 @@ std::vector<std::pair<double, double>> read_grid_series(const std::string& path)
       throw Error(ErrorCode::invalid_argument, where + "timestamps must increase");
     rows.push_back({*t, *g});
   }
-  if (rows.empty()) throw Error(ErrorCode::invalid_argument, path + ": no rows of 'timestamp,g_per_kwh'");
+  if (rows.empty())
+    throw Error(ErrorCode::invalid_argument, path + ": no rows of 'timestamp,g_per_kwh'");
   return rows;
 }
 
 CarbonModel::CarbonModel(const CarbonOptions& o) : pue_(o.pue) {
   if (!(o.pue >= 1.0) || !std::isfinite(o.pue))
-    throw Error(ErrorCode::invalid_argument, "PUE must be a number >= 1 (facility power / IT power), got " + fmt_g(o.pue));
+    throw Error(ErrorCode::invalid_argument,
+                "PUE must be a number >= 1 (facility power / IT power), got " + fmt_g(o.pue));
   if (o.grid_intensity && !o.series_file.empty())
-    throw Error(ErrorCode::invalid_argument, "give a grid intensity or a grid intensity series, not both");
+    throw Error(ErrorCode::invalid_argument,
+                "give a grid intensity or a grid intensity series, not both");
   region_ = o.region;
   if (region_.empty())
     if (const char* env = std::getenv("SLIM_REGION")) region_ = env;
   region_ = upper(trim(region_.empty() ? "WORLD" : region_));
   if (o.grid_intensity) {
     if (!(*o.grid_intensity >= 0) || !std::isfinite(*o.grid_intensity))
-      throw Error(ErrorCode::invalid_argument, "grid intensity must be >= 0 g/kWh, got " + fmt_g(*o.grid_intensity));
+      throw Error(ErrorCode::invalid_argument,
+                  "grid intensity must be >= 0 g/kWh, got " + fmt_g(*o.grid_intensity));
     g_per_kwh_ = *o.grid_intensity;
     source_ = "given";
     return;
@@ -147,13 +157,15 @@ CarbonModel::CarbonModel(const CarbonOptions& o) : pue_(o.pue) {
     return;
   }
   const auto& regions = grid_regions();
-  auto it = std::find_if(regions.begin(), regions.end(), [&](const GridRegion& r) { return r.code == region_; });
+  auto it = std::find_if(regions.begin(), regions.end(),
+                         [&](const GridRegion& r) { return r.code == region_; });
   if (it == regions.end()) {
     std::string aggregates;
     for (const auto& r : regions)
       if (r.code.size() != 3) aggregates += (aggregates.empty() ? "" : ", ") + r.code;
     throw Error(ErrorCode::invalid_argument,
-                "unknown region '" + region_ + "': give an ISO 3166 alpha-3 country code (FRA, USA, IND) or one of " +
+                "unknown region '" + region_ +
+                    "': give an ISO 3166 alpha-3 country code (FRA, USA, IND) or one of " +
                     aggregates + " (`slim energy regions` lists them), or --grid-intensity G/KWH");
   }
   g_per_kwh_ = it->g_per_kwh;
@@ -163,7 +175,8 @@ CarbonModel::CarbonModel(const CarbonOptions& o) : pue_(o.pue) {
 double CarbonModel::g_per_kwh(double start, double end) const {
   if (series_.empty()) return g_per_kwh_;
   // Each row holds until the next; the last for one more step (for ever in a one-row file).
-  const double last_end = series_.size() == 1 ? INFINITY : 2 * series_.back().first - series_[series_.size() - 2].first;
+  const double last_end =
+      series_.size() == 1 ? INFINITY : 2 * series_.back().first - series_[series_.size() - 2].first;
   if (start < series_.front().first || end > last_end) {
     char buf[160];
     std::snprintf(buf, sizeof buf, ": covers unix time %.0f to %.0f, not the window %.0f to %.0f",
@@ -172,7 +185,8 @@ double CarbonModel::g_per_kwh(double start, double end) const {
   }
   size_t i = size_t(std::upper_bound(series_.begin(), series_.end(), start,
                                      [](double t, const auto& row) { return t < row.first; }) -
-                    series_.begin()) - 1;
+                    series_.begin()) -
+             1;
   if (end <= start) return series_[i].second;
   double sum = 0;
   for (double t = start; t < end; ++i) {

@@ -26,7 +26,9 @@ double process_cpu_seconds() {
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
-const char* basis_name(Basis basis) { return basis == Basis::measured ? "measured" : "estimated"; }
+const char* basis_name(Basis basis) {
+  return basis == Basis::measured ? "measured" : "estimated";
+}
 
 namespace {
 
@@ -72,7 +74,8 @@ class CcfEstimate : public EnergyMeter::Source {
       gb = resident_gb();
       rss_seconds = seconds;
     }
-    memory_joules += memory_watts_per_gb() * 0.5 * (last_gb + gb) * (seconds - last_seconds);  // trapezoid
+    memory_joules +=
+        memory_watts_per_gb() * 0.5 * (last_gb + gb) * (seconds - last_seconds);  // trapezoid
     last_gb = gb;
     last_seconds = seconds;
     out[0] = e.idle_joules + e.cpu_joules;
@@ -89,8 +92,8 @@ double machine_busy_seconds(int fd) {
   if (n <= 0) return 0;
   buf[n] = '\0';
   unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0;
-  if (std::sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle, &iowait, &irq,
-                  &softirq) != 7)
+  if (std::sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle,
+                  &iowait, &irq, &softirq) != 7)
     return 0;
   return double(user + nice + system + irq + softirq) / double(sysconf(_SC_CLK_TCK));
 }
@@ -106,10 +109,12 @@ SourcePtr open_estimate(const MeterOptions& o, double seconds, double cpu_second
   src->statm_fd = open_readonly("/proc/self/statm");
   src->last_gb = src->resident_gb();
   char watts[96];
-  std::snprintf(watts, sizeof watts, "CPU time x Cloud Carbon Footprint power model, %d vCPUs: ", src->vcpus);
-  src->channels.push_back({"cpu", watts + src->model.describe(), Basis::estimated,
-                           src->vcpus * src->model.min_watts});
-  std::snprintf(watts, sizeof watts, "resident memory x %g W per GB (Cloud Carbon Footprint)", memory_watts_per_gb());
+  std::snprintf(watts, sizeof watts,
+                "CPU time x Cloud Carbon Footprint power model, %d vCPUs: ", src->vcpus);
+  src->channels.push_back(
+      {"cpu", watts + src->model.describe(), Basis::estimated, src->vcpus * src->model.min_watts});
+  std::snprintf(watts, sizeof watts, "resident memory x %g W per GB (Cloud Carbon Footprint)",
+                memory_watts_per_gb());
   src->channels.push_back({"memory", watts, Basis::estimated, 0});
   return src;
 }
@@ -124,10 +129,12 @@ EnergyMeter::EnergyMeter(MeterOptions o) {
       sources_.push_back(std::move(cpu));
     }
   }
-  if (sources_.empty()) sources_.push_back(open_estimate(o, steady_seconds(), process_cpu_seconds()));
+  if (sources_.empty())
+    sources_.push_back(open_estimate(o, steady_seconds(), process_cpu_seconds()));
   if (o.gpus)
     if (SourcePtr gpu = open_nvml(o, notes_)) sources_.push_back(std::move(gpu));
-  for (const auto& s : sources_) channels_.insert(channels_.end(), s->channels.begin(), s->channels.end());
+  for (const auto& s : sources_)
+    channels_.insert(channels_.end(), s->channels.begin(), s->channels.end());
   if (machine_cpu_) stat_fd_ = open_readonly("/proc/stat");
 }
 
@@ -148,8 +155,8 @@ std::string EnergyMeter::describe() const {
     std::string names;
     for (; j < channels_.size() && channels_[j].source == channels_[i].source; ++j)
       names += (names.empty() ? "" : ", ") + channels_[j].name;
-    out += (out.empty() ? "" : "; ") + std::string(basis_name(channels_[i].basis)) + " " + names + ": " +
-           channels_[i].source;
+    out += (out.empty() ? "" : "; ") + std::string(basis_name(channels_[i].basis)) + " " + names +
+           ": " + channels_[i].source;
     i = j;
   }
   return out;
@@ -176,8 +183,10 @@ Reading EnergyMeter::read() {
 }
 
 Energy EnergyMeter::between(const Reading& a, const Reading& b) const {
-  check(a.joules.size() == channels_.size() && b.joules.size() == channels_.size() && b.seconds >= a.seconds,
-        ErrorCode::invalid_argument, "EnergyMeter::between: readings of another meter, or out of order");
+  check(a.joules.size() == channels_.size() && b.joules.size() == channels_.size() &&
+            b.seconds >= a.seconds,
+        ErrorCode::invalid_argument,
+        "EnergyMeter::between: readings of another meter, or out of order");
   Energy e;
   e.seconds = b.seconds - a.seconds;
   e.cpu_seconds = b.cpu_seconds - a.cpu_seconds;
@@ -193,14 +202,16 @@ Energy EnergyMeter::between(const Reading& a, const Reading& b) const {
 }
 
 void EnergyMeter::measure_idle(double seconds) {
-  if (std::none_of(channels_.begin(), channels_.end(), [](const Channel& c) { return c.basis == Basis::measured; }))
+  if (std::none_of(channels_.begin(), channels_.end(),
+                   [](const Channel& c) { return c.basis == Basis::measured; }))
     return;
   const Reading a = read();
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   const Reading b = read();
   const double dt = b.seconds - a.seconds;
   for (size_t i = 0; i < channels_.size(); ++i)
-    if (channels_[i].basis == Basis::measured && dt > 0) channels_[i].idle_watts = (b.joules[i] - a.joules[i]) / dt;
+    if (channels_[i].basis == Basis::measured && dt > 0)
+      channels_[i].idle_watts = (b.joules[i] - a.joules[i]) / dt;
 }
 
 double EnergyMeter::idle_watts() const {

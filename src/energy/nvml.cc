@@ -112,15 +112,17 @@ SourcePtr open_nvml(const MeterOptions& o, std::vector<std::string>& notes) {
     a.name(g.device, name, sizeof name);
     g.counter = a.energy_mj(g.device, &g.first_mj) == kNvmlSuccess;
     if (!g.counter && a.power_mw(g.device, &mw) != kNvmlSuccess) {
-      notes.push_back("NVML: gpu-" + std::to_string(i) + " (" + name + ") reports neither energy nor power");
+      notes.push_back("NVML: gpu-" + std::to_string(i) + " (" + name +
+                      ") reports neither energy nor power");
       continue;
     }
     g.last_seconds = now;
     g.last_watts = mw * 1e-3;
     src->gpus.push_back(g);
-    src->channels.push_back({"gpu-" + std::to_string(i),
-                             std::string("NVML ") + (g.counter ? "energy counter: " : "power x time: ") + name,
-                             Basis::measured, 0});
+    src->channels.push_back(
+        {"gpu-" + std::to_string(i),
+         std::string("NVML ") + (g.counter ? "energy counter: " : "power x time: ") + name,
+         Basis::measured, 0});
   }
   if (src->gpus.empty()) {
     notes.push_back("NVML: no GPU to read");

@@ -58,8 +58,10 @@ class Powercap : public EnergyMeter::Source {
       uint64_t v = 0;
       if (read_u64(z.fd, &v)) {
         // The counter wraps at max_energy_range_uj; one wrap between reads at most (one
-        // every ~20 minutes at 200 W on common parts).
-        z.total_uj += double(v >= z.last_uj ? v - z.last_uj : z.max_uj - z.last_uj + v);
+        // every ~20 minutes at 200 W on common parts). Below a nonsense maximum it restarted.
+        z.total_uj += double(v >= z.last_uj          ? v - z.last_uj
+                             : z.max_uj >= z.last_uj ? z.max_uj - z.last_uj + v
+                                                     : v);
         z.last_uj = v;
       }
       out[i] = z.total_uj * 1e-6;
@@ -69,7 +71,9 @@ class Powercap : public EnergyMeter::Source {
 
 }  // namespace
 
-std::string errno_text(int negative_errno) { return std::strerror(-negative_errno); }
+std::string errno_text(int negative_errno) {
+  return std::strerror(-negative_errno);
+}
 
 SourcePtr open_powercap(const MeterOptions& o, std::vector<std::string>& notes) {
   const std::string what = "powercap RAPL: ";
@@ -91,14 +95,19 @@ SourcePtr open_powercap(const MeterOptions& o, std::vector<std::string>& notes) 
     const std::string id = dir.filename().string().substr(11), zone = read_text(dir / "name");
     const std::string package = id.substr(0, id.find(':'));
     std::string channel;
-    if (zone.rfind("package", 0) == 0 && id.find(':') == std::string::npos) channel = "package-" + package;
-    else if (zone == "dram") channel = "dram-" + package;
-    else continue;  // core and uncore are inside the package; psys overlaps it
+    if (zone.rfind("package", 0) == 0 && id.find(':') == std::string::npos)
+      channel = "package-" + package;
+    else if (zone == "dram")
+      channel = "dram-" + package;
+    else
+      continue;  // core and uncore are inside the package; psys overlaps it
     const std::string file = (dir / "energy_uj").string();
     const int fd = o.open_file(file.c_str());
     if (fd < 0) {
       skipped.push_back(what + file + ": " + errno_text(fd) +
-                        (fd == -EACCES || fd == -EPERM ? " (root-only since Linux 5.10; see README, Energy)" : ""));
+                        (fd == -EACCES || fd == -EPERM
+                             ? " (root-only since Linux 5.10; see README, Energy)"
+                             : ""));
       continue;
     }
     Powercap::Zone z{fd, 0, 0};
@@ -158,7 +167,8 @@ std::vector<int> parse_cpu_list(const std::string& s) {
     const std::string part = s.substr(pos, comma - pos);
     const size_t dash = part.find('-');
     try {
-      const int a = std::stoi(part), b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
+      const int a = std::stoi(part),
+                b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
       for (int c = a; c <= b; ++c) cpus.push_back(c);
     } catch (const std::exception&) {
     }
@@ -177,9 +187,14 @@ SourcePtr open_perf_power(const MeterOptions& o, std::vector<std::string>& notes
     notes.push_back(what + "no " + o.perf_pmu);
     return nullptr;
   }
-  const std::vector<int> cpus = parse_cpu_list(read_text(pmu / "cpumask"));
-  const std::string type_text = read_text(pmu / "type");
-  if (cpus.empty() || type_text.empty()) {
+  std::vector<int> cpus = parse_cpu_list(read_text(pmu / "cpumask"));
+  uint32_t type = 0;
+  try {
+    type = uint32_t(std::stoul(read_text(pmu / "type")));
+  } catch (const std::exception&) {
+    cpus.clear();
+  }
+  if (cpus.empty()) {
     notes.push_back(what + o.perf_pmu + " has no type or cpumask");
     return nullptr;
   }
@@ -199,25 +214,30 @@ SourcePtr open_perf_power(const MeterOptions& o, std::vector<std::string>& notes
     const std::string config = read_text(pmu / "events" / event);  // "event=0x02"
     const size_t eq = config.find("event=");
     double scale = 0;
+    uint64_t code = 0;
     try {
+      code =
+          std::stoull(config.substr(eq == std::string::npos ? config.size() : eq + 6), nullptr, 0);
       scale = std::stod(read_text(pmu / "events" / (event + ".scale")));
     } catch (const std::exception&) {
     }
-    if (eq == std::string::npos || scale <= 0) {
+    if (scale <= 0) {
       notes.push_back(what + event + ": no event code or scale");
       return nullptr;
     }
     for (size_t p = 0; p < cpus.size(); ++p) {
       perf_event_attr attr{};
       attr.size = sizeof attr;
-      attr.type = uint32_t(std::stoul(type_text));
-      attr.config = std::stoull(config.substr(eq + 6), nullptr, 0);
-      const int fd = int(syscall(SYS_perf_event_open, &attr, -1, cpus[p], -1, PERF_FLAG_FD_CLOEXEC));
+      attr.type = type;
+      attr.config = code;
+      const int fd =
+          int(syscall(SYS_perf_event_open, &attr, -1, cpus[p], -1, PERF_FLAG_FD_CLOEXEC));
       if (fd < 0) {
         const int err = errno;
         std::string why = what + "perf_event_open power/" + event + ": " + std::strerror(err);
         if (err == EACCES || err == EPERM)
-          why += " (kernel.perf_event_paranoid is " + read_text("/proc/sys/kernel/perf_event_paranoid") +
+          why += " (kernel.perf_event_paranoid is " +
+                 read_text("/proc/sys/kernel/perf_event_paranoid") +
                  "; system-wide events need 0 or less, or CAP_PERFMON)";
         notes.push_back(why);
         return nullptr;
@@ -235,8 +255,10 @@ SourcePtr open_perf_power(const MeterOptions& o, std::vector<std::string>& notes
     src->read(0, 0, j.data());
     if (std::any_of(j.begin(), j.end(), [](double v) { return v > 0; })) return src;
   }
-  notes.push_back(what + "the energy counters did not move in 50 ms (this machine exposes the PMU without them, "
-                         "as VMs do)");
+  notes.push_back(
+      what +
+      "the energy counters did not move in 50 ms (this machine exposes the PMU without them, "
+      "as VMs do)");
   return nullptr;
 }
 

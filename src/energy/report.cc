@@ -28,16 +28,28 @@ EnergyReport make_report(const EnergyMeter& meter, const Energy& w, const Carbon
 }
 
 nlohmann::json to_json(const EnergyReport& r, double count, const std::string& unit) {
-  nlohmann::json j = {{"basis", basis_name(r.basis)}, {"source", r.source},        {"seconds", r.seconds},
-                      {"cpu_seconds", r.cpu_seconds}, {"work_j", r.work_joules},    {"other_j", r.other_joules},
-                      {"idle_j", r.idle_joules},      {"idle_w", r.idle_watts},     {"work_gco2e", r.work_grams},
-                      {"idle_gco2e", r.idle_grams},   {"region", r.region},         {"g_per_kwh", r.g_per_kwh},
-                      {"pue", r.pue},                 {"carbon", r.carbon}};
+  nlohmann::json j = {{"basis", basis_name(r.basis)},
+                      {"source", r.source},
+                      {"seconds", r.seconds},
+                      {"cpu_seconds", r.cpu_seconds},
+                      {"work_j", r.work_joules},
+                      {"other_j", r.other_joules},
+                      {"idle_j", r.idle_joules},
+                      {"idle_w", r.idle_watts},
+                      {"work_gco2e", r.work_grams},
+                      {"idle_gco2e", r.idle_grams},
+                      {"region", r.region},
+                      {"g_per_kwh", r.g_per_kwh},
+                      {"pue", r.pue},
+                      {"carbon", r.carbon}};
   if (count > 0) {
-    if (count == std::floor(count) && count < 9e15) j[unit + "s"] = int64_t(count);
-    else j[unit + "s"] = count;
+    if (count == std::floor(count) && count < 9e15)
+      j[unit + "s"] = int64_t(count);
+    else
+      j[unit + "s"] = count;
     j["j_per_" + unit] = r.work_joules / count;
-    j[unit + "s_per_j"] = r.work_joules > 0 ? nlohmann::json(count / r.work_joules) : nlohmann::json(nullptr);
+    j[unit + "s_per_j"] =
+        r.work_joules > 0 ? nlohmann::json(count / r.work_joules) : nlohmann::json(nullptr);
     j["gco2e_per_" + unit] = r.work_grams / count;
   }
   return j;
@@ -47,7 +59,8 @@ std::string si(double v, const std::string& unit) {
   static const struct {
     double scale;
     const char* prefix;
-  } steps[] = {{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}, {1, ""}, {1e-3, "m"}, {1e-6, "u"}, {1e-9, "n"}};
+  } steps[] = {{1e12, "T"}, {1e9, "G"},  {1e6, "M"},  {1e3, "k"},
+               {1, ""},     {1e-3, "m"}, {1e-6, "u"}, {1e-9, "n"}};
   char buf[48];
   if (v == 0 || !std::isfinite(v)) {
     std::snprintf(buf, sizeof buf, "%g %s", v, unit.c_str());

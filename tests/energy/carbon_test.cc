@@ -1,3 +1,5 @@
+#include "slim/energy/carbon.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -6,7 +8,6 @@
 #include <fstream>
 
 #include "slim/core/error.h"
-#include "slim/energy/carbon.h"
 
 using namespace slim;
 using namespace slim::energy;
@@ -39,7 +40,9 @@ TEST(Carbon, RegionsComeFromTheBundledTable) {
   const CarbonModel m(o);
   EXPECT_EQ(m.g_per_kwh(0, 0), 342.06);
   EXPECT_DOUBLE_EQ(m.grams(3.6e6, 0, 0), 342.06);  // 1 kWh
-  EXPECT_EQ(m.describe().rfind("DEU 342.06 g/kWh (Ember annual averages via @tgwf/co2@0.19.0", 0), 0u) << m.describe();
+  EXPECT_EQ(m.describe().rfind("DEU 342.06 g/kWh (Ember annual averages via @tgwf/co2@0.19.0", 0),
+            0u)
+      << m.describe();
   EXPECT_GT(grid_regions().size(), 200u);
 }
 
@@ -65,15 +68,20 @@ TEST(Carbon, IntensityAndPueOverrides) {
 TEST(Carbon, BadOptionsAreNamed) {
   CarbonOptions o;
   o.region = "Atlantis";
-  EXPECT_EQ(error_of([&] { CarbonModel{o}; }).rfind("unknown region 'ATLANTIS': give an ISO 3166 alpha-3", 0), 0u);
+  EXPECT_EQ(error_of([&] {
+              CarbonModel{o};
+            }).rfind("unknown region 'ATLANTIS': give an ISO 3166 alpha-3", 0),
+            0u);
   o.region = "";
   o.pue = 0.9;
-  EXPECT_EQ(error_of([&] { CarbonModel{o}; }), "PUE must be a number >= 1 (facility power / IT power), got 0.9");
+  EXPECT_EQ(error_of([&] { CarbonModel{o}; }),
+            "PUE must be a number >= 1 (facility power / IT power), got 0.9");
   o.pue = 1;
   o.grid_intensity = -3;
   EXPECT_EQ(error_of([&] { CarbonModel{o}; }), "grid intensity must be >= 0 g/kWh, got -3");
   o.series_file = "x.csv";
-  EXPECT_EQ(error_of([&] { CarbonModel{o}; }), "give a grid intensity or a grid intensity series, not both");
+  EXPECT_EQ(error_of([&] { CarbonModel{o}; }),
+            "give a grid intensity or a grid intensity series, not both");
 }
 
 TEST(Carbon, Timestamps) {
@@ -99,11 +107,13 @@ TEST(Carbon, SeriesIsAveragedOverTheWindowByTime) {
   const CarbonModel m(o);
   const double t0 = *parse_timestamp("2024-05-01T00:00:00Z");
   EXPECT_DOUBLE_EQ(m.g_per_kwh(t0 + 600, t0 + 600), 100);
-  EXPECT_DOUBLE_EQ(m.g_per_kwh(t0 + 1800, t0 + 5400), 150);  // half an hour of each
+  EXPECT_DOUBLE_EQ(m.g_per_kwh(t0 + 1800, t0 + 5400), 150);      // half an hour of each
   EXPECT_DOUBLE_EQ(m.g_per_kwh(t0 + 3600, t0 + 3 * 3600), 300);  // the last row holds one step
-  EXPECT_DOUBLE_EQ(m.grams(3.6e6, t0 + 7200, t0 + 7300) , 400);
-  EXPECT_EQ(error_of([&] { m.g_per_kwh(t0 - 1, t0 + 1); }),
-            "grid intensity series " + f + ": covers unix time 1714521600 to 1714532400, not the window 1714521599 to 1714521601");
+  EXPECT_DOUBLE_EQ(m.grams(3.6e6, t0 + 7200, t0 + 7300), 400);
+  EXPECT_EQ(
+      error_of([&] { m.g_per_kwh(t0 - 1, t0 + 1); }),
+      "grid intensity series " + f +
+          ": covers unix time 1714521600 to 1714532400, not the window 1714521599 to 1714521601");
   EXPECT_EQ(m.describe(), "WORLD grid intensity series " + f + ", PUE 1");
   fs::remove(f);
 }
@@ -115,7 +125,8 @@ TEST(Carbon, BadSeriesFilesAreNamedWithTheLine) {
   const std::string order = write_file("order.csv", "200,1\n100,2\n");
   EXPECT_EQ(error_of([&] { read_grid_series(order); }), order + ":2: timestamps must increase");
   const std::string empty = write_file("empty.csv", "timestamp,g\n");
-  EXPECT_EQ(error_of([&] { read_grid_series(empty); }), empty + ": no rows of 'timestamp,g_per_kwh'");
+  EXPECT_EQ(error_of([&] { read_grid_series(empty); }),
+            empty + ": no rows of 'timestamp,g_per_kwh'");
   EXPECT_EQ(error_of([&] { read_grid_series("/nonexistent/grid.csv"); }),
             "/nonexistent/grid.csv: cannot open the grid intensity series");
   for (const auto& f : {bad, order, empty}) fs::remove(f);

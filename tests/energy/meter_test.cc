@@ -1,3 +1,5 @@
+#include "slim/energy/meter.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 
 #include "slim/core/error.h"
 #include "slim/core/thread_pool.h"
-#include "slim/energy/meter.h"
 #include "slim/energy/report.h"
 
 using namespace slim;
@@ -30,7 +31,8 @@ struct FakePowercap {
     fs::create_directories(root);
   }
   ~FakePowercap() { fs::remove_all(root.parent_path()); }
-  void zone(const std::string& id, const std::string& name, uint64_t uj, uint64_t max_uj = 262143328850) {
+  void zone(const std::string& id, const std::string& name, uint64_t uj,
+            uint64_t max_uj = 262143328850) {
     const fs::path d = root / ("intel-rapl:" + id);
     fs::create_directories(d);
     std::ofstream(d / "name") << name << "\n";
@@ -107,7 +109,8 @@ TEST(Powercap, MissingDomainsAreSkippedWithANote) {
   EnergyMeter m(fake.options());
   ASSERT_EQ(m.channels().size(), 1u);
   EXPECT_EQ(m.channels()[0].name, "package-0");
-  EXPECT_TRUE(has_note(m, "intel-rapl:1/energy_uj: No such file or directory")) << m.notes().front();
+  EXPECT_TRUE(has_note(m, "intel-rapl:1/energy_uj: No such file or directory"))
+      << m.notes().front();
 }
 
 TEST(Powercap, PermissionDeniedFallsBackToTheEstimateAndSaysSo) {
@@ -128,7 +131,10 @@ TEST(Powercap, PermissionDeniedFallsBackToTheEstimateAndSaysSo) {
                              ": Permission denied (root-only since Linux 5.10; see README, Energy)";
   EXPECT_TRUE(has_note(m, denied)) << m.notes().front();
   EXPECT_TRUE(has_note(m, "perf power PMU: no " + o.perf_pmu));
-  EXPECT_EQ(m.describe().rfind("estimated cpu: CPU time x Cloud Carbon Footprint power model, 4 vCPUs: Cascade Lake", 0), 0u)
+  EXPECT_EQ(
+      m.describe().rfind(
+          "estimated cpu: CPU time x Cloud Carbon Footprint power model, 4 vCPUs: Cascade Lake", 0),
+      0u)
       << m.describe();
 }
 
@@ -152,7 +158,11 @@ TEST(Nvml, AbsentLibraryIsNotAvailable) {
   EnergyMeter m(o);
   EXPECT_EQ(m.channels().size(), 2u);  // the estimate only
   ASSERT_EQ(m.notes().size(), 1u);
-  EXPECT_EQ(m.notes()[0].rfind("NVML: not available (libnvidia-ml-slim-test-absent.so.1: cannot open shared object file", 0), 0u)
+  EXPECT_EQ(
+      m.notes()[0].rfind(
+          "NVML: not available (libnvidia-ml-slim-test-absent.so.1: cannot open shared object file",
+          0),
+      0u)
       << m.notes()[0];
 }
 
@@ -175,7 +185,8 @@ TEST(Estimate, UnknownCpuModelListsTheNames) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::not_found);
-    EXPECT_NE(std::string(e.what()).find("no CPU power coefficients for 'Pentium'; known: AMD EPYC 1st Gen,"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "no CPU power coefficients for 'Pentium'; known: AMD EPYC 1st Gen,"),
               std::string::npos)
         << e.what();
   }
@@ -212,7 +223,7 @@ TEST(EstimatedMeter, ChargesIdleAndCpuTimeApart) {
   EXPECT_NEAR(e.joules[0], 2 * 0.65 * e.seconds + (4.26 - 0.65) * e.cpu_seconds, 1e-9);
   EXPECT_NEAR(e.idle_joules[0], 2 * 0.65 * e.seconds, 1e-12);
   EXPECT_GE(e.cpu_seconds, 0.03);
-  EXPECT_EQ(e.idle_joules[1], 0);     // memory held by the work is work
+  EXPECT_EQ(e.idle_joules[1], 0);                // memory held by the work is work
   EXPECT_EQ(e.busy_cpu_seconds, e.cpu_seconds);  // the estimate sees this process only
 }
 

@@ -40,7 +40,8 @@ class EnergyRun {
   // "1.23 mJ per token (812 tokens/J)"
   static std::string per_unit(const energy::EnergyReport& r, double count, const std::string& unit);
   // "162 ugCO2e per token, idle 1.2 mgCO2e"
-  static std::string carbon_line(const energy::EnergyReport& r, double count, const std::string& unit);
+  static std::string carbon_line(const energy::EnergyReport& r, double count,
+                                 const std::string& unit);
   // {"notes": [...], "idle_basis": ...}: what the window reports do not repeat.
   nlohmann::json setup_json() const;
 

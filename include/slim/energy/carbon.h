@@ -15,10 +15,10 @@ struct GridRegion {
   double g_per_kwh = 0;
 };
 const std::vector<GridRegion>& grid_regions();  // the bundled table, by code
-const char* grid_source();                     // its source, package version and years
+const char* grid_source();                      // its source, package version and years
 
 struct CarbonOptions {
-  std::string region;  // empty: SLIM_REGION, else WORLD
+  std::string region;                    // empty: SLIM_REGION, else WORLD
   std::optional<double> grid_intensity;  // g/kWh: replaces the region's average
   std::string series_file;  // CSV rows "timestamp,g_per_kwh" (unix seconds or ISO 8601)
   double pue = 1.0;         // power usage effectiveness of the facility, >= 1

@@ -24,7 +24,8 @@ const char* basis_name(Basis basis);
 // One energy counter of a meter.
 struct Channel {
   std::string name;    // "package-0", "dram-0", "gpu-0", "cpu", "memory"
-  std::string source;  // "powercap RAPL", "perf power PMU", "NVML: NVIDIA H200", "Cloud Carbon Footprint ..."
+  std::string source;  // "powercap RAPL", "perf power PMU", "NVML: NVIDIA H200", "Cloud Carbon
+                       // Footprint ..."
   Basis basis = Basis::estimated;
   // Power drawn with no work: measured by EnergyMeter::measure_idle, or the model's
   // (vCPUs x min watts for the estimated CPU, 0 for memory).
@@ -57,8 +58,9 @@ struct Reading {
 struct Energy {
   double seconds = 0, cpu_seconds = 0, busy_cpu_seconds = 0;
   double start_unix = 0, end_unix = 0;
-  std::vector<double> joules;       // per channel
-  std::vector<double> idle_joules;  // per channel: idle watts x seconds, at most the channel's joules
+  std::vector<double> joules;  // per channel
+  std::vector<double>
+      idle_joules;  // per channel: idle watts x seconds, at most the channel's joules
   double total() const;
   double idle() const;
   double work() const { return total() - idle(); }  // above idle, by every process

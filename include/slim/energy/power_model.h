@@ -12,8 +12,8 @@ namespace slim::energy {
 struct CpuPowerModel {
   std::string microarchitecture;  // CCF's name ("Cascade Lake"), or "CCF average" without a row
   double min_watts = 0, max_watts = 0;  // per vCPU: idle and fully busy
-  std::string cpu;     // what the model stands for: the probed CPU, or "given"
-  std::string source;  // the npm packages the coefficients come from
+  std::string cpu;                      // what the model stands for: the probed CPU, or "given"
+  std::string source;                   // the npm packages the coefficients come from
 
   // By CCF's name, case-insensitive ("CCF average" too); not_found lists the names.
   static CpuPowerModel named(const std::string& microarchitecture);
@@ -45,8 +45,8 @@ struct Estimate {
   double memory_joules = 0;  // memory_watts_per_gb() x memory_gb x seconds
   double total() const { return idle_joules + cpu_joules + memory_joules; }
 };
-Estimate estimate_energy(const CpuPowerModel& model, double seconds, double vcpus, double cpu_seconds,
-                         double memory_gb);
+Estimate estimate_energy(const CpuPowerModel& model, double seconds, double vcpus,
+                         double cpu_seconds, double memory_gb);
 
 // vCPUs this process may run on (its affinity mask): the "instance" of CCF's model.
 int available_vcpus();
