@@ -58,7 +58,7 @@ def main():
                 p50[energy].append(j["p50_ms"])
                 kernels = j["kernels"]
                 if energy:
-                    source = j["energy"]["basis"] + ": " + j["energy"]["source"]
+                    source = j["energy"]["source"]
             print("%s: round %d of %d" % (name, r + 1, args.rounds), file=sys.stderr, flush=True)
         rows.append((name, iters, statistics.median(p50[False]), statistics.median(p50[True]), min(p50[False]),
                      min(p50[True])))
