@@ -5,6 +5,7 @@
 #include "runtime/ref/ref_kernels.h"
 #include "slim/core/error.h"
 #include "slim/runtime/fused_ops.h"
+#include "slim/runtime/provider.h"
 
 namespace slim::ref {
 
@@ -13,8 +14,11 @@ namespace {
 class FusedKernel final : public OpKernel {
  public:
   // `base` is the ai.onnx op computed first; `base_inputs` how many of the fused node's
-  // inputs it takes; a MatMul's bias (input 2) is added afterwards instead.
-  FusedKernel(const Node& node, const char* base, int base_inputs, int64_t base_opset)
+  // inputs it takes; a MatMul's bias (input 2) is added afterwards instead. Given what
+  // compile knows of the inputs (`info`), the base kernel is built from it, so the fused
+  // node's output shape is the base kernel's inferred one.
+  FusedKernel(const Node& node, const char* base, int base_inputs, int64_t base_opset,
+              const KernelBuildInfo* info = nullptr)
       : base_node_(node), separate_bias_(std::string(base) == "MatMul") {
     const std::vector<float> params = node.attr_floats("activation_params");
     if (!parse_fused_activation(node, &activation_))
@@ -37,7 +41,18 @@ class FusedKernel final : public OpKernel {
     if (!def)
       throw Error(ErrorCode::internal,
                   node.describe() + ": no ref kernel for " + std::string(base));
-    base_kernel_ = def->factory(base_node_, base_opset);
+    if (!info) {
+      base_kernel_ = def->factory(base_node_, base_opset);
+      return;
+    }
+    KernelBuildInfo base_info{base_node_, base_opset, info->inputs};
+    base_info.inputs.resize(std::min(base_info.inputs.size(), base_node_.inputs.size()));
+    base_kernel_ = build_kernel(*def, base_info);
+  }
+
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;  // the only dtype the epilogue computes
+    return i == 0 && base_kernel_->static_output(0, dtype, shape) && *dtype == DType::f32;
   }
 
   void compute(KernelContext& ctx) const override {
@@ -83,7 +98,11 @@ KernelDef fused_def(const char* op, const char* base, int base_inputs, int64_t b
                                                     int64_t) -> std::unique_ptr<OpKernel> {
     return std::make_unique<FusedKernel>(n, base, base_inputs, base_opset);
   };
-  return KernelDef{op, kFusedDomain, kFusedOpset, INT_MAX, f, {}};
+  KernelDef def{op, kFusedDomain, kFusedOpset, INT_MAX, f, {}};
+  def.build = [base, base_inputs, base_opset](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<FusedKernel>(info.node, base, base_inputs, base_opset, &info);
+  };
+  return def;
 }
 
 }  // namespace

@@ -177,17 +177,8 @@ void qlinear_matmul(KernelContext& ctx) {
   for (const Tensor* t : {&a, &b})
     if (t->dtype() != DType::u8 && t->dtype() != DType::i8)
       ctx.fail(ErrorCode::invalid_argument, "input " + t->describe() + " is not 8-bit");
-  if (a.rank() < 1 || b.rank() < 1) ctx.fail(ErrorCode::invalid_argument, "inputs must have rank 1 or more");
-  Shape as = a.shape(), bs = b.shape();
-  const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;
-  if (a_vec) as.insert(as.begin(), 1);
-  if (b_vec) bs.push_back(1);
-  const int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
-  if (bs[bs.size() - 2] != k)
-    ctx.fail(ErrorCode::invalid_argument, "inner dims of " + a.describe() + " and " + b.describe() + " differ");
-  const Shape a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
-  const Shape batch = broadcast_shapes(ctx, {a_batch, b_batch});
-  const std::vector<int64_t> a_map = broadcast_index_map(a_batch, batch), b_map = broadcast_index_map(b_batch, batch);
+  const MatMulPlan p(ctx, a.shape(), b.shape());
+  const int64_t m = p.m, k = p.k, n = p.n;
 
   auto params = [&](int s_in, int z_in, int64_t per, DType t, const char* name) {
     const Tensor& s = ctx.required_input(s_in);
@@ -207,27 +198,24 @@ void qlinear_matmul(KernelContext& ctx) {
   const auto [y_s, y_z] = params(6, 7, 1, out_t, "y");
   const QRange r = qrange(ctx, out_t);
 
-  Shape out_shape = batch;
-  if (!a_vec) out_shape.push_back(m);
-  if (!b_vec) out_shape.push_back(n);
   const std::vector<int64_t> av = tensor_to_int64s(a), bv = tensor_to_int64s(b);
-  std::vector<int64_t> y(size_t(shape_numel(batch) * m * n));
-  for (size_t bi = 0; bi < a_map.size(); ++bi) {
-    const int64_t* ap = av.data() + a_map[bi] * m * k;
-    const int64_t* bp = bv.data() + b_map[bi] * k * n;
+  std::vector<int64_t> y(size_t(p.batches * m * n));
+  for (size_t bi = 0; bi < size_t(p.batches); ++bi) {
+    const int64_t* ap = av.data() + p.a_batch[bi] * m * k;
+    const int64_t* bp = bv.data() + p.b_batch[bi] * k * n;
     for (int64_t i = 0; i < m; ++i) {
       const size_t ai = a_s.size() == 1 ? 0 : size_t(i);
       for (int64_t j = 0; j < n; ++j) {
         const size_t bj = b_s.size() == 1 ? 0 : size_t(j);
         int64_t acc = 0;
-        for (int64_t p = 0; p < k; ++p) acc += (ap[i * k + p] - a_z[ai]) * (bp[p * n + j] - b_z[bj]);
+        for (int64_t t = 0; t < k; ++t) acc += (ap[i * k + t] - a_z[ai]) * (bp[t * n + j] - b_z[bj]);
         const float mult = a_s[ai] * b_s[bj] / y_s[0];
         const float q = std::nearbyint(float(acc) * mult) + float(y_z[0]);
         y[(bi * size_t(m) + size_t(i)) * size_t(n) + size_t(j)] = int64_t(std::clamp(q, float(r.lo), float(r.hi)));
       }
     }
   }
-  write_ints(ctx.output(0, out_t, out_shape), y);
+  write_ints(ctx.output(0, out_t, p.out_shape), y);
 }
 
 }  // namespace
@@ -240,7 +228,12 @@ void register_quant_kernels(KernelRegistry& r) {
            return std::make_unique<DequantizeLinear>(n, o);
          }, {}});
   r.add({"DynamicQuantizeLinear", "", 11, INT_MAX, simple_kernel(dynamic_quantize_linear), {}});
-  r.add({"QLinearMatMul", "", 10, INT_MAX, simple_kernel(qlinear_matmul), {}});
+  r.add(with_inferred_outputs({"QLinearMatMul", "", 10, INT_MAX, simple_kernel(qlinear_matmul), {}},
+                              [](const KernelBuildInfo& info, const KernelContext& ctx) {
+                                const MatMulPlan p(ctx, *info.input(0).shape, *info.input(3).shape);
+                                const DType t = info.has_input(7) ? *info.input(7).dtype : DType::u8;
+                                return std::vector<std::pair<DType, Shape>>{{t, p.out_shape}};
+                              }));
 }
 
 }  // namespace slim::ref
