@@ -107,7 +107,9 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
     }
   }
   ShapeLookup lookup = [&](const std::string& name) -> std::optional<Shape> {
-    if (session) return session->static_shape(name);
+    if (session)
+      if (auto s = session->static_shape(name)) return s;
+    // Constants compile replaced (a float16 weight converted to float32) keep their shapes.
     auto it = model.graph.initializers.find(name);
     if (it != model.graph.initializers.end()) return it->second.shape();
     return std::nullopt;

@@ -26,6 +26,7 @@ void register_resize_kernels(KernelRegistry& r);       // resize.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
 void register_matmul_nbits_kernels(KernelRegistry& r); // matmul_nbits.cc
 void register_contrib_kernels(KernelRegistry& r);      // contrib.cc
+void register_quantize_kernels(KernelRegistry& r);     // quantize.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();

@@ -16,6 +16,7 @@ const KernelRegistry& cpu_kernel_registry() {
     cpu::register_tensor_kernels(r);
     cpu::register_matmul_nbits_kernels(r);
     cpu::register_contrib_kernels(r);
+    cpu::register_quantize_kernels(r);
     return r;
   }();
   return registry;

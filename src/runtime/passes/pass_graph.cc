@@ -94,6 +94,7 @@ PassStats optimize_graph(PassGraph& g) {
       stats.rewrites[name] += k;
       changed += k;
     };
+    run("run_float16_in_float32", run_float16_in_float32);
     run("remove_noop_nodes", remove_noop_nodes);
     run("fold_shape_subgraphs", fold_shape_subgraphs);
     run("fold_batch_norm", fold_batch_norm);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "runtime/ref/ref_kernels.h"
+#include "runtime/ref/quant_params.h"
 #include "runtime/ref/ref_util.h"
 
 namespace slim::ref {
@@ -96,11 +97,8 @@ class QuantizeLinear final : public OpKernel {
     const std::vector<int64_t> zs = zp ? tensor_to_int64s(*zp) : std::vector<int64_t>(ss.size(), 0);
     std::vector<int64_t> y(xs.size());
     for (size_t i = 0; i < xs.size(); ++i) {
-      const int64_t k = pi(int64_t(i));
-      const float q = std::nearbyint(xs[i] / ss[size_t(k)]);
-      // Saturate before converting so NaN and huge values stay defined.
-      const float clamped = std::isnan(q) ? 0.f : std::clamp(q + float(zs[size_t(k)]), float(r.lo), float(r.hi));
-      y[i] = int64_t(clamped);
+      const size_t k = size_t(pi(int64_t(i)));
+      y[i] = quantize_value(xs[i], ss[k], int32_t(zs[k]), int32_t(r.lo), int32_t(r.hi));
     }
     write_ints(ctx.output(0, out_t, x.shape()), y);
   }
@@ -150,23 +148,18 @@ void dynamic_quantize_linear(KernelContext& ctx) {
   const Tensor& x = ctx.required_input(0);
   if (x.dtype() != DType::f32) ctx.fail(ErrorCode::invalid_argument, "input " + x.describe() + " is not f32");
   const std::vector<float> xs = floats_of(x);
-  // The range always includes 0 so that 0 is exactly representable.
   float lo = 0.f, hi = 0.f;
   for (float v : xs) {
     if (std::isnan(v)) ctx.fail(ErrorCode::invalid_argument, "input contains NaN");
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
-  const float scale = (hi - lo) / 255.f;
-  const float zp_f = scale == 0.f ? 0.f : std::nearbyint(std::clamp(0.f - lo / scale, 0.f, 255.f));
-  const int64_t zp = int64_t(zp_f);
+  const DynamicQuantParams p = dynamic_quant_params(lo, hi);
   uint8_t* y = ctx.output(0, DType::u8, x.shape()).data<uint8_t>();
-  for (size_t i = 0; i < xs.size(); ++i) {
-    const float q = scale == 0.f ? float(zp) : std::nearbyint(xs[i] / scale) + float(zp);
-    y[i] = uint8_t(std::clamp(q, 0.f, 255.f));
-  }
-  *ctx.output(1, DType::f32, {}).data<float>() = scale;
-  *ctx.output(2, DType::u8, {}).data<uint8_t>() = uint8_t(zp);
+  for (size_t i = 0; i < xs.size(); ++i)
+    y[i] = p.scale == 0.f ? p.zero_point : uint8_t(quantize_value(xs[i], p.scale, p.zero_point, 0, 255));
+  *ctx.output(1, DType::f32, {}).data<float>() = p.scale;
+  *ctx.output(2, DType::u8, {}).data<uint8_t>() = p.zero_point;
 }
 
 // ---------------------------------------------------------------- QLinearMatMul
