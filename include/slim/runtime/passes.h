@@ -88,6 +88,13 @@ int64_t fold_batch_norm(PassGraph& g);
 // An intermediate that is a graph output or has another reader stops the chain.
 int64_t fuse_bias_activation(PassGraph& g);
 
+// Fuses DynamicQuantizeLinear -> ConvInteger -> Cast(f32) -> Mul by (x_scale * w_scale)
+// -> [Add of a per-channel bias] -> [Relu], as ONNX Runtime's dynamic quantizer writes
+// it, into slim:DynamicQuantizeConv (constant weights, zero point and scales; w_scale
+// and bias of one value or one per output channel). The DynamicQuantizeLinear's outputs
+// must feed only this chain.
+int64_t fuse_dynamic_quantize_conv(PassGraph& g);
+
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites
   int64_t total() const;

@@ -1,6 +1,6 @@
 // The cpu provider's element-type conversions: Cast between f32 and f16 and from 8- and
 // 32-bit integers to f32, QuantizeLinear and DequantizeLinear (per tensor and per axis,
-// 8-bit) and DynamicQuantizeLinear. Loops are written once over simd.h's vector types
+// 8-bit, scales and zero points constant or not) and DynamicQuantizeLinear. Loops are written once over simd.h's vector types
 // (AVX-512, AVX2, NEON, scalar; F16C / AVX-512 conversions for f16) and give ref's
 // results to the bit: quantization divides by the scale and rounds half to even, as ONNX
 // defines it (runtime/ref/quant_params.h).
@@ -289,6 +289,224 @@ void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale,
   dequantize_loop_any(x, is_signed, y, n, scale, zero_point);
 }
 
-void register_quantize_kernels(KernelRegistry& r) { r.add(cast_def()); }
+ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n, uint8_t* q) {
+  // The range in chunks of their own (in any order they give the same min and max).
+  constexpr int64_t kChunks = 64;
+  float lo[kChunks], hi[kChunks];
+  bool nan[kChunks];
+  parallel_items(ctx, kChunks, n / kChunks + 1, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      lo[k] = hi[k] = 0.f;
+      nan[k] = false;
+      const int64_t begin = n * k / kChunks, end = n * (k + 1) / kChunks;
+      min_max(x + begin, end - begin, &lo[k], &hi[k], &nan[k]);
+    }
+  });
+  float l = 0.f, h = 0.f;
+  for (int64_t k = 0; k < kChunks; ++k) {
+    if (nan[k]) ctx.fail(ErrorCode::invalid_argument, "input contains NaN");
+    l = std::min(l, lo[k]);
+    h = std::max(h, hi[k]);
+  }
+  const ref::DynamicQuantParams p = ref::dynamic_quant_params(l, h);
+  parallel_elements(ctx, n, [&](int64_t b, int64_t e) {
+    if (p.scale == 0.f) std::memset(q + b, p.zero_point, size_t(e - b));
+    else quantize(x + b, q + b, e - b, p.scale, p.zero_point, 0, 255);
+  });
+  return p;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear
+
+// Which scale and zero point each element takes: one for the tensor, or one per index
+// along an axis (runs of `inner` elements, `dim` of them, repeated `outer` times).
+struct QuantAxis {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+
+// The parameter layout ref accepts (per tensor; per axis from opset 13, 1-D scale).
+std::optional<std::string> quant_axis(const KernelBuildInfo& info, QuantAxis* a) {
+  for (int i : {0, 1})
+    if (auto r = need_static(info, i)) return r;
+  const Shape& x = *info.input(0).shape;
+  const Shape& scale = *info.input(1).shape;
+  if (info.input(1).dtype != DType::f32) return std::string("the scale is not f32");
+  if (info.has_input(2) && info.input(2).shape != info.input(1).shape)
+    return std::string("zero point and scale differ in shape");
+  if (info.node.attr_int("block_size", 0) != 0) return std::string("blocked quantization");
+  a->inner = shape_numel(x);
+  if (shape_numel(scale) == 1 && scale.size() <= 1) return std::nullopt;
+  const int64_t rank = int64_t(x.size()), axis = info.node.attr_int("axis", 1);
+  const int64_t ax = axis < 0 ? axis + rank : axis;
+  if (info.opset < 13 || scale.size() != 1 || ax < 0 || ax >= rank || x[size_t(ax)] != scale[0])
+    return std::string("the scale fits neither the tensor nor the axis");
+  a->dim = scale[0];
+  a->outer = a->inner = 1;
+  for (int64_t d = 0; d < ax; ++d) a->outer *= x[size_t(d)];
+  for (int64_t d = ax + 1; d < rank; ++d) a->inner *= x[size_t(d)];
+  return std::nullopt;
+}
+
+std::optional<DType> quantize_output(const KernelBuildInfo& info) {
+  if (info.has_input(2)) return info.input(2).dtype;
+  const int64_t code = info.node.attr_int("output_dtype", 0);
+  if (code == 0 || code == 2) return DType::u8;
+  if (code == 3) return DType::i8;
+  return std::nullopt;
+}
+
+// Runs fn(element offset, count, parameter index) over the tensor's runs, split over threads.
+template <typename Fn>
+void for_each_run(const KernelContext& ctx, const QuantAxis& a, Fn&& fn) {
+  if (a.dim == 1) {
+    parallel_elements(ctx, a.inner, [&](int64_t b, int64_t e) { fn(b, e - b, 0); });
+    return;
+  }
+  parallel_items(ctx, a.outer * a.dim, a.inner, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) fn(r * a.inner, a.inner, r % a.dim);
+  });
+}
+
+int32_t zero_point(const Tensor* z, int64_t k) {
+  if (!z) return 0;
+  return z->dtype() == DType::u8 ? int32_t(z->data<uint8_t>()[k]) : int32_t(z->data<int8_t>()[k]);
+}
+
+class QuantizeKernel final : public OpKernel {
+ public:
+  QuantizeKernel(QuantAxis a, Shape shape, DType out) : a_(a), shape_(std::move(shape)), out_(out) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = out_;
+    *shape = shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    const float* x = ctx.required_input(0).data<float>();
+    const float* scale = ctx.required_input(1).data<float>();
+    const Tensor* z = ctx.input(2);
+    void* y = ctx.output(0, out_, shape_).raw_data();
+    const int32_t lo = out_ == DType::u8 ? 0 : -128, hi = out_ == DType::u8 ? 255 : 127;
+    for_each_run(ctx, a_, [&](int64_t off, int64_t n, int64_t k) {
+      quantize(x + off, static_cast<char*>(y) + off, n, scale[k], zero_point(z, k), lo, hi);
+    });
+  }
+
+ private:
+  QuantAxis a_;
+  Shape shape_;
+  DType out_;
+};
+
+class DequantizeKernel final : public OpKernel {
+ public:
+  DequantizeKernel(QuantAxis a, Shape shape, DType in) : a_(a), shape_(std::move(shape)), in_(in) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    const char* x = static_cast<const char*>(ctx.required_input(0).raw_data());
+    const float* scale = ctx.required_input(1).data<float>();
+    const Tensor* z = ctx.input(2);
+    float* y = ctx.output(0, DType::f32, shape_).data<float>();
+    for_each_run(ctx, a_, [&](int64_t off, int64_t n, int64_t k) {
+      dequantize(x + off, in_ == DType::i8, y + off, n, scale[k], zero_point(z, k));
+    });
+  }
+
+ private:
+  QuantAxis a_;
+  Shape shape_;
+  DType in_;
+};
+
+class DynamicQuantizeKernel final : public OpKernel {
+ public:
+  explicit DynamicQuantizeKernel(Shape shape) : shape_(std::move(shape)) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = i == 1 ? DType::f32 : DType::u8;
+    *shape = i == 0 ? shape_ : Shape{};
+    return i >= 0 && i < 3;
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    uint8_t* q = ctx.output(0, DType::u8, shape_).data<uint8_t>();
+    const ref::DynamicQuantParams p = dynamic_quantize(ctx, x.data<float>(), x.numel(), q);
+    *ctx.output(1, DType::f32, {}).data<float>() = p.scale;
+    *ctx.output(2, DType::u8, {}).data<uint8_t>() = p.zero_point;
+  }
+
+ private:
+  Shape shape_;
+};
+
+bool is_8bit(std::optional<DType> t) { return t == DType::u8 || t == DType::i8; }
+
+KernelDef quantize_def() {
+  KernelDef def;
+  def.op_type = "QuantizeLinear";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    QuantAxis a;
+    if (auto r = need_f32(info, 0)) return Claim::no(*r);
+    if (auto r = quant_axis(info, &a)) return Claim::no(*r);
+    if (!is_8bit(quantize_output(info))) return Claim::no("8-bit outputs only");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    QuantAxis a;
+    quant_axis(info, &a);
+    return std::make_unique<QuantizeKernel>(a, *info.input(0).shape, *quantize_output(info));
+  };
+  return def;
+}
+
+KernelDef dequantize_def() {
+  KernelDef def;
+  def.op_type = "DequantizeLinear";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    QuantAxis a;
+    if (!is_8bit(info.input(0).dtype)) return Claim::no("8-bit inputs only");
+    if (info.has_input(2) && info.input(2).dtype != info.input(0).dtype)
+      return Claim::no("zero point and input differ in type");
+    if (auto r = quant_axis(info, &a)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    QuantAxis a;
+    quant_axis(info, &a);
+    return std::make_unique<DequantizeKernel>(a, *info.input(0).shape, *info.input(0).dtype);
+  };
+  return def;
+}
+
+KernelDef dynamic_quantize_def() {
+  KernelDef def;
+  def.op_type = "DynamicQuantizeLinear";
+  def.since_version = 11;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = need_f32(info, 0)) return Claim::no(*r);
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<DynamicQuantizeKernel>(*info.input(0).shape);
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_quantize_kernels(KernelRegistry& r) {
+  r.add(cast_def());
+  r.add(quantize_def());
+  r.add(dequantize_def());
+  r.add(dynamic_quantize_def());
+}
 
 }  // namespace slim::cpu

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 
+#include "runtime/ref/quant_params.h"
+#include "slim/runtime/kernel.h"
+
 namespace slim::cpu {
 
 // Running minimum and maximum of x[0..n) folded into *lo / *hi; *nan set when x holds a NaN.
@@ -17,5 +20,9 @@ void quantize(const float* x, void* y, int64_t n, float scale, int32_t zero_poin
 
 // y = float(x - zero_point) * scale for uint8 (is_signed false) or int8 x.
 void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale, int32_t zero_point);
+
+// DynamicQuantizeLinear of x[0..n) over the session's threads: the scale and zero point
+// of x's range, and x quantized into q. A NaN in x fails the node, as in ref.
+ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n, uint8_t* q);
 
 }  // namespace slim::cpu

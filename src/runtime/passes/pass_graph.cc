@@ -99,6 +99,7 @@ PassStats optimize_graph(PassGraph& g) {
     run("fold_shape_subgraphs", fold_shape_subgraphs);
     run("fold_batch_norm", fold_batch_norm);
     run("fuse_bias_activation", fuse_bias_activation);
+    run("fuse_dynamic_quantize_conv", fuse_dynamic_quantize_conv);
     if (changed == 0) break;
   }
   return stats;
