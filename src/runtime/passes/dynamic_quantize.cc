@@ -40,6 +40,54 @@ std::optional<std::vector<float>> channel_values(const PassGraph& g, const std::
   return std::vector<float>(c.data<float>(), c.data<float>() + channels);
 }
 
+// Extends a slim:DynamicQuantizeConv node over the Add of a per-channel constant (its
+// bias) and the Relu that follow it, where it has neither yet. In the first round of
+// passes the bias is often not a constant yet (exporters Reshape it at run time), so the
+// second round, after constant folding, finishes the chain.
+int64_t absorb_bias_and_relu(PassGraph& g, UseIndex& index, std::unordered_map<const Node*, size_t>& pos,
+                             Node* fused) {
+  const Tensor* w = fused->inputs.size() > 1 ? g.constant(fused->inputs[1]) : nullptr;
+  if (!w || fused->outputs.size() != 1 || !fused->attr_string("activation", "").empty()) return 0;
+  const size_t rank = size_t(w->rank());
+  const int64_t channels = w->shape()[0];
+  std::vector<Node*> absorbed;
+  std::string y = fused->outputs[0];
+  Node* next = index.sole_reader(y);
+  std::string bias;
+  if (fused->inputs.size() == 4 && is_op(next, "Add")) {
+    if (auto b = channel_values(g, other_input(*next, y), rank, channels)) {
+      if (b->size() == 1) b->assign(size_t(channels), (*b)[0]);
+      bias = g.add_constant(fused->name + "_bias", Tensor::from_vector<float>({channels}, *b));
+      absorbed.push_back(next);
+      y = next->outputs[0];
+      next = index.sole_reader(y);
+    }
+  }
+  const bool relu = is_op(next, "Relu") && next->inputs.size() == 1;
+  if (relu) {
+    absorbed.push_back(next);
+    y = next->outputs[0];
+  }
+  if (absorbed.empty()) return 0;
+  index.remove(fused);
+  for (Node* n : absorbed) {
+    index.remove(n);
+    remove_at(g, pos.at(n));
+    pos.erase(n);
+  }
+  if (!bias.empty()) fused->inputs.push_back(bias);
+  if (relu) {
+    Attribute a;
+    a.kind = Attribute::Kind::s;
+    a.s = "Relu";
+    fused->attrs["activation"] = a;
+  }
+  // Readers of y come after the absorbed nodes, which came after the fused node.
+  fused->outputs = {y};
+  index.add(fused);
+  return 1;
+}
+
 }  // namespace
 
 int64_t fuse_dynamic_quantize_conv(PassGraph& g) {
@@ -49,6 +97,10 @@ int64_t fuse_dynamic_quantize_conv(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* dq = g.nodes[i].get();
+    if (dq && dq->domain == kFusedDomain && dq->op_type == "DynamicQuantizeConv") {
+      rewrites += absorb_bias_and_relu(g, index, pos, dq);
+      continue;
+    }
     if (!is_op(dq, "DynamicQuantizeLinear") || dq->inputs.size() != 1 || dq->outputs.size() != 3) continue;
     const std::string &q = dq->outputs[0], &x_scale = dq->outputs[1], &x_zp = dq->outputs[2];
     // q and its zero point go to one ConvInteger, the scale to one Mul by w_scale.
@@ -73,38 +125,15 @@ int64_t fuse_dynamic_quantize_conv(PassGraph& g) {
         index.sole_reader(scale_mul->outputs[0]) != mul)
       continue;
     std::vector<Node*> chain = {dq, scale_mul, conv, cast, mul};
-    std::string y = mul->outputs[0];
-    std::optional<std::vector<float>> bias;
-    Node* next = index.sole_reader(y);
-    if (is_op(next, "Add") && (bias = channel_values(g, other_input(*next, y), rank, channels))) {
-      chain.push_back(next);
-      y = next->outputs[0];
-      next = index.sole_reader(y);
-    }
-    const bool relu = is_op(next, "Relu") && next->inputs.size() == 1;
-    if (relu) {
-      chain.push_back(next);
-      y = next->outputs[0];
-    }
-
     auto fused = std::make_unique<Node>();
     fused->op_type = "DynamicQuantizeConv";
     fused->domain = kFusedDomain;
     fused->name = conv->name;
     fused->attrs = conv->attrs;
-    if (relu) {
-      Attribute a;
-      a.kind = Attribute::Kind::s;
-      a.s = "Relu";
-      fused->attrs["activation"] = a;
-    }
-    auto vector_constant = [&](const std::string& base, const std::vector<float>& v, bool per_channel) {
-      std::vector<float> values = v.size() == 1 && per_channel ? std::vector<float>(size_t(channels), v[0]) : v;
-      return g.add_constant(base, Tensor::from_vector<float>({int64_t(values.size())}, values));
-    };
-    fused->inputs = {dq->inputs[0], conv->inputs[1], w_zp, vector_constant(conv->name + "_w_scale", *w_scale, false)};
-    if (bias) fused->inputs.push_back(vector_constant(conv->name + "_bias", *bias, true));
-    fused->outputs = {y};
+    fused->inputs = {dq->inputs[0], conv->inputs[1], w_zp,
+                     g.add_constant(conv->name + "_w_scale",
+                                    Tensor::from_vector<float>({int64_t(w_scale->size())}, *w_scale))};
+    fused->outputs = {mul->outputs[0]};
     // The fused node goes where the chain's last node was: x is ready there, and every
     // reader of y comes later.
     size_t last = 0;
