@@ -161,20 +161,73 @@ __attribute__((target("avx2,fma"))) void interp_avx2(const float* x, const int32
 }
 #endif
 
-// One output row of ORT's bilinear sum from input rows r1 and r2 (y's neighbours).
+
+// One output row of ORT's bilinear sum from input rows r1 and r2 (y's neighbours), the
+// products and sums rounded one by one as ORT's (FMA-free) build rounds them. A neighbour
+// of weight 0 adds 0, not 0 * x: an infinity there stays out, as in ref.
 #pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")  // products and sums rounded one by one, as ORT does
-void bilinear_row(const BilinearAxis& w, const float* r1, const float* r2, float dy1, float dy2, float* y,
-                  int64_t n) {
-  // A neighbour of weight 0 adds 0, not 0 * x: an infinity there stays out, as in ref.
+#pragma GCC optimize("fp-contract=off")
+void bilinear_row_scalar(const BilinearAxis& w, const float* r1, const float* r2, float dy1, float dy2, float* y,
+                         int64_t begin, int64_t n) {
   auto term = [](float weight, float x) { return weight == 0.f ? 0.f : weight * x; };
-  for (int64_t c = 0; c < n; ++c) {
+  for (int64_t c = begin; c < n; ++c) {
     const int32_t x1 = w.i1[size_t(c)], x2 = w.i2[size_t(c)];
     const float dx1 = w.d1[size_t(c)], dx2 = w.d2[size_t(c)];
     y[c] = term(dx2 * dy2, r1[x1]) + term(dx1 * dy2, r1[x2]) + term(dx2 * dy1, r2[x1]) + term(dx1 * dy1, r2[x2]);
   }
 }
+
+#if defined(__x86_64__)
+// weight * x, or 0 where the weight is 0.
+__attribute__((target("avx512f"))) inline __m512 bilinear_term16(__m512 weight, const float* r, const int32_t* idx) {
+  const __mmask16 none = _mm512_cmp_ps_mask(weight, _mm512_setzero_ps(), _CMP_EQ_OQ);
+  return _mm512_mask_blend_ps(none, _mm512_mul_ps(weight, gather16(r, idx)), _mm512_setzero_ps());
+}
+__attribute__((target("avx512f"))) void bilinear_row_avx512(const BilinearAxis& w, const float* r1, const float* r2,
+                                                            float dy1, float dy2, float* y, int64_t n) {
+  const __m512 vdy1 = _mm512_set1_ps(dy1), vdy2 = _mm512_set1_ps(dy2);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 dx1 = _mm512_loadu_ps(w.d1.data() + c), dx2 = _mm512_loadu_ps(w.d2.data() + c);
+    const int32_t *x1 = w.i1.data() + c, *x2 = w.i2.data() + c;
+    __m512 v = _mm512_add_ps(bilinear_term16(_mm512_mul_ps(dx2, vdy2), r1, x1),
+                             bilinear_term16(_mm512_mul_ps(dx1, vdy2), r1, x2));
+    v = _mm512_add_ps(v, bilinear_term16(_mm512_mul_ps(dx2, vdy1), r2, x1));
+    _mm512_storeu_ps(y + c, _mm512_add_ps(v, bilinear_term16(_mm512_mul_ps(dx1, vdy1), r2, x2)));
+  }
+  bilinear_row_scalar(w, r1, r2, dy1, dy2, y, c, n);
+}
+__attribute__((target("avx2,fma"))) inline __m256 bilinear_term8(__m256 weight, const float* r, const int32_t* idx) {
+  const __m256 x = _mm256_i32gather_ps(r, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), 4);
+  return _mm256_blendv_ps(_mm256_mul_ps(weight, x), _mm256_setzero_ps(),
+                          _mm256_cmp_ps(weight, _mm256_setzero_ps(), _CMP_EQ_OQ));
+}
+__attribute__((target("avx2,fma"))) void bilinear_row_avx2(const BilinearAxis& w, const float* r1, const float* r2,
+                                                           float dy1, float dy2, float* y, int64_t n) {
+  const __m256 vdy1 = _mm256_set1_ps(dy1), vdy2 = _mm256_set1_ps(dy2);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m256 dx1 = _mm256_loadu_ps(w.d1.data() + c), dx2 = _mm256_loadu_ps(w.d2.data() + c);
+    const int32_t *x1 = w.i1.data() + c, *x2 = w.i2.data() + c;
+    __m256 v = _mm256_add_ps(bilinear_term8(_mm256_mul_ps(dx2, vdy2), r1, x1),
+                             bilinear_term8(_mm256_mul_ps(dx1, vdy2), r1, x2));
+    v = _mm256_add_ps(v, bilinear_term8(_mm256_mul_ps(dx2, vdy1), r2, x1));
+    _mm256_storeu_ps(y + c, _mm256_add_ps(v, bilinear_term8(_mm256_mul_ps(dx1, vdy1), r2, x2)));
+  }
+  bilinear_row_scalar(w, r1, r2, dy1, dy2, y, c, n);
+}
+#endif
 #pragma GCC pop_options
+
+void bilinear_row(const BilinearAxis& w, const float* r1, const float* r2, float dy1, float dy2, float* y, int64_t n) {
+  switch (detected_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512: return bilinear_row_avx512(w, r1, r2, dy1, dy2, y, n);
+    case Isa::avx2: return bilinear_row_avx2(w, r1, r2, dy1, dy2, y, n);
+#endif
+    default: return bilinear_row_scalar(w, r1, r2, dy1, dy2, y, 0, n);
+  }
+}
 
 // Along the last axis: nearest gathers x[i0]; linear blends two gathers.
 void horizontal(const AxisPlan& a, bool nearest, const float* x, float* y) {
