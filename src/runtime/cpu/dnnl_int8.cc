@@ -24,10 +24,6 @@ bool int8_products_exact() {
 
 namespace {
 
-// Pixels per tile of the epilogue: a tile's sums (tile x OC int32) stay in L1/L2 while
-// they are turned around into NCHW.
-constexpr int64_t kTile = 16;
-
 // ---------------------------------------------------------------------------------------
 // Weights: w - w_zp = w8 + comp[channel]
 
@@ -97,30 +93,73 @@ void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t
   }
 }
 
-// sums[g * pixels + p] = sum over group g's channels of (x - x_zp), x of the source's type.
-template <typename T>
-void channel_sums(const T* x, bool x_channels_last, int64_t c, int64_t pixels, int64_t group, int32_t x_zp,
-                  int32_t* sums) {
-  const int64_t cg = c / group;
-  if (x_channels_last) {
-    for (int64_t p = 0; p < pixels; ++p)
-      for (int64_t g = 0; g < group; ++g) {
-        int32_t s = 0;
-        const T* src = x + p * c + g * cg;
-        for (int64_t k = 0; k < cg; ++k) s += int32_t(src[k]);
-        sums[g * pixels + p] = s - int32_t(cg) * x_zp;
-      }
-    return;
+// Sums of 8-bit values (uint8, or int8 when is_signed) into int32, W at a time.
+template <int W>
+SLIM_INLINE typename Vec<W>::I widen(const uint8_t* x, bool is_signed) {
+  using I = typename Vec<W>::I;
+  if (is_signed) {
+    typename Bytes<W>::S b;
+    std::memcpy(&b, x, W);
+    return __builtin_convertvector(b, I);
   }
-  for (int64_t g = 0; g < group; ++g) {
-    int32_t* s = sums + g * pixels;
-    for (int64_t p = 0; p < pixels; ++p) s[p] = -int32_t(cg) * x_zp;
-    for (int64_t k = 0; k < cg; ++k) {
-      const T* src = x + (g * cg + k) * pixels;
-      for (int64_t p = 0; p < pixels; ++p) s[p] += int32_t(src[p]);
-    }
-  }
+  typename Bytes<W>::U b;
+  std::memcpy(&b, x, W);
+  return __builtin_convertvector(b, I);
 }
+
+// s[i] += x[i] over n elements.
+template <int W>
+SLIM_INLINE void add_bytes(int32_t* s, const uint8_t* x, bool is_signed, int64_t n) {
+  using I = typename Vec<W>::I;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    I v;
+    std::memcpy(&v, s + i, sizeof v);
+    v += widen<W>(x + i, is_signed);
+    std::memcpy(s + i, &v, sizeof v);
+  }
+  for (; i < n; ++i) s[i] += is_signed ? int32_t(int8_t(x[i])) : int32_t(x[i]);
+}
+
+// The sum of x[0..n).
+template <int W>
+SLIM_INLINE int32_t sum_bytes(const uint8_t* x, bool is_signed, int64_t n) {
+  typename Vec<W>::I acc{};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc += widen<W>(x + i, is_signed);
+  int32_t sum = 0;
+  for (int k = 0; k < W; ++k) sum += acc[k];
+  for (; i < n; ++i) sum += is_signed ? int32_t(int8_t(x[i])) : int32_t(x[i]);
+  return sum;
+}
+
+// s[i] += x[i] over n int32.
+template <int W>
+SLIM_INLINE void add_ints(int32_t* s, const int32_t* x, int64_t n) {
+  using I = typename Vec<W>::I;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    I a, b;
+    std::memcpy(&a, s + i, sizeof a);
+    std::memcpy(&b, x + i, sizeof b);
+    a += b;
+    std::memcpy(s + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) s[i] += x[i];
+}
+
+SLIM_DISPATCH3(add_bytes, (int32_t * s, const uint8_t* x, bool is_signed, int64_t n), (s, x, is_signed, n))
+SLIM_DISPATCH3(add_ints, (int32_t * s, const int32_t* x, int64_t n), (s, x, n))
+template <int W>
+SLIM_INLINE void sum_pixels(const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group, int32_t base,
+                            int64_t pixels, int64_t p0, int64_t p1, int32_t* sums) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t g = 0; g < group; ++g) sums[g * pixels + p] = base + sum_bytes<W>(x + p * c + g * cg, is_signed, cg);
+}
+SLIM_DISPATCH3(sum_pixels,
+               (const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group, int32_t base, int64_t pixels,
+                int64_t p0, int64_t p1, int32_t* sums),
+               (x, is_signed, c, cg, group, base, pixels, p0, p1, sums))
 
 // ---------------------------------------------------------------------------------------
 // The epilogue: sums (NHWC int32) + comp[oc] * box[g][p] to the output.
@@ -158,46 +197,24 @@ SLIM_DISPATCH3(dequantize_row,
                (acc, n, add, comp, scale, bias, relu, out))
 #pragma GCC pop_options
 
-// Rows [p0, p1) of one image: acc [pixels, oc] (NHWC sums), box [group, pixels] or null.
-// The output goes to out (sums or values), NCHW or NHWC.
+// Rows [p0, p1) of one image's sums acc [pixels, oc] (NHWC), plus comp[oc] * box[g][p]
+// (box may be null), into `sums` or dequantized into `values` (NHWC, row p at p * oc;
+// either may be acc itself: each row is read before it is written).
 void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t oc, int64_t group,
-                 const std::vector<int32_t>& comp, const Int8Output& out, int64_t image, int64_t p0, int64_t p1,
-                 bool channels_last) {
+                 const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums, float* values, int64_t p0,
+                 int64_t p1) {
   const int64_t ocg = oc / group;
-  // NCHW goes through a tile of kTile rows, turned around at the end.
-  thread_local std::vector<float> vtile;
-  thread_local std::vector<int32_t> stile;
-  if (out.values) vtile.resize(size_t(kTile * oc));
-  else stile.resize(size_t(kTile * oc));
-  for (int64_t t0 = p0; t0 < p1; t0 += kTile) {
-    const int64_t tn = std::min(kTile, p1 - t0);
-    for (int64_t j = 0; j < tn; ++j) {
-      const int64_t p = t0 + j;
-      const int32_t* row = acc + p * oc;
-      for (int64_t g = 0; g < group; ++g) {
-        const int32_t add = box ? box[g * pixels + p] : 0;
-        const int64_t o0 = g * ocg;
-        if (out.values) {
-          float* dst = channels_last ? out.values + (image * pixels + p) * oc + o0 : vtile.data() + j * oc + o0;
-          dequantize_row_any(row + o0, ocg, add, comp.data() + o0, out.scale + o0, out.bias ? out.bias + o0 : nullptr,
-                             out.relu, dst);
-        } else {
-          int32_t* dst = channels_last ? out.sums + (image * pixels + p) * oc + o0 : stile.data() + j * oc + o0;
-          for (int64_t k = 0; k < ocg; ++k) dst[k] = row[o0 + k] + comp[size_t(o0 + k)] * add;
-        }
-      }
-    }
-    if (channels_last) continue;
-    for (int64_t k = 0; k < oc; ++k) {
-      if (out.values) {
-        float* dst = out.values + (image * oc + k) * pixels + t0;
-        for (int64_t j = 0; j < tn; ++j) dst[j] = vtile[size_t(j * oc + k)];
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t g = 0; g < group; ++g) {
+      const int32_t add = box ? box[g * pixels + p] : 0;
+      const int64_t o0 = p * oc + g * ocg, c0 = g * ocg;
+      if (values) {
+        dequantize_row_any(acc + o0, ocg, add, comp.data() + c0, out.scale + c0, out.bias ? out.bias + c0 : nullptr,
+                           out.relu, values + o0);
       } else {
-        int32_t* dst = out.sums + (image * oc + k) * pixels + t0;
-        for (int64_t j = 0; j < tn; ++j) dst[j] = stile[size_t(j * oc + k)];
+        for (int64_t k = 0; k < ocg; ++k) sums[o0 + k] = acc[o0 + k] + comp[size_t(c0 + k)] * add;
       }
     }
-  }
 }
 
 memory::desc u8_md(const memory::dims& d, memory::format_tag f) { return memory::desc(d, memory::data_type::u8, f); }
@@ -236,7 +253,11 @@ struct Int8Conv::State {
   int64_t cs = 0;  // channels oneDNN reads: C, or 2C when split
   PreparedWeights pw;
   dnnl::convolution_forward prim;
-  memory weights, src, dst, zp, pad;
+  mutable memory weights, src, dst, zp, pad;
+  // oneDNN's reorders between ONNX's NCHW and the NHWC the kernels run in: an unsigned
+  // source not split, and the results (in place over the sums, then into the output).
+  dnnl::reorder src_reorder, out_reorder;
+  mutable memory src_plain, out_nhwc, out_plain;
   // Scratch: the source in NHWC (unless used as it is), the sums (NHWC), the channel sums
   // [group, H*W] and window sums [group, OH*OW] of the compensation, oneDNN's scratchpad.
   ScratchLayout layout;
@@ -246,7 +267,7 @@ struct Int8Conv::State {
 };
 
 Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, const Tensor* w_zero_point,
-                   bool signed_source)
+                   bool signed_source, DType out)
     : g_(g), s_(std::make_unique<State>()) {
   State& s = *s_;
   s.split = !int8_products_exact();
@@ -292,6 +313,14 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, con
     s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
     s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
     s.zp = memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    if (!s.split && !signed_source) {
+      s.src_plain = memory(u8_md(src_dims, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
+      s.src_reorder = dnnl::reorder(s.src_plain, s.src);
+    }
+    const auto t = out == DType::f32 ? memory::data_type::f32 : memory::data_type::s32;
+    s.out_nhwc = memory(memory::desc(dst_dims, t, memory::format_tag::nhwc), eng, DNNL_MEMORY_NONE);
+    s.out_plain = memory(memory::desc(dst_dims, t, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
+    s.out_reorder = dnnl::reorder(s.out_nhwc, s.out_plain);
     s.src_at = s.layout.add(size_t(s.cs * g.x[2] * g.x[3]));
     s.dst_at = s.layout.add(size_t(shape_numel(dst_dims)) * 4);
     if (s.pw.any_comp) {
@@ -310,7 +339,7 @@ size_t Int8Conv::scratch_bytes() const { return s_->layout.bytes; }
 void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last, int32_t x_zero_point,
                    const Int8Output& out, void* scratch) const {
   const State& s = *s_;
-  const int64_t n = g_.x[0], c = g_.x[1], oc = g_.y[1], group = g_.group;
+  const int64_t n = g_.x[0], c = g_.x[1], oc = g_.y[1], group = g_.group, cg = c / group;
   const int64_t ih = g_.x[2], iw = g_.x[3], oh = g_.y[2], ow = g_.y[3], kh = g_.w[2], kw = g_.w[3];
   const int64_t pixels = ih * iw, opixels = oh * ow;
   int32_t* acc = piece<int32_t>(scratch, s.dst_at);
@@ -322,32 +351,55 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
   for (int64_t img = 0; img < n; ++img) {
     const uint8_t* xi = static_cast<const uint8_t*>(x) + img * c * pixels;
     uint8_t* src = in_place ? const_cast<uint8_t*>(xi) : piece<uint8_t>(scratch, s.src_at);
-    if (!in_place)
+    if (!in_place && !x_channels_last && s.src_reorder) {
+      dnnl_call(ctx.node(), "reorder to NHWC", [&] {
+        s.src_plain.set_data_handle(const_cast<uint8_t*>(xi));
+        s.src.set_data_handle(src);
+        s.src_reorder.execute(s.stream, s.src_plain, s.src);
+        s.stream.wait();
+        return 0;
+      });
+    } else if (!in_place) {
       parallel_items(ctx, pixels, c, 1 << 16, [&](int64_t b, int64_t e) {
         to_channels_last(xi, x_channels_last, c, pixels, b, e, group, s.signed_source, s.split, src);
       });
+    }
     if (box) {
       // Window sums of the channel sums of (x - x_zp); padding adds nothing.
-      if (s.signed_source)
-        channel_sums(reinterpret_cast<const int8_t*>(xi), x_channels_last, c, pixels, group, x_zero_point, sums);
-      else
-        channel_sums(xi, x_channels_last, c, pixels, group, x_zero_point, sums);
+      const int32_t base = -int32_t(cg) * x_zero_point;
+      if (x_channels_last) {
+        parallel_items(ctx, pixels, c, 1 << 16, [&](int64_t b, int64_t e) {
+          sum_pixels_any(xi, s.signed_source, c, cg, group, base, pixels, b, e, sums);
+        });
+      } else {
+        parallel_items(ctx, group, cg * pixels, 1 << 16, [&](int64_t b, int64_t e) {
+          for (int64_t gi = b; gi < e; ++gi) {
+            std::fill_n(sums + gi * pixels, pixels, base);
+            for (int64_t k = 0; k < cg; ++k)
+              add_bytes_any(sums + gi * pixels, xi + (gi * cg + k) * pixels, s.signed_source, pixels);
+          }
+        });
+      }
       parallel_items(ctx, group * oh, ow * kh * kw, 1 << 16, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
           const int64_t gi = r / oh, y = r % oh;
           const int32_t* sg = sums + gi * pixels;
           int32_t* bo = box + gi * opixels + y * ow;
-          for (int64_t xo = 0; xo < ow; ++xo) {
-            int32_t sum = 0;
-            for (int64_t a = 0; a < kh; ++a) {
-              const int64_t yi = y * g_.stride[0] - g_.pad_l[0] + a * (g_.dil[0] + 1);
-              if (yi < 0 || yi >= ih) continue;
-              for (int64_t t = 0; t < kw; ++t) {
-                const int64_t xt = xo * g_.stride[1] - g_.pad_l[1] + t * (g_.dil[1] + 1);
-                if (xt >= 0 && xt < iw) sum += sg[yi * iw + xt];
+          std::fill_n(bo, ow, 0);
+          for (int64_t a = 0; a < kh; ++a) {
+            const int64_t yi = y * g_.stride[0] - g_.pad_l[0] + a * (g_.dil[0] + 1);
+            if (yi < 0 || yi >= ih) continue;
+            for (int64_t t = 0; t < kw; ++t) {
+              // Output columns whose tap t falls inside the row.
+              const int64_t off = t * (g_.dil[1] + 1) - g_.pad_l[1], st = g_.stride[1];
+              const int64_t lo = std::max<int64_t>(0, (-off + st - 1) / st);
+              const int64_t hi = std::min<int64_t>(ow, (iw - off + st - 1) / st);
+              if (st == 1) {
+                if (hi > lo) add_ints_any(bo + lo, sg + yi * iw + lo + off, hi - lo);
+              } else {
+                for (int64_t xo = lo; xo < hi; ++xo) bo[xo] += sg[yi * iw + xo * st + off];
               }
             }
-            bo[xo] = sum;
           }
         }
       });
@@ -365,9 +417,21 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
       s.stream.wait();
       return 0;
     });
-    parallel_items(ctx, (opixels + kTile - 1) / kTile, kTile * oc, 1 << 15, [&](int64_t b, int64_t e) {
-      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, img, b * kTile, std::min(opixels, e * kTile),
-                  out.channels_last);
+    // The results in NHWC: into the output, or over the sums and then reordered into it.
+    int32_t* sums_to = out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
+    float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels : reinterpret_cast<float*>(acc))
+                                  : nullptr;
+    parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
+      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
+    });
+    if (out.channels_last) continue;
+    dnnl_call(ctx.node(), "reorder to NCHW", [&] {
+      s.out_nhwc.set_data_handle(acc);
+      s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
+                                             : static_cast<void*>(out.sums + img * oc * opixels));
+      s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
+      s.stream.wait();
+      return 0;
     });
   }
 }
@@ -380,7 +444,7 @@ struct Int8MatMul::State {
   int64_t ks = 0;  // K, or 2K when split
   PreparedWeights pw;
   dnnl::matmul prim;
-  memory weights, src, dst, zp, pad;
+  mutable memory weights, src, dst, zp, pad;
   // Scratch: A shifted to unsigned and/or read twice, the sums (unless they are the
   // output), A's row sums for the compensation, oneDNN's scratchpad.
   ScratchLayout layout;
@@ -555,7 +619,7 @@ class ConvIntegerKernel final : public OpKernel {
  public:
   ConvIntegerKernel(const KernelBuildInfo& info, const ConvGeometry& g)
       : x_dtype_(*info.input(0).dtype),
-        conv_(info.node, g, *info.input(1).constant, info.input(3).constant, x_dtype_ == DType::i8) {}
+        conv_(info.node, g, *info.input(1).constant, info.input(3).constant, x_dtype_ == DType::i8, DType::i32) {}
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = DType::i32;
     *shape = conv_.geometry().y;
@@ -654,7 +718,7 @@ KernelDef matmul_integer_def() {
 class DynamicQuantizeConvKernel final : public OpKernel {
  public:
   DynamicQuantizeConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, ActivationSpec act)
-      : conv_(info.node, g, *info.input(1).constant, info.input(2).constant, false),
+      : conv_(info.node, g, *info.input(1).constant, info.input(2).constant, false, DType::f32),
         relu_(act.kind == Activation::relu) {
     const int64_t oc = g.y[1];
     const Tensor ws = info.input(3).constant->contiguous();

@@ -42,9 +42,10 @@ struct Int8Output {
 // A 2-D convolution (4-D tensors) with 8-bit weights [OC, IC / group, kh, kw], constant.
 class Int8Conv {
  public:
-  // w_zero_point: none, one value, or one per output channel, of w's type.
+  // w_zero_point: none, one value, or one per output channel, of w's type; `out`: what
+  // run() writes, i32 sums or f32 values.
   Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, const Tensor* w_zero_point,
-           bool signed_source);
+           bool signed_source, DType out);
   ~Int8Conv();
   // Working memory run() needs (thread_scratch: no kernel holds buffers of its own).
   size_t scratch_bytes() const;

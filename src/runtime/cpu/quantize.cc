@@ -24,12 +24,6 @@ namespace slim::cpu {
 namespace {
 
 template <int W>
-struct Bytes {
-  typedef uint8_t U __attribute__((vector_size(W)));
-  typedef int8_t S __attribute__((vector_size(W)));
-};
-
-template <int W>
 SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, bool* nan) {
   using F = typename Vec<W>::F;
   using I = typename Vec<W>::I;
@@ -61,12 +55,11 @@ SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, b
 
 // Clamping to [qlo - zp, qhi - zp] before rounding equals saturating after it (the bounds
 // are integers); adding and subtracting 1.5 * 2^23 rounds half to even in the FPU's
-// default mode, exactly for the clamped range.
+// default mode, exactly for the clamped range. `v` is x / scale, or a stand-in for it.
 template <int W>
-SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, int32_t zp, float lo, float hi) {
+SLIM_INLINE typename Vec<W>::I round_clamped(typename Vec<W>::F v, int32_t zp, float lo, float hi) {
   using F = typename Vec<W>::F;
   using I = typename Vec<W>::I;
-  F v = x / splat<W>(scale);
   const I nan = v != v;
   v = v < splat<W>(lo) ? splat<W>(lo) : v;
   v = v > splat<W>(hi) ? splat<W>(hi) : v;
@@ -77,9 +70,46 @@ SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, i
   return nan ? I{} : q;
 }
 
+// Whether any lane of a comparison result is set: narrowed to bytes and tested 8 at a time.
+template <int W>
+SLIM_INLINE bool any_lane(typename Vec<W>::I m) {
+  const auto b = __builtin_convertvector(m, typename Bytes<W>::S);
+  if constexpr (W % 8 == 0) {
+    uint64_t parts[W / 8], any = 0;
+    std::memcpy(parts, &b, W);
+    for (int k = 0; k < W / 8; ++k) any |= parts[k];
+    return any != 0;
+  } else {
+    bool any = false;
+    for (int k = 0; k < W; ++k) any = any || b[k];
+    return any;
+  }
+}
+
+// Division costs about ten multiplications. x * (1 / scale) is within 1.5 float ulps of
+// the quotient x / scale, so the two round to different integers only when the quotient
+// lies within that of a half-way point: such vectors (a few in a thousand) are divided.
+template <int W>
+SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, float inv, int32_t zp, float lo,
+                                            float hi) {
+  using F = typename Vec<W>::F;
+  if (inv != 0.f) {
+    const F v = x * splat<W>(inv);
+    const F r = (v + splat<W>(12582912.f)) - splat<W>(12582912.f);
+    F d = v - r, av = v;
+    d = d < splat<W>(0.f) ? -d : d;
+    av = av < splat<W>(0.f) ? -av : av;
+    if (!any_lane<W>(d >= splat<W>(0.5f) - av * splat<W>(0x1p-21f) - splat<W>(0x1p-40f)))
+      return round_clamped<W>(v, zp, lo, hi);
+  }
+  return round_clamped<W>(x / splat<W>(scale), zp, lo, hi);
+}
+
 template <int W>
 SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, int32_t zp, int32_t qlo, int32_t qhi) {
   const float lo = float(qlo - zp), hi = float(qhi - zp);
+  // 1 / scale must be a normal float for the error bound above; else always divide.
+  const float inv = std::isnormal(1.f / scale) ? 1.f / scale : 0.f;
   auto store_q = [&](int64_t i, typename Vec<W>::I q) {
     if (qlo == 0) {
       const auto b = __builtin_convertvector(q, typename Bytes<W>::U);
@@ -90,7 +120,7 @@ SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, 
     }
   };
   int64_t i = 0;
-  for (; i + W <= n; i += W) store_q(i, quantize_vec<W>(load<W>(x + i), scale, zp, lo, hi));
+  for (; i + W <= n; i += W) store_q(i, quantize_vec<W>(load<W>(x + i), scale, inv, zp, lo, hi));
   for (; i < n; ++i) {
     const int32_t q = ref::quantize_value(x[i], scale, zp, qlo, qhi);
     if (qlo == 0) static_cast<uint8_t*>(y)[i] = uint8_t(q);
