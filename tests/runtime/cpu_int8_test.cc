@@ -232,8 +232,11 @@ TEST(CpuInt8, DynamicQuantizeConvOfAnAllZeroSourceIsTheBias) {
 TEST(CpuInt8, QuantizationKernelsMatchRef) {
   const Shape s = {2, 3, 5, 7};
   Tensor x = random_f32(s, 90, -4.f, 4.f);
-  x.data<float>()[3] = 1e30f;  // saturates
-  x.data<float>()[4] = 0.5f * 0.031f;  // a tie of the rounding, half to even
+  // Quotients at and next to half-way points, where multiplying by 1 / scale could round
+  // differently from dividing (the kernel divides there).
+  for (int64_t i = 0; i < 120; ++i) x.data<float>()[i] = (float(i) * 0.5f - 30.f) * 0.031f;
+  for (int64_t i = 120; i < 150; ++i) x.data<float>()[i] = std::nextafter((float(i) * 0.5f - 60.f) * 0.031f, 1e9f);
+  x.data<float>()[150] = 1e30f;  // saturates
   for (DType t : {DType::u8, DType::i8})
     for (bool per_axis : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + (per_axis ? " per axis" : " per tensor"));
