@@ -30,14 +30,17 @@ Tensor extreme_8bit(DType t, const Shape& shape, uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (int64_t i = 0; i < out.numel(); ++i) {
     const int r = int(rng() % 256), v = r < 96 ? 255 - r % 8 : r < 192 ? r % 8 : r;
-    if (t == DType::u8) out.data<uint8_t>()[i] = uint8_t(v);
-    else out.data<int8_t>()[i] = int8_t(v - 128);
+    if (t == DType::u8)
+      out.data<uint8_t>()[i] = uint8_t(v);
+    else
+      out.data<int8_t>()[i] = int8_t(v - 128);
   }
   return out;
 }
 
 Tensor scalar_8bit(DType t, int v) {
-  return t == DType::u8 ? Tensor::from_vector<uint8_t>({}, {uint8_t(v)}) : Tensor::from_vector<int8_t>({}, {int8_t(v)});
+  return t == DType::u8 ? Tensor::from_vector<uint8_t>({}, {uint8_t(v)})
+                        : Tensor::from_vector<int8_t>({}, {int8_t(v)});
 }
 
 struct ConvCase {
@@ -54,7 +57,8 @@ struct ConvCase {
 Model conv_integer_model(const ConvCase& c) {
   ModelBuilder b(13);
   b.input("x", c.xt, spec(c.x)).output("y");
-  b.initializer("w", extreme_8bit(c.wt, {c.oc, c.x[1] / c.group, c.kh, c.kw}, uint64_t(c.oc * 7 + c.x[1])));
+  b.initializer(
+      "w", extreme_8bit(c.wt, {c.oc, c.x[1] / c.group, c.kh, c.kw}, uint64_t(c.oc * 7 + c.x[1])));
   std::vector<std::string> in = {"x", "w", "", ""};
   if (c.x_zp_input) {
     b.input("xz", c.xt, spec({}));
@@ -83,11 +87,23 @@ Model conv_integer_model(const ConvCase& c) {
 TEST(CpuInt8, ConvIntegerGivesRefsSumsExactly) {
   std::vector<ConvCase> cases;
   auto add = [&](ConvCase c) { cases.push_back(c); };
-  add({{1, 3, 9, 7}});                                                  // an image's 3 channels
+  add({{1, 3, 9, 7}});  // an image's 3 channels
   add({{2, 16, 6, 5}, 16, 3, 3, 1, {1, 1}, {1, 1}, {1, 1, 1, 1}, DType::u8, DType::u8, 143});
   add({{1, 17, 7, 8}, 33, 3, 3, 1, {2, 2}, {1, 1}, {1, 0, 1, 2}, DType::u8, DType::u8, 0, true});
   add({{1, 8, 11, 9}, 7, 3, 3, 1, {1, 1}, {2, 3}, {2, 3, 2, 3}, DType::u8, DType::i8, 5});
-  add({{1, 12, 6, 6}, 6, 3, 3, 3, {1, 1}, {1, 1}, {1, 1, 1, 1}, DType::i8, DType::u8, 128, false, -7});
+  add({{1, 12, 6, 6},
+       6,
+       3,
+       3,
+       3,
+       {1, 1},
+       {1, 1},
+       {1, 1, 1, 1},
+       DType::i8,
+       DType::u8,
+       128,
+       false,
+       -7});
   add({{1, 5, 6, 7}, 9, 1, 1, 1, {1, 1}, {1, 1}, {0, 0, 0, 0}, DType::i8, DType::i8, -1, false, 3});
   add({{1, 4, 8, 8}, 4, 5, 3, 2, {2, 1}, {1, 1}, {2, 1, 2, 1}, DType::u8, DType::i8, 0, true});
   ConvCase runtime_zp{{1, 32, 10, 10}, 64};
@@ -95,7 +111,8 @@ TEST(CpuInt8, ConvIntegerGivesRefsSumsExactly) {
   runtime_zp.x_zp_input = true;
   add(runtime_zp);
   for (const ConvCase& c : cases) {
-    SCOPED_TRACE("x " + shape_str(c.x) + " oc " + std::to_string(c.oc) + " group " + std::to_string(c.group));
+    SCOPED_TRACE("x " + shape_str(c.x) + " oc " + std::to_string(c.oc) + " group " +
+                 std::to_string(c.group));
     TensorMap in = {{"x", extreme_8bit(c.xt, c.x, 5)}};
     if (c.x_zp_input) in["xz"] = scalar_8bit(c.xt, 201);
     expect_matches_ref(conv_integer_model(c), in, "conv");
@@ -132,8 +149,9 @@ TEST(CpuInt8, MatMulIntegerGivesRefsSumsExactly) {
 
 // DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul(x_scale * w_scale) -> Add(bias) ->
 // Relu, as ONNX Runtime's quantizer writes it.
-void add_quantized_conv(ModelBuilder& b, const std::string& x, const std::string& y, int64_t c, int64_t oc,
-                        uint64_t seed, bool bias, bool relu, bool per_channel_scale, int64_t dilation = 1) {
+void add_quantized_conv(ModelBuilder& b, const std::string& x, const std::string& y, int64_t c,
+                        int64_t oc, uint64_t seed, bool bias, bool relu, bool per_channel_scale,
+                        int64_t dilation = 1) {
   const std::string p = y + "_";
   b.initializer(p + "w", extreme_8bit(DType::u8, {oc, c, 3, 3}, seed));
   b.initializer(p + "wz", scalar_8bit(DType::u8, 131));
@@ -141,7 +159,8 @@ void add_quantized_conv(ModelBuilder& b, const std::string& x, const std::string
                                             : Tensor::from_vector<float>({}, {0.0037f}));
   b.node("DynamicQuantizeLinear", {x}, {p + "q", p + "s", p + "z"});
   b.node("Mul", {p + "s", p + "ws"}, {p + "scale"});
-  Node& conv = b.node("ConvInteger", {p + "q", p + "w", p + "z", p + "wz"}, {p + "sums"}, y + "_conv");
+  Node& conv =
+      b.node("ConvInteger", {p + "q", p + "w", p + "z", p + "wz"}, {p + "sums"}, y + "_conv");
   conv.attrs["pads"] = attr_ints({dilation, dilation, dilation, dilation});
   conv.attrs["dilations"] = attr_ints({dilation, dilation});
   b.node("Cast", {p + "sums"}, {p + "f"}).attrs["to"] = attr_int(1);
@@ -163,7 +182,8 @@ void add_quantized_conv(ModelBuilder& b, const std::string& x, const std::string
 
 // The fused nodes (with the bias Add and the Relu) must give what ref's unfused nodes give,
 // to the bit; `others` nodes are left beside them.
-void expect_fused_equals_unfused(const Model& m, const TensorMap& in, int64_t fused_nodes, int64_t others = 0) {
+void expect_fused_equals_unfused(const Model& m, const TensorMap& in, int64_t fused_nodes,
+                                 int64_t others = 0) {
   SessionOptions o;
   o.providers = {"cpu", "ref"};
   o.num_threads = 2;
@@ -184,7 +204,8 @@ void expect_fused_equals_unfused(const Model& m, const TensorMap& in, int64_t fu
     const float *a = got.at(name).data<float>(), *w = t.data<float>();
     int64_t bad = 0;
     for (int64_t i = 0; i < t.numel(); ++i)
-      if (std::memcmp(a + i, w + i, 4) != 0 && ++bad <= 3) ADD_FAILURE() << name << "[" << i << "]: " << a[i] << " vs ref " << w[i];
+      if (std::memcmp(a + i, w + i, 4) != 0 && ++bad <= 3)
+        ADD_FAILURE() << name << "[" << i << "]: " << a[i] << " vs ref " << w[i];
     EXPECT_EQ(bad, 0) << name;
   }
 }
@@ -193,12 +214,13 @@ TEST(CpuInt8, DynamicQuantizeConvEqualsTheUnfusedChainBitForBit) {
   for (bool per_channel : {false, true})
     for (bool bias : {false, true})
       for (bool relu : {false, true}) {
-        SCOPED_TRACE(std::string(per_channel ? "per-channel" : "per-tensor") + (bias ? " bias" : "") +
-                     (relu ? " relu" : ""));
+        SCOPED_TRACE(std::string(per_channel ? "per-channel" : "per-tensor") +
+                     (bias ? " bias" : "") + (relu ? " relu" : ""));
         ModelBuilder b(13);
         b.input("x", DType::f32, spec({1, 19, 9, 11})).output("y");
         add_quantized_conv(b, "x", "y", 19, 21, 40, bias, relu, per_channel);
-        expect_fused_equals_unfused(b.build(), {{"x", random_f32({1, 19, 9, 11}, 41, -3.f, 5.f)}}, 1);
+        expect_fused_equals_unfused(b.build(), {{"x", random_f32({1, 19, 9, 11}, 41, -3.f, 5.f)}},
+                                    1);
       }
 }
 
@@ -225,7 +247,9 @@ TEST(CpuInt8, DynamicQuantizeConvOfAnAllZeroSourceIsTheBias) {
   o.providers = {"cpu", "ref"};
   Tensor nan(DType::f32, {1, 4, 5, 5});
   nan.data<float>()[7] = NAN;
-  EXPECT_EQ(testing::error_of([&] { Session::compile(b.build(), o)->run({{"x", nan}}); }),
+  EXPECT_EQ(testing::error_of([&] {
+              Session::compile(b.build(), o)->run({{"x", nan}});
+            }),
             "DynamicQuantizeConv node 'y_conv': input contains NaN");
 }
 
@@ -235,15 +259,18 @@ TEST(CpuInt8, QuantizationKernelsMatchRef) {
   // Quotients at and next to half-way points, where multiplying by 1 / scale could round
   // differently from dividing (the kernel divides there).
   for (int64_t i = 0; i < 120; ++i) x.data<float>()[i] = (float(i) * 0.5f - 30.f) * 0.031f;
-  for (int64_t i = 120; i < 150; ++i) x.data<float>()[i] = std::nextafter((float(i) * 0.5f - 60.f) * 0.031f, 1e9f);
+  for (int64_t i = 120; i < 150; ++i)
+    x.data<float>()[i] = std::nextafter((float(i) * 0.5f - 60.f) * 0.031f, 1e9f);
   x.data<float>()[150] = 1e30f;  // saturates
   for (DType t : {DType::u8, DType::i8})
     for (bool per_axis : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + (per_axis ? " per axis" : " per tensor"));
       ModelBuilder b(13);
       b.input("x", DType::f32, spec(s)).output("q").output("d");
-      b.initializer("scale", per_axis ? random_f32({3}, 91, 0.01f, 0.05f) : Tensor::from_vector<float>({}, {0.031f}));
-      b.initializer("zp", per_axis ? extreme_8bit(t, {3}, 92) : scalar_8bit(t, t == DType::u8 ? 131 : -3));
+      b.initializer("scale", per_axis ? random_f32({3}, 91, 0.01f, 0.05f)
+                                      : Tensor::from_vector<float>({}, {0.031f}));
+      b.initializer(
+          "zp", per_axis ? extreme_8bit(t, {3}, 92) : scalar_8bit(t, t == DType::u8 ? 131 : -3));
       b.node("QuantizeLinear", {"x", "scale", "zp"}, {"q"}, "quantize");
       b.node("DequantizeLinear", {"q", "scale", "zp"}, {"d"}, "dequantize");
       expect_matches_ref(b.build(), {{"x", x}}, "quantize", "cpu", 0, 0);
@@ -258,17 +285,20 @@ TEST(CpuInt8, QuantizationKernelsMatchRef) {
 TEST(CpuInt8, CastsMatchRef) {
   const Shape s = {3, 37};
   Tensor f = random_f32(s, 100, -70000.f, 70000.f);
-  f.data<float>()[0] = 1e-7f;  // an f16 subnormal
+  f.data<float>()[0] = 1e-7f;    // an f16 subnormal
   f.data<float>()[1] = 65520.f;  // rounds to inf
-  const std::vector<std::pair<DType, DType>> pairs = {{DType::f32, DType::f16}, {DType::f16, DType::f32},
-                                                      {DType::i32, DType::f32}, {DType::u8, DType::f32},
-                                                      {DType::i8, DType::f32}, {DType::f32, DType::f32}};
+  const std::vector<std::pair<DType, DType>> pairs = {
+      {DType::f32, DType::f16}, {DType::f16, DType::f32}, {DType::i32, DType::f32},
+      {DType::u8, DType::f32},  {DType::i8, DType::f32},  {DType::f32, DType::f32}};
   for (const auto& [from, to] : pairs) {
     SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
     ModelBuilder b(13);
     b.input("x", from, spec(s)).output("y");
     b.node("Cast", {"x"}, {"y"}, "cast").attrs["to"] = attr_int(to == DType::f16 ? 10 : 1);
-    Tensor x = from == DType::f32 ? f : from == DType::i32 ? convert_dtype(f, DType::i32) : from == DType::f16 ? convert_dtype(f, DType::f16) : extreme_8bit(from, s, 101);
+    Tensor x = from == DType::f32   ? f
+               : from == DType::i32 ? convert_dtype(f, DType::i32)
+               : from == DType::f16 ? convert_dtype(f, DType::f16)
+                                    : extreme_8bit(from, s, 101);
     expect_matches_ref(b.build(), {{"x", x}}, "cast", "cpu", 0, 0);
   }
 }

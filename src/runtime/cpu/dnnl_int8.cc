@@ -41,12 +41,15 @@ PreparedWeights prepare_weights(const Tensor& w, const Tensor* w_zp, int64_t cha
   PreparedWeights p;
   const auto* bytes = static_cast<const uint8_t*>(wc.raw_data());
   p.w8.resize(size_t(wc.numel()));
-  for (size_t i = 0; i < p.w8.size(); ++i) p.w8[i] = int8_t(is_u8 ? bytes[i] ^ 0x80 : bytes[i]);  // w - 128 for uint8
+  for (size_t i = 0; i < p.w8.size(); ++i)
+    p.w8[i] = int8_t(is_u8 ? bytes[i] ^ 0x80 : bytes[i]);  // w - 128 for uint8
   const Tensor z = w_zp ? w_zp->contiguous() : Tensor();
   p.comp.resize(size_t(channels));
   for (int64_t c = 0; c < channels; ++c) {
     const int64_t k = z.defined() && z.numel() > 1 ? c : 0;
-    const int32_t zp = !z.defined() ? 0 : is_u8 ? int32_t(z.data<uint8_t>()[k]) : int32_t(z.data<int8_t>()[k]);
+    const int32_t zp = !z.defined() ? 0
+                       : is_u8      ? int32_t(z.data<uint8_t>()[k])
+                                    : int32_t(z.data<int8_t>()[k]);
     p.comp[size_t(c)] = (is_u8 ? 128 : 0) - zp;
     p.any_comp = p.any_comp || p.comp[size_t(c)] != 0;
   }
@@ -54,8 +57,12 @@ PreparedWeights prepare_weights(const Tensor& w, const Tensor* w_zp, int64_t cha
 }
 
 // w8 = hi + lo with both in [-64, 64] (hi = floor(w8 / 2)).
-inline int8_t half_hi(int8_t v) { return int8_t(v >> 1); }
-inline int8_t half_lo(int8_t v) { return int8_t(v - (v >> 1)); }
+inline int8_t half_hi(int8_t v) {
+  return int8_t(v >> 1);
+}
+inline int8_t half_lo(int8_t v) {
+  return int8_t(v - (v >> 1));
+}
 
 // ---------------------------------------------------------------------------------------
 // The source: 8-bit NCHW or NHWC in, unsigned NHWC (channels read twice when split) out,
@@ -63,8 +70,8 @@ inline int8_t half_lo(int8_t v) { return int8_t(v - (v >> 1)); }
 
 // Pixels [b, e) of one image into dst (NHWC, cs = c or 2c channels): each group's
 // channels shifted to unsigned (x + 128 for int8, as a byte: x ^ 0x80), twice when split.
-void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t pixels, int64_t b, int64_t e,
-                      int64_t group, bool flip, bool split, uint8_t* dst) {
+void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t pixels, int64_t b,
+                      int64_t e, int64_t group, bool flip, bool split, uint8_t* dst) {
   const uint8_t mask = flip ? 0x80 : 0;
   const int64_t cg = c / group, cs = split ? 2 * c : c;
   if (x_channels_last) {
@@ -148,17 +155,19 @@ SLIM_INLINE void add_ints(int32_t* s, const int32_t* x, int64_t n) {
   for (; i < n; ++i) s[i] += x[i];
 }
 
-SLIM_DISPATCH3(add_bytes, (int32_t * s, const uint8_t* x, bool is_signed, int64_t n), (s, x, is_signed, n))
+SLIM_DISPATCH3(add_bytes, (int32_t * s, const uint8_t* x, bool is_signed, int64_t n),
+               (s, x, is_signed, n))
 SLIM_DISPATCH3(add_ints, (int32_t * s, const int32_t* x, int64_t n), (s, x, n))
 template <int W>
-SLIM_INLINE void sum_pixels(const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group, int32_t base,
-                            int64_t pixels, int64_t p0, int64_t p1, int32_t* sums) {
+SLIM_INLINE void sum_pixels(const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group,
+                            int32_t base, int64_t pixels, int64_t p0, int64_t p1, int32_t* sums) {
   for (int64_t p = p0; p < p1; ++p)
-    for (int64_t g = 0; g < group; ++g) sums[g * pixels + p] = base + sum_bytes<W>(x + p * c + g * cg, is_signed, cg);
+    for (int64_t g = 0; g < group; ++g)
+      sums[g * pixels + p] = base + sum_bytes<W>(x + p * c + g * cg, is_signed, cg);
 }
 SLIM_DISPATCH3(sum_pixels,
-               (const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group, int32_t base, int64_t pixels,
-                int64_t p0, int64_t p1, int32_t* sums),
+               (const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group,
+                int32_t base, int64_t pixels, int64_t p0, int64_t p1, int32_t* sums),
                (x, is_signed, c, cg, group, base, pixels, p0, p1, sums))
 
 // ---------------------------------------------------------------------------------------
@@ -169,8 +178,8 @@ SLIM_DISPATCH3(sum_pixels,
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 template <int W>
-SLIM_INLINE void dequantize_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp, const float* scale,
-                                const float* bias, bool relu, float* out) {
+SLIM_INLINE void dequantize_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
+                                const float* scale, const float* bias, bool relu, float* out) {
   using F = typename Vec<W>::F;
   using I = typename Vec<W>::I;
   int64_t k = 0;
@@ -192,8 +201,8 @@ SLIM_INLINE void dequantize_row(const int32_t* acc, int64_t n, int32_t add, cons
 }
 
 SLIM_DISPATCH3(dequantize_row,
-               (const int32_t* acc, int64_t n, int32_t add, const int32_t* comp, const float* scale, const float* bias,
-                bool relu, float* out),
+               (const int32_t* acc, int64_t n, int32_t add, const int32_t* comp, const float* scale,
+                const float* bias, bool relu, float* out),
                (acc, n, add, comp, scale, bias, relu, out))
 #pragma GCC pop_options
 
@@ -201,23 +210,25 @@ SLIM_DISPATCH3(dequantize_row,
 // (box may be null), into `sums` or dequantized into `values` (NHWC, row p at p * oc;
 // either may be acc itself: each row is read before it is written).
 void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t oc, int64_t group,
-                 const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums, float* values, int64_t p0,
-                 int64_t p1) {
+                 const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
+                 float* values, int64_t p0, int64_t p1) {
   const int64_t ocg = oc / group;
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t g = 0; g < group; ++g) {
       const int32_t add = box ? box[g * pixels + p] : 0;
       const int64_t o0 = p * oc + g * ocg, c0 = g * ocg;
       if (values) {
-        dequantize_row_any(acc + o0, ocg, add, comp.data() + c0, out.scale + c0, out.bias ? out.bias + c0 : nullptr,
-                           out.relu, values + o0);
+        dequantize_row_any(acc + o0, ocg, add, comp.data() + c0, out.scale + c0,
+                           out.bias ? out.bias + c0 : nullptr, out.relu, values + o0);
       } else {
         for (int64_t k = 0; k < ocg; ++k) sums[o0 + k] = acc[o0 + k] + comp[size_t(c0 + k)] * add;
       }
     }
 }
 
-memory::desc u8_md(const memory::dims& d, memory::format_tag f) { return memory::desc(d, memory::data_type::u8, f); }
+memory::desc u8_md(const memory::dims& d, memory::format_tag f) {
+  return memory::desc(d, memory::data_type::u8, f);
+}
 
 // Consecutive pieces of one scratch buffer, each 64-byte aligned.
 struct ScratchLayout {
@@ -278,8 +289,8 @@ struct Int8Conv::State {
   mutable dnnl::stream stream;
 };
 
-Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, const Tensor* w_zero_point,
-                   bool signed_source, DType out)
+Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
+                   const Tensor* w_zero_point, bool signed_source, DType out)
     : g_(g), s_(std::make_unique<State>()) {
   State& s = *s_;
   s.split = !int8_products_exact();
@@ -310,27 +321,31 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, con
     s.stream = dnnl::stream(eng);
     const auto desc = dnnl::convolution_forward::desc(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-        u8_md(src_dims, memory::format_tag::nhwc), memory::desc(wdims, memory::data_type::s8, memory::format_tag::any),
-        memory::desc(dst_dims, memory::data_type::s32, memory::format_tag::nhwc), to_dims(g.stride), to_dims(g.dil),
-        to_dims(g.pad_l), to_dims(g.pad_r));
+        u8_md(src_dims, memory::format_tag::nhwc),
+        memory::desc(wdims, memory::data_type::s8, memory::format_tag::any),
+        memory::desc(dst_dims, memory::data_type::s32, memory::format_tag::nhwc), to_dims(g.stride),
+        to_dims(g.dil), to_dims(g.pad_l), to_dims(g.pad_r));
     const dnnl::convolution_forward::primitive_desc pd(desc, zero_point_attr(), eng);
     s.prim = dnnl::convolution_forward(pd);
     // The weights reorder also computes what oneDNN needs for the source zero point.
     s.weights = memory(pd.weights_desc(), eng);
-    memory wu(memory::desc(wdims, memory::data_type::s8, group > 1 ? memory::format_tag::goihw : memory::format_tag::oihw),
+    memory wu(memory::desc(wdims, memory::data_type::s8,
+                           group > 1 ? memory::format_tag::goihw : memory::format_tag::oihw),
               eng, wd.data());
     reorder_once(wu, s.weights);
     s.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
     s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
     s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    s.zp = memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    s.zp =
+        memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
     if (!s.split && !signed_source) {
       s.src_plain = memory(u8_md(src_dims, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
       s.src_reorder = dnnl::reorder(s.src_plain, s.src);
     }
     const auto t = out == DType::f32 ? memory::data_type::f32 : memory::data_type::s32;
     s.out_nhwc = memory(memory::desc(dst_dims, t, memory::format_tag::nhwc), eng, DNNL_MEMORY_NONE);
-    s.out_plain = memory(memory::desc(dst_dims, t, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
+    s.out_plain =
+        memory(memory::desc(dst_dims, t, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
     s.out_reorder = dnnl::reorder(s.out_nhwc, s.out_plain);
     s.src_at = s.layout.add(size_t(s.cs * g.x[2] * g.x[3]));
     s.dst_at = s.layout.add(size_t(shape_numel(dst_dims)) * 4);
@@ -345,10 +360,12 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, con
 
 Int8Conv::~Int8Conv() = default;
 
-size_t Int8Conv::scratch_bytes() const { return s_->layout.bytes; }
+size_t Int8Conv::scratch_bytes() const {
+  return s_->layout.bytes;
+}
 
-void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last, int32_t x_zero_point,
-                   const Int8Output& out, void* scratch) const {
+void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last,
+                   int32_t x_zero_point, const Int8Output& out, void* scratch) const {
   const State& s = *s_;
   const int64_t n = g_.x[0], c = g_.x[1], oc = g_.y[1], group = g_.group, cg = c / group;
   const int64_t ih = g_.x[2], iw = g_.x[3], oh = g_.y[2], ow = g_.y[3], kh = g_.w[2], kw = g_.w[3];
@@ -372,7 +389,8 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
       });
     } else if (!in_place) {
       parallel_items(ctx, pixels, c, 1 << 16, [&](int64_t b, int64_t e) {
-        to_channels_last(xi, x_channels_last, c, pixels, b, e, group, s.signed_source, s.split, src);
+        to_channels_last(xi, x_channels_last, c, pixels, b, e, group, s.signed_source, s.split,
+                         src);
       });
     }
     if (box) {
@@ -387,64 +405,67 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
           for (int64_t gi = b; gi < e; ++gi) {
             std::fill_n(sums + gi * pixels, pixels, base);
             for (int64_t k = 0; k < cg; ++k)
-              add_bytes_any(sums + gi * pixels, xi + (gi * cg + k) * pixels, s.signed_source, pixels);
+              add_bytes_any(sums + gi * pixels, xi + (gi * cg + k) * pixels, s.signed_source,
+                            pixels);
           }
         });
       }
-      parallel_items(ctx, group * oh, ow * kh * kw, 1 << 16, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-          const int64_t gi = r / oh, y = r % oh;
-          const int32_t* sg = sums + gi * pixels;
-          int32_t* bo = box + gi * opixels + y * ow;
-          std::fill_n(bo, ow, 0);
-          for (int64_t a = 0; a < kh; ++a) {
-            const int64_t yi = y * g_.stride[0] - g_.pad_l[0] + a * (g_.dil[0] + 1);
-            if (yi < 0 || yi >= ih) continue;
-            for (int64_t t = 0; t < kw; ++t) {
-              // Output columns whose tap t falls inside the row.
-              const int64_t off = t * (g_.dil[1] + 1) - g_.pad_l[1], st = g_.stride[1];
-              const int64_t lo = std::max<int64_t>(0, (-off + st - 1) / st);
-              const int64_t hi = std::min<int64_t>(ow, (iw - off + st - 1) / st);
-              if (st == 1) {
-                if (hi > lo) add_ints_any(bo + lo, sg + yi * iw + lo + off, hi - lo);
-              } else {
-                for (int64_t xo = lo; xo < hi; ++xo) bo[xo] += sg[yi * iw + xo * st + off];
-              }
+      // On the calling thread: a few vector adds per output pixel are not worth a
+      // parallel region (each one waits for its slowest thread on busy cores).
+      for (int64_t r = 0; r < group * oh; ++r) {
+        const int64_t gi = r / oh, y = r % oh;
+        const int32_t* sg = sums + gi * pixels;
+        int32_t* bo = box + gi * opixels + y * ow;
+        std::fill_n(bo, ow, 0);
+        for (int64_t a = 0; a < kh; ++a) {
+          const int64_t yi = y * g_.stride[0] - g_.pad_l[0] + a * (g_.dil[0] + 1);
+          if (yi < 0 || yi >= ih) continue;
+          for (int64_t t = 0; t < kw; ++t) {
+            // Output columns whose tap t falls inside the row.
+            const int64_t off = t * (g_.dil[1] + 1) - g_.pad_l[1], st = g_.stride[1];
+            const int64_t lo = std::max<int64_t>(0, (-off + st - 1) / st);
+            const int64_t hi = std::min<int64_t>(ow, (iw - off + st - 1) / st);
+            if (st == 1) {
+              if (hi > lo) add_ints_any(bo + lo, sg + yi * iw + lo + off, hi - lo);
+            } else {
+              for (int64_t xo = lo; xo < hi; ++xo) bo[xo] += sg[yi * iw + xo * st + off];
             }
           }
         }
-      });
+      }
     }
-    dnnl_call(ctx.node(), "8-bit convolution", [&] {
-      s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
-      s.src.set_data_handle(src);
-      s.dst.set_data_handle(acc);
-      s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
-      s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
-                                {DNNL_ARG_WEIGHTS, s.weights},
-                                {DNNL_ARG_DST, s.dst},
-                                {DNNL_ARG_SCRATCHPAD, s.pad},
-                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
-      s.stream.wait();
-      return 0;
-    });
-    // The results in NHWC: into the output, or over the sums and then reordered into it.
-    int32_t* sums_to = out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
-    float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels : reinterpret_cast<float*>(acc))
-                                  : nullptr;
-    parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
-      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
-    });
-    if (out.channels_last) continue;
-    dnnl_call(ctx.node(), "reorder to NCHW", [&] {
-      s.out_nhwc.set_data_handle(acc);
-      s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
-                                             : static_cast<void*>(out.sums + img * oc * opixels));
-      s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
-      s.stream.wait();
-      return 0;
-    });
   }
+  dnnl_call(ctx.node(), "8-bit convolution", [&] {
+    s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
+    s.src.set_data_handle(src);
+    s.dst.set_data_handle(acc);
+    s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
+    s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
+                              {DNNL_ARG_WEIGHTS, s.weights},
+                              {DNNL_ARG_DST, s.dst},
+                              {DNNL_ARG_SCRATCHPAD, s.pad},
+                              {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
+    s.stream.wait();
+    return 0;
+  });
+  // The results in NHWC: into the output, or over the sums and then reordered into it.
+  int32_t* sums_to = out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
+  float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels
+                                                     : reinterpret_cast<float*>(acc))
+                                : nullptr;
+  parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
+    finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
+  });
+  if (out.channels_last) continue;
+  dnnl_call(ctx.node(), "reorder to NCHW", [&] {
+    s.out_nhwc.set_data_handle(acc);
+    s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
+                                           : static_cast<void*>(out.sums + img * oc * opixels));
+    s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
+    s.stream.wait();
+    return 0;
+  });
+}
 }
 
 // ---------------------------------------------------------------------------------------
@@ -464,7 +485,8 @@ struct Int8MatMul::State {
   mutable dnnl::stream stream;
 };
 
-Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point, bool signed_a)
+Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point,
+                       bool signed_a)
     : rows_(rows), k_(b.shape()[0]), n_(b.shape()[1]), s_(std::make_unique<State>()) {
   State& s = *s_;
   s.split = !int8_products_exact();
@@ -487,18 +509,21 @@ Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Te
     const auto& eng = dnnl_engine();
     s.stream = dnnl::stream(eng);
     const dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(u8_md({rows_, s.ks}, memory::format_tag::ab),
-                           memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::any),
-                           memory::desc({rows_, n_}, memory::data_type::s32, memory::format_tag::ab)),
+        dnnl::matmul::desc(
+            u8_md({rows_, s.ks}, memory::format_tag::ab),
+            memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::any),
+            memory::desc({rows_, n_}, memory::data_type::s32, memory::format_tag::ab)),
         zero_point_attr(), eng);
     s.prim = dnnl::matmul(pd);
     s.weights = memory(pd.weights_desc(), eng);
-    memory wu(memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::ab), eng, wd.data());
+    memory wu(memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::ab), eng,
+              wd.data());
     reorder_once(wu, s.weights);
     s.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
     s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
     s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    s.zp = memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    s.zp =
+        memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
     if (s.split || s.signed_a) s.a_at = s.layout.add(size_t(rows_ * s.ks));
     s.dst_at = s.layout.add(size_t(rows_ * n_) * 4);
     s.rows_at = s.layout.add(size_t(rows_) * 4);
@@ -509,10 +534,12 @@ Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Te
 
 Int8MatMul::~Int8MatMul() = default;
 
-size_t Int8MatMul::scratch_bytes() const { return s_->layout.bytes; }
+size_t Int8MatMul::scratch_bytes() const {
+  return s_->layout.bytes;
+}
 
-void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_point, const Int8Output& out,
-                     void* scratch) const {
+void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_point,
+                     const Int8Output& out, void* scratch) const {
   const State& s = *s_;
   const uint8_t* a8 = static_cast<const uint8_t*>(a);
   const bool convert = s.split || s.signed_a;
@@ -531,7 +558,8 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
         }
         if (s.pw.any_comp) {
           int32_t sum = 0;
-          for (int64_t k = 0; k < k_; ++k) sum += s.signed_a ? int32_t(int8_t(row[k])) : int32_t(row[k]);
+          for (int64_t k = 0; k < k_; ++k)
+            sum += s.signed_a ? int32_t(int8_t(row[k])) : int32_t(row[k]);
           row_sums[r] = sum - int32_t(k_) * a_zero_point;
         }
       }
@@ -556,7 +584,8 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
       const int32_t add = s.pw.any_comp ? row_sums[r] : 0;
       int32_t* row = sums + r * n_;
       if (out.values)
-        dequantize_row_any(row, n_, add, s.pw.comp.data(), out.scale, out.bias, out.relu, out.values + r * n_);
+        dequantize_row_any(row, n_, add, s.pw.comp.data(), out.scale, out.bias, out.relu,
+                           out.values + r * n_);
       else
         for (int64_t k = 0; k < n_; ++k) row[k] += s.pw.comp[size_t(k)] * add;
     }
@@ -568,7 +597,9 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
 
 namespace {
 
-bool is_8bit(std::optional<DType> t) { return t == DType::u8 || t == DType::i8; }
+bool is_8bit(std::optional<DType> t) {
+  return t == DType::u8 || t == DType::i8;
+}
 
 std::optional<std::string> need_8bit(const KernelBuildInfo& info, int i) {
   const NodeInputInfo& in = info.input(i);
@@ -578,17 +609,20 @@ std::optional<std::string> need_8bit(const KernelBuildInfo& info, int i) {
 }
 
 // A zero point read at run time: absent, or one value of `dtype`.
-std::optional<std::string> need_scalar_zero_point(const KernelBuildInfo& info, int i, std::optional<DType> dtype) {
+std::optional<std::string> need_scalar_zero_point(const KernelBuildInfo& info, int i,
+                                                  std::optional<DType> dtype) {
   const NodeInputInfo& in = info.input(i);
   if (!in.present) return std::nullopt;
-  if (in.dtype != dtype) return "zero point " + std::to_string(i) + " differs in type from its tensor";
-  if (!in.shape || shape_numel(*in.shape) != 1) return "zero point " + std::to_string(i) + " is not one value";
+  if (in.dtype != dtype)
+    return "zero point " + std::to_string(i) + " differs in type from its tensor";
+  if (!in.shape || shape_numel(*in.shape) != 1)
+    return "zero point " + std::to_string(i) + " is not one value";
   return std::nullopt;
 }
 
 // A constant input of `dtype`: one value, or one per channel (any shape of that size).
-std::optional<std::string> need_constant_per_channel(const KernelBuildInfo& info, int i, std::optional<DType> dtype,
-                                                     int64_t channels) {
+std::optional<std::string> need_constant_per_channel(const KernelBuildInfo& info, int i,
+                                                     std::optional<DType> dtype, int64_t channels) {
   const NodeInputInfo& in = info.input(i);
   if (!in.present) return std::nullopt;
   if (!in.constant) return "input " + std::to_string(i) + " is not a constant";
@@ -608,12 +642,14 @@ void check_input(const KernelContext& ctx, int i, DType dtype, const Shape& shap
   const Tensor& t = ctx.required_input(i);
   if (t.dtype() != dtype || t.shape() != shape)
     ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) + " " +
-                                      std::string(dtype_name(dtype)) + shape_str(shape) + " but got " + t.describe());
+                                      std::string(dtype_name(dtype)) + shape_str(shape) +
+                                      " but got " + t.describe());
 }
 
 // ConvInteger and slim:DynamicQuantizeConv: a 2-D convolution of an 8-bit (or, fused, f32)
 // source by constant 8-bit weights.
-std::optional<std::string> int8_conv_geometry(const KernelBuildInfo& info, bool fused, ConvGeometry* g) {
+std::optional<std::string> int8_conv_geometry(const KernelBuildInfo& info, bool fused,
+                                              ConvGeometry* g) {
   if (info.node.outputs.size() != 1) return std::string("expects one output");
   if (auto r = fused ? need_f32(info, 0) : need_8bit(info, 0)) return r;
   if (auto r = need_static(info, 0)) return r;
@@ -621,7 +657,9 @@ std::optional<std::string> int8_conv_geometry(const KernelBuildInfo& info, bool 
   if (!info.input(1).constant) return std::string("the weights are not constant");
   if (info.input(0).shape->size() != 4 || info.input(1).constant->rank() != 4)
     return std::string("2-D convolutions (4-D tensors) only");
-  if (auto r = conv_geometry(info.node, *info.input(0).shape, info.input(1).constant->shape(), false, g)) return r;
+  if (auto r =
+          conv_geometry(info.node, *info.input(0).shape, info.input(1).constant->shape(), false, g))
+    return r;
   return std::nullopt;
 }
 
@@ -629,7 +667,8 @@ class ConvIntegerKernel final : public OpKernel {
  public:
   ConvIntegerKernel(const KernelBuildInfo& info, const ConvGeometry& g)
       : x_dtype_(*info.input(0).dtype),
-        conv_(info.node, g, *info.input(1).constant, info.input(3).constant, x_dtype_ == DType::i8, DType::i32) {}
+        conv_(info.node, g, *info.input(1).constant, info.input(3).constant, x_dtype_ == DType::i8,
+              DType::i32) {}
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = DType::i32;
     *shape = conv_.geometry().y;
@@ -656,7 +695,8 @@ KernelDef conv_integer_def() {
     ConvGeometry g;
     if (auto r = int8_conv_geometry(info, false, &g)) return Claim::no(*r);
     if (auto r = need_scalar_zero_point(info, 2, info.input(0).dtype)) return Claim::no(*r);
-    if (auto r = need_constant_per_channel(info, 3, info.input(1).dtype, g.y[1])) return Claim::no(*r);
+    if (auto r = need_constant_per_channel(info, 3, info.input(1).dtype, g.y[1]))
+      return Claim::no(*r);
     return Claim::yes();
   };
   def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
@@ -672,7 +712,8 @@ class MatMulIntegerKernel final : public OpKernel {
   MatMulIntegerKernel(const KernelBuildInfo& info, int64_t rows)
       : a_shape_(*info.input(0).shape),
         a_dtype_(*info.input(0).dtype),
-        mm_(info.node, rows, *info.input(1).constant, info.input(3).constant, a_dtype_ == DType::i8) {
+        mm_(info.node, rows, *info.input(1).constant, info.input(3).constant,
+            a_dtype_ == DType::i8) {
     y_shape_ = a_shape_;
     y_shape_.back() = info.input(1).constant->shape()[1];
   }
@@ -685,7 +726,8 @@ class MatMulIntegerKernel final : public OpKernel {
     check_input(ctx, 0, a_dtype_, a_shape_);
     Int8Output out;
     out.sums = ctx.output(0, DType::i32, y_shape_).data<int32_t>();
-    mm_.run(ctx, ctx.required_input(0).raw_data(), zero_point_at(ctx, 2), out, thread_scratch(mm_.scratch_bytes()));
+    mm_.run(ctx, ctx.required_input(0).raw_data(), zero_point_at(ctx, 2), out,
+            thread_scratch(mm_.scratch_bytes()));
   }
 
  private:
@@ -706,10 +748,13 @@ KernelDef matmul_integer_def() {
     const Tensor* b = info.input(1).constant;
     if (!b || b->rank() != 2) return Claim::no("B is not a constant matrix");
     const Shape& a = *info.input(0).shape;
-    if (a.size() < 2 || a.back() != b->shape()[0]) return Claim::no("A is not a [..., M, K] matrix for B");
+    if (a.size() < 2 || a.back() != b->shape()[0])
+      return Claim::no("A is not a [..., M, K] matrix for B");
     if (auto r = need_scalar_zero_point(info, 2, info.input(0).dtype)) return Claim::no(*r);
-    if (info.input(3).constant && info.input(3).constant->rank() > 1) return Claim::no("b_zero_point is not 1-D");
-    if (auto r = need_constant_per_channel(info, 3, info.input(1).dtype, b->shape()[1])) return Claim::no(*r);
+    if (info.input(3).constant && info.input(3).constant->rank() > 1)
+      return Claim::no("b_zero_point is not 1-D");
+    if (auto r = need_constant_per_channel(info, 3, info.input(1).dtype, b->shape()[1]))
+      return Claim::no(*r);
     return Claim::yes();
   };
   def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
@@ -748,17 +793,24 @@ class DynamicQuantizeConvKernel final : public OpKernel {
     return i == 0;
   }
   uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
-  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_x_; }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
   uint64_t wanted_input_layout(int i) const override { return i == 0 ? nhwc_x_ : 0; }
-  bool can_write_output_in(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_y_; }
+  bool can_write_output_in(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_y_;
+  }
   void use_private_output(int i, uint64_t layout) override { y_channels_last_ = i == 0; }
-  void use_private_input(int i, uint64_t layout) override { x_channels_last_ = x_channels_last_ || i == 0; }
+  void use_private_input(int i, uint64_t layout) override {
+    x_channels_last_ = x_channels_last_ || i == 0;
+  }
 
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
     check_input(ctx, 0, DType::f32, g.x);
     uint8_t* q = static_cast<uint8_t*>(thread_scratch(q_bytes_ + conv_.scratch_bytes()));
-    const ref::DynamicQuantParams p = dynamic_quantize(ctx, ctx.required_input(0).data<float>(), shape_numel(g.x), q);
+    const ref::DynamicQuantParams p =
+        dynamic_quantize(ctx, ctx.required_input(0).data<float>(), shape_numel(g.x), q);
     // The Mul of the two scales, then the Mul of the sums by it: each rounded to f32.
     for (size_t k = 0; k < scale_.size(); ++k) scale_[k] = p.scale * w_scale_[k];
     Int8Output out;
@@ -789,11 +841,13 @@ std::optional<std::string> dynamic_quantize_conv_setup(const KernelBuildInfo& in
   if (auto r = need_constant_per_channel(info, 3, DType::f32, oc)) return r;
   if (info.has_input(4)) {
     if (auto r = need_constant_per_channel(info, 4, DType::f32, oc)) return r;
-    if (info.input(4).constant->numel() != oc) return std::string("the bias is not one value per output channel");
+    if (info.input(4).constant->numel() != oc)
+      return std::string("the bias is not one value per output channel");
   }
   if (info.inputs.size() > 5) return std::string("too many inputs");
   if (!parse_fused_activation(info.node, act)) return std::string("unknown activation");
-  if ((act->kind != Activation::none && act->kind != Activation::relu) || act->has_affine() || act->has_clamp())
+  if ((act->kind != Activation::none && act->kind != Activation::relu) || act->has_affine() ||
+      act->has_clamp())
     return std::string("fuses Relu only");
   return std::nullopt;
 }

@@ -36,7 +36,7 @@ struct Int8Output {
   const float* scale = nullptr;  // one per output channel
   const float* bias = nullptr;   // one per output channel, or none
   bool relu = false;
-  bool channels_last = false;    // values in NHWC instead of NCHW (convolutions)
+  bool channels_last = false;  // values in NHWC instead of NCHW (convolutions)
 };
 
 // A 2-D convolution (4-D tensors) with 8-bit weights [OC, IC / group, kh, kw], constant.
@@ -64,7 +64,8 @@ class Int8Conv {
 class Int8MatMul {
  public:
   // b_zero_point: none, one value, or one per column of B, of B's type.
-  Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point, bool signed_a);
+  Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point,
+             bool signed_a);
   ~Int8MatMul();
   size_t scratch_bytes() const;
   void run(const KernelContext& ctx, const void* a, int32_t a_zero_point, const Int8Output& out,

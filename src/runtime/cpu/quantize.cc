@@ -1,9 +1,9 @@
 // The cpu provider's element-type conversions: Cast between f32 and f16 and from 8- and
 // 32-bit integers to f32, QuantizeLinear and DequantizeLinear (per tensor and per axis,
-// 8-bit, scales and zero points constant or not) and DynamicQuantizeLinear. Loops are written once over simd.h's vector types
-// (AVX-512, AVX2, NEON, scalar; F16C / AVX-512 conversions for f16) and give ref's
-// results to the bit: quantization divides by the scale and rounds half to even, as ONNX
-// defines it (runtime/ref/quant_params.h).
+// 8-bit, scales and zero points constant or not) and DynamicQuantizeLinear. Loops are
+// written once over simd.h's vector types (AVX-512, AVX2, NEON, scalar; F16C / AVX-512
+// conversions for f16) and give ref's results to the bit: quantization rounds x / scale
+// half to even, as ONNX defines it (runtime/ref/quant_params.h).
 #include "runtime/cpu/quantize.h"
 
 #include <algorithm>
@@ -90,8 +90,8 @@ SLIM_INLINE bool any_lane(typename Vec<W>::I m) {
 // the quotient x / scale, so the two round to different integers only when the quotient
 // lies within that of a half-way point: such vectors (a few in a thousand) are divided.
 template <int W>
-SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, float inv, int32_t zp, float lo,
-                                            float hi) {
+SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, float inv,
+                                            int32_t zp, float lo, float hi) {
   using F = typename Vec<W>::F;
   if (inv != 0.f) {
     const F v = x * splat<W>(inv);
@@ -106,7 +106,8 @@ SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, f
 }
 
 template <int W>
-SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, int32_t zp, int32_t qlo, int32_t qhi) {
+SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, int32_t zp,
+                               int32_t qlo, int32_t qhi) {
   const float lo = float(qlo - zp), hi = float(qhi - zp);
   // 1 / scale must be a normal float for the error bound above; else always divide.
   const float inv = std::isnormal(1.f / scale) ? 1.f / scale : 0.f;
@@ -123,13 +124,16 @@ SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, 
   for (; i + W <= n; i += W) store_q(i, quantize_vec<W>(load<W>(x + i), scale, inv, zp, lo, hi));
   for (; i < n; ++i) {
     const int32_t q = ref::quantize_value(x[i], scale, zp, qlo, qhi);
-    if (qlo == 0) static_cast<uint8_t*>(y)[i] = uint8_t(q);
-    else static_cast<int8_t*>(y)[i] = int8_t(q);
+    if (qlo == 0)
+      static_cast<uint8_t*>(y)[i] = uint8_t(q);
+    else
+      static_cast<int8_t*>(y)[i] = int8_t(q);
   }
 }
 
 template <int W>
-SLIM_INLINE void dequantize_loop(const void* x, bool is_signed, float* y, int64_t n, float scale, int32_t zp) {
+SLIM_INLINE void dequantize_loop(const void* x, bool is_signed, float* y, int64_t n, float scale,
+                                 int32_t zp) {
   using F = typename Vec<W>::F;
   using I = typename Vec<W>::I;
   int64_t i = 0;
@@ -147,7 +151,8 @@ SLIM_INLINE void dequantize_loop(const void* x, bool is_signed, float* y, int64_
     store<W>(y + i, __builtin_convertvector(v - zp, F) * splat<W>(scale));
   }
   for (; i < n; ++i) {
-    const int32_t v = is_signed ? static_cast<const int8_t*>(x)[i] : static_cast<const uint8_t*>(x)[i];
+    const int32_t v =
+        is_signed ? static_cast<const int8_t*>(x)[i] : static_cast<const uint8_t*>(x)[i];
     y[i] = float(v - zp) * scale;
   }
 }
@@ -168,17 +173,25 @@ SLIM_INLINE void int_to_f32_loop(const T* x, float* y, int64_t n) {
 template <int W>
 void int_to_f32(DType from, const void* x, float* y, int64_t n) {
   switch (from) {
-    case DType::i32: return int_to_f32_loop<W>(static_cast<const int32_t*>(x), y, n);
-    case DType::u8: return int_to_f32_loop<W>(static_cast<const uint8_t*>(x), y, n);
-    case DType::i8: return int_to_f32_loop<W>(static_cast<const int8_t*>(x), y, n);
-    default: return;
+    case DType::i32:
+      return int_to_f32_loop<W>(static_cast<const int32_t*>(x), y, n);
+    case DType::u8:
+      return int_to_f32_loop<W>(static_cast<const uint8_t*>(x), y, n);
+    case DType::i8:
+      return int_to_f32_loop<W>(static_cast<const int8_t*>(x), y, n);
+    default:
+      return;
   }
 }
 
-SLIM_DISPATCH3(min_max_loop, (const float* x, int64_t n, float* lo, float* hi, bool* nan), (x, n, lo, hi, nan))
-SLIM_DISPATCH3(quantize_loop, (const float* x, void* y, int64_t n, float scale, int32_t zp, int32_t qlo, int32_t qhi),
+SLIM_DISPATCH3(min_max_loop, (const float* x, int64_t n, float* lo, float* hi, bool* nan),
+               (x, n, lo, hi, nan))
+SLIM_DISPATCH3(quantize_loop,
+               (const float* x, void* y, int64_t n, float scale, int32_t zp, int32_t qlo,
+                int32_t qhi),
                (x, y, n, scale, zp, qlo, qhi))
-SLIM_DISPATCH3(dequantize_loop, (const void* x, bool is_signed, float* y, int64_t n, float scale, int32_t zp),
+SLIM_DISPATCH3(dequantize_loop,
+               (const void* x, bool is_signed, float* y, int64_t n, float scale, int32_t zp),
                (x, is_signed, y, n, scale, zp))
 SLIM_DISPATCH3(int_to_f32, (DType from, const void* x, float* y, int64_t n), (from, x, y, n))
 
@@ -192,25 +205,29 @@ SLIM_DISPATCH3(int_to_f32, (DType from, const void* x, float* y, int64_t n), (fr
 __attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* x, uint16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 __attribute__((target("avx2,f16c"))) void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 __attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+    _mm512_storeu_ps(y + i,
+                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
   for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
 }
 __attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+    _mm256_storeu_ps(y + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
   for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
 }
 #pragma GCC diagnostic pop
@@ -240,7 +257,8 @@ constexpr int64_t kGrain = 1 << 16;
 template <typename Fn>
 void parallel_elements(const KernelContext& ctx, int64_t n, Fn&& fn) {
   const int64_t blocks = (n + 63) / 64;
-  parallel_items(ctx, blocks, 64, kGrain, [&](int64_t b, int64_t e) { fn(b * 64, std::min(n, e * 64)); });
+  parallel_items(ctx, blocks, 64, kGrain,
+                 [&](int64_t b, int64_t e) { fn(b * 64, std::min(n, e * 64)); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -248,7 +266,8 @@ void parallel_elements(const KernelContext& ctx, int64_t n, Fn&& fn) {
 
 bool cast_supported(DType from, DType to) {
   if (from == to) return true;
-  if (to == DType::f32) return from == DType::f16 || from == DType::i32 || from == DType::u8 || from == DType::i8;
+  if (to == DType::f32)
+    return from == DType::f16 || from == DType::i32 || from == DType::u8 || from == DType::i8;
   return to == DType::f16 && from == DType::f32;
 }
 
@@ -263,7 +282,8 @@ class CastKernel final : public OpKernel {
   void compute(KernelContext& ctx) const override {
     const Tensor& x = ctx.required_input(0);
     if (x.dtype() != from_ || x.shape() != shape_)
-      ctx.fail(ErrorCode::internal, "cpu kernel was compiled for " + std::string(dtype_name(from_)) + shape_str(shape_) +
+      ctx.fail(ErrorCode::internal, "cpu kernel was compiled for " +
+                                        std::string(dtype_name(from_)) + shape_str(shape_) +
                                         " but got " + x.describe());
     Tensor& y = ctx.output(0, to_, shape_);
     const char* px = static_cast<const char*>(x.raw_data());
@@ -272,10 +292,14 @@ class CastKernel final : public OpKernel {
     parallel_elements(ctx, x.numel(), [&](int64_t b, int64_t e) {
       const void* src = px + b * xs;
       void* dst = py + b * ys;
-      if (from_ == to_) std::memcpy(dst, src, size_t((e - b) * xs));
-      else if (from_ == DType::f16) f16_to_f32_any(static_cast<const uint16_t*>(src), static_cast<float*>(dst), e - b);
-      else if (to_ == DType::f16) f32_to_f16_any(static_cast<const float*>(src), static_cast<uint16_t*>(dst), e - b);
-      else int_to_f32_any(from_, src, static_cast<float*>(dst), e - b);
+      if (from_ == to_)
+        std::memcpy(dst, src, size_t((e - b) * xs));
+      else if (from_ == DType::f16)
+        f16_to_f32_any(static_cast<const uint16_t*>(src), static_cast<float*>(dst), e - b);
+      else if (to_ == DType::f16)
+        f32_to_f16_any(static_cast<const float*>(src), static_cast<uint16_t*>(dst), e - b);
+      else
+        int_to_f32_any(from_, src, static_cast<float*>(dst), e - b);
     });
   }
 
@@ -286,7 +310,8 @@ class CastKernel final : public OpKernel {
 
 std::optional<DType> cast_to(const Node& node) {
   DType to;
-  if (!node.has_attr("to") || !ref::onnx_dtype_to_slim(node.attr_int("to", 0), &to)) return std::nullopt;
+  if (!node.has_attr("to") || !ref::onnx_dtype_to_slim(node.attr_int("to", 0), &to))
+    return std::nullopt;
   return to;
 }
 
@@ -302,24 +327,30 @@ KernelDef cast_def() {
     return Claim::yes();
   };
   def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
-    return std::make_unique<CastKernel>(*info.input(0).dtype, *cast_to(info.node), *info.input(0).shape);
+    return std::make_unique<CastKernel>(*info.input(0).dtype, *cast_to(info.node),
+                                        *info.input(0).shape);
   };
   return def;
 }
 
 }  // namespace
 
-void min_max(const float* x, int64_t n, float* lo, float* hi, bool* nan) { min_max_loop_any(x, n, lo, hi, nan); }
+void min_max(const float* x, int64_t n, float* lo, float* hi, bool* nan) {
+  min_max_loop_any(x, n, lo, hi, nan);
+}
 
-void quantize(const float* x, void* y, int64_t n, float scale, int32_t zero_point, int32_t qlo, int32_t qhi) {
+void quantize(const float* x, void* y, int64_t n, float scale, int32_t zero_point, int32_t qlo,
+              int32_t qhi) {
   quantize_loop_any(x, y, n, scale, zero_point, qlo, qhi);
 }
 
-void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale, int32_t zero_point) {
+void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale,
+                int32_t zero_point) {
   dequantize_loop_any(x, is_signed, y, n, scale, zero_point);
 }
 
-ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n, uint8_t* q) {
+ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n,
+                                         uint8_t* q) {
   // The range in chunks of their own (in any order they give the same min and max).
   constexpr int64_t kChunks = 64;
   float lo[kChunks], hi[kChunks];
@@ -340,8 +371,10 @@ ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* 
   }
   const ref::DynamicQuantParams p = ref::dynamic_quant_params(l, h);
   parallel_elements(ctx, n, [&](int64_t b, int64_t e) {
-    if (p.scale == 0.f) std::memset(q + b, p.zero_point, size_t(e - b));
-    else quantize(x + b, q + b, e - b, p.scale, p.zero_point, 0, 255);
+    if (p.scale == 0.f)
+      std::memset(q + b, p.zero_point, size_t(e - b));
+    else
+      quantize(x + b, q + b, e - b, p.scale, p.zero_point, 0, 255);
   });
   return p;
 }
@@ -407,7 +440,8 @@ int32_t zero_point(const Tensor* z, int64_t k) {
 
 class QuantizeKernel final : public OpKernel {
  public:
-  QuantizeKernel(QuantAxis a, Shape shape, DType out) : a_(a), shape_(std::move(shape)), out_(out) {}
+  QuantizeKernel(QuantAxis a, Shape shape, DType out)
+      : a_(a), shape_(std::move(shape)), out_(out) {}
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = out_;
     *shape = shape_;
@@ -474,7 +508,9 @@ class DynamicQuantizeKernel final : public OpKernel {
   Shape shape_;
 };
 
-bool is_8bit(std::optional<DType> t) { return t == DType::u8 || t == DType::i8; }
+bool is_8bit(std::optional<DType> t) {
+  return t == DType::u8 || t == DType::i8;
+}
 
 KernelDef quantize_def() {
   KernelDef def;

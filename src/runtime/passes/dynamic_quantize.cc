@@ -12,7 +12,9 @@ using namespace passes;
 
 namespace {
 
-bool is_op(const Node* n, const char* op) { return n && n->domain.empty() && n->op_type == op; }
+bool is_op(const Node* n, const char* op) {
+  return n && n->domain.empty() && n->op_type == op;
+}
 
 // The input of a two-input node that is not `x`; "" unless the node reads x exactly once.
 std::string other_input(const Node& n, const std::string& x) {
@@ -25,8 +27,8 @@ std::string other_input(const Node& n, const std::string& x) {
 // A constant f32 that broadcasts against a rank-`rank` convolution output as one value,
 // or as one value per output channel (its dims aligned to the channel axis): returned as
 // a vector of 1 or `channels` values.
-std::optional<std::vector<float>> channel_values(const PassGraph& g, const std::string& name, size_t rank,
-                                                 int64_t channels) {
+std::optional<std::vector<float>> channel_values(const PassGraph& g, const std::string& name,
+                                                 size_t rank, int64_t channels) {
   const Tensor* t = g.constant(name);
   if (!t || t->dtype() != DType::f32 || t->rank() > int64_t(rank)) return std::nullopt;
   const Tensor c = t->contiguous();
@@ -44,8 +46,8 @@ std::optional<std::vector<float>> channel_values(const PassGraph& g, const std::
 // bias) and the Relu that follow it, where it has neither yet. In the first round of
 // passes the bias is often not a constant yet (exporters Reshape it at run time), so the
 // second round, after constant folding, finishes the chain.
-int64_t absorb_bias_and_relu(PassGraph& g, UseIndex& index, std::unordered_map<const Node*, size_t>& pos,
-                             Node* fused) {
+int64_t absorb_bias_and_relu(PassGraph& g, UseIndex& index,
+                             std::unordered_map<const Node*, size_t>& pos, Node* fused) {
   const Tensor* w = fused->inputs.size() > 1 ? g.constant(fused->inputs[1]) : nullptr;
   if (!w || fused->outputs.size() != 1 || !fused->attr_string("activation", "").empty()) return 0;
   const size_t rank = size_t(w->rank());
@@ -101,12 +103,13 @@ int64_t fuse_dynamic_quantize_conv(PassGraph& g) {
       rewrites += absorb_bias_and_relu(g, index, pos, dq);
       continue;
     }
-    if (!is_op(dq, "DynamicQuantizeLinear") || dq->inputs.size() != 1 || dq->outputs.size() != 3) continue;
+    if (!is_op(dq, "DynamicQuantizeLinear") || dq->inputs.size() != 1 || dq->outputs.size() != 3)
+      continue;
     const std::string &q = dq->outputs[0], &x_scale = dq->outputs[1], &x_zp = dq->outputs[2];
     // q and its zero point go to one ConvInteger, the scale to one Mul by w_scale.
     Node* conv = index.sole_reader(q);
-    if (!is_op(conv, "ConvInteger") || conv->inputs.size() < 3 || conv->inputs[0] != q || conv->inputs[2] != x_zp ||
-        index.sole_reader(x_zp) != conv || conv->outputs.size() != 1)
+    if (!is_op(conv, "ConvInteger") || conv->inputs.size() < 3 || conv->inputs[0] != q ||
+        conv->inputs[2] != x_zp || index.sole_reader(x_zp) != conv || conv->outputs.size() != 1)
       continue;
     const Tensor* w = g.constant(conv->inputs[1]);
     const std::string w_zp = conv->inputs.size() > 3 ? conv->inputs[3] : "";
@@ -130,9 +133,10 @@ int64_t fuse_dynamic_quantize_conv(PassGraph& g) {
     fused->domain = kFusedDomain;
     fused->name = conv->name;
     fused->attrs = conv->attrs;
-    fused->inputs = {dq->inputs[0], conv->inputs[1], w_zp,
-                     g.add_constant(conv->name + "_w_scale",
-                                    Tensor::from_vector<float>({int64_t(w_scale->size())}, *w_scale))};
+    fused->inputs = {
+        dq->inputs[0], conv->inputs[1], w_zp,
+        g.add_constant(conv->name + "_w_scale",
+                       Tensor::from_vector<float>({int64_t(w_scale->size())}, *w_scale))};
     fused->outputs = {mul->outputs[0]};
     // The fused node goes where the chain's last node was: x is ready there, and every
     // reader of y comes later.

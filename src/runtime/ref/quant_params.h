@@ -21,7 +21,8 @@ inline DynamicQuantParams dynamic_quant_params(float lo, float hi) {
   hi = std::max(hi, 0.f);
   DynamicQuantParams p;
   p.scale = (hi - lo) / 255.f;
-  p.zero_point = p.scale == 0.f ? 0 : uint8_t(std::nearbyint(std::clamp(0.f - lo / p.scale, 0.f, 255.f)));
+  p.zero_point =
+      p.scale == 0.f ? 0 : uint8_t(std::nearbyint(std::clamp(0.f - lo / p.scale, 0.f, 255.f)));
   return p;
 }
 
