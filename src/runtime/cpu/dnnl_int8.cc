@@ -434,38 +434,38 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
         }
       }
     }
+    dnnl_call(ctx.node(), "8-bit convolution", [&] {
+      s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
+      s.src.set_data_handle(src);
+      s.dst.set_data_handle(acc);
+      s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
+      s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
+                                {DNNL_ARG_WEIGHTS, s.weights},
+                                {DNNL_ARG_DST, s.dst},
+                                {DNNL_ARG_SCRATCHPAD, s.pad},
+                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
+      s.stream.wait();
+      return 0;
+    });
+    // The results in NHWC: into the output, or over the sums and then reordered into it.
+    int32_t* sums_to =
+        out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
+    float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels
+                                                       : reinterpret_cast<float*>(acc))
+                                  : nullptr;
+    parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
+      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
+    });
+    if (out.channels_last) continue;
+    dnnl_call(ctx.node(), "reorder to NCHW", [&] {
+      s.out_nhwc.set_data_handle(acc);
+      s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
+                                             : static_cast<void*>(out.sums + img * oc * opixels));
+      s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
+      s.stream.wait();
+      return 0;
+    });
   }
-  dnnl_call(ctx.node(), "8-bit convolution", [&] {
-    s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
-    s.src.set_data_handle(src);
-    s.dst.set_data_handle(acc);
-    s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
-    s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
-                              {DNNL_ARG_WEIGHTS, s.weights},
-                              {DNNL_ARG_DST, s.dst},
-                              {DNNL_ARG_SCRATCHPAD, s.pad},
-                              {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
-    s.stream.wait();
-    return 0;
-  });
-  // The results in NHWC: into the output, or over the sums and then reordered into it.
-  int32_t* sums_to = out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
-  float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels
-                                                     : reinterpret_cast<float*>(acc))
-                                : nullptr;
-  parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
-    finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
-  });
-  if (out.channels_last) continue;
-  dnnl_call(ctx.node(), "reorder to NCHW", [&] {
-    s.out_nhwc.set_data_handle(acc);
-    s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
-                                           : static_cast<void*>(out.sums + img * oc * opixels));
-    s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
-    s.stream.wait();
-    return 0;
-  });
-}
 }
 
 // ---------------------------------------------------------------------------------------
