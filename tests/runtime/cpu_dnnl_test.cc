@@ -598,8 +598,9 @@ TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
       if (n == 1 && e == 16 && !expose && active_isa() == Isa::avx512) {
         EXPECT_EQ(cpu->stats().memory.in_place_values, 4);
       }
+      // ref infers its convolutions' shapes too; its elementwise kernels are probed.
       o.providers = {"ref"};
-      EXPECT_GT(Session::compile(m, o)->stats().probed_nodes, 10);
+      EXPECT_GT(Session::compile(m, o)->stats().probed_nodes, 0);
     }
   }
 }

@@ -50,6 +50,15 @@ dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
   return dnnl::memory(md, eng, keep.back()->data());
 }
 
+void* thread_scratch(size_t bytes) {
+  thread_local std::shared_ptr<Storage> buffer;
+  if (!buffer || buffer->bytes() < bytes) {
+    buffer.reset();  // the old one first: peak memory is the new size, not both
+    buffer = Storage::allocate(bytes);
+  }
+  return buffer->data();
+}
+
 dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides) {
   return dnnl::memory::desc(to_dims(dims), dnnl::memory::data_type::f32, to_dims(strides));
 }

@@ -26,6 +26,8 @@ void register_resize_kernels(KernelRegistry& r);       // resize.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
 void register_matmul_nbits_kernels(KernelRegistry& r); // matmul_nbits.cc
 void register_contrib_kernels(KernelRegistry& r);      // contrib.cc
+void register_quantize_kernels(KernelRegistry& r);     // quantize.cc
+void register_dnnl_int8_kernels(KernelRegistry& r);    // dnnl_int8.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();
@@ -59,6 +61,18 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, int64_t g
   }
 }
 
+// A convolution's geometry from its attributes and static shapes, in oneDNN's terms:
+// dilations count from 0, pads are resolved from auto_pad (and, for ConvTranspose, from
+// output_padding / output_shape). Returns why oneDNN cannot run it (ref then runs the
+// node and reports any real error in its attributes). dnnl_conv.cc.
+struct ConvGeometry {
+  int64_t group = 1;
+  Shape x, w, y;
+  Shape stride, dil, pad_l, pad_r;
+};
+std::optional<std::string> conv_geometry(const Node& node, const Shape& x, const Shape& w, bool transposed,
+                                         ConvGeometry* g);
+
 dnnl::memory::dims to_dims(const Shape& s);
 // A plain f32 memory descriptor: row-major, or with explicit element strides.
 dnnl::memory::desc plain_md(const Shape& dims);
@@ -69,6 +83,14 @@ dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides);
 // weight-sized, and faulting them in 4 KiB at a time dominated compile time.
 dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
                           std::vector<std::shared_ptr<Storage>>& keep);
+
+// Working memory for one kernel's compute on the calling thread, at least `bytes`,
+// 64-byte aligned. A session runs its steps one at a time, so every kernel that runs on a
+// thread can share one buffer (grown to the largest request, kept for the thread's life)
+// instead of each holding its own: the 8-bit convolutions of a 1024x1024 network would
+// otherwise keep gigabytes of source and sum buffers. A kernel must not call it again
+// (or run another kernel) while it uses the buffer.
+void* thread_scratch(size_t bytes);
 
 // Names a oneDNN memory layout for OpKernel::private_output_layout: a hash of its
 // descriptor (shape, strides, blocking), never 0.

@@ -13,39 +13,11 @@
 #include "runtime/cpu/cpu_common.h"
 
 namespace slim::cpu {
-namespace {
 
-using dnnl::memory;
-
-struct ConvSetup {
-  bool transposed = false;
-  bool fused = false;
-  int64_t group = 1;
-  Shape x, w, y;
-  Shape stride, dil, pad_l, pad_r;  // dil in oneDNN's convention (0 = dense)
-  bool has_bias = false, has_z = false;
-  bool weights_constant = true;
-  bool winograd = false;  // try oneDNN's Winograd kernels first
-  ActivationSpec act;
-};
-
-// Resolves the geometry from attributes and static shapes, or returns why the node is
-// declined (ref then runs it and reports any real error in the attributes).
-std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused,
-                                      ConvSetup* s) {
-  const Node& node = info.node;
-  for (int i = 0; i < int(info.inputs.size()); ++i) {
-    if (!info.input(i).present) continue;
-    if (auto r = need_f32(info, i)) return r;
-    if (auto r = need_static(info, i)) return r;
-  }
-  if (!info.has_input(1)) return std::string("missing weights");
-  s->weights_constant = info.input(1).constant != nullptr;
-  if (!fused && node.outputs.size() != 1) return std::string("expects one output");
-  s->transposed = transposed;
-  s->fused = fused;
-  s->x = *info.input(0).shape;
-  s->w = *info.input(1).shape;
+std::optional<std::string> conv_geometry(const Node& node, const Shape& x, const Shape& w, bool transposed,
+                                         ConvGeometry* s) {
+  s->x = x;
+  s->w = w;
   const size_t rank = s->x.size();
   if (rank < 3 || rank > 5) return "rank " + std::to_string(rank) + " input (oneDNN covers 1-3 spatial dims)";
   if (s->w.size() != rank) return std::string("weight rank differs from input rank");
@@ -131,6 +103,41 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
     s->pad_r[d] = pe;
     s->y.push_back(out);
   }
+  return std::nullopt;
+}
+
+namespace {
+
+using dnnl::memory;
+
+struct ConvSetup : ConvGeometry {
+  bool transposed = false;
+  bool fused = false;
+  bool has_bias = false, has_z = false;
+  bool weights_constant = true;
+  bool winograd = false;  // try oneDNN's Winograd kernels first
+  ActivationSpec act;
+};
+
+// Resolves the setup from attributes and static shapes, or returns why the node is
+// declined (ref then runs it and reports any real error in the attributes).
+std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused,
+                                      ConvSetup* s) {
+  const Node& node = info.node;
+  for (int i = 0; i < int(info.inputs.size()); ++i) {
+    if (!info.input(i).present) continue;
+    if (auto r = need_f32(info, i)) return r;
+    if (auto r = need_static(info, i)) return r;
+  }
+  if (!info.has_input(1)) return std::string("missing weights");
+  s->weights_constant = info.input(1).constant != nullptr;
+  if (!fused && node.outputs.size() != 1) return std::string("expects one output");
+  s->transposed = transposed;
+  s->fused = fused;
+  if (auto why = conv_geometry(node, *info.input(0).shape, *info.input(1).shape, transposed, s)) return why;
+  const int64_t m = s->y[1], c = s->x[1];
+  const Shape k(s->w.begin() + 2, s->w.end());
+  const size_t nd = k.size();
   s->has_bias = info.has_input(2);
   if (s->has_bias && (info.input(2).shape->size() != 1 || (*info.input(2).shape)[0] != m))
     return std::string("bias is not a vector of the output channels");
@@ -152,7 +159,7 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   // the layer has at most 160 K weights (30 ms of transform at most).
   const int64_t positions = s->y[0] * s->y[2] * s->y[3], weights = m * c * 9;
   s->winograd = info.winograd && !transposed && s->group == 1 && nd == 2 && k == Shape{3, 3} &&
-                s->stride == Shape{1, 1} && dilations == Shape{1, 1} && c >= 16 && m >= 16 &&
+                s->stride == Shape{1, 1} && s->dil == Shape{0, 0} && c >= 16 && m >= 16 &&
                 (positions >= 3000 || (positions >= 650 && weights <= 160'000));
   return std::nullopt;
 }
