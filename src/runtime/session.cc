@@ -317,6 +317,13 @@ struct Step {
   std::vector<int> outputs;  // value ids, -1 for an omitted output
   std::vector<Tensor> planned;
   std::vector<int> release;  // values whose last reader is this step
+  // A view (OpKernel::view_input): its one output is this value's elements under the
+  // output's shape, and the kernel does not run. `same_shape`: the output is the value
+  // itself; else `view` is the output over the arena place of the value it looks into,
+  // when that has one.
+  int view_of = -1;
+  bool same_shape = false;
+  Tensor view;
 };
 
 }  // namespace
@@ -428,8 +435,12 @@ struct Session::Impl {
   std::unique_ptr<SubgraphPlan> compile_subgraph(const Node& node, const std::string& attr,
                                                  const std::vector<NodeInputInfo>& formal);
   void build_steps();
+  // Marks a step whose kernel only views an input (OpKernel::view_input) and whose
+  // shapes are static as a view; plan_views gives it its arena place once planned.
+  void resolve_view(Step& step);
   void negotiate_private_layouts();
   void plan_arena();
+  void plan_views();
   bool in_arena(const Tensor& t) const;
   bool inside(const Tensor& t, const Tensor& region) const;
   bool overlaps(const Tensor& a, const Tensor& b) const;
@@ -541,6 +552,7 @@ void Session::Impl::compile() {
   for (const auto& s : steps) node_providers.push_back(s.provider);
   stats.nodes_out = int64_t(graph.nodes.size());
   if (options.plan_memory) plan_arena();
+  plan_views();
   int64_t dynamic = 0;
   for (const auto& v : values)
     if (v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && !v.shape)
@@ -1152,6 +1164,7 @@ void Session::Impl::build_steps() {
     const Node& node = *node_store[size_t(s)];
     Step& step = steps[size_t(s)];
     for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : value_id(in));
+    resolve_view(step);
     if (has_subgraph(node)) {
       step.subgraphs = true;
       for (const auto& c : node_captures(node)) step.captures.push_back(value_id(c));
@@ -1275,6 +1288,37 @@ void Session::Impl::plan_arena() {
     Step& step = steps[size_t(v.producer_step)];
     for (size_t o = 0; o < step.outputs.size(); ++o)
       if (step.outputs[o] == id) step.planned[o] = v.planned;
+  }
+}
+
+void Session::Impl::resolve_view(Step& step) {
+  const Node& node = *step.node;
+  bool same_shape = false;
+  const int k = step.kernel ? step.kernel->view_input(0, &same_shape) : -1;
+  if (k < 0 || size_t(k) >= step.inputs.size() || step.inputs[size_t(k)] < 0 || node.outputs.empty() ||
+      node.outputs[0].empty())
+    return;
+  for (size_t o = 1; o < node.outputs.size(); ++o)
+    if (!node.outputs[o].empty()) return;
+  const int src = step.inputs[size_t(k)];
+  ValueSlot& in = values[size_t(src)];
+  ValueSlot& out = values[size_t(value_id(node.outputs[0]))];
+  const bool fixed = in.dtype && in.shape && out.dtype && out.shape && *in.dtype == *out.dtype &&
+                     shape_numel(*in.shape) == shape_numel(*out.shape);
+  if (!fixed && !same_shape) return;
+  step.view_of = src;
+  step.same_shape = same_shape || *in.shape == *out.shape;
+  out.alias_of = src;
+}
+
+void Session::Impl::plan_views() {
+  for (Step& step : steps) {
+    if (step.view_of < 0 || step.same_shape) continue;
+    int root = step.view_of;
+    while (values[size_t(root)].alias_of >= 0) root = values[size_t(root)].alias_of;
+    const Tensor& place = values[size_t(root)].planned;
+    const ValueSlot& out = values[size_t(step.outputs[0])];
+    if (place.defined()) step.view = Tensor::borrow(*out.dtype, *out.shape, place.raw_data(), arena);
   }
 }
 
@@ -1472,6 +1516,28 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
       for (int id : step.release) hold(id, Value());
       continue;
     }
+    if (step.view_of >= 0) {  // no kernel runs (resolve_view)
+      const Tensor* src = ref[size_t(step.view_of)];
+      const int out = step.outputs[0];
+      const ValueSlot& v = values[size_t(out)];
+      if (!src) {
+        // not a tensor: the kernel handles it or says why
+      } else if (step.same_shape && !v.graph_output) {
+        ref[size_t(out)] = src;  // the source's lifetime covers the view's
+      } else if (step.same_shape) {
+        hold(out, *src);  // the source may be released before the outputs are collected
+      } else if (step.view.defined() && src->raw_data() == step.view.raw_data()) {
+        ref[size_t(out)] = &step.view;
+      } else if (src->numel() == shape_numel(*v.shape)) {
+        hold(out, src->view(*v.shape, contiguous_strides(*v.shape), 0));
+      } else {
+        src = nullptr;
+      }
+      if (src) {
+        for (int id : step.release) hold(id, Value());
+        continue;
+      }
+    }
     ins.assign(step.inputs.size(), nullptr);
     bool value_inputs = false;
     for (size_t k = 0; k < step.inputs.size(); ++k) {
@@ -1550,6 +1616,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
 
   std::vector<Value> result;
   result.reserve(wanted.size());
+  std::vector<const Storage*> returned;  // a top-level run's outputs share no memory either
   for (int k : wanted) {
     const int id = output_ids[size_t(k)];
     const ValueSlot& v = values[size_t(id)];
@@ -1557,17 +1624,21 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     if (!out.defined())
       throw Error(ErrorCode::internal, context + ": output '" + v.name + "' was not produced");
     // Outputs never share the arena or a constant, and the caller's get none of its
-    // inputs' memory either; a subgraph passes its inputs on as they are.
+    // inputs' memory (nor of each other: views) either; a subgraph passes its inputs on
+    // as they are.
     const bool input = v.kind == ValueKind::input;
     auto shared = [&](const Tensor& t) {
-      return in_arena(t) || constant_storages.count(t.storage().get()) ||
-             (top_level && (input || caller_storages.count(t.storage().get())));
+      const Storage* st = t.storage().get();
+      return in_arena(t) || constant_storages.count(st) ||
+             (top_level && (input || caller_storages.count(st) ||
+                            std::find(returned.begin(), returned.end(), st) != returned.end()));
     };
-    if (out.is_tensor()) {
-      if (shared(out.tensor())) out = out.tensor().clone();
-    } else {
-      out = out.map_tensors([&](const Tensor& t) { return shared(t) ? t.clone() : t; });
-    }
+    auto own = [&](const Tensor& t) {
+      Tensor o = shared(t) ? t.clone() : t;
+      if (top_level) returned.push_back(o.storage().get());
+      return o;
+    };
+    out = out.is_tensor() ? Value(own(out.tensor())) : out.map_tensors(own);
     result.push_back(std::move(out));
   }
   return result;

@@ -101,6 +101,14 @@ class OpKernel {
   // inputs, a run that touched every activation of the model a second time.
   virtual bool static_output(int i, DType* dtype, Shape* shape) const { return false; }
 
+  // Views: the input whose elements output i always is, in order, under output i's shape
+  // (Reshape, Squeeze, Unsqueeze, Flatten, Identity, inference Dropout), else -1;
+  // `same_shape` tells whether that shape is always the input's (Identity, Dropout).
+  // Where both shapes are static, or always the same, compile makes the output a view of
+  // that input and the kernel never runs (it still does for a direct caller, and for a
+  // non-tensor input).
+  virtual int view_input(int i, bool* same_shape) const { return -1; }
+
   // Private layouts. A kernel that could write output i in a layout of its own (same
   // byte size, e.g. oneDNN's channels-last) returns a nonzero tag naming that layout; a
   // kernel that could read input i in it says so. When every reader of a value accepts

@@ -1,6 +1,8 @@
-// The cpu provider's data-movement kernels: Transpose, Concat, Slice, Pad and Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
-// from static shapes; the copies run as contiguous runs (memcpy) where the layout allows
-// and are split over slim's thread pool when large.
+// The cpu provider's data-movement kernels: Transpose, Concat, Slice, Pad and Gather, for
+// any dtype (they move element bytes), and the view ops (Reshape, Squeeze, Unsqueeze,
+// Flatten, Identity, Dropout), which compile turns into views. Geometry is resolved at
+// compile time from static shapes; the copies run as contiguous runs (memcpy) where the
+// layout allows and are split over slim's thread pool when large.
 #include <algorithm>
 #include <cstring>
 
@@ -627,6 +629,29 @@ void register_tensor_kernels(KernelRegistry& r) {
   r.add(plan_def<GatherPlan>("Gather", 1, gather_plan, [](GatherPlan p, const KernelBuildInfo&) -> std::unique_ptr<OpKernel> {
     return std::make_unique<GatherKernel>(std::move(p));
   }));
+  // Views: ref's kernels, taken where compile turns the node into a view of its input
+  // (OpKernel::view_input), so that no kernel runs for it.
+  for (const char* op : {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"})
+    for (const KernelDef& ref_def : ref_kernel_registry().defs()) {
+      if (ref_def.op_type != op || !ref_def.domain.empty()) continue;
+      KernelDef def = ref_def;
+      def.claim = [shape_inputs = ref_def.shape_inputs, factory = ref_def.factory](const KernelBuildInfo& info) {
+        const NodeInputInfo& in = info.input(0);
+        if (!in.present || !in.dtype) return Claim::no("input 0 is not a tensor of a known dtype");
+        for (size_t o = 1; o < info.node.outputs.size(); ++o)
+          if (!info.node.outputs[o].empty()) return Claim::no("output " + std::to_string(o) + " is used");
+        bool same_shape = false;
+        if (factory(info.node, info.opset)->view_input(0, &same_shape) != 0)
+          return Claim::no("not a view (training mode)");
+        if (same_shape) return Claim::yes();
+        if (!in.shape) return Claim::no("shape of input 0 is dynamic");
+        for (int i : shape_inputs)
+          if (info.has_input(i) && !info.input(i).constant)
+            return Claim::no("input " + std::to_string(i) + " is not a constant");
+        return Claim::yes();
+      };
+      r.add(std::move(def));
+    }
 }
 
 }  // namespace slim::cpu
