@@ -155,6 +155,12 @@ bool same_storage(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.storage() == b.storage();
 }
 
+// t is the planned tensor `place` (KernelContext::output handed it out).
+bool is_place(const Tensor& t, const Tensor& place) {
+  return place.defined() && t.storage() == place.storage() && t.raw_data() == place.raw_data() &&
+         t.dtype() == place.dtype() && t.shape() == place.shape();
+}
+
 }  // namespace
 
 void register_provider(const KernelRegistry* registry) {
@@ -316,6 +322,10 @@ struct Step {
   bool subgraphs = false;     // the node has subgraphs (If, Loop, Scan, SequenceMap)
   std::vector<int> outputs;  // value ids, -1 for an omitted output
   std::vector<Tensor> planned;
+  // What the kernel wrote (KernelContext's outputs). An output written in its planned
+  // place stays here between runs, so the next run hands the kernel the same tensor
+  // without copying it; the others move on to the run's values.
+  std::vector<Tensor> outs;
   std::vector<int> release;  // values whose last reader is this step
   // A view (OpKernel::view_input): its one output is this value's elements under the
   // output's shape, and the kernel does not run. `same_shape`: the output is the value
@@ -346,6 +356,7 @@ struct Session::Impl {
   std::vector<int> input_ids;  // graph.inputs, then graph.overridable_inputs
   size_t max_step_inputs = 0, max_step_outputs = 0;
   std::vector<int> output_ids;
+  std::vector<int> constant_ids;  // values a run reads from the plan
   std::shared_ptr<Storage> arena;
   std::unordered_set<const Storage*> constant_storages;
   std::mutex run_mu;
@@ -402,7 +413,6 @@ struct Session::Impl {
     std::vector<char> skip;
     std::vector<Value> held;
     std::vector<const Tensor*> ref, ins;
-    std::vector<Tensor> outs;
     std::vector<const Value*> value_ins;
     std::vector<Value> value_outs, captured;
   } run_state;
@@ -1187,6 +1197,7 @@ void Session::Impl::build_steps() {
       step.outputs.push_back(id);
     }
     step.planned.resize(node.outputs.size());
+    step.outs.resize(node.outputs.size());
     max_step_inputs = std::max(max_step_inputs, step.inputs.size());
     max_step_outputs = std::max(max_step_outputs, step.outputs.size());
   }
@@ -1209,6 +1220,9 @@ void Session::Impl::build_steps() {
     steps[size_t(std::min(v.last_step, num_steps - 1))].release.push_back(id);
   }
   for (const auto& vi : graph.outputs) output_ids.push_back(value_id(vi.name));
+  for (int id = 0; id < int(values.size()); ++id)
+    if (values[size_t(id)].kind == ValueKind::constant && values[size_t(id)].constant.defined())
+      constant_ids.push_back(id);
 }
 
 void Session::Impl::plan_arena() {
@@ -1463,23 +1477,27 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
   // (constants are read straight from the plan).
   std::vector<Value>& held = rs.held;
   std::vector<const Tensor*>& ref = rs.ref;
-  held.assign(values.size(), Value());
+  held.resize(values.size());  // all undefined: each run lets go of what it held
   ref.assign(values.size(), nullptr);
   // What the run still holds is let go when it ends, also when a kernel throws.
   struct Release {
     std::vector<Value>& held;
     ~Release() {
-      for (auto& v : held) v = Value();
+      for (auto& v : held)
+        if (v.defined()) v = Value();
     }
   } release_at_end{held};
   std::unordered_set<const Storage*> caller_storages;
-  for (size_t id = 0; id < values.size(); ++id) {
-    const ValueSlot& v = values[id];
-    if (v.kind == ValueKind::constant && v.constant.defined()) ref[id] = &v.constant;
-  }
+  for (int id : constant_ids) ref[size_t(id)] = &values[size_t(id)].constant;
   auto hold = [&](int id, Value value) {
     held[size_t(id)] = std::move(value);
     ref[size_t(id)] = held[size_t(id)].is_tensor() ? &held[size_t(id)].tensor() : nullptr;
+  };
+  auto release_values = [&](const Step& step) {
+    for (int id : step.release) {
+      ref[size_t(id)] = nullptr;
+      if (held[size_t(id)].defined()) held[size_t(id)] = Value();
+    }
   };
   for (size_t k = 0; k < feeds.size(); ++k) {
     const int id = input_ids[k];
@@ -1501,7 +1519,6 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
 
   ThreadPool& pool = default_thread_pool();
   std::vector<const Tensor*>& ins = rs.ins;
-  std::vector<Tensor>& outs = rs.outs;
   // The non-tensor channel: entries are null (undefined) except while a step that has
   // such inputs (outputs) runs, so tensor steps do not touch them.
   std::vector<const Value*>& value_ins = rs.value_ins;
@@ -1513,7 +1530,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     Step& step = steps[s];
     const Node& node = *step.node;
     if (skip[s]) {
-      for (int id : step.release) hold(id, Value());
+      release_values(step);
       continue;
     }
     if (step.view_of >= 0) {  // no kernel runs (resolve_view)
@@ -1534,7 +1551,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
         src = nullptr;
       }
       if (src) {
-        for (int id : step.release) hold(id, Value());
+        release_values(step);
         continue;
       }
     }
@@ -1558,7 +1575,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
       for (int id : step.captures)
         captured.push_back(ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)]);
     }
-    outs.assign(step.outputs.size(), Tensor());
+    std::vector<Tensor>& outs = step.outs;
     try {
       KernelContext ctx(node, ins, &outs, &step.planned, &pool);
       ctx.set_values(&value_ins, &value_outs, &captured);
@@ -1584,8 +1601,16 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
         if (id >= 0) hold(id, v.map_tensors([&](const Tensor& t) { return in_arena(t) ? t.clone() : t; }));
         continue;
       }
-      if (id < 0) continue;
       Tensor& t = outs[o];
+      const bool in_place = is_place(t, step.planned[o]);
+      if (id < 0) {
+        if (!in_place) t = Tensor();
+        continue;
+      }
+      if (in_place) {  // nothing to check or move
+        ref[size_t(id)] = &t;
+        continue;
+      }
       if (!t.defined())
         throw Error(ErrorCode::internal,
                     node.describe() + ": kernel produced no output '" + node.outputs[o] + "'");
@@ -1611,7 +1636,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
       }
       hold(id, std::move(t));
     }
-    for (int id : step.release) hold(id, Value());
+    release_values(step);
   }
 
   std::vector<Value> result;

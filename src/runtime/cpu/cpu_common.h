@@ -32,12 +32,20 @@ const dnnl::engine& dnnl_engine();
 
 // Debian's libdnnl runs its primitives on OpenMP. Each execute first limits OpenMP to
 // the size of slim's pool (SessionOptions::num_threads), so the two never run more
-// threads than asked for; slim's pool is idle while a oneDNN primitive runs.
-void limit_dnnl_threads(const KernelContext& ctx);
+// threads than asked for; slim's pool is idle while a oneDNN primitive runs. A primitive
+// gets one thread per `per_thread` units of its `work` (multiply-adds, elements), at
+// least one: small ones run on the calling thread alone, since a parallel region's fork
+// and barrier cost more than they save there, and on a busy machine the barrier waits
+// for a thread without a core (a 2-thread speech VAD of 0.2 ms conv/matmul nodes took
+// 0.3-100 ms instead of 0.1).
+inline constexpr int64_t kMacsPerThread = int64_t(2) << 20;
+inline constexpr int64_t kElementsPerThread = int64_t(1) << 15;
+void limit_dnnl_threads(const KernelContext& ctx, int64_t work, int64_t per_thread);
 // oneDNN plans a primitive's threads when the primitive is created, from OpenMP's thread
-// count at that moment: kernels call this before creating primitives, so they plan for
-// the compiling session's count (Session::compile sets slim's pool to it).
-void limit_dnnl_threads_at_build();
+// count at that moment: kernels call this, with the work they execute with, before
+// creating primitives, so they plan for the compiling session's count (Session::compile
+// sets slim's pool to it).
+void limit_dnnl_threads_at_build(int64_t work, int64_t per_thread);
 
 // Calls fn(begin, end) over [0, n) items of `cost` units each (bytes or elements: tasks
 // of fewer than `grain` units are not worth a thread), split over the session's thread
@@ -51,7 +59,7 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, int64_t g
     fn(int64_t(0), n);
     return;
   }
-  limit_dnnl_threads(ctx);
+  limit_dnnl_threads(ctx, n * std::max<int64_t>(cost, 1), grain);
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();

@@ -27,6 +27,12 @@ struct ConvSetup {
   bool weights_constant = true;
   bool winograd = false;  // try oneDNN's Winograd kernels first
   ActivationSpec act;
+  // Multiply-adds: each output (input, when transposed) point times a filter's reach.
+  int64_t macs() const {
+    int64_t reach = 1;
+    for (size_t d = 1; d < w.size(); ++d) reach *= w[d];
+    return shape_numel(transposed ? x : y) * reach;
+  }
 };
 
 // Resolves the geometry from attributes and static shapes, or returns why the node is
@@ -171,13 +177,13 @@ class DnnlConvKernel final : public OpKernel {
   }
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
     if (weights) weights_src_ = *weights;  // shares the storage until the weights are packed
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(s_.macs(), kMacsPerThread);
     dnnl_call(node, "convolution setup", [&] { setup(); return 0; });
   }
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.x);
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, s_.macs(), kMacsPerThread);
     const Tensor& x = ctx.required_input(0);
     Tensor& y = ctx.output(0, DType::f32, s_.y);
     dnnl_call(ctx.node(), "convolution", [&] {
@@ -214,14 +220,8 @@ class DnnlConvKernel final : public OpKernel {
           std::memcpy(dst.get_data_handle(), z.raw_data(), y.nbytes());
         }
       }
-      std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
-      if (s_.has_bias) {
-        bias_.set_data_handle(ctx.required_input(2).raw_data());
-        args.emplace(DNNL_ARG_BIAS, bias_);
-      }
-      if (z_binary_) args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, z_mem_);
-      prim_.execute(stream_, args);
+      if (s_.has_bias) bias_.set_data_handle(ctx.required_input(2).raw_data());
+      prim_.execute(stream_, args_);
       if (reorder_dst_ && !private_dst_) dst_reorder_.execute(stream_, dst_mem_, dst_user_);
       stream_.wait();
       return 0;
@@ -458,6 +458,12 @@ class DnnlConvKernel final : public OpKernel {
       z_reorder_ = dnnl::reorder(z_user_, private_dst_ ? dst_priv_ : dst_mem_);
     }
     if (s_.has_bias) bias_ = memory(bias_md_, eng, DNNL_MEMORY_NONE);
+    // The memories are handles: a run sets their data and executes with these.
+    args_ = {{DNNL_ARG_SRC, private_src_ ? src_priv_ : src_mem_},
+             {DNNL_ARG_WEIGHTS, weights_},
+             {DNNL_ARG_DST, private_dst_ ? dst_priv_ : dst_mem_}};
+    if (s_.has_bias) args_.emplace(DNNL_ARG_BIAS, bias_);
+    if (z_binary_) args_.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, z_mem_);
   }
 
   ConvSetup s_;
@@ -476,6 +482,7 @@ class DnnlConvKernel final : public OpKernel {
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
   mutable memory weights_, bias_, src_user_, dst_user_, z_user_, z_mem_, src_mem_, dst_mem_, w_user_, src_priv_,
       dst_priv_;
+  std::unordered_map<int, memory> args_;
   std::vector<std::shared_ptr<Storage>> buffers_;  // behind weights_, src_mem_, dst_mem_
   bool reorder_src_ = false, reorder_dst_ = false;
   mutable dnnl::stream stream_;
@@ -517,7 +524,7 @@ class PatchConvTransposeKernel final : public OpKernel {
     for (int64_t c = 0; c < c_; ++c)
       for (int64_t j = 0; j < m_; ++j) wt_.data<float>()[j * c_ + c] = wc.data<float>()[c * m_ + j];
     p_.resize(size_t(m_ * hw_));
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(m_ * c_ * hw_, kMacsPerThread);
     dnnl_call(node, "matmul setup", [&] {
       const auto& eng = dnnl_engine();
       stream_ = dnnl::stream(eng);
@@ -532,12 +539,12 @@ class PatchConvTransposeKernel final : public OpKernel {
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.x);
-    limit_dnnl_threads(ctx);
     const float* x = ctx.required_input(0).data<float>();
     const float* bias = s_.has_bias ? ctx.required_input(2).data<float>() : nullptr;
     float* y = ctx.output(0, DType::f32, s_.y).data<float>();
     const int64_t h = s_.x[2], w = s_.x[3], ow = w * kw_;
     for (int64_t n = 0; n < s_.x[0]; ++n) {
+      limit_dnnl_threads(ctx, m_ * c_ * hw_, kMacsPerThread);  // the scatter below sets its own
       dnnl_call(ctx.node(), "matmul", [&] {
         x_mem_.set_data_handle(const_cast<float*>(x + n * c_ * hw_));
         prim_.execute(stream_, {{DNNL_ARG_SRC, a_mem_}, {DNNL_ARG_WEIGHTS, x_mem_}, {DNNL_ARG_DST, p_mem_}});

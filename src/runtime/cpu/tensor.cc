@@ -342,7 +342,7 @@ class ConcatKernel final : public OpKernel {
   // reorder per input into its channels of the output (built on the first run, after the
   // layouts were negotiated).
   void compute_reorders(KernelContext& ctx, Tensor& y) const {
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, shape_numel(p_.y), kElementsPerThread);
     dnnl_call(ctx.node(), "concat reorder", [&] {
       const auto& eng = dnnl_engine();
       if (reorders_.empty()) {
