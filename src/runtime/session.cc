@@ -354,6 +354,7 @@ struct Session::Impl {
   // gets an address that never changes; graph.nodes is a copy for inspection.
   std::vector<std::unique_ptr<Node>> node_store;
   std::vector<int> input_ids;  // graph.inputs, then graph.overridable_inputs
+  std::unordered_map<std::string, size_t> input_positions;  // name -> index in input_ids
   size_t max_step_inputs = 0, max_step_outputs = 0;
   std::vector<int> output_ids;
   std::vector<int> constant_ids;  // values a run reads from the plan
@@ -571,6 +572,7 @@ void Session::Impl::compile() {
   // Inputs a specialization could fix: tensors (or untyped values) without a static shape.
   for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
     for (const auto& vi : *list) {
+      input_positions.emplace(vi.name, input_ids.size());
       input_ids.push_back(value_id(vi.name));
       const bool tensor_like = vi.dtype || vi.onnx_type.empty();
       has_symbolic_inputs |= tensor_like && !vi.static_shape().has_value();
@@ -1399,13 +1401,10 @@ void check_declared(const ValueInfo& vi, const Value& v) {
 
 template <typename Map>
 std::vector<Value> Session::Impl::feeds_from(const Map& inputs) const {
-  std::unordered_map<std::string, size_t> position;
-  for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
-    for (const auto& vi : *list) position.emplace(vi.name, position.size());
-  std::vector<Value> feeds(position.size());
+  std::vector<Value> feeds(input_ids.size());
   for (const auto& [name, given] : inputs) {
-    auto it = position.find(name);
-    if (it == position.end()) {
+    auto it = input_positions.find(name);
+    if (it == input_positions.end()) {
       std::vector<std::string> names, optional;
       for (const auto& vi : graph.inputs) names.push_back(vi.name);
       for (const auto& vi : graph.overridable_inputs) optional.push_back(vi.name);
@@ -1487,7 +1486,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
         if (v.defined()) v = Value();
     }
   } release_at_end{held};
-  std::unordered_set<const Storage*> caller_storages;
+  std::vector<const Storage*> caller_storages;  // a few: searched only for the outputs
   for (int id : constant_ids) ref[size_t(id)] = &values[size_t(id)].constant;
   auto hold = [&](int id, Value value) {
     held[size_t(id)] = std::move(value);
@@ -1508,7 +1507,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     }
     if (top_level)
       feeds[k].map_tensors([&](const Tensor& t) {
-        caller_storages.insert(t.storage().get());
+        caller_storages.push_back(t.storage().get());
         return t;
       });
     if (feeds[k].is_tensor() && feeds[k].tensor().is_contiguous())
@@ -1655,8 +1654,8 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     auto shared = [&](const Tensor& t) {
       const Storage* st = t.storage().get();
       return in_arena(t) || constant_storages.count(st) ||
-             (top_level && (input || caller_storages.count(st) ||
-                            std::find(returned.begin(), returned.end(), st) != returned.end()));
+             (top_level && (input || std::count(caller_storages.begin(), caller_storages.end(), st) ||
+                            std::count(returned.begin(), returned.end(), st)));
     };
     auto own = [&](const Tensor& t) {
       Tensor o = shared(t) ? t.clone() : t;

@@ -337,6 +337,36 @@ TEST(CpuDnnl, FusedConvEqualsConvAddActivation) {
   }
 }
 
+TEST(CpuDnnl, SignalConvolutionsRunAsFrameMatmulsAndMatchRef) {
+  // One input channel, long filters: an STFT written as Conv (Silero's front end), a
+  // batch with windows overhanging the padding at both ends, SAME padding, no bias.
+  const std::vector<ConvCase> cases = {
+      {{1, 1, 640}, {258, 1, 256}, 1, {128}},
+      {{3, 1, 1000}, {37, 1, 100}, 1, {45}, {}, {60, 130}},
+      {{2, 1, 333}, {5, 1, 64}, 1, {7}, {}, {}, "SAME_UPPER", false},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    check_conv(cases[i], 300 + i);
+  }
+  // With a fused activation and bias, as the fusion pass writes it.
+  for (const char* act : {"Relu", "Tanh"}) {
+    SCOPED_TRACE(act);
+    const Tensor x = random_f32({2, 1, 500}, 7, -2, 2), w = random_f32({16, 1, 96}, 8), bias = random_f32({16}, 9);
+    Node n = fused_node("FusedConv", 3, act, {});
+    n.attrs["strides"] = attr_ints({32});
+    n.attrs["pads"] = attr_ints({48, 48});
+    const Tensor got = run_cpu_fused(n, {x, w, bias}, {false, true, true});
+    ModelBuilder b(20);
+    b.input("x", DType::f32, spec(x.shape())).output("y");
+    b.initializer("w", w).initializer("b", bias);
+    b.node("Conv", {"x", "w", "b"}, {"c"}).attrs = n.attrs;
+    b.model().graph.nodes.back().attrs.erase("activation");
+    add_activation(b, act, {}, "c", "y");
+    EXPECT_LE(cpu_test::worst_error(got, run_ref(b.build(), {{"x", x}}).at("y"), 1e-5, 1e-4), 1.0);
+  }
+}
+
 TEST(CpuDnnl, FusedGemmAndFusedMatMulEqualTheirChains) {
   for (size_t i = 0; i < kActs.size(); ++i) {
     const Act& a = kActs[i];
