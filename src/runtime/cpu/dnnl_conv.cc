@@ -553,7 +553,7 @@ class PatchConvTransposeKernel final : public OpKernel {
       });
       // Output row (o, i * kh + a) interleaves rows (o, a, 0..kw-1) of P at input row i.
       float* yn = y + n * o_ * h * kh_ * ow;
-      parallel_items(ctx, o_ * h * kh_, ow * 4, 1 << 16, [&](int64_t b, int64_t e) {
+      parallel_items(ctx, o_ * h * kh_, ow * 4, kBytesPerThread, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
           const int64_t o = r / (h * kh_), i = r / kh_ % h, a = r % kh_;
           const float add = bias ? bias[o] : 0.f;
@@ -631,7 +631,7 @@ class FrameConvKernel final : public OpKernel {
     check_input_shape(ctx, 0, s_.x);
     const int64_t len = s_.x[2], k = s_.w[2], ow = s_.y[2], stride = s_.stride[0], pad = s_.pad_l[0];
     const float* x = ctx.required_input(0).data<float>();
-    parallel_items(ctx, s_.x[0] * ow, k * 4, 1 << 16, [&](int64_t b, int64_t e) {
+    parallel_items(ctx, s_.x[0] * ow, k * 4, kBytesPerThread, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const int64_t start = r % ow * stride - pad;  // the window's first sample
         const int64_t lo = std::clamp<int64_t>(-start, 0, k), hi = std::clamp<int64_t>(len - start, lo, k);

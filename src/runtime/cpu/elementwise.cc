@@ -17,12 +17,9 @@ namespace slim::cpu {
 
 namespace {
 
-// Elements per task below which splitting over threads costs more than it saves.
-constexpr int64_t kParallelGrain = 1 << 15;
-
 template <typename Fn>
 void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) {
-  cpu::parallel_items(ctx, n, cost, kParallelGrain, fn);
+  cpu::parallel_items(ctx, n, cost, kElementsPerThread, fn);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,11 +12,9 @@
 namespace slim::cpu {
 namespace {
 
-constexpr int64_t kCopyGrain = 1 << 16;  // bytes per task worth a thread hand-off
-
 template <typename Fn>
 void parallel_rows(const KernelContext& ctx, int64_t rows, int64_t row_bytes, Fn&& fn) {
-  parallel_items(ctx, rows, row_bytes, kCopyGrain, fn);
+  parallel_items(ctx, rows, row_bytes, kBytesPerThread, fn);
 }
 
 std::optional<std::string> need_static_dtype(const KernelBuildInfo& info, int i) {
