@@ -100,7 +100,7 @@ TEST(CpuKernels, BinaryOpsBroadcastLikeNumpy) {
   const std::vector<std::pair<Shape, Shape>> shapes = {
       {{37}, {37}},          {{4, 37}, {37}},          {{4, 1, 5}, {3, 1}},       {{2, 3, 4, 5}, {3, 1, 1}},
       {{1}, {7, 9}},         {{7, 1}, {1, 9}},         {{2, 1, 3, 1}, {1, 4, 1, 5}}, {{}, {5, 3}},
-      {{6, 100000}, {100000}}, {{3, 200000}, {3, 1}},
+      {{6, 100000}, {100000}}, {{3, 200000}, {3, 1}}, {{9, 0}, {0}},
   };
   for_each_isa([&] {
     for (const char* op : {"Add", "Sub", "Mul", "Div"}) {
@@ -161,6 +161,7 @@ Tensor small_values(DType dt, const Shape& shape, uint64_t seed) {
 TEST(CpuKernels, ComparisonsAndLogicalOpsMatchRef) {
   const std::vector<std::pair<Shape, Shape>> shapes = {
       {{37}, {37}}, {{4, 37}, {37}}, {{4, 1, 5}, {3, 1}}, {{}, {5, 70}}, {{2, 1, 3, 1}, {1, 4, 1, 5}}, {{3, 67}, {}},
+      {{9, 0}, {0}},
   };
   const std::vector<DType> numeric = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i8,  DType::u8,
                                       DType::i16, DType::u16, DType::i32, DType::u32, DType::i64, DType::u64};

@@ -1,8 +1,9 @@
-// The cpu provider's own f32 math kernels: binary arithmetic (and Max/Min) with numpy
-// broadcasting, activations, Softmax/LogSoftmax, LayerNormalization, BatchNormalization
-// and ReduceSum/Mean/Max/Min. Loops
-// are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
-// over slim's thread pool when a tensor is large enough to pay for the hand-off.
+// The cpu provider's own math kernels: f32 binary arithmetic (and Max/Min) with numpy
+// broadcasting and, on the same walk, comparisons and logical ops of any dtype;
+// activations, Softmax/LogSoftmax, LayerNormalization, BatchNormalization and
+// ReduceSum/Mean/Max/Min. Loops are vectorized (simd.h, AVX-512/AVX2 chosen at run time,
+// scalar fallback) and split over the threads when a tensor is large enough to pay for
+// the hand-off.
 #include <algorithm>
 #include <cfloat>
 #include <numeric>
@@ -544,6 +545,7 @@ class BinaryKernel final : public OpKernel {
     const Tensor& a = ctx.required_input(0);
     const Tensor& b = b_.defined() ? b_ : ctx.required_input(1);
     Tensor& y = ctx.output(0, out_dtype_, p_.y);
+    if (y.numel() == 0) return;
     const char* pa = static_cast<const char*>(a.raw_data());
     const char* pb = static_cast<const char*>(b.raw_data());
     char* py = full_ >= 0 ? reinterpret_cast<char*>(layout_.target(y)) : static_cast<char*>(y.raw_data());
