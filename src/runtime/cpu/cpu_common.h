@@ -34,12 +34,24 @@ const dnnl::engine& dnnl_engine();
 
 // Debian's libdnnl runs its primitives on OpenMP. Each execute first limits OpenMP to
 // the size of slim's pool (SessionOptions::num_threads), so the two never run more
-// threads than asked for; slim's pool is idle while a oneDNN primitive runs.
-void limit_dnnl_threads(const KernelContext& ctx);
+// threads than asked for; slim's pool is idle while a oneDNN primitive runs. A primitive
+// (and a loop of the provider's own, parallel_items) gets one thread per `per_thread`
+// units of its `work`, at least one: work that takes a core less than some 50 us runs
+// on the calling thread alone, since a parallel region's fork and barrier cost more than
+// they save there, and on a busy machine the barrier waits milliseconds for a thread
+// without a core (at 2 threads on a loaded 2-core machine, silero-vad-v4's 0.1-0.5M
+// multiply-add convolutions made a 0.4 ms run take 240 ms, and openWakeWord's mel
+// front end took 100-140 ms with its 76K-element elementwise nodes split, 10-24 ms
+// without).
+inline constexpr int64_t kMacsPerThread = int64_t(2) << 20;
+inline constexpr int64_t kElementsPerThread = int64_t(1) << 18;  // elementwise math, reorders
+inline constexpr int64_t kBytesPerThread = int64_t(1) << 19;     // copies
+void limit_dnnl_threads(const KernelContext& ctx, int64_t work, int64_t per_thread);
 // oneDNN plans a primitive's threads when the primitive is created, from OpenMP's thread
-// count at that moment: kernels call this before creating primitives, so they plan for
-// the compiling session's count (Session::compile sets slim's pool to it).
-void limit_dnnl_threads_at_build();
+// count at that moment: kernels call this, with the work they execute with, before
+// creating primitives, so they plan for the compiling session's count (Session::compile
+// sets slim's pool to it).
+void limit_dnnl_threads_at_build(int64_t work, int64_t per_thread);
 
 // Calls fn(begin, end) over [0, n) items of `cost` units each (bytes or elements: tasks
 // of fewer than `grain` units are not worth a thread), split over the session's thread
@@ -53,7 +65,7 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, int64_t g
     fn(int64_t(0), n);
     return;
   }
-  limit_dnnl_threads(ctx);
+  limit_dnnl_threads(ctx, n * std::max<int64_t>(cost, 1), grain);
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
