@@ -48,10 +48,6 @@ def main():
                     (p + "ffn_down.weight", qtype, [ff, d], blocks(d, ff))]
     tensors += [("output_norm.weight", "F32", [d], np.ones(d, "<f4").tobytes()),
                 ("output.weight", qtype, [d, vocab], blocks(vocab, d))]
-    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % i for i in range(256)]
-    toks += ["\u2581w%d" % i for i in range(vocab - len(toks))]
-    types = [2, 3, 3] + [6] * 256 + [1] * (vocab - 259)
-    scores = [0.0] * 259 + [-float(i) for i in range(vocab - 259)]
     a = "llama."
     kvs = [("general.architecture", ("str", "llama")), ("general.name", ("str", "random-1b")),
            ("general.file_type", ("u32", 7 if qtype == "Q8_0" else 2)),
@@ -59,11 +55,7 @@ def main():
            (a + "embedding_length", ("u32", d)), (a + "feed_forward_length", ("u32", ff)),
            (a + "attention.head_count", ("u32", heads)), (a + "attention.head_count_kv", ("u32", kv)),
            (a + "attention.layer_norm_rms_epsilon", ("f32", 1e-5)), (a + "rope.freq_base", ("f32", 10000.0)),
-           (a + "rope.dimension_count", ("u32", hd)),
-           ("tokenizer.ggml.model", ("str", "llama")), ("tokenizer.ggml.tokens", ("strs", toks)),
-           ("tokenizer.ggml.scores", ("f32s", scores)), ("tokenizer.ggml.token_type", ("i32s", types)),
-           ("tokenizer.ggml.bos_token_id", ("u32", 1)), ("tokenizer.ggml.eos_token_id", ("u32", 2)),
-           ("tokenizer.ggml.unknown_token_id", ("u32", 0))]
+           (a + "rope.dimension_count", ("u32", hd))] + mg.spm_tokenizer(vocab)
     mg.write_gguf(out, kvs, tensors)
 
 
