@@ -158,6 +158,60 @@ TEST(Moe, SequencesShareExpertsInOnePass) {
   }
 }
 
+// bench/vs_llamacpp/make_moe_from_dense.py splits a dense model's feed-forward networks into
+// experts; routed to all of them with equal weight, the MoE model computes the dense one
+// (its down projections summed in parts: rounding only). The qwen2moe split also moves Q/K
+// rows to its rotary layout (a partial one here) and adds a shared expert.
+TEST(Moe, SplitDenseModelRoundTrips) {
+  struct Split {
+    const char* dense;
+    const char* args;
+  };
+  for (const Split& sp : {Split{"llama_f32", "--experts 4"}, Split{"llama_rot32_f32", "--arch qwen2moe --experts 4"},
+                          Split{"llama_f16", "--arch qwen2moe --experts 2 --shared 256"}}) {
+    const std::string out = tmp_dir() + "/llm_split_" + sp.dense + ".gguf";
+    const std::string cmd = "/usr/bin/python3 '" + source_dir() + "/bench/vs_llamacpp/make_moe_from_dense.py' '" +
+                            fixture(std::string(sp.dense) + ".gguf") + "' '" + out + "' " + sp.args + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    Reference ref = load_reference(sp.dense);
+    auto dense = run_all(sp.dense, ref.tokens, exact_options());
+    auto moe = LlamaModel::load(out);
+    EXPECT_GT(moe->config().n_expert, 1) << sp.dense;
+    EXPECT_EQ(moe->config().n_expert_used, moe->config().n_expert) << sp.dense;
+    ContextOptions o = exact_options();
+    o.all_logits = true;
+    LlamaContext ctx(moe, o);
+    ctx.eval(ref.tokens);
+    const int nv = moe->config().n_vocab;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.tokens.size(); ++i)
+      for (int v = 0; v < nv; ++v) {
+        num = std::max(num, double(std::fabs(ctx.logits(int(i))[v] - dense[i * nv + v])));
+        den = std::max(den, double(std::fabs(dense[i * nv + v])));
+      }
+    std::printf("%-16s split (%s): rel. error vs dense %.2e\n", sp.dense, sp.args, num / den);
+    // F32: summation order (1e-6); F16: that can round an f16 activation the other way.
+    EXPECT_LT(num / den, std::string(sp.dense) == "llama_f16" ? 2e-3 : 1e-5) << sp.dense;
+  }
+  // Fitted routers (on random tokens here): top 2 of 4 experts.
+  const std::string ids = tmp_dir() + "/llm_split_ids.txt", out = tmp_dir() + "/llm_split_top2.gguf";
+  {
+    std::ofstream f(ids);
+    for (int i = 0; i < 256; ++i) f << (i * 37 + 11) % 300 << ' ';
+  }
+  const std::string cmd = "/usr/bin/python3 '" + source_dir() + "/bench/vs_llamacpp/make_moe_from_dense.py' '" +
+                          fixture("llama_f32.gguf") + "' '" + out + "' --experts 4 --used 2 --calibration '" + ids +
+                          "' > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto moe = LlamaModel::load(out);
+  EXPECT_EQ(moe->config().n_expert_used, 2);
+  LlamaContext ctx(moe, exact_options());
+  const Reference ref = load_reference("llama_f32");
+  ctx.eval(ref.tokens);
+  for (int v = 0; v < moe->config().n_vocab; ++v) ASSERT_TRUE(std::isfinite(ctx.logits()[v]));
+  EXPECT_EQ(ctx.expert_usage().tokens, int64_t(ref.tokens.size()));
+}
+
 void expect_load_error(const std::string& path, ErrorCode code, std::initializer_list<const char*> parts) {
   try {
     LlamaModel::load(path);
