@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
@@ -57,62 +58,136 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, tokens, tokens_file;
+  std::string model, tokens, tokens_file, expert_json;
+  std::vector<std::string> prompts;
   int n = 128, threads = 0, ctx = 0, batch = 512;
   llm::SamplerOptions sampling;
   std::vector<std::string> stop;
-  bool ignore_eos = false, ids = false, f32_kv = false, mmap = false;
+  bool ignore_eos = false, ids = false, f32_kv = false, mmap = false, expert_stats = false;
 };
+
+// A MoE request's (or all requests') expert work: per expert the tokens routed to it over
+// all layers, their share of the routing, its GFLOP and the tokens per layer; then the
+// shared expert, the rest of the forward pass, and the total.
+void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int k) {
+  std::fprintf(stderr, "%s: %lld tokens, %d layers x %d experts, %d per token\n", title.c_str(), (long long)u.tokens,
+               u.n_layer, u.n_expert, k);
+  std::fprintf(stderr, "  %-8s %10s %7s %10s  %s\n", "expert", "routed", "share", "GFLOP", "routed per layer");
+  const double slots = double(u.tokens) * u.n_layer * k;
+  for (int e = 0; e < u.n_expert; ++e) {
+    int64_t n = 0;
+    std::string per_layer;
+    for (int l = 0; l < u.n_layer; ++l) {
+      n += u.count(l, e);
+      per_layer += (l ? " " : "") + std::to_string(u.count(l, e));
+    }
+    std::fprintf(stderr, "  %-8d %10lld %6.1f%% %10.4f  %s\n", e, (long long)n, slots > 0 ? 100.0 * n / slots : 0.0,
+                 double(n) * u.expert_token_flops / 1e9, per_layer.c_str());
+  }
+  if (u.shared_token_flops > 0)
+    std::fprintf(stderr, "  %-8s %10lld %7s %10.4f\n", "shared", (long long)(u.tokens * u.n_layer), "",
+                 u.shared_flops() / 1e9);
+  std::fprintf(stderr, "  %-8s %10s %7s %10.4f  (attention, routers, output head)\n", "other", "", "", u.other_flops / 1e9);
+  std::fprintf(stderr, "  %-8s %10s %7s %10.4f\n", "total", "", "", u.total_flops() / 1e9);
+}
+
+nlohmann::json expert_usage_json(const llm::ExpertUsage& u) {
+  nlohmann::json routed = nlohmann::json::array(), flops = nlohmann::json::array();
+  for (int l = 0; l < u.n_layer; ++l) {
+    nlohmann::json row = nlohmann::json::array();
+    for (int e = 0; e < u.n_expert; ++e) row.push_back(u.count(l, e));
+    routed.push_back(row);
+  }
+  for (int e = 0; e < u.n_expert; ++e) {
+    double f = 0;
+    for (int l = 0; l < u.n_layer; ++l) f += u.expert_flops(l, e);
+    flops.push_back(f);
+  }
+  return {{"evaluated_tokens", u.tokens}, {"routed", routed}, {"expert_flops", flops},
+          {"shared_flops", u.shared_flops()}, {"other_flops", u.other_flops}, {"total_flops", u.total_flops()}};
+}
 
 void run_generate(const GenerateArgs& a) {
   auto model = llm::LlamaModel::load(a.model, a.mmap);
+  const llm::LlamaConfig& cfg = model->config();
+  if ((a.expert_stats || !a.expert_json.empty()) && cfg.n_expert == 0)
+    throw Error(ErrorCode::invalid_argument, "generate: --expert-stats needs a Mixture-of-Experts model; " + a.model +
+                                                 " is dense");
   std::unique_ptr<text::Tokenizer> tok;
-  std::vector<int32_t> prompt;
+  std::vector<std::vector<int32_t>> prompts;
   if (!a.tokens.empty() || !a.tokens_file.empty()) {
-    prompt = a.tokens.empty() ? parse_ids(read_text_file(a.tokens_file), a.tokens_file) : parse_ids(a.tokens, "--tokens");
+    prompts.push_back(a.tokens.empty() ? parse_ids(read_text_file(a.tokens_file), a.tokens_file)
+                                       : parse_ids(a.tokens, "--tokens"));
     if (model->gguf().has("tokenizer.ggml.model")) tok = llm::load_gguf_tokenizer(model->gguf());
   } else {
     tok = llm::load_gguf_tokenizer(model->gguf());
-    prompt = tok->encode(a.prompt);
+    for (const std::string& p : a.prompts.empty() ? std::vector<std::string>{""} : a.prompts) prompts.push_back(tok->encode(p));
   }
-  if (prompt.empty()) throw Error(ErrorCode::invalid_argument, "generate: empty prompt (give -p TEXT or --tokens IDS)");
+  for (const auto& p : prompts)
+    if (p.empty()) throw Error(ErrorCode::invalid_argument, "generate: empty prompt (give -p TEXT or --tokens IDS)");
+  if (!a.stop.empty() && !tok) throw Error(ErrorCode::invalid_argument, "generate: --stop needs a tokenizer in the model");
   llm::ContextOptions co;
   co.n_ctx = a.ctx;
   co.n_batch = a.batch;
   co.n_threads = a.threads;
   co.f16_kv = !a.f32_kv;
   llm::LlamaGenerator gen(model, co);
-  llm::GenerationRequest req;
-  req.prompt = prompt;
-  req.max_tokens = a.n;
-  req.sampling = a.sampling;
-  req.stop_at_eos = !a.ignore_eos;
-  req.stop_strings = a.stop;
-  if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
-  if (!a.stop.empty() && !tok) throw Error(ErrorCode::invalid_argument, "generate: --stop needs a tokenizer in the model");
-  if (!a.ids && tok) std::fputs(tok->decode(prompt).c_str(), stdout);
-  auto res = gen.generate(req, [&](int32_t t) {
-    if (a.ids || !tok) std::printf("%d ", t);
-    else std::fputs(tok->token_to_piece(t).c_str(), stdout);
+  nlohmann::json requests = nlohmann::json::array();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    llm::GenerationRequest req;
+    req.prompt = prompts[i];
+    req.max_tokens = a.n;
+    req.sampling = a.sampling;
+    req.stop_at_eos = !a.ignore_eos;
+    req.stop_strings = a.stop;
+    if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
+    if (!a.ids && tok) std::fputs(tok->decode(req.prompt).c_str(), stdout);
+    auto res = gen.generate(req, [&](int32_t t) {
+      if (a.ids || !tok) std::printf("%d ", t);
+      else std::fputs(tok->token_to_piece(t).c_str(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::printf("\n");
     std::fflush(stdout);
-    return true;
-  });
-  std::printf("\n");
-  std::fflush(stdout);
-  const int decoded = std::max<int>(0, int(res.tokens.size()) - 1);  // the first token comes from prefill
-  std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", res.prompt_tokens, res.prefill_seconds,
-               res.prompt_tokens / std::max(res.prefill_seconds, 1e-9));
-  std::fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", decoded, res.decode_seconds,
-               decoded / std::max(res.decode_seconds, 1e-9));
-  std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
-               gen.context().kernel_isa(), a.threads);
+    const int decoded = std::max<int>(0, int(res.tokens.size()) - 1);  // the first token comes from prefill
+    std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", res.prompt_tokens, res.prefill_seconds,
+                 res.prompt_tokens / std::max(res.prefill_seconds, 1e-9));
+    std::fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", decoded, res.decode_seconds,
+                 decoded / std::max(res.decode_seconds, 1e-9));
+    std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
+                 gen.context().kernel_isa(), a.threads);
+    if (a.expert_stats) print_expert_usage("experts, request " + std::to_string(i + 1), res.experts, cfg.n_expert_used);
+    nlohmann::json r = expert_usage_json(res.experts);
+    r["prompt_tokens"] = res.prompt_tokens;
+    r["reused_prompt_tokens"] = res.reused_prompt_tokens;
+    r["generated_tokens"] = res.tokens.size();
+    requests.push_back(std::move(r));
+  }
+  const llm::ExpertUsage& total = gen.context().expert_usage_total();
+  if (a.expert_stats && prompts.size() > 1) print_expert_usage("experts, all requests", total, cfg.n_expert_used);
+  if (!a.expert_json.empty()) {
+    const nlohmann::json j = {{"model", a.model},
+                              {"arch", cfg.arch},
+                              {"n_layer", cfg.n_layer},
+                              {"n_expert", cfg.n_expert},
+                              {"n_expert_used", cfg.n_expert_used},
+                              {"expert_token_flops", total.expert_token_flops},
+                              {"shared_token_flops", total.shared_token_flops},
+                              {"requests", requests},
+                              {"cumulative", expert_usage_json(total)}};
+    std::ofstream f(a.expert_json);
+    if (!(f << j.dump(1) << "\n")) throw Error(ErrorCode::invalid_argument, "--expert-stats-json: cannot write '" + a.expert_json + "'");
+  }
 }
 
 void add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
-  auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF language model (llama, qwen2)");
+  auto* cmd = app.add_subcommand("generate",
+                                 "Generate text with a GGUF language model (llama, mistral, qwen2; Mixture-of-Experts: "
+                                 "Mixtral's layout, qwen2moe)");
   cmd->add_option("model", a->model, "GGUF model file")->required();
-  cmd->add_option("-p,--prompt", a->prompt, "Prompt text");
+  cmd->add_option("-p,--prompt", a->prompts, "Prompt text (repeatable: one request after the other)");
   cmd->add_option("--tokens", a->tokens, "Prompt as token IDs (comma or space separated) instead of text");
   cmd->add_option("--tokens-file", a->tokens_file, "File of prompt token IDs");
   cmd->add_option("-n,--n-predict", a->n, "Tokens to generate")->check(CLI::NonNegativeNumber);
@@ -129,6 +204,10 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag("--ids", a->ids, "Print token IDs instead of text");
   cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
+  cmd->add_flag("--expert-stats", a->expert_stats,
+                "Mixture-of-Experts models: print per request (and over all requests) the tokens routed to each "
+                "expert per layer and their FLOPs, the shared expert apart");
+  cmd->add_option("--expert-stats-json", a->expert_json, "Write those statistics as JSON to this file");
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   add_isa_option(cmd);
