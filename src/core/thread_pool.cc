@@ -1,5 +1,7 @@
 #include "slim/core/thread_pool.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -10,6 +12,7 @@ namespace slim {
 
 namespace {
 thread_local bool t_in_parallel = false;
+thread_local CpuTimeAccount* t_account = nullptr;
 
 // Polls `done` (with a pause between polls) for up to `us` microseconds.
 template <typename F>
@@ -26,6 +29,22 @@ void spin_until(F done, int us) {
   }
 }
 }  // namespace
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+CpuTimeScope::CpuTimeScope(CpuTimeAccount& account) : account_(account), start_ns_(thread_cpu_ns()) {
+  if (t_account) throw Error(ErrorCode::internal, "CpuTimeScope: a scope is already open on this thread");
+  t_account = &account;
+}
+
+CpuTimeScope::~CpuTimeScope() {
+  t_account = nullptr;
+  account_.add_ns(thread_cpu_ns() - start_ns_);
+}
 
 ThreadPool::ThreadPool(int num_threads, int spin_us) : spin_us_(std::max(0, spin_us)) {
   for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -56,11 +75,14 @@ void ThreadPool::worker_loop() {
     work_cv_.wait(lock, [&] { return stop_ || (generation_ != seen && next_chunk_ < num_chunks_); });
     if (stop_) return;
     seen = generation_;
-    run_chunks(lock);
+    run_chunks(lock, true);
   }
 }
 
-void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
+void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock, bool worker) {
+  // Read before the chunks: the caller clears it once the last chunk is done.
+  CpuTimeAccount* const account = worker ? job_account_ : nullptr;
+  const int64_t start_ns = account ? thread_cpu_ns() : 0;
   while (next_chunk_ < num_chunks_) {
     const int64_t c = next_chunk_++;
     const auto* job = job_;
@@ -76,6 +98,7 @@ void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
     t_in_parallel = false;
     lock.lock();
     if (err && !error_) error_ = err;
+    if (account && next_chunk_ >= num_chunks_) account->add_ns(thread_cpu_ns() - start_ns);
     done_.store(++chunks_done_, std::memory_order_release);
     if (chunks_done_ == num_chunks_) done_cv_.notify_all();
   }
@@ -100,6 +123,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   const int64_t chunk = (n + max_chunks - 1) / max_chunks;
   std::unique_lock<std::mutex> lock(mu_);
   job_ = &fn;
+  job_account_ = t_account;
   job_n_ = n;
   job_chunk_ = chunk;
   num_chunks_ = (n + chunk - 1) / chunk;
@@ -110,7 +134,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   ++generation_;
   posted_.store(generation_, std::memory_order_release);
   work_cv_.notify_all();
-  run_chunks(lock);  // the caller takes chunks too
+  run_chunks(lock, false);  // the caller takes chunks too
   if (spin_us_ > 0 && chunks_done_ != num_chunks_) {
     const int64_t all = num_chunks_;
     lock.unlock();
@@ -119,6 +143,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   }
   done_cv_.wait(lock, [&] { return chunks_done_ == num_chunks_; });
   job_ = nullptr;
+  job_account_ = nullptr;
   num_chunks_ = 0;
   std::exception_ptr err = error_;
   error_ = nullptr;

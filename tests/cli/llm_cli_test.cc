@@ -1,5 +1,5 @@
 // End-to-end tests of `slim generate` on Mixture-of-Experts models: the per-expert
-// statistics (--expert-stats table, --expert-stats-json), and refusals.
+// statistics (--expert-stats table, --json), their share of the energy, and refusals.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,20 +30,19 @@ std::string LlmCli::dir_;
 TEST_F(LlmCli, ExpertStatsPerRequestAndCumulative) {
   const std::string json = dir_ + "/stats.json";
   const auto r = run_slim("generate " + dir_ + "/moe.gguf --tokens 5,6,7 -n 4 --temp 0 --ignore-eos --threads 1 "
-                          "--expert-stats --expert-stats-json " + json);
+                          "--expert-stats --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // 3 prompt tokens and 3 of the 4 generated ones pass the model (the last is not fed back).
   EXPECT_NE(r.err.find("experts, request 1: 6 tokens, 2 layers x 4 experts, 2 per token\n"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\n  shared "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\n  total "), std::string::npos) << r.err;
   const auto j = nlohmann::json::parse(read_file(json));
-  EXPECT_EQ(j["arch"], "qwen2moe");
-  EXPECT_EQ(j["n_expert"], 4);
-  ASSERT_EQ(j["requests"].size(), 1u);
-  const auto& req = j["requests"][0];
+  EXPECT_EQ(j["moe"]["arch"], "qwen2moe");
+  EXPECT_EQ(j["moe"]["n_expert"], 4);
+  EXPECT_EQ(j["prompt_tokens"], 3);
+  EXPECT_EQ(j["generated_tokens"], 4);
+  const auto& req = j["experts"];
   EXPECT_EQ(req["evaluated_tokens"], 6);
-  EXPECT_EQ(req["prompt_tokens"], 3);
-  EXPECT_EQ(req["generated_tokens"], 4);
   double expert_flops = 0;
   for (const auto& layer : req["routed"]) {
     int routed = 0;
@@ -56,24 +55,51 @@ TEST_F(LlmCli, ExpertStatsPerRequestAndCumulative) {
   EXPECT_DOUBLE_EQ(req["shared_flops"].get<double>(), 6 * 2 * (6.0 * 256 * 128 + 2 * 256));
   EXPECT_DOUBLE_EQ(req["total_flops"].get<double>(),
                    expert_flops + req["shared_flops"].get<double>() + req["other_flops"].get<double>());
-  EXPECT_EQ(j["cumulative"]["routed"], req["routed"]);
+  EXPECT_EQ(j["moe"]["cumulative"]["routed"], req["routed"]);
+  EXPECT_FALSE(req.contains("expert_j"));  // no --energy
 }
 
 TEST_F(LlmCli, ExpertStatsAddUpOverRequests) {
   const std::string json = dir_ + "/two.json";
   const auto r = run_slim("generate " + dir_ + "/moe.gguf -p 'one two' -p 'three' -n 3 --temp 0 --ignore-eos "
-                          "--threads 1 --expert-stats --expert-stats-json " + json);
+                          "--threads 1 --expert-stats --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("experts, request 2: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("experts, all requests: "), std::string::npos) << r.err;
   const auto j = nlohmann::json::parse(read_file(json));
   ASSERT_EQ(j["requests"].size(), 2u);
-  const auto &a = j["requests"][0], &b = j["requests"][1], &c = j["cumulative"];
+  const auto &a = j["requests"][0]["experts"], &b = j["requests"][1]["experts"], &c = j["moe"]["cumulative"];
   EXPECT_EQ(c["evaluated_tokens"].get<int>(), a["evaluated_tokens"].get<int>() + b["evaluated_tokens"].get<int>());
   for (size_t l = 0; l < 2; ++l)
     for (size_t e = 0; e < 4; ++e)
       EXPECT_EQ(c["routed"][l][e].get<int>(), a["routed"][l][e].get<int>() + b["routed"][l][e].get<int>());
   EXPECT_DOUBLE_EQ(c["other_flops"].get<double>(), a["other_flops"].get<double>() + b["other_flops"].get<double>());
+}
+
+// With --energy (estimated on most machines, measured where counters are readable) each
+// expert gets the request's work energy and carbon in proportion to its FLOPs.
+TEST_F(LlmCli, ExpertStatsShareTheEnergyByFlops) {
+  const std::string json = dir_ + "/energy.json";
+  const auto r = run_slim("generate " + dir_ + "/moe.gguf --tokens 5,6,7 -n 4 --temp 0 --ignore-eos --threads 1 "
+                          "--expert-stats --energy --region FRA --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The energy column says whether the request's energy was measured or estimated.
+  EXPECT_NE(r.err.find("ed  routed per layer"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(read_file(json));
+  const auto& x = j["experts"];
+  ASSERT_TRUE(x.contains("expert_j")) << x.dump();
+  EXPECT_EQ(x["energy_basis"], j["energy"]["prefill"]["basis"]);
+  const double work = j["energy"]["prefill"]["work_j"].get<double>() + j["energy"]["decode"]["work_j"].get<double>();
+  double joules = x["shared_j"].get<double>() + x["other_j"].get<double>(), flops = 0;
+  for (size_t e = 0; e < 4; ++e) {
+    joules += x["expert_j"][e].get<double>();
+    flops += x["expert_flops"][e].get<double>();
+    EXPECT_NEAR(x["expert_j"][e].get<double>() / std::max(work, 1e-300),
+                x["expert_flops"][e].get<double>() / x["total_flops"].get<double>(), 1e-9);
+  }
+  // The parts add up to the request's work energy (one window over prefill and decode).
+  EXPECT_NEAR(joules, work, 1e-6 * std::max(work, 1e-12));
+  EXPECT_GT(flops, 0);
 }
 
 TEST_F(LlmCli, ExpertStatsNeedAMoeModel) {

@@ -10,17 +10,21 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <unordered_map>
 
 #include "commands.h"
+#include "energy_cli.h"
 #include "slim/core/cpu_features.h"
 #include "slim/core/dispatch.h"
 #include "slim/core/error.h"
 #include "slim/core/npy.h"
 #include "slim/core/progress.h"
+#include "slim/core/thread_pool.h"
 #include "slim/onnx/importer.h"
+#include "slim/runtime/model_summary.h"
 #include "slim/runtime/session.h"
 
 namespace slim::cli {
@@ -44,6 +48,7 @@ struct BenchOptions {
   bool no_winograd = false;
   int top = 15;
   uint64_t seed = 1;
+  EnergyArgs energy;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -271,6 +276,8 @@ void bench(const BenchOptions& o) {
   const double first_run_ms =
       std::chrono::duration<double, std::milli>(t_first_end - t_first).count();
   const double cold_ms = compile_ms + first_run_ms;
+  std::optional<EnergyRun> energy;
+  if (o.energy.on) energy.emplace(o.energy);
 
   {
     Progress progress("warmup", o.warmup);
@@ -286,11 +293,25 @@ void bench(const BenchOptions& o) {
                                 Clock::time_point t1) { prof.record(n, provider, t0, t1); });
   std::vector<double> ms;
   std::vector<std::pair<double, double>> run_spans;
+  // With --energy every run is metered as a served request would be, inside its timed span:
+  // a meter reading after it and its CPU time (pool workers' included) charged to an account.
+  std::vector<energy::Reading> readings(energy ? size_t(o.iters) + 1 : 0);
+  for (auto& r : readings) r.joules.resize(energy->meter().channels().size());
+  CpuTimeAccount pool_cpu;
+  if (energy) energy->meter().read(readings[0]);
   {
     Progress progress("bench", o.iters);
     for (int i = 0; i < o.iters; ++i) {
       const auto t0 = Clock::now();
-      outs = session->run(feeds);
+      if (energy) {
+        {
+          CpuTimeScope scope(pool_cpu);
+          outs = session->run(feeds);
+        }
+        energy->meter().read(readings[size_t(i) + 1]);
+      } else {
+        outs = session->run(feeds);
+      }
       const auto t1 = Clock::now();
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       run_spans.push_back({std::chrono::duration<double, std::micro>(t0 - prof.origin).count(),
@@ -326,6 +347,29 @@ void bench(const BenchOptions& o) {
   std::printf("throughput:   %.2f runs/s   %.2f samples/s (batch %lld)\n", 1000.0 / p50,
               1000.0 / p50 * double(o.batch), static_cast<long long>(o.batch));
   std::printf("peak RSS:     %.1f MiB\n", rss);
+  nlohmann::json energy_json;
+  if (energy) {
+    const ModelSummary summary = summarize_model_shapes(session->model(), so.providers);
+    const energy::EnergyReport r = energy->report(readings.front(), readings.back());
+    const double inferences = double(o.iters) * double(o.batch);
+    const double tops_per_w = r.work_joules > 0 ? summary.flops * o.iters / r.work_joules / 1e12 : 0;
+    energy->print_setup(stdout, 14);
+    std::printf("work energy:  %s, %.4g TOPS/W (%s per run); %d runs in %s, %s of CPU time\n",
+                EnergyRun::per_unit(r, inferences, "inference").c_str(), tops_per_w,
+                energy::si(summary.flops, "FLOPs").c_str(), o.iters, energy::si(r.seconds, "s").c_str(),
+                energy::si(r.cpu_seconds, "s").c_str());
+    std::printf("carbon:       %s\n", EnergyRun::carbon_line(r, inferences, "inference").c_str());
+    energy_json = energy->setup_json();
+    energy_json.update(energy::to_json(r, inferences, "inference"));
+    energy_json["flops_per_run"] = summary.flops;
+    energy_json["tops_per_w"] = tops_per_w;
+    // What the pool hook saw of the process's CPU time (oneDNN's OpenMP threads are not in it).
+    energy_json["pool_cpu_seconds"] = pool_cpu.seconds();
+    std::vector<double> runs_j;
+    for (size_t i = 0; i + 1 < readings.size(); ++i)
+      runs_j.push_back(energy->report(readings[i], readings[i + 1]).work_joules);
+    energy_json["runs_j"] = runs_j;
+  }
 
   // Time per op type and the slowest nodes, averaged over the measured runs.
   double node_total = 0;
@@ -383,7 +427,9 @@ void bench(const BenchOptions& o) {
       f << (i ? "," : "") << "{\"op\":\"" << json_escape(ops[i].first)
         << "\",\"ms\":" << ops[i].second.first * per_run << ",\"nodes\":" << ops[i].second.second
         << "}";
-    f << "]}\n";
+    f << "]";
+    if (energy) f << ",\"energy\":" << energy_json.dump();
+    f << "}\n";
   }
 }
 
@@ -419,6 +465,7 @@ SLIM_COMMAND(13, [](CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
   cmd->add_flag("--no-optimize", o->no_optimize, "Compile without the graph optimization passes");
   cmd->add_flag("--no-winograd", o->no_winograd, "Run 3x3 convolutions as direct sums (no Winograd)");
+  add_energy_options(cmd, &o->energy);
   cmd->callback([o] { bench(*o); });
 });
 

@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "commands.h"
+#include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/core/thread_pool.h"
@@ -203,10 +205,11 @@ void inspect_cmd(const std::string& path) {
 }
 
 struct BenchOptions {
-  std::string model, csv, label;
+  std::string model, csv, label, json;
   int threads = 1;
   int64_t rows = 10000;
   double seconds = 0.5;
+  EnergyArgs energy;
 };
 
 void bench_cmd(const BenchOptions& o) {
@@ -234,6 +237,23 @@ void bench_cmd(const BenchOptions& o) {
             << load_ms << " ms, simd " << simd_level_name(cf.simd_level())
             << cpu_note() << ", " << pool.num_threads()
             << " thread(s)\n";
+  std::optional<EnergyRun> energy;
+  nlohmann::json report = {{"model", o.model}, {"trees", cf.num_trees()}, {"nodes", cf.num_nodes()},
+                           {"threads", pool.num_threads()}, {"simd", simd_level_name(cf.simd_level())}};
+  if (o.energy.on) {
+    energy.emplace(o.energy);
+    std::cout.flush();
+    energy->print_setup(stdout, 12);
+    report["energy"] = energy->setup_json();
+  }
+  energy::Reading e0, e1;
+  // " | 1.2 uJ per row (...), 3.4 ngCO2e per row" for the rows predicted between e0 and e1.
+  auto energy_of = [&](double rows, nlohmann::json& j) -> std::string {
+    if (!energy) return "";
+    const energy::EnergyReport r = energy->report(e0, e1);
+    j["energy"] = energy::to_json(r, rows, "row");
+    return " | " + EnergyRun::per_unit(r, rows, "row") + ", " + energy::si(r.work_grams / rows, "gCO2e") + " per row";
+  };
   Progress progress("forest bench", 4);
   int step = 0;
   for (int64_t batch : {int64_t(1), int64_t(64), int64_t(10000)}) {
@@ -243,6 +263,8 @@ void bench_cmd(const BenchOptions& o) {
       std::copy_n(x.begin() + (r % n) * F, F, xb.begin() + r * F);
     std::vector<float> ob(size_t(batch) * cf.num_groups());
     std::vector<double> rates;
+    double rows = 0;
+    if (energy) energy->meter().read(e0);
     const auto end = clock::now() + std::chrono::duration<double>(o.seconds);
     while (clock::now() < end || rates.size() < 5) {
       const auto a = clock::now();
@@ -252,14 +274,20 @@ void bench_cmd(const BenchOptions& o) {
         ++reps;
       } while (std::chrono::duration<double>(clock::now() - a).count() < 0.01);
       rates.push_back(double(batch) * reps / std::chrono::duration<double>(clock::now() - a).count());
+      rows += double(batch) * reps;
     }
+    if (energy) energy->meter().read(e1);
     std::sort(rates.begin(), rates.end());
-    std::printf("batch %6lld: %12.0f rows/s (median of %zu)\n", static_cast<long long>(batch),
-                rates[rates.size() / 2], rates.size());
+    nlohmann::json j = {{"batch", batch}, {"rows_per_s", rates[rates.size() / 2]}, {"measurements", rates.size()}};
+    const std::string e = energy_of(rows, j);
+    std::printf("batch %6lld: %12.0f rows/s (median of %zu)%s\n", static_cast<long long>(batch),
+                rates[rates.size() / 2], rates.size(), e.c_str());
+    report["batches"].push_back(j);
   }
   progress.update(step++, "single row");
   std::vector<double> lat;
   std::vector<float> o1(cf.num_groups());
+  if (energy) energy->meter().read(e0);
   const auto end = clock::now() + std::chrono::duration<double>(o.seconds);
   for (int64_t i = 0; clock::now() < end || lat.size() < 1000; ++i) {
     const float* row = x.data() + (i % n) * F;
@@ -267,10 +295,19 @@ void bench_cmd(const BenchOptions& o) {
     cf.predict_row(row, o1.data());
     lat.push_back(std::chrono::duration<double, std::micro>(clock::now() - a).count());
   }
+  if (energy) energy->meter().read(e1);
   progress.finish();
   std::sort(lat.begin(), lat.end());
-  std::printf("single row: p50 %.2f us  p99 %.2f us  (%zu calls)\n", lat[lat.size() / 2],
-              lat[lat.size() * 99 / 100], lat.size());
+  nlohmann::json j = {{"p50_us", lat[lat.size() / 2]}, {"p99_us", lat[lat.size() * 99 / 100]}, {"calls", lat.size()}};
+  const std::string e = energy_of(double(lat.size()), j);
+  std::printf("single row: p50 %.2f us  p99 %.2f us  (%zu calls)%s\n", lat[lat.size() / 2],
+              lat[lat.size() * 99 / 100], lat.size(), e.c_str());
+  report["single_row"] = j;
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + o.json + "'");
+    f << report.dump() << "\n";
+  }
 }
 
 }  // namespace
@@ -323,6 +360,8 @@ SLIM_COMMAND(40, [](CLI::App& app) {
   b->add_option("--label-column", bo->label, "Label column to skip");
   b->add_option("--threads", bo->threads, "Threads for batch prediction")->capture_default_str()->check(CLI::PositiveNumber);
   b->add_option("--seconds", bo->seconds, "Time per measurement")->capture_default_str()->check(CLI::PositiveNumber);
+  b->add_option("--json", bo->json, "Also write the results as JSON to this file");
+  add_energy_options(b, &bo->energy);
   add_isa_option(b);
   b->callback([bo] { bench_cmd(*bo); });
 });

@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <sys/resource.h>
 
 #include "commands.h"
+#include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/llm/gguf_tokenizer.h"
@@ -326,8 +328,38 @@ void add_kv_eval(CLI::App& app) {
 
 struct KvBenchArgs {
   std::string model, file, seqs = "1,8,32", ctxs = "512,2048", policy = "full", budget = "0.5,0.25", kv_type = "f16";
+  std::string json;
   int decode = 16, threads = 0, slack = 16, repeats = 1;
   bool scheduler = false, mmap = false;
+  EnergyArgs energy;
+};
+
+// --energy for kv-bench: the setup lines before the table, a reading per phase of a row.
+struct KvEnergy {
+  std::optional<EnergyRun> run;
+  nlohmann::json json = nlohmann::json::object();
+  explicit KvEnergy(const KvBenchArgs& a) {
+    if (!a.energy.on) return;
+    run.emplace(a.energy);
+    run->print_setup(stdout, 12);
+    json["energy"] = run->setup_json();
+  }
+  explicit operator bool() const { return bool(run); }
+  energy::Reading read() { return run ? run->meter().read() : energy::Reading{}; }
+  // The row's energy for `tokens` tokens between two readings, into row[key]; the text cell.
+  std::string cell(const energy::Reading& a, const energy::Reading& b, double tokens, nlohmann::json& row,
+                   const std::string& key) {
+    const energy::EnergyReport r = run->report(a, b);
+    row[key] = energy::to_json(r, tokens, "token");
+    return energy::si(r.work_joules / tokens, "J");
+  }
+  void write(const std::string& path, nlohmann::json report) {
+    if (path.empty()) return;
+    report.update(json);
+    std::ofstream f(path);
+    if (!f) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + path + "'");
+    f << report.dump() << "\n";
+  }
 };
 
 std::vector<int> int_list(const std::string& s, const char* what) {
@@ -377,8 +409,10 @@ void run_kv_bench(const KvBenchArgs& a) {
   };
   std::printf("model: %s; decode %d steps after a prefill of ctx tokens per sequence; %s prompts; kernels: %s\n",
               a.model.c_str(), a.decode, text.empty() ? "random-token" : "text", isa_report().c_str());
-  std::printf("%6s %5s  %-32s %11s %9s %9s %9s %12s\n", "ctx", "seqs", "setting", "decode t/s", "vs full", "vs 1 seq",
-              "KV peak", "KV B/ctx-tok");
+  KvEnergy energy(a);
+  nlohmann::json report = {{"model", a.model}, {"kernels", isa_report()}, {"decode_steps", a.decode}, {"rows", nlohmann::json::array()}};
+  std::printf("%6s %5s  %-32s %11s %9s %9s %9s %12s%s\n", "ctx", "seqs", "setting", "decode t/s", "vs full", "vs 1 seq",
+              "KV peak", "KV B/ctx-tok", energy ? "  prefill J/tok  decode J/tok  decode gCO2e/tok" : "");
   std::vector<std::pair<std::pair<int, size_t>, double>> one_seq;  // (ctx, variant) -> tokens/s at 1 sequence
   for (int ctx : ctxs)
     for (int n : seqs) {
@@ -393,6 +427,7 @@ void run_kv_bench(const KvBenchArgs& a) {
         for (int i = 1; i < n; ++i) ids.push_back(c.add_sequence());
         double best = 0;
         std::vector<int32_t> next(static_cast<size_t>(n));
+        const energy::Reading prefill0 = energy.read();
         for (int i = 0; i < n; ++i) {
           const std::vector<int32_t> p = prompt_of(i, ctx);
           for (int off = 0; off < ctx; off += 512) {
@@ -405,6 +440,7 @@ void run_kv_bench(const KvBenchArgs& a) {
         }
         const int steps_per_rep = std::max(1, a.decode / std::max(1, a.repeats));
         std::vector<llm::LlamaContext::SeqTokens> batch(static_cast<size_t>(n));
+        const energy::Reading decode0 = energy.read();
         for (int r = 0; r < a.repeats; ++r) {
           const auto t0 = std::chrono::steady_clock::now();
           for (int step = 0; step < steps_per_rep; ++step) {
@@ -417,6 +453,7 @@ void run_kv_bench(const KvBenchArgs& a) {
           }
           best = std::max(best, double(n) * steps_per_rep / seconds_since(t0));
         }
+        const energy::Reading decode1 = energy.read();
         const llm::KvCacheStats st = c.kv_cache().stats();
         const double peak = double(st.peak_blocks * st.block_bytes + st.staged_tokens * model->config().head_dim * 4);
         int64_t bytes = 0;
@@ -428,14 +465,28 @@ void run_kv_bench(const KvBenchArgs& a) {
         if (n == 1) one_seq.push_back({{ctx, vi}, best});
         char vs_one[16] = "-";
         if (one > 0) std::snprintf(vs_one, sizeof vs_one, "%.2fx", best / one);
-        std::printf("%6d %5d  %-32s %11.1f %8.2fx %9s %7.1fMB %12.0f\n", ctx, n, v.label().c_str(), best, best / full_tps,
-                    vs_one, peak / 1e6, double(bytes) / (double(n) * (ctx + a.decode)));
+        nlohmann::json row = {{"ctx", ctx}, {"seqs", n}, {"setting", v.label()}, {"decode_tok_s", best},
+                              {"vs_full", best / full_tps}, {"kv_peak_mb", peak / 1e6},
+                              {"kv_bytes_per_ctx_token", double(bytes) / (double(n) * (ctx + a.decode))}};
+        std::string cells;
+        if (energy) {
+          const double decoded = double(n) * steps_per_rep * a.repeats;
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "  %13s  %12s", energy.cell(prefill0, decode0, double(n) * ctx, row, "prefill").c_str(),
+                        energy.cell(decode0, decode1, decoded, row, "decode").c_str());
+          cells = buf + std::string("  ") +
+                  energy::si(row["decode"]["gco2e_per_token"].get<double>(), "gCO2e");
+        }
+        std::printf("%6d %5d  %-32s %11.1f %8.2fx %9s %7.1fMB %12.0f%s\n", ctx, n, v.label().c_str(), best, best / full_tps,
+                    vs_one, peak / 1e6, double(bytes) / (double(n) * (ctx + a.decode)), cells.c_str());
         std::fflush(stdout);
+        report["rows"].push_back(row);
       }
     }
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("process peak RSS: %.1f MB\n", double(ru.ru_maxrss) / 1024.0);
+  energy.write(a.json, report);
 }
 
 // Continuous batching end to end: the same requests through the scheduler and one after
@@ -444,8 +495,11 @@ void run_kv_bench_scheduler(const KvBenchArgs& a) {
   auto model = llm::LlamaModel::load(a.model, a.mmap);
   const std::vector<int> seqs = int_list(a.seqs, "sequence count"), ctxs = int_list(a.ctxs, "context");
   const int nv = model->config().n_vocab;
-  std::printf("kernels: %s\n%6s %5s %14s %14s %8s\n", isa_report().c_str(), "prompt", "seqs", "batched t/s",
-              "sequential t/s", "ratio");
+  std::printf("kernels: %s\n", isa_report().c_str());
+  KvEnergy energy(a);
+  nlohmann::json report = {{"model", a.model}, {"kernels", isa_report()}, {"decode_steps", a.decode}, {"rows", nlohmann::json::array()}};
+  std::printf("%6s %5s %14s %14s %8s%s\n", "prompt", "seqs", "batched t/s", "sequential t/s", "ratio",
+              energy ? "  batched J/tok  sequential J/tok (prefill included)" : "");
   for (int ctx : ctxs)
     for (int n : seqs) {
       std::mt19937 rng(7);
@@ -461,12 +515,15 @@ void run_kv_bench_scheduler(const KvBenchArgs& a) {
       o.kv.max_seqs = n;
       o.n_batch = 512;
       double batched = 0, sequential = 0;
+      energy::Reading b0, b1, s0, s1;
       {
         llm::LlamaContext c(model, o);
         llm::KvBatchScheduler s(c, {512, 256});
         for (auto& p : prompts) s.submit({p, a.decode});
         const auto t0 = std::chrono::steady_clock::now();
+        b0 = energy.read();
         s.run();
+        b1 = energy.read();
         batched = double(n) * a.decode / seconds_since(t0);
       }
       {
@@ -475,12 +532,24 @@ void run_kv_bench_scheduler(const KvBenchArgs& a) {
         llm::KvBatchScheduler s(c, {512, 256});
         for (auto& p : prompts) s.submit({p, a.decode});
         const auto t0 = std::chrono::steady_clock::now();
+        s0 = energy.read();
         s.run();
+        s1 = energy.read();
         sequential = double(n) * a.decode / seconds_since(t0);
       }
-      std::printf("%6d %5d %14.1f %14.1f %7.2fx\n", ctx, n, batched, sequential, batched / sequential);
+      nlohmann::json row = {{"prompt", ctx}, {"seqs", n}, {"batched_tok_s", batched}, {"sequential_tok_s", sequential}};
+      std::string cells;
+      if (energy) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "  %13s  %16s", energy.cell(b0, b1, double(n) * a.decode, row, "batched").c_str(),
+                      energy.cell(s0, s1, double(n) * a.decode, row, "sequential").c_str());
+        cells = buf;
+      }
+      std::printf("%6d %5d %14.1f %14.1f %7.2fx%s\n", ctx, n, batched, sequential, batched / sequential, cells.c_str());
       std::fflush(stdout);
+      report["rows"].push_back(row);
     }
+  energy.write(a.json, report);
 }
 
 void add_kv_bench(CLI::App& app) {
@@ -501,6 +570,8 @@ void add_kv_bench(CLI::App& app) {
   cmd->add_option("--slack", a->slack, "Tokens a stream may exceed its budget before eviction")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--scheduler", a->scheduler,
                 "Instead: requests through the continuous-batching scheduler vs one after another (prefill included)");
+  cmd->add_option("--json", a->json, "Also write the table (and energy) as JSON to this file");
+  add_energy_options(cmd, &a->energy);
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   add_isa_option(cmd);

@@ -6,9 +6,11 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
+#include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
 #include "slim/llm/gguf_tokenizer.h"
@@ -58,22 +60,30 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 struct GenerateArgs {
-  std::string model, tokens, tokens_file, expert_json;
+  std::string model, tokens, tokens_file, json;
   std::vector<std::string> prompts;
   int n = 128, threads = 0, ctx = 0, batch = 512;
   llm::SamplerOptions sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false, ids = false, f32_kv = false, mmap = false, expert_stats = false;
+  EnergyArgs energy;
 };
 
 // A MoE request's (or all requests') expert work: per expert the tokens routed to it over
 // all layers, their share of the routing, its GFLOP and the tokens per layer; then the
-// shared expert, the rest of the forward pass, and the total.
-void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int k) {
+// shared expert, the rest of the forward pass, and the total. With `joules` (the work's
+// energy, measured or estimated as the energy lines above say) each part also gets its
+// share of it, in proportion to its FLOPs.
+void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int k, std::optional<double> joules,
+                        energy::Basis basis) {
   std::fprintf(stderr, "%s: %lld tokens, %d layers x %d experts, %d per token\n", title.c_str(), (long long)u.tokens,
                u.n_layer, u.n_expert, k);
-  std::fprintf(stderr, "  %-8s %10s %7s %10s  %s\n", "expert", "routed", "share", "GFLOP", "routed per layer");
-  const double slots = double(u.tokens) * u.n_layer * k;
+  std::fprintf(stderr, "  %-8s %10s %7s %10s %10s  %s\n", "expert", "routed", "share", "GFLOP",
+               joules ? energy::basis_name(basis) : "", "routed per layer");
+  const double slots = double(u.tokens) * u.n_layer * k, total = u.total_flops();
+  auto energy_of = [&](double flops) {
+    return joules && total > 0 ? energy::si(*joules * flops / total, "J") : std::string();
+  };
   for (int e = 0; e < u.n_expert; ++e) {
     int64_t n = 0;
     std::string per_layer;
@@ -81,36 +91,55 @@ void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int
       n += u.count(l, e);
       per_layer += (l ? " " : "") + std::to_string(u.count(l, e));
     }
-    std::fprintf(stderr, "  %-8d %10lld %6.1f%% %10.4f  %s\n", e, (long long)n, slots > 0 ? 100.0 * n / slots : 0.0,
-                 double(n) * u.expert_token_flops / 1e9, per_layer.c_str());
+    const double f = double(n) * u.expert_token_flops;
+    std::fprintf(stderr, "  %-8d %10lld %6.1f%% %10.4f %10s  %s\n", e, (long long)n,
+                 slots > 0 ? 100.0 * double(n) / slots : 0.0, f / 1e9, energy_of(f).c_str(), per_layer.c_str());
   }
   if (u.shared_token_flops > 0)
-    std::fprintf(stderr, "  %-8s %10lld %7s %10.4f\n", "shared", (long long)(u.tokens * u.n_layer), "",
-                 u.shared_flops() / 1e9);
-  std::fprintf(stderr, "  %-8s %10s %7s %10.4f  (attention, routers, output head)\n", "other", "", "", u.other_flops / 1e9);
-  std::fprintf(stderr, "  %-8s %10s %7s %10.4f\n", "total", "", "", u.total_flops() / 1e9);
+    std::fprintf(stderr, "  %-8s %10lld %7s %10.4f %10s\n", "shared", (long long)(u.tokens * u.n_layer), "",
+                 u.shared_flops() / 1e9, energy_of(u.shared_flops()).c_str());
+  std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s  (attention, routers, output head)\n", "other", "", "",
+               u.other_flops / 1e9, energy_of(u.other_flops).c_str());
+  std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s\n", "total", "", "", total / 1e9, energy_of(total).c_str());
 }
 
-nlohmann::json expert_usage_json(const llm::ExpertUsage& u) {
+// The same as JSON; with `work` (a request's energy report) each part's share of its
+// energy and carbon, by FLOPs.
+nlohmann::json expert_usage_json(const llm::ExpertUsage& u, const energy::EnergyReport* work) {
   nlohmann::json routed = nlohmann::json::array(), flops = nlohmann::json::array();
   for (int l = 0; l < u.n_layer; ++l) {
     nlohmann::json row = nlohmann::json::array();
     for (int e = 0; e < u.n_expert; ++e) row.push_back(u.count(l, e));
     routed.push_back(row);
   }
-  for (int e = 0; e < u.n_expert; ++e) {
-    double f = 0;
-    for (int l = 0; l < u.n_layer; ++l) f += u.expert_flops(l, e);
-    flops.push_back(f);
+  std::vector<double> expert_flops(size_t(u.n_expert), 0.0);
+  for (int e = 0; e < u.n_expert; ++e)
+    for (int l = 0; l < u.n_layer; ++l) expert_flops[size_t(e)] += u.expert_flops(l, e);
+  const double total = u.total_flops();
+  nlohmann::json j = {{"evaluated_tokens", u.tokens}, {"routed", routed},           {"expert_flops", expert_flops},
+                      {"shared_flops", u.shared_flops()}, {"other_flops", u.other_flops}, {"total_flops", total}};
+  if (work && total > 0) {
+    auto share = [&](double f, double of) { return of * f / total; };
+    nlohmann::json ej = nlohmann::json::array(), eg = nlohmann::json::array();
+    for (double f : expert_flops) {
+      ej.push_back(share(f, work->work_joules));
+      eg.push_back(share(f, work->work_grams));
+    }
+    j["energy_basis"] = energy::basis_name(work->basis);
+    j["expert_j"] = ej;
+    j["expert_gco2e"] = eg;
+    j["shared_j"] = share(u.shared_flops(), work->work_joules);
+    j["shared_gco2e"] = share(u.shared_flops(), work->work_grams);
+    j["other_j"] = share(u.other_flops, work->work_joules);
+    j["other_gco2e"] = share(u.other_flops, work->work_grams);
   }
-  return {{"evaluated_tokens", u.tokens}, {"routed", routed}, {"expert_flops", flops},
-          {"shared_flops", u.shared_flops()}, {"other_flops", u.other_flops}, {"total_flops", u.total_flops()}};
+  return j;
 }
 
 void run_generate(const GenerateArgs& a) {
   auto model = llm::LlamaModel::load(a.model, a.mmap);
   const llm::LlamaConfig& cfg = model->config();
-  if ((a.expert_stats || !a.expert_json.empty()) && cfg.n_expert == 0)
+  if (a.expert_stats && cfg.n_expert == 0)
     throw Error(ErrorCode::invalid_argument, "generate: --expert-stats needs a Mixture-of-Experts model; " + a.model +
                                                  " is dense");
   std::unique_ptr<text::Tokenizer> tok;
@@ -121,7 +150,8 @@ void run_generate(const GenerateArgs& a) {
     if (model->gguf().has("tokenizer.ggml.model")) tok = llm::load_gguf_tokenizer(model->gguf());
   } else {
     tok = llm::load_gguf_tokenizer(model->gguf());
-    for (const std::string& p : a.prompts.empty() ? std::vector<std::string>{""} : a.prompts) prompts.push_back(tok->encode(p));
+    for (const std::string& p : a.prompts.empty() ? std::vector<std::string>{""} : a.prompts)
+      prompts.push_back(tok->encode(p));
   }
   for (const auto& p : prompts)
     if (p.empty()) throw Error(ErrorCode::invalid_argument, "generate: empty prompt (give -p TEXT or --tokens IDS)");
@@ -132,7 +162,12 @@ void run_generate(const GenerateArgs& a) {
   co.n_threads = a.threads;
   co.f16_kv = !a.f32_kv;
   llm::LlamaGenerator gen(model, co);
+  // With --energy: readings before each prompt, at its first token (the end of prefill) and at its end.
+  std::optional<EnergyRun> energy;
+  if (a.energy.on) energy.emplace(a.energy);
+  const energy::Basis basis = energy ? energy->meter().basis() : energy::Basis::estimated;
   nlohmann::json requests = nlohmann::json::array();
+  double work_joules = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     llm::GenerationRequest req;
     req.prompt = prompts[i];
@@ -141,8 +176,13 @@ void run_generate(const GenerateArgs& a) {
     req.stop_at_eos = !a.ignore_eos;
     req.stop_strings = a.stop;
     if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
+    energy::Reading e_start, e_first, e_end;
+    bool first_token = true;
+    if (energy) energy->meter().read(e_start);
     if (!a.ids && tok) std::fputs(tok->decode(req.prompt).c_str(), stdout);
     auto res = gen.generate(req, [&](int32_t t) {
+      if (energy && first_token) energy->meter().read(e_first);
+      first_token = false;
       if (a.ids || !tok) std::printf("%d ", t);
       else std::fputs(tok->token_to_piece(t).c_str(), stdout);
       std::fflush(stdout);
@@ -157,27 +197,59 @@ void run_generate(const GenerateArgs& a) {
                  decoded / std::max(res.decode_seconds, 1e-9));
     std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
                  gen.context().kernel_isa(), a.threads);
-    if (a.expert_stats) print_expert_usage("experts, request " + std::to_string(i + 1), res.experts, cfg.n_expert_used);
-    nlohmann::json r = expert_usage_json(res.experts);
-    r["prompt_tokens"] = res.prompt_tokens;
-    r["reused_prompt_tokens"] = res.reused_prompt_tokens;
-    r["generated_tokens"] = res.tokens.size();
-    requests.push_back(std::move(r));
+    nlohmann::json j = {{"prompt_tokens", res.prompt_tokens},
+                        {"generated_tokens", res.tokens.size()},
+                        {"prefill_s", res.prefill_seconds},
+                        {"decode_s", res.decode_seconds},
+                        {"stop", llm::stop_reason_name(res.stop)}};
+    std::optional<energy::EnergyReport> work;
+    if (energy) {
+      energy->meter().read(e_end);
+      if (first_token) e_first = e_end;  // no token: all of it was prefill
+      if (i == 0) energy->print_setup(stderr, 16);
+      const energy::EnergyReport pre = energy->report(e_start, e_first), dec = energy->report(e_first, e_end);
+      std::fprintf(stderr, "prefill energy: %s\n", EnergyRun::per_unit(pre, res.prompt_tokens, "token").c_str());
+      if (decoded > 0) std::fprintf(stderr, "decode energy:  %s\n", EnergyRun::per_unit(dec, decoded, "token").c_str());
+      std::string carbon = "prefill " + energy::si(pre.work_grams / res.prompt_tokens, "gCO2e") + " per token";
+      if (decoded > 0) carbon += ", decode " + energy::si(dec.work_grams / decoded, "gCO2e") + " per token";
+      carbon += ", idle " + energy::si(pre.idle_grams + dec.idle_grams, "gCO2e");
+      std::fprintf(stderr, "carbon:         %s\n", carbon.c_str());
+      j["energy"] = energy->setup_json();
+      j["energy"]["prefill"] = energy::to_json(pre, res.prompt_tokens, "token");
+      j["energy"]["decode"] = energy::to_json(dec, decoded, "token");
+      work = pre;  // the request's work: prefill's and decode's
+      work->work_joules += dec.work_joules;
+      work->work_grams += dec.work_grams;
+      work_joules += work->work_joules;
+    }
+    if (cfg.n_expert) {
+      if (a.expert_stats)
+        print_expert_usage("experts, request " + std::to_string(i + 1), res.experts, cfg.n_expert_used,
+                           work ? std::optional<double>(work->work_joules) : std::nullopt, basis);
+      j["experts"] = expert_usage_json(res.experts, work ? &*work : nullptr);
+    }
+    requests.push_back(std::move(j));
   }
   const llm::ExpertUsage& total = gen.context().expert_usage_total();
-  if (a.expert_stats && prompts.size() > 1) print_expert_usage("experts, all requests", total, cfg.n_expert_used);
-  if (!a.expert_json.empty()) {
-    const nlohmann::json j = {{"model", a.model},
-                              {"arch", cfg.arch},
-                              {"n_layer", cfg.n_layer},
-                              {"n_expert", cfg.n_expert},
-                              {"n_expert_used", cfg.n_expert_used},
-                              {"expert_token_flops", total.expert_token_flops},
-                              {"shared_token_flops", total.shared_token_flops},
-                              {"requests", requests},
-                              {"cumulative", expert_usage_json(total)}};
-    std::ofstream f(a.expert_json);
-    if (!(f << j.dump(1) << "\n")) throw Error(ErrorCode::invalid_argument, "--expert-stats-json: cannot write '" + a.expert_json + "'");
+  if (a.expert_stats && prompts.size() > 1)
+    print_expert_usage("experts, all requests", total, cfg.n_expert_used,
+                       energy ? std::optional<double>(work_joules) : std::nullopt, basis);
+  if (!a.json.empty()) {
+    // One prompt: its numbers at the top level; several: a list of them.
+    nlohmann::json j = prompts.size() == 1 ? requests[0] : nlohmann::json{{"requests", requests}};
+    j["model"] = a.model;
+    j["kernels"] = gen.context().kernel_isa();
+    j["threads"] = a.threads;
+    if (cfg.n_expert)
+      j["moe"] = {{"arch", cfg.arch},
+                  {"n_layer", cfg.n_layer},
+                  {"n_expert", cfg.n_expert},
+                  {"n_expert_used", cfg.n_expert_used},
+                  {"expert_token_flops", total.expert_token_flops},
+                  {"shared_token_flops", total.shared_token_flops},
+                  {"cumulative", expert_usage_json(total, nullptr)}};
+    std::ofstream f(a.json);
+    if (!(f << j.dump() << "\n")) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + a.json + "'");
   }
 }
 
@@ -206,8 +278,12 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
   cmd->add_flag("--expert-stats", a->expert_stats,
                 "Mixture-of-Experts models: print per request (and over all requests) the tokens routed to each "
-                "expert per layer and their FLOPs, the shared expert apart");
-  cmd->add_option("--expert-stats-json", a->expert_json, "Write those statistics as JSON to this file");
+                "expert per layer, their FLOPs and, with --energy, their share of the energy; the shared expert "
+                "apart (--json has them too)");
+  cmd->add_option("--json", a->json,
+                  "Also write the token counts, times (and energy; MoE models: the expert statistics) as JSON to this "
+                  "file");
+  add_energy_options(cmd, &a->energy);
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);
   add_isa_option(cmd);

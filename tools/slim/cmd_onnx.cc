@@ -106,13 +106,7 @@ void inspect(const std::string& path, const std::vector<std::string>& providers,
       compile_error = e.what();
     }
   }
-  ShapeLookup lookup = [&](const std::string& name) -> std::optional<Shape> {
-    if (session) return session->static_shape(name);
-    auto it = model.graph.initializers.find(name);
-    if (it != model.graph.initializers.end()) return it->second.shape();
-    return std::nullopt;
-  };
-  const ModelSummary s = summarize_model(model, lookup);
+  const ModelSummary s = summarize_model_shapes(with_unit_symbolic_dims(model), providers);
   std::cout << "nodes:     " << s.num_nodes;
   if (s.subgraph_nodes) std::cout << " (+" << s.subgraph_nodes << " in subgraphs)";
   std::cout << "\n";
@@ -316,6 +310,27 @@ SLIM_COMMAND(11, [](CLI::App& app) {
 });
 
 }  // namespace
+
+ModelSummary summarize_model_shapes(const Model& model, const std::vector<std::string>& providers) {
+  std::unique_ptr<Session> shapes;
+  if (unsupported_op_report(model, providers).empty()) {
+    try {
+      SessionOptions opt;
+      opt.providers = providers;
+      opt.optimize = false;
+      shapes = Session::compile(model, opt);  // a copy: its tensors share the model's storage
+    } catch (const Error&) {
+      // FLOPs of what can be counted from the initializers' shapes alone
+    }
+  }
+  return summarize_model(model, [&](const std::string& name) -> std::optional<Shape> {
+    if (shapes)
+      if (auto shape = shapes->static_shape(name)) return shape;
+    auto it = model.graph.initializers.find(name);
+    if (it != model.graph.initializers.end()) return it->second.shape();
+    return std::nullopt;
+  });
+}
 
 void require_supported_ops(const Model& model, const std::vector<std::string>& providers, const std::string& path) {
   const std::vector<UnsupportedOp> missing = unsupported_op_report(model, providers);

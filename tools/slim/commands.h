@@ -10,6 +10,7 @@
 
 namespace slim {
 struct Model;
+struct ModelSummary;
 }  // namespace slim
 
 namespace slim::cli {
@@ -41,6 +42,10 @@ void add_mmap_flag(CLI::App* cmd, bool* map);
 // Refuses (unsupported, exit code 2) a model with ops the providers have no kernel for,
 // naming every such op with its reason and nodes, before compile touches a weight.
 void require_supported_ops(const Model& model, const std::vector<std::string>& providers, const std::string& path);
+// What `slim inspect` reports of a model (ops, parameters, FLOPs of one run at its input
+// shapes), with shapes from a compile without graph passes: passes fuse nodes before
+// shapes are inferred, and a fused node's FLOPs would go uncounted.
+ModelSummary summarize_model_shapes(const Model& model, const std::vector<std::string>& providers);
 
 }  // namespace slim::cli
 

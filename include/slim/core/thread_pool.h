@@ -14,6 +14,37 @@
 
 namespace slim {
 
+// CPU time of one piece of work (a request, a benchmark run), summed over the threads that
+// ran it: the thread that opened a CpuTimeScope on it, and the pool workers while they run
+// chunks of that thread's parallel_for calls. Energy attribution splits a window's energy
+// by these. Threads outside the pool (oneDNN's OpenMP team) are not seen.
+class CpuTimeAccount {
+ public:
+  double seconds() const { return double(ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  void add_ns(int64_t ns) { ns_.fetch_add(ns, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> ns_{0};
+};
+
+// Charges the calling thread's CPU time from construction to destruction, and the pool
+// work it hands out meanwhile, to `account`. Off (no cost to the pool) unless a scope is
+// open; one scope per thread at a time (a nested one is an internal error).
+class CpuTimeScope {
+ public:
+  explicit CpuTimeScope(CpuTimeAccount& account);
+  ~CpuTimeScope();
+  CpuTimeScope(const CpuTimeScope&) = delete;
+  CpuTimeScope& operator=(const CpuTimeScope&) = delete;
+
+ private:
+  CpuTimeAccount& account_;
+  int64_t start_ns_;
+};
+
+// CPU time the calling thread has used (CLOCK_THREAD_CPUTIME_ID), in nanoseconds.
+int64_t thread_cpu_ns();
+
 class ThreadPool {
  public:
   // num_threads counts the calling thread: a pool of 1 runs everything inline. With
@@ -36,13 +67,15 @@ class ThreadPool {
  private:
   void worker_loop();
   // Runs the posted job's unclaimed chunks until none is left (lock holds mu_ on entry
-  // and on return); the one that finishes the last chunk wakes the waiting caller.
-  void run_chunks(std::unique_lock<std::mutex>& lock);
+  // and on return); the one that finishes the last chunk wakes the waiting caller. A
+  // worker charges its CPU time to the job's account (the caller's own is in its scope).
+  void run_chunks(std::unique_lock<std::mutex>& lock, bool worker);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  CpuTimeAccount* job_account_ = nullptr;  // the caller's open CpuTimeScope, if any
   int64_t job_n_ = 0, job_chunk_ = 0, next_chunk_ = 0, num_chunks_ = 0, chunks_done_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;
