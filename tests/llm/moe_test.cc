@@ -16,7 +16,7 @@ namespace {
 
 using namespace testing;
 
-const char* const kMoeModels[] = {"mixtral_f32",   "mixtral_q4_k",  "mixtral_q4_0_top1",
+const char* const kMoeModels[] = {"mixtral_f32",   "mixtral_q4_k", "mixtral_q4_0_top1",
                                   "mixtral_mixed", "qwen2moe_f32", "qwen2moe_q8_0"};
 
 TEST(Moe, ConfigFromMetadata) {
@@ -58,7 +58,8 @@ TEST(Moe, DecodeOneByOneEqualsBatchedPrefillExactly) {
     EXPECT_EQ(0, std::memcmp(ctx.logits(), &batched[2 * size_t(nv)], size_t(nv) * 4)) << name;
     for (size_t i = 3; i < ref.tokens.size(); ++i) {
       ctx.eval(std::span<const int32_t>(&ref.tokens[i], 1));
-      EXPECT_EQ(0, std::memcmp(ctx.logits(), &batched[i * size_t(nv)], size_t(nv) * 4)) << name << " token " << i;
+      EXPECT_EQ(0, std::memcmp(ctx.logits(), &batched[i * size_t(nv)], size_t(nv) * 4))
+          << name << " token " << i;
     }
   }
 }
@@ -101,17 +102,22 @@ TEST(Moe, UsageCountsTokensPerExpert) {
     const LlamaConfig& c = model->config();
     LlamaContext ctx(model, exact_options());
     ctx.eval(std::span<const int32_t>(ref.tokens.data(), 4));
-    for (size_t i = 4; i < ref.tokens.size(); ++i) ctx.eval(std::span<const int32_t>(&ref.tokens[i], 1));
+    for (size_t i = 4; i < ref.tokens.size(); ++i)
+      ctx.eval(std::span<const int32_t>(&ref.tokens[i], 1));
     const ExpertUsage& u = ctx.expert_usage();
     ASSERT_EQ(u.n_layer, c.n_layer);
     ASSERT_EQ(u.n_expert, c.n_expert);
     EXPECT_EQ(u.tokens, int64_t(ref.tokens.size()));
     for (int l = 0; l < c.n_layer; ++l)
       for (int e = 0; e < c.n_expert; ++e) {
-        EXPECT_EQ(u.count(l, e), routed.data<int64_t>()[l * c.n_expert + e]) << name << " layer " << l << " expert " << e;
+        EXPECT_EQ(u.count(l, e), routed.data<int64_t>()[l * c.n_expert + e])
+            << name << " layer " << l << " expert " << e;
         EXPECT_DOUBLE_EQ(u.expert_flops(l, e), double(u.count(l, e)) * 6 * c.n_embd * c.n_ff_exp);
       }
-    EXPECT_DOUBLE_EQ(u.shared_flops(), c.n_ff_shexp ? double(u.tokens) * c.n_layer * (6.0 * c.n_embd * c.n_ff_shexp + 2 * c.n_embd) : 0);
+    EXPECT_DOUBLE_EQ(
+        u.shared_flops(),
+        c.n_ff_shexp ? double(u.tokens) * c.n_layer * (6.0 * c.n_embd * c.n_ff_shexp + 2 * c.n_embd)
+                     : 0);
     EXPECT_GT(u.other_flops, 0);
     EXPECT_EQ(ctx.expert_usage_total().routed, u.routed);
     ctx.clear_expert_usage();
@@ -134,7 +140,8 @@ TEST(Moe, SequencesShareExpertsInOnePass) {
     o.kv.paged = true;
     o.kv.max_seqs = 2;
     o.kv.k_type = o.kv.v_type = KvType::f32;
-    const std::vector<int32_t> a(ref.tokens.begin(), ref.tokens.begin() + 5), b(ref.tokens.begin() + 5, ref.tokens.end());
+    const std::vector<int32_t> a(ref.tokens.begin(), ref.tokens.begin() + 5),
+        b(ref.tokens.begin() + 5, ref.tokens.end());
     std::vector<std::vector<float>> alone;
     std::vector<ExpertUsage> alone_usage;
     for (const auto* toks : {&a, &b}) {
@@ -167,11 +174,13 @@ TEST(Moe, SplitDenseModelRoundTrips) {
     const char* dense;
     const char* args;
   };
-  for (const Split& sp : {Split{"llama_f32", "--experts 4"}, Split{"llama_rot32_f32", "--arch qwen2moe --experts 4"},
-                          Split{"llama_f16", "--arch qwen2moe --experts 2 --shared 256"}}) {
+  for (const Split& sp :
+       {Split{"llama_f32", "--experts 4"}, Split{"llama_rot32_f32", "--arch qwen2moe --experts 4"},
+        Split{"llama_f16", "--arch qwen2moe --experts 2 --shared 256"}}) {
     const std::string out = tmp_dir() + "/llm_split_" + sp.dense + ".gguf";
-    const std::string cmd = "/usr/bin/python3 '" + source_dir() + "/bench/vs_llamacpp/make_moe_from_dense.py' '" +
-                            fixture(std::string(sp.dense) + ".gguf") + "' '" + out + "' " + sp.args + " > /dev/null";
+    const std::string cmd =
+        "/usr/bin/python3 '" + source_dir() + "/bench/vs_llamacpp/make_moe_from_dense.py' '" +
+        fixture(std::string(sp.dense) + ".gguf") + "' '" + out + "' " + sp.args + " > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     Reference ref = load_reference(sp.dense);
     auto dense = run_all(sp.dense, ref.tokens, exact_options());
@@ -194,14 +203,16 @@ TEST(Moe, SplitDenseModelRoundTrips) {
     EXPECT_LT(num / den, std::string(sp.dense) == "llama_f16" ? 2e-3 : 1e-5) << sp.dense;
   }
   // Fitted routers (on random tokens here): top 2 of 4 experts.
-  const std::string ids = tmp_dir() + "/llm_split_ids.txt", out = tmp_dir() + "/llm_split_top2.gguf";
+  const std::string ids = tmp_dir() + "/llm_split_ids.txt",
+                    out = tmp_dir() + "/llm_split_top2.gguf";
   {
     std::ofstream f(ids);
     for (int i = 0; i < 256; ++i) f << (i * 37 + 11) % 300 << ' ';
   }
-  const std::string cmd = "/usr/bin/python3 '" + source_dir() + "/bench/vs_llamacpp/make_moe_from_dense.py' '" +
-                          fixture("llama_f32.gguf") + "' '" + out + "' --experts 4 --used 2 --calibration '" + ids +
-                          "' > /dev/null";
+  const std::string cmd = "/usr/bin/python3 '" + source_dir() +
+                          "/bench/vs_llamacpp/make_moe_from_dense.py' '" +
+                          fixture("llama_f32.gguf") + "' '" + out +
+                          "' --experts 4 --used 2 --calibration '" + ids + "' > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto moe = LlamaModel::load(out);
   EXPECT_EQ(moe->config().n_expert_used, 2);
@@ -212,55 +223,67 @@ TEST(Moe, SplitDenseModelRoundTrips) {
   EXPECT_EQ(ctx.expert_usage().tokens, int64_t(ref.tokens.size()));
 }
 
-void expect_load_error(const std::string& path, ErrorCode code, std::initializer_list<const char*> parts) {
+void expect_load_error(const std::string& path, ErrorCode code,
+                       std::initializer_list<const char*> parts) {
   try {
     LlamaModel::load(path);
     ADD_FAILURE() << path << " loaded";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), code) << e.what();
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    for (const char* p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 
 TEST(Moe, BadExpertMetadataIsNamed) {
-  expect_load_error(rewrite_fixture("mixtral_f32", "k_over_n", [](GgufWriter& w) { w.set_u32("llama.expert_used_count", 5); }),
+  expect_load_error(rewrite_fixture("mixtral_f32", "k_over_n",
+                                    [](GgufWriter& w) { w.set_u32("llama.expert_used_count", 5); }),
                     ErrorCode::invalid_model, {"'llama.expert_used_count' = 5", "(1..4)"});
-  expect_load_error(rewrite_fixture("mixtral_f32", "k_zero", [](GgufWriter& w) { w.set_u32("llama.expert_used_count", 0); }),
+  expect_load_error(rewrite_fixture("mixtral_f32", "k_zero",
+                                    [](GgufWriter& w) { w.set_u32("llama.expert_used_count", 0); }),
                     ErrorCode::invalid_model, {"'llama.expert_used_count' = 0"});
-  expect_load_error(rewrite_fixture("mixtral_f32", "n_huge", [](GgufWriter& w) { w.set_u32("llama.expert_count", 5000); }),
+  expect_load_error(rewrite_fixture("mixtral_f32", "n_huge",
+                                    [](GgufWriter& w) { w.set_u32("llama.expert_count", 5000); }),
                     ErrorCode::invalid_model, {"'llama.expert_count' = 5000", "(1..1024)"});
-  expect_load_error(rewrite_fixture("mixtral_f32", "n_negative", [](GgufWriter& w) { w.set_i32("llama.expert_count", -2); }),
+  expect_load_error(rewrite_fixture("mixtral_f32", "n_negative",
+                                    [](GgufWriter& w) { w.set_i32("llama.expert_count", -2); }),
                     ErrorCode::invalid_model, {"'llama.expert_count' = -2"});
-  expect_load_error(rewrite_fixture("qwen2moe_f32", "qwen_n_zero", [](GgufWriter& w) { w.set_u32("qwen2moe.expert_count", 0); }),
+  expect_load_error(rewrite_fixture("qwen2moe_f32", "qwen_n_zero",
+                                    [](GgufWriter& w) { w.set_u32("qwen2moe.expert_count", 0); }),
                     ErrorCode::invalid_model, {"'qwen2moe.expert_count' = 0"});
   expect_load_error(
-      rewrite_fixture("qwen2moe_f32", "qwen_ff_zero", [](GgufWriter& w) { w.set_u32("qwen2moe.expert_feed_forward_length", 0); }),
+      rewrite_fixture("qwen2moe_f32", "qwen_ff_zero",
+                      [](GgufWriter& w) { w.set_u32("qwen2moe.expert_feed_forward_length", 0); }),
       ErrorCode::invalid_model, {"'qwen2moe.expert_feed_forward_length' = 0"});
   // A different expert width than the tensors have is a shape error naming the tensor.
   expect_load_error(
-      rewrite_fixture("qwen2moe_f32", "qwen_ff_other", [](GgufWriter& w) { w.set_u32("qwen2moe.expert_feed_forward_length", 128); }),
+      rewrite_fixture("qwen2moe_f32", "qwen_ff_other",
+                      [](GgufWriter& w) { w.set_u32("qwen2moe.expert_feed_forward_length", 128); }),
       ErrorCode::invalid_model, {"blk.0.ffn_gate_exps.weight", "expected [256, 128, 4]"});
 }
 
 TEST(Moe, MissingOrMisshapenExpertTensorsAreNamed) {
-  expect_load_error(rewrite_without("mixtral_f32", "blk.1.ffn_up_exps.weight", false), ErrorCode::not_found,
-                    {"blk.1.ffn_up_exps.weight"});
-  expect_load_error(rewrite_without("mixtral_f32", "blk.0.ffn_gate_inp.weight", false), ErrorCode::not_found,
-                    {"blk.0.ffn_gate_inp.weight"});
-  expect_load_error(rewrite_without("qwen2moe_f32", "blk.1.ffn_gate_inp_shexp.weight", false), ErrorCode::not_found,
-                    {"blk.1.ffn_gate_inp_shexp.weight"});
-  expect_load_error(rewrite_without("qwen2moe_f32", "blk.0.ffn_down_shexp.weight", false), ErrorCode::not_found,
-                    {"blk.0.ffn_down_shexp.weight"});
+  expect_load_error(rewrite_without("mixtral_f32", "blk.1.ffn_up_exps.weight", false),
+                    ErrorCode::not_found, {"blk.1.ffn_up_exps.weight"});
+  expect_load_error(rewrite_without("mixtral_f32", "blk.0.ffn_gate_inp.weight", false),
+                    ErrorCode::not_found, {"blk.0.ffn_gate_inp.weight"});
+  expect_load_error(rewrite_without("qwen2moe_f32", "blk.1.ffn_gate_inp_shexp.weight", false),
+                    ErrorCode::not_found, {"blk.1.ffn_gate_inp_shexp.weight"});
+  expect_load_error(rewrite_without("qwen2moe_f32", "blk.0.ffn_down_shexp.weight", false),
+                    ErrorCode::not_found, {"blk.0.ffn_down_shexp.weight"});
   // 256 experts of 4 rows instead of 4 experts of 256 rows.
-  expect_load_error(rewrite_fixture("mixtral_f32", "down_exps_swapped", {}, "blk.0.ffn_down_exps.weight", {1, 2}),
-                    ErrorCode::invalid_model, {"blk.0.ffn_down_exps.weight", "has shape [256, 4, 256]", "expected [256, 256, 4]"});
-  expect_load_error(rewrite_without("mixtral_f32", "blk.0.ffn_gate_inp.weight", true), ErrorCode::invalid_model,
-                    {"blk.0.ffn_gate_inp.weight", "expected [256, 4]"});
+  expect_load_error(
+      rewrite_fixture("mixtral_f32", "down_exps_swapped", {}, "blk.0.ffn_down_exps.weight", {1, 2}),
+      ErrorCode::invalid_model,
+      {"blk.0.ffn_down_exps.weight", "has shape [256, 4, 256]", "expected [256, 256, 4]"});
+  expect_load_error(rewrite_without("mixtral_f32", "blk.0.ffn_gate_inp.weight", true),
+                    ErrorCode::invalid_model, {"blk.0.ffn_gate_inp.weight", "expected [256, 4]"});
   // A dense layout declared as MoE: the router is missing.
-  expect_load_error(rewrite_fixture("llama_f32", "dense_as_moe", [](GgufWriter& w) {
-                      w.set_u32("llama.expert_count", 4);
-                      w.set_u32("llama.expert_used_count", 2);
-                    }),
+  expect_load_error(rewrite_fixture("llama_f32", "dense_as_moe",
+                                    [](GgufWriter& w) {
+                                      w.set_u32("llama.expert_count", 4);
+                                      w.set_u32("llama.expert_used_count", 2);
+                                    }),
                     ErrorCode::not_found, {"blk.0.ffn_gate_inp.weight"});
 }
 
