@@ -61,15 +61,17 @@ def find_shared(name):
     return None
 
 
-def random_llama(qtype, layers=22):
+def random_llama(qtype, layers=22, moe=None):
     """bench/.work/random-1b-QTYPE-L<layers>.gguf (vs_llamacpp/make_random_llama.py: TinyLlama's
-    shape, random weights), generated if missing; qtype q8_0 or q4_0."""
-    path = os.path.join(WORK, "random-1b-%s-L%d.gguf" % (qtype, layers))
+    shape, random weights), or with moe ("mixtral" or "qwen2moe") random-moe-MOE-QTYPE-L<layers>.gguf,
+    generated if missing; qtype q8_0 or q4_0."""
+    path = os.path.join(WORK, ("random-moe-%s-" % moe if moe else "random-1b-") + "%s-L%d.gguf" % (qtype, layers))
     if not os.path.exists(path):
         print("generating %s ..." % path, file=sys.stderr)
         os.makedirs(WORK, exist_ok=True)
         subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "vs_llamacpp", "make_random_llama.py"),
-                        path + ".tmp", qtype, str(layers)], check=True, capture_output=True)
+                        path + ".tmp", qtype, str(layers)] + (["--moe", moe] if moe else []), check=True,
+                       capture_output=True)
         os.rename(path + ".tmp", path)
     return path
 

@@ -2,6 +2,8 @@
 //   speed MODEL THREADS TOKENS_JSON DECODE_N REPEATS -> JSON {prefill_tps: [...], decode_tps: [...]}
 //   greedy MODEL PROMPT N [FLASH]                    -> JSON {prompt: [...], tokens: [...]}
 //     FLASH: "on", "off" or "auto" (llama.cpp's default) flash attention
+//   greedy-ids MODEL ID,ID,... N [FLASH]              -> the same for a prompt of token IDs, going on
+//                                                        past end-of-generation tokens (as slim --ignore-eos)
 import {getLlama} from "node-llama-cpp";
 import {readFileSync} from "node:fs";
 import {performance} from "node:perf_hooks";
@@ -35,14 +37,14 @@ if (mode === "speed") {
     out.decode_tps.push((decodeN - 1) / ((performance.now() - tFirst) / 1000));
   }
   console.log(JSON.stringify(out));
-} else if (mode === "greedy") {
-  const prompt = model.tokenize(args[0]);
+} else if (mode === "greedy" || mode === "greedy-ids") {
+  const prompt = mode === "greedy" ? model.tokenize(args[0]) : args[0].split(",").map(Number);
   const n = Number(args[1]);
   const flash = {on: true, off: false, auto: "auto"}[args[2] ?? "auto"];
   const ctx = await model.createContext({contextSize: 512, threads: 1, sequences: 1, flashAttention: flash});
   const seq = ctx.getSequence();
   const tokens = [];
-  for await (const tok of seq.evaluate(prompt, {temperature: 0})) {
+  for await (const tok of seq.evaluate(prompt, {temperature: 0, yieldEogToken: mode === "greedy-ids"})) {
     tokens.push(tok);
     if (tokens.length >= n) break;
   }

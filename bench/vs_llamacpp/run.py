@@ -9,11 +9,19 @@ Rows: prefill of 512 tokens and decode of 128 tokens, 1 and 2 threads, for
 Prints medians of --repeats runs and the slim/llama.cpp ratios, then compares greedy
 decoding of 64 tokens on the shared model at F16 and at Q8_0 (quantized by slim) for ten
 prompts, against llama.cpp with flash attention off and with its default; the exit status
-says whether the model card's prompt gives identical tokens at F16 and Q8_0 with flash
-attention off.
+says whether the model card's prompt gives identical tokens at F16 and Q8_0 (--moe: on both
+splits) with flash attention off.
+
+--moe: Mixture-of-Experts rows instead: the shared model split into experts
+(make_moe_from_dense.py, routers fitted on the first 4,096 tokens of
+shared/models/heldout-long.txt): Mixtral's layout with 4 experts, 2 per token, and qwen2moe
+with 4 experts, 2 per token, and a shared expert; and random-weight Mixtral-layout and
+qwen2moe models of 1.9 B and 2.3 B parameters (0.66 B and 1.1 B active per token;
+make_random_llama.py --moe, 12 layers) at Q8_0 and Q4_0. The greedy comparison runs on the
+two split models.
 
 Usage: bench/vs_llamacpp/run.py [--slim BUILD/tools/slim] [--isa native|avx2|avx512] [--repeats 3]
-                                [--layers 22] [--skip-1b] [--model FILE.gguf ...]
+                                [--layers 22] [--skip-1b] [--moe] [--model FILE.gguf ...]
 Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/node_modules.
 
 --isa avx2 holds both engines to AVX2: slim through SLIM_ISA=avx2, and llama.cpp through a
@@ -82,6 +90,22 @@ def llama_speed(model, threads, tokens_json, decode_n, repeats):
     return out["prefill_tps"], out["decode_tps"]
 
 
+def slimlm_moe(slim, shared, arch):
+    """bench/.work/slimlm-moe-ARCH.gguf: the shared model split into 4 experts, 2 per token
+    (qwen2moe: and a shared expert), made if missing."""
+    path = os.path.join(WORK, "slimlm-moe-%s.gguf" % arch)
+    if not os.path.exists(path):
+        heldout = os.path.join(os.path.dirname(shared), "heldout-long.txt")
+        ids = os.path.join(WORK, "heldout-ids.txt")
+        with open(ids, "w") as f:
+            f.write(sh([slim, "tokenize", shared, "-f", heldout, "--ids", "--no-special"]).stdout)
+        print("splitting %s into experts (a few minutes) ..." % shared, file=sys.stderr)
+        sh(["/usr/bin/python3", os.path.join(HERE, "make_moe_from_dense.py"), shared, path + ".tmp", "--arch", arch,
+            "--experts", "4", "--used", "2", "--calibration", ids, "--calibration-tokens", "4096"])
+        os.rename(path + ".tmp", path)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--slim", default=os.path.join(ROOT, "build", "tools", "slim"))
@@ -98,6 +122,8 @@ def main():
     ap.add_argument("--model", action="append", default=[],
                     help="time this GGUF file instead of the default models (repeatable)")
     ap.add_argument("--skip-greedy", action="store_true", help="skip the greedy-decoding comparison")
+    ap.add_argument("--moe", action="store_true", help="Mixture-of-Experts models instead (see the docstring)")
+    ap.add_argument("--moe-layers", type=int, default=12)
     a = ap.parse_args()
     llamacpp.ensure_node_llama_cpp(HERE)
     os.makedirs(WORK, exist_ok=True)
@@ -118,20 +144,27 @@ def main():
         json.dump(prompt, f)
 
     models = []
-    if shared:
-        models.append(("slimlm F16 (15.7M)", shared))
-    else:
+    if not shared:
         print("shared/models/slimlm-f16.gguf not found next to the repository (--shared-model): its rows are skipped",
               file=sys.stderr)
+    elif a.moe:
+        models += [("slimlm-MoE mixtral 4x2", slimlm_moe(a.slim, shared, "llama")),
+                   ("slimlm-MoE qwen2moe 4x2", slimlm_moe(a.slim, shared, "qwen2moe"))]
+    else:
+        models.append(("slimlm F16 (15.7M)", shared))
     if a.model:
         models = [(os.path.basename(m), m) for m in a.model]
+    elif a.moe:
+        for kind, size in (("mixtral", "1.9B"), ("qwen2moe", "2.3B")):
+            for q in ("q8_0", "q4_0"):
+                models.append(("%s-%s %s" % (kind, size, q.upper()), llamacpp.random_llama(q, a.moe_layers, kind)))
     elif not a.skip_1b:
         for q in ("q8_0", "q4_0"):
             path = llamacpp.random_llama(q, a.layers)
             models.append(("random-1.1B %s" % q.upper(), path))
 
     rows = []
-    print("%-22s %3s | %10s %10s %6s | %10s %10s %6s | %5s" % ("model", "thr", "slim pp", "llama pp", "ratio",
+    print("%-24s %3s | %10s %10s %6s | %10s %10s %6s | %5s" % ("model", "thr", "slim pp", "llama pp", "ratio",
                                                                  "slim tg", "llama tg", "ratio", "load"))
     for name, path in models:
         if a.greedy_only or (a.only and a.only not in name):
@@ -154,7 +187,7 @@ def main():
             row = dict(model=name, threads=t, slim_isa=slim_isa, llama_isa=llama_isa, slim_prefill=statistics.median(sp), llama_prefill=statistics.median(lp),
                        slim_decode=statistics.median(sd), llama_decode=statistics.median(ld), load=load)
             rows.append(row)
-            print("%-22s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f | %5.1f" % (
+            print("%-24s %3d | %10.1f %10.1f %6.2f | %10.2f %10.2f %6.2f | %5.1f" % (
                 name, t, row["slim_prefill"], row["llama_prefill"], row["slim_prefill"] / row["llama_prefill"],
                 row["slim_decode"], row["llama_decode"], row["slim_decode"] / row["llama_decode"], load), flush=True)
     print("(tokens/s, medians of %d alternating runs; pp = prefill of 512 tokens, tg = decode of %d tokens; "
@@ -164,15 +197,19 @@ def main():
             json.dump(dict(rows=rows), f, indent=1)
         return 0
 
-    # Greedy agreement on the shared model, at F16 and at Q8_0, against llama.cpp with flash
-    # attention off (the attention slim computes: scores, softmax, then the weighted sum in
-    # f32) and with its default ("auto", on here: it accumulates the weighted values in f16,
-    # which moves near-tied logits).
-    q8 = os.path.join(WORK, "slimlm-q8_0.gguf")
-    sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=llamacpp.slim_env(slim_isa))
+    # Greedy agreement on the shared model, at F16 and at Q8_0 (--moe: its two MoE splits),
+    # against llama.cpp with flash attention off (the attention slim computes: scores,
+    # softmax, then the weighted sum in f32) and with its default ("auto", on here: it
+    # accumulates the weighted values in f16, which moves near-tied logits).
+    if a.moe:
+        variants = [(name[len("slimlm-MoE "):], path) for name, path in models[:2]]
+    else:
+        q8 = os.path.join(WORK, "slimlm-q8_0.gguf")
+        sh([a.slim, "quantize", shared, q8, "--type", "q8_0"], env=llamacpp.slim_env(slim_isa))
+        variants = [("F16", shared), ("Q8_0", q8)]
     greedy = {}
     for flash in ("off", "auto"):
-        for label, path in (("F16", shared), ("Q8_0", q8)):
+        for label, path in variants:
             results = []
             for prompt in GREEDY_PROMPTS:
                 g = json.loads(sh(["node", os.path.join(HERE, "llamacpp_side.mjs"), "greedy", path, prompt, "64",
@@ -188,7 +225,7 @@ def main():
                               if not r["identical"])
             print("greedy 64 tokens on the shared model, %s, llama.cpp flash attention %s: %d/%d prompts identical%s" % (
                 label, flash, n_same, len(results), "" if not diffs else " (first differences: %s)" % diffs))
-    same = greedy["F16, flash attention off"][0]["identical"] and greedy["Q8_0, flash attention off"][0]["identical"]
+    same = all(greedy["%s, flash attention off" % label][0]["identical"] for label, _ in variants)
     with open(os.path.join(WORK, "vs_llamacpp.json"), "w") as f:
         json.dump(dict(rows=rows, greedy=greedy), f, indent=1)
     return 0 if same else 1

@@ -14,6 +14,9 @@ namespace slim::llm {
 
 // ---------------------------------------------------------------- load
 
+// llama.cpp's limit (LLAMA_MAX_EXPERTS).
+constexpr int kMaxExperts = 1024;
+
 class ModelLoader {
  public:
   static std::shared_ptr<const LlamaModel> load(const std::string& path, bool map) {
@@ -21,20 +24,22 @@ class ModelLoader {
     // Matmul weights are repacked for the kernels' 16-row tiles as the file is read.
     std::set<std::string> repacked;
     const GgufFile::TensorRewrite rewrite = [&repacked](const GgufTensorInfo& t, uint8_t* data) {
+      // A 3-D tensor holds one matrix per expert; groups of 16 rows stay within one.
       const bool matmul_weight = t.name == "output.weight" || t.name.rfind("blk.", 0) == 0;
-      if (!matmul_weight || !tile16_fn(kernels(), t.type()) || t.dims.size() != 2 ||
+      if (!matmul_weight || !tile16_fn(kernels(), t.type()) || t.dims.size() < 2 || t.dims.size() > 3 ||
           t.dims[1] % 16 != 0)
         return;
       const int64_t row_bytes = ggml_row_bytes(t.type(), t.dims[0]);
-      for (int64_t r = 0; r < t.dims[1]; r += 16) repack_x16(t.type(), data + r * row_bytes, t.dims[0]);
+      for (int64_t r = 0; r < t.rows(); r += 16) repack_x16(t.type(), data + r * row_bytes, t.dims[0]);
       repacked.insert(t.name);
     };
     m->gguf_ = GgufFile::open(path, !map, rewrite);
     const GgufFile& g = *m->gguf_;
     LlamaConfig& c = m->config_;
     c.arch = g.get_string("general.architecture");
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral")
-      throw Error(ErrorCode::unsupported, path + ": architecture '" + c.arch + "' (slim runs llama, mistral and qwen2)");
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "qwen2moe")
+      throw Error(ErrorCode::unsupported,
+                  path + ": architecture '" + c.arch + "' (slim runs llama, mistral, qwen2 and qwen2moe)");
     const std::string a = c.arch + ".";
     auto positive = [&](const std::string& key, int64_t v, int64_t max) {
       if (v <= 0 || v > max)
@@ -68,8 +73,23 @@ class ModelLoader {
     if (!(c.rope_base > 1)) throw Error(ErrorCode::invalid_model, path + ": rope.freq_base must be > 1");
     if (g.has(a + "rope.scaling.type") && g.get_string(a + "rope.scaling.type") != "none")
       throw Error(ErrorCode::unsupported, path + ": RoPE scaling '" + g.get_string(a + "rope.scaling.type") + "'");
-    c.rope_neox = c.arch == "qwen2";
-    c.qkv_bias = c.arch == "qwen2";
+    const bool qwen_moe = c.arch == "qwen2moe";
+    c.rope_neox = c.arch == "qwen2" || qwen_moe;
+    c.qkv_bias = c.rope_neox;
+    // Mixture of Experts: Mixtral is the llama architecture with experts of n_ff hidden
+    // units; qwen2moe gives the sizes of its experts and of its shared expert (llama.cpp's
+    // defaults when absent: n_ff / n_expert_used and n_ff).
+    if (const int64_t n_expert = g.get_int(a + "expert_count", 0); n_expert != 0 || qwen_moe) {
+      c.n_expert = positive(a + "expert_count", n_expert, kMaxExperts);
+      c.n_expert_used = positive(a + "expert_used_count", g.get_int(a + "expert_used_count"), c.n_expert);
+      c.n_ff_exp = qwen_moe ? positive(a + "expert_feed_forward_length",
+                                       g.get_int(a + "expert_feed_forward_length", c.n_ff / c.n_expert_used), 1 << 18)
+                            : c.n_ff;
+      if (qwen_moe)
+        c.n_ff_shexp = positive(a + "expert_shared_feed_forward_length",
+                                g.get_int(a + "expert_shared_feed_forward_length", c.n_ff), 1 << 18);
+      c.expert_norm = !qwen_moe;
+    }
 
     const GgufTensorInfo& embd = g.tensor("token_embd.weight");
     if (embd.dims.size() != 2 || embd.dims[0] != c.n_embd)
@@ -100,9 +120,22 @@ class ModelLoader {
       L.wk = matrix(g, p + "attn_k.weight", kv_dim, c.n_embd, repacked);
       L.wv = matrix(g, p + "attn_v.weight", kv_dim, c.n_embd, repacked);
       L.wo = matrix(g, p + "attn_output.weight", c.n_embd, q_dim, repacked);
-      L.w_gate = matrix(g, p + "ffn_gate.weight", c.n_ff, c.n_embd, repacked);
-      L.w_up = matrix(g, p + "ffn_up.weight", c.n_ff, c.n_embd, repacked);
-      L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, c.n_ff, repacked);
+      if (c.n_expert == 0) {
+        L.w_gate = matrix(g, p + "ffn_gate.weight", c.n_ff, c.n_embd, repacked);
+        L.w_up = matrix(g, p + "ffn_up.weight", c.n_ff, c.n_embd, repacked);
+        L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, c.n_ff, repacked);
+      } else {
+        L.router = matrix(g, p + "ffn_gate_inp.weight", c.n_expert, c.n_embd, repacked);
+        L.gate_exps = experts(g, p + "ffn_gate_exps.weight", c.n_expert, c.n_ff_exp, c.n_embd, repacked);
+        L.up_exps = experts(g, p + "ffn_up_exps.weight", c.n_expert, c.n_ff_exp, c.n_embd, repacked);
+        L.down_exps = experts(g, p + "ffn_down_exps.weight", c.n_expert, c.n_embd, c.n_ff_exp, repacked);
+        if (c.n_ff_shexp > 0) {
+          L.shexp_gate = matrix(g, p + "ffn_gate_inp_shexp.weight", 1, c.n_embd, repacked);
+          L.w_gate = matrix(g, p + "ffn_gate_shexp.weight", c.n_ff_shexp, c.n_embd, repacked);
+          L.w_up = matrix(g, p + "ffn_up_shexp.weight", c.n_ff_shexp, c.n_embd, repacked);
+          L.w_down = matrix(g, p + "ffn_down_shexp.weight", c.n_embd, c.n_ff_shexp, repacked);
+        }
+      }
       if (c.qkv_bias) {
         L.bq = m->store(vec(g, p + "attn_q.bias", q_dim));
         L.bk = m->store(vec(g, p + "attn_k.bias", kv_dim));
@@ -122,17 +155,38 @@ class ModelLoader {
   }
 
  private:
+  // A matrix of `rows` rows of `cols` values; one row may also be stored as a vector [cols].
   static WeightMatrix matrix(const GgufFile& g, const std::string& name, int64_t rows, int64_t cols,
                              const std::set<std::string>& repacked) {
     const GgufTensorInfo& t = g.tensor(name);
-    if (t.dims.size() != 2 || t.dims[0] != cols || t.dims[1] != rows)
+    const bool row_vector = rows == 1 && t.dims.size() == 1 && t.dims[0] == cols;
+    if (!row_vector && (t.dims.size() != 2 || t.dims[0] != cols || t.dims[1] != rows))
       throw Error(ErrorCode::invalid_model, g.path() + ": tensor '" + name + "' has shape " + dims_str(t.dims) +
                                                 ", expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    check_computable(g, t);
+    return {t.type(), g.tensor_data(t), rows, cols, ggml_row_bytes(t.type(), cols), name, repacked.count(name) > 0};
+  }
+  // The n matrices of a 3-D expert tensor [cols, rows, n], one view per expert.
+  static std::vector<WeightMatrix> experts(const GgufFile& g, const std::string& name, int n, int64_t rows,
+                                           int64_t cols, const std::set<std::string>& repacked) {
+    const GgufTensorInfo& t = g.tensor(name);
+    if (t.dims.size() != 3 || t.dims[0] != cols || t.dims[1] != rows || t.dims[2] != n)
+      throw Error(ErrorCode::invalid_model, g.path() + ": tensor '" + name + "' has shape " + dims_str(t.dims) +
+                                                ", expected [" + std::to_string(cols) + ", " + std::to_string(rows) +
+                                                ", " + std::to_string(n) + "] (columns, rows, experts)");
+    check_computable(g, t);
+    const int64_t row_bytes = ggml_row_bytes(t.type(), cols);
+    std::vector<WeightMatrix> v;
+    for (int e = 0; e < n; ++e)
+      v.push_back({t.type(), g.tensor_data(t) + e * rows * row_bytes, rows, cols, row_bytes, name,
+                   repacked.count(name) > 0});
+    return v;
+  }
+  static void check_computable(const GgufFile& g, const GgufTensorInfo& t) {
     const GgmlTypeInfo* info = ggml_type_info(t.type_id);
     if (!info->computable)
-      throw Error(ErrorCode::unsupported, g.path() + ": tensor '" + name + "' has type " + std::string(info->name) +
+      throw Error(ErrorCode::unsupported, g.path() + ": tensor '" + t.name + "' has type " + std::string(info->name) +
                                               " (slim computes with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)");
-    return {t.type(), g.tensor_data(t), rows, cols, ggml_row_bytes(t.type(), cols), name, repacked.count(name) > 0};
   }
   static std::vector<float> vec(const GgufFile& g, const std::string& name, int64_t n) {
     const GgufTensorInfo& t = g.tensor(name);
@@ -158,10 +212,18 @@ std::shared_ptr<const LlamaModel> LlamaModel::load(const std::string& path, bool
 }
 
 int64_t LlamaModel::n_params() const {
-  int64_t n = token_embd_.rows * token_embd_.cols + (config_.tied_output ? 0 : output_.rows * output_.cols);
+  int64_t n = n_active_params();
+  const LlamaConfig& c = config_;
+  return n + int64_t(c.n_layer) * (c.n_expert - c.n_expert_used) * 3 * c.n_ff_exp * c.n_embd;
+}
+
+int64_t LlamaModel::n_active_params() const {
+  const LlamaConfig& c = config_;
+  int64_t n = token_embd_.rows * token_embd_.cols + (c.tied_output ? 0 : output_.rows * output_.cols);
   for (const auto& L : layers_)
-    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += w->rows * w->cols;
-  return n;
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.shexp_gate})
+      n += w->rows * w->cols;
+  return n + int64_t(c.n_layer) * c.n_expert_used * 3 * c.n_ff_exp * c.n_embd;
 }
 
 // ---------------------------------------------------------------- compile
@@ -184,13 +246,67 @@ struct AlignedBuffer {
   const T* data() const { return ptr; }
 };
 
+// y rows [0, w->rows) for n activation rows: rows row0.. of source src of a section.
+struct MatmulJob {
+  const WeightMatrix* w;
+  int64_t act_stride;
+  int n;
+  float* y;
+  int64_t ldy;
+  DotFn dot;
+  TileFn tile;
+  Tile16Fn tile16, tile32;
+  int64_t unit;  // rows per work item
+  int src, row0;
+};
+
+// Rows a section converts to activations: rows of src (stride ld) of cols values, or
+// rows gather[0..rows) of it.
+struct ActSource {
+  const float* src;
+  int64_t ld;
+  int rows;
+  int64_t cols;
+  const int32_t* gather;
+};
+constexpr int kMaxSources = 2;
+
 }  // namespace
+
+double ExpertUsage::total_flops() const {
+  double f = other_flops + shared_flops();
+  for (int64_t r : routed) f += double(r) * expert_token_flops;
+  return f;
+}
+
+void ExpertUsage::add(const ExpertUsage& o) {
+  if (o.routed.size() != routed.size())
+    throw Error(ErrorCode::invalid_argument, "ExpertUsage::add: the usages are of different models");
+  for (size_t i = 0; i < routed.size(); ++i) routed[i] += o.routed[i];
+  tokens += o.tokens;
+  other_flops += o.other_flops;
+}
+
+void ExpertUsage::clear() {
+  std::fill(routed.begin(), routed.end(), 0);
+  tokens = 0;
+  other_flops = 0;
+}
 
 struct LlamaContext::State {
   const KernelSet* k = nullptr;
   int n_batch = 0, n_threads = 1;
   int64_t q_dim = 0, kv_dim = 0;
   AlignedBuffer<float> x, xn, q, kbuf, vbuf, attn, gate, up, logits;
+  // MoE: router logits [n_batch][n_expert] and probabilities, the shared expert's gate
+  // [n_batch]; per (token, slot) its expert's weight and its row in the expert-ordered
+  // pairs; per pair its token; per expert its first pair; the experts' gate, up and down
+  // outputs per pair.
+  AlignedBuffer<float> router, probs, shexp_gate, route_w, egate, eup, edown;
+  std::vector<int32_t> route_pos, pair_token, expert_first;
+  // The jobs of a group of matmuls, and of the section running those with one activation format.
+  std::vector<MatmulJob> jobs, section_jobs;
+  std::vector<int64_t> first;
   // Per thread: activation rows converted for a weight type (act_stride bytes each).
   AlignedBuffer<uint8_t> act;
   int64_t act_stride = 0, act_bytes = 0;
@@ -243,13 +359,40 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   s.kbuf.allocate(nb * s.kv_dim);
   s.vbuf.allocate(nb * s.kv_dim);
   s.attn.allocate(nb * s.q_dim);
-  s.gate.allocate(nb * c.n_ff);
-  s.up.allocate(nb * c.n_ff);
+  const int64_t n_ff = c.n_expert ? c.n_ff_shexp : c.n_ff;  // the dense network or the shared expert
+  s.gate.allocate(nb * n_ff);
+  s.up.allocate(nb * n_ff);
   s.logits.allocate(std::max<size_t>(options.all_logits ? nb : 1, paged ? size_t(options.kv.max_seqs) : 1) *
                     size_t(c.n_vocab));
-  const int64_t max_cols = std::max<int64_t>({c.n_embd, c.n_ff, s.q_dim});
+  const size_t pairs = nb * size_t(c.n_expert_used);
+  if (c.n_expert) {
+    s.router.allocate(nb * c.n_expert);
+    s.probs.allocate(size_t(c.n_expert));
+    s.shexp_gate.allocate(nb);
+    s.route_w.allocate(pairs);
+    s.egate.allocate(pairs * c.n_ff_exp);
+    s.eup.allocate(pairs * c.n_ff_exp);
+    s.edown.allocate(pairs * c.n_embd);
+    s.route_pos.resize(pairs);
+    s.pair_token.resize(pairs);
+    s.expert_first.resize(size_t(c.n_expert) + 1);
+    ExpertUsage u;
+    u.n_layer = c.n_layer;
+    u.n_expert = c.n_expert;
+    u.routed.assign(size_t(c.n_layer) * c.n_expert, 0);
+    u.expert_token_flops = 6.0 * c.n_embd * c.n_ff_exp;
+    u.shared_token_flops = c.n_ff_shexp ? 6.0 * c.n_embd * c.n_ff_shexp + 2.0 * c.n_embd : 0;
+    usage_total_ = u;
+    usage_.assign(paged ? size_t(options.kv.max_seqs) : 1, u);
+  }
+  const size_t max_jobs = std::max<size_t>(4, 2 * size_t(c.n_expert) + 1);
+  s.jobs.resize(max_jobs);
+  s.section_jobs.resize(max_jobs);
+  s.first.resize(max_jobs + 1);
+  const int64_t max_cols = std::max<int64_t>({c.n_embd, n_ff, c.n_ff_exp, s.q_dim});
   s.act_stride = max_act_row_bytes(max_cols);
-  s.act_bytes = (int64_t(nb) * s.act_stride + 63) / 64 * 64;
+  // A MoE layer's down projections convert every (token, expert) pair and the shared expert's rows.
+  s.act_bytes = (int64_t(nb + pairs) * s.act_stride + 63) / 64 * 64;
   s.act.allocate(size_t(s.n_threads) * size_t(s.act_bytes));
   s.kv_elem = options.f16_kv ? 2 : 4;
   if (paged) {
@@ -334,8 +477,28 @@ KvCache& LlamaContext::kv_cache() {
 }
 const KvCache& LlamaContext::kv_cache() const { return const_cast<LlamaContext*>(this)->kv_cache(); }
 
-int LlamaContext::add_sequence() { return kv_cache().add_sequence(); }
-int LlamaContext::fork_sequence(int src, int n_tokens) { return kv_cache().fork_sequence(src, n_tokens); }
+int LlamaContext::add_sequence() {
+  const int seq = kv_cache().add_sequence();
+  if (!usage_.empty()) usage_[size_t(seq)].clear();
+  return seq;
+}
+int LlamaContext::fork_sequence(int src, int n_tokens) {
+  const int seq = kv_cache().fork_sequence(src, n_tokens);
+  if (!usage_.empty()) usage_[size_t(seq)].clear();
+  return seq;
+}
+
+const ExpertUsage& LlamaContext::expert_usage(int seq) const {
+  if (usage_.empty()) return usage_total_;  // a dense model's: empty
+  if (seq < 0 || seq >= int(usage_.size()))
+    throw Error(ErrorCode::invalid_argument, "expert_usage: no sequence " + std::to_string(seq));
+  return usage_[size_t(seq)];
+}
+
+void LlamaContext::clear_expert_usage(int seq) {
+  expert_usage(seq);  // checks seq
+  if (!usage_.empty()) usage_[size_t(seq)].clear();
+}
 void LlamaContext::remove_sequence(int seq) {
   kv_cache().remove_sequence(seq);
   if (seq == 0) n_past_ = 0;
@@ -415,18 +578,6 @@ void rms_norm_rows(const float* x, const float* w, float* y, int rows, int64_t n
     }
   }
 }
-
-struct MatmulJob {
-  const WeightMatrix* w;
-  int64_t act_stride;
-  int n;
-  float* y;
-  int64_t ldy;
-  DotFn dot;
-  TileFn tile;
-  Tile16Fn tile16, tile32;
-  int64_t unit;  // rows per work item
-};
 
 // Rows per work item of a matmul: a tile's rows (see run_matmul_rows); for one token two
 // 16-row tiles, so that a claim is not made for every 16 rows.
@@ -527,58 +678,179 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     dequantize_row(e.type, e.data + int64_t(tokens[t]) * e.row_bytes, s.x.data() + t * d, d);
   }
 
-  // Runs y_p = src @ w_p^T for `rows` rows of src (stride ld) and each part p (at most 3),
-  // as one parallel section when the parts take the same activations (q, k and v, or
-  // gate and up: one wait for the threads instead of one per matrix; a quantized model
-  // may mix types, then one section per part). Each thread first converts the rows to
-  // the activation format the weights need, into its own buffer: a buffer written by
-  // one thread and read by the other cost more in cache-line transfers than converting
-  // on both (8 sequences, 2 threads: 0.10 ms of a
-  // 1.8 ms step). Items run the parts one after the other, each part's rows in order:
-  // items that took the same rows of gate and up (and finished them with SiLU)
-  // interleaved two weight streams, which made one-sequence decode 3-4 % slower.
+  // Matrix products run as parallel sections of jobs (y = source rows @ w^T), all the jobs
+  // that share activations in one section (q, k and v, or gate and up: one wait for the
+  // threads instead of one per matrix; a quantized model may mix activation formats, then
+  // one section per format). Each thread first converts the sources' rows to the
+  // activation format into its own buffer: a buffer written by one thread and read by the
+  // other cost more in cache-line transfers than converting on both (8 sequences, 2
+  // threads: 0.10 ms of a 1.8 ms step). Items run the jobs one after the other, each job's
+  // rows in order: items that took the same rows of gate and up (and finished them with
+  // SiLU) interleaved two weight streams, which made one-sequence decode 3-4 % slower.
+  auto job = [&](const WeightMatrix& w, int src, int row0, int rows, float* y, int64_t ldy) {
+    const TileFn tile = tile_fn(*s.k, w.type);
+    MatmulJob j{&w, s.act_stride, rows, y, ldy, w.x16 ? nullptr : dot_fn(*s.k, w.type), tile, tile16_fn(*s.k, w.type),
+                w.type == GgmlType::f16 ? s.k->tile_f16x32 : nullptr, 0, src, row0};
+    j.unit = matmul_unit(w, j.tile32 != nullptr, tile != nullptr, rows);
+    return j;
+  };
+  auto section = [&](const ActSource* sources, int nsrc, ActType at, int nj) {
+    const MatmulJob* jobs = s.section_jobs.data();
+    int64_t* first = s.first.data();
+    int base[kMaxSources] = {};
+    uint32_t used = 0;
+    first[0] = 0;
+    for (int i = 0; i < nj; ++i) {
+      used |= 1u << jobs[i].src;
+      first[i + 1] = first[i] + (jobs[i].w->rows + jobs[i].unit - 1) / jobs[i].unit;
+    }
+    for (int i = 0, rows = 0; i < nsrc; ++i)
+      if (used >> i & 1) {
+        base[i] = rows;
+        rows += sources[i].rows;
+      }
+    s.split->reset(first[nj]);
+    pool.parallel_for(T, [&](int64_t b, int64_t e) {
+      for (int64_t slot = b; slot < e; ++slot) {
+        uint8_t* act = s.act.data() + slot * s.act_bytes;
+        for (int i = 0; i < nsrc; ++i) {
+          if (!(used >> i & 1)) continue;
+          const ActSource& a = sources[i];
+          uint8_t* dst = act + base[i] * s.act_stride;
+          for (int t = 0; t < a.rows; ++t)
+            quantize_act_row(*s.k, at, a.src + (a.gather ? a.gather[t] : t) * a.ld, dst + t * s.act_stride, a.cols);
+        }
+        for (int64_t item; s.split->next(int(slot), &item);) {
+          const int p = int(std::upper_bound(first + 1, first + nj + 1, item) - (first + 1));
+          const MatmulJob& j = jobs[p];
+          const int64_t r0 = (item - first[p]) * j.unit;
+          run_matmul_rows(j, act + (base[j.src] + j.row0) * s.act_stride, r0, std::min(j.w->rows, r0 + j.unit));
+        }
+      }
+    });
+  };
+  // Runs s.jobs[0, nj): a section per activation format among their weights.
+  auto run_jobs = [&](const ActSource* sources, int nsrc, int nj) {
+    uint32_t done = 0;
+    for (int i = 0; i < nj; ++i) {
+      const ActType at = act_type_for(s.jobs[size_t(i)].w->type);
+      if (done >> int(at) & 1) continue;
+      done |= 1u << int(at);
+      int m = 0;
+      for (int j = i; j < nj; ++j) {
+        const MatmulJob& jb = s.jobs[size_t(j)];
+        if (jb.src >= nsrc || jb.w->cols != sources[jb.src].cols) throw Error(ErrorCode::internal, "matmul: source and weight widths differ");
+        if (act_type_for(jb.w->type) == at) s.section_jobs[size_t(m++)] = jb;
+      }
+      section(sources, nsrc, at, m);
+    }
+  };
   struct Part {
     const WeightMatrix& w;
     float* y;
     int64_t ldy;
   };
-  auto section = [&](const float* src, int64_t ld, int rows, const Part* parts, int np) {
-    MatmulJob jobs[3];
-    int64_t first[4] = {0, 0, 0, 0};  // each part's first work item
-    const ActType at = act_type_for(parts[0].w.type);
-    for (int i = 0; i < np; ++i) {
-      const Part& p = parts[i];
-      const TileFn tile = tile_fn(*s.k, p.w.type);
-      MatmulJob& j = jobs[i];
-      j = {&p.w, s.act_stride, rows, p.y, p.ldy, p.w.x16 ? nullptr : dot_fn(*s.k, p.w.type), tile,
-           tile16_fn(*s.k, p.w.type), p.w.type == GgmlType::f16 ? s.k->tile_f16x32 : nullptr, 0};
-      j.unit = matmul_unit(p.w, j.tile32 != nullptr, tile != nullptr, rows);
-      first[i + 1] = first[i] + (p.w.rows + j.unit - 1) / j.unit;
-    }
-    s.split->reset(first[np]);
-    pool.parallel_for(T, [&](int64_t b, int64_t e) {
-      for (int64_t slot = b; slot < e; ++slot) {
-        uint8_t* act = s.act.data() + slot * s.act_bytes;
-        for (int t = 0; t < rows; ++t) quantize_act_row(*s.k, at, src + t * ld, act + t * s.act_stride, jobs[0].w->cols);
-        for (int64_t item; s.split->next(int(slot), &item);) {
-          int p = 0;
-          while (p + 1 < np && item >= first[p + 1]) ++p;
-          const MatmulJob& j = jobs[p];
-          const int64_t r0 = (item - first[p]) * j.unit;
-          run_matmul_rows(j, act, r0, std::min(j.w->rows, r0 + j.unit));
-        }
-      }
-    });
-  };
+  // y_p = src @ w_p^T for `rows` rows of src (stride ld) and each part p.
   auto matmul = [&](const float* src, int64_t ld, int rows, std::initializer_list<Part> parts) {
-    const Part* ps = parts.begin();
-    const int np = int(parts.size());
-    if (np < 1 || np > 3) throw Error(ErrorCode::internal, "matmul: 1-3 parts");
-    bool same = true;
-    for (int i = 1; i < np; ++i)
-      same = same && act_type_for(ps[i].w.type) == act_type_for(ps[0].w.type) && ps[i].w.cols == ps[0].w.cols;
-    if (same) return section(src, ld, rows, ps, np);
-    for (int i = 0; i < np; ++i) section(src, ld, rows, ps + i, 1);
+    const ActSource in{src, ld, rows, parts.begin()->w.cols, nullptr};
+    int nj = 0;
+    for (const Part& p : parts) s.jobs[size_t(nj++)] = job(p.w, 0, 0, rows, p.y, p.ldy);
+    run_jobs(&in, 1, nj);
+  };
+
+  // Mixture of Experts on the normalized rows in s.xn, added to the residual stream.
+  // The router's softmax picks each token's top k experts (weights renormalized to sum 1
+  // where the architecture does: Mixtral, not qwen2moe); the (token, expert) pairs are
+  // ordered by expert, so each selected expert runs once over all its rows with the dense
+  // kernels, and an expert no token chose is not read at all. The weighted sum follows
+  // llama.cpp's order (slot by slot, then the shared expert, then the residual).
+  auto moe_ffn = [&](const LayerWeights& L, int l) {
+    const int E = c.n_expert, K = c.n_expert_used;
+    const int64_t fe = c.n_ff_exp, fs = c.n_ff_shexp;
+    const ActSource in[1] = {{s.xn.data(), d, n, d, nullptr}};
+    int nj = 0;
+    s.jobs[size_t(nj++)] = job(L.router, 0, 0, n, s.router.data(), E);
+    if (fs) {
+      s.jobs[size_t(nj++)] = job(L.shexp_gate, 0, 0, n, s.shexp_gate.data(), 1);
+      s.jobs[size_t(nj++)] = job(L.w_gate, 0, 0, n, s.gate.data(), fs);
+      s.jobs[size_t(nj++)] = job(L.w_up, 0, 0, n, s.up.data(), fs);
+    }
+    run_jobs(in, 1, nj);
+
+    int32_t* first = s.expert_first.data();
+    std::fill(first, first + E + 1, 0);
+    float* p = s.probs.data();
+    for (int t = 0; t < n; ++t) {
+      const float* lg = s.router.data() + int64_t(t) * E;
+      const float mx = *std::max_element(lg, lg + E);
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += p[e] = std::exp(lg[e] - mx);
+      const float inv = float(1.0 / sum);
+      for (int e = 0; e < E; ++e) p[e] *= inv;
+      float* w = s.route_w.data() + int64_t(t) * K;
+      int32_t* sel = s.route_pos.data() + int64_t(t) * K;  // the experts for now, their pair rows below
+      double wsum = 0;
+      for (int j = 0; j < K; ++j) {
+        int best = -1;
+        for (int e = 0; e < E; ++e)
+          if ((best < 0 || p[e] > p[best]) && std::find(sel, sel + j, e) == sel + j) best = e;
+        sel[j] = best;
+        wsum += w[j] = p[best];
+        ++first[best + 1];
+      }
+      if (c.expert_norm) {
+        const float div = std::max(float(wsum), 6.103515625e-5f);  // llama.cpp's clamp
+        for (int j = 0; j < K; ++j) w[j] /= div;
+      }
+    }
+    for (int e = 0; e < E; ++e) first[e + 1] += first[e];
+    for (const Entry& en : entries) {
+      int64_t* routed = usage_.empty() ? nullptr : usage_[size_t(std::max(en.seq, 0))].routed.data() + int64_t(l) * E;
+      for (int t = en.row0; t < en.row0 + en.n; ++t)
+        for (int j = 0; j < K; ++j) {
+          int32_t& pos = s.route_pos[size_t(t * K + j)];
+          const int e = pos;
+          if (routed) ++routed[e];
+          ++usage_total_.routed[size_t(l * E + e)];
+          pos = first[e]++;  // first[e] ends at its successor's start
+          s.pair_token[size_t(pos)] = t;
+        }
+    }
+    for (int e = E; e > 0; --e) first[e] = first[e - 1];
+    first[0] = 0;
+
+    const ActSource pairs[1] = {{s.xn.data(), d, n * K, d, s.pair_token.data()}};
+    nj = 0;
+    for (int e = 0; e < E; ++e)
+      if (const int m = first[e + 1] - first[e]) {
+        s.jobs[size_t(nj++)] = job(L.gate_exps[size_t(e)], 0, first[e], m, s.egate.data() + first[e] * fe, fe);
+        s.jobs[size_t(nj++)] = job(L.up_exps[size_t(e)], 0, first[e], m, s.eup.data() + first[e] * fe, fe);
+      }
+    run_jobs(pairs, 1, nj);
+    s.k->silu_mul(s.egate.data(), s.eup.data(), int64_t(n) * K * fe);
+    if (fs) s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * fs);
+    const ActSource hidden[2] = {{s.egate.data(), fe, n * K, fe, nullptr}, {s.gate.data(), fs, n, fs, nullptr}};
+    nj = 0;
+    for (int e = 0; e < E; ++e)
+      if (const int m = first[e + 1] - first[e])
+        s.jobs[size_t(nj++)] = job(L.down_exps[size_t(e)], 0, first[e], m, s.edown.data() + first[e] * d, d);
+    if (fs) s.jobs[size_t(nj++)] = job(L.w_down, 1, 0, n, s.xn.data(), d);
+    run_jobs(hidden, 2, nj);
+
+    for (int t = 0; t < n; ++t) {
+      const float* w = s.route_w.data() + int64_t(t) * K;
+      const int32_t* pos = s.route_pos.data() + int64_t(t) * K;
+      // llama.cpp computes the shared expert's sigmoid gate as silu(g) / g.
+      const float g = fs ? 1.0f / (1.0f + std::exp(-s.shexp_gate.data()[t])) : 0.0f;
+      const float* sh = s.xn.data() + int64_t(t) * d;
+      float* xt = s.x.data() + int64_t(t) * d;
+      for (int64_t i = 0; i < d; ++i) {
+        float acc = s.edown.data()[pos[0] * d + i] * w[0];
+        for (int j = 1; j < K; ++j) acc += s.edown.data()[pos[j] * d + i] * w[j];
+        if (fs) acc += sh[i] * g;
+        xt[i] += acc;
+      }
+    }
   };
 
   const int half = c.n_rot / 2;
@@ -735,6 +1007,10 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     matmul(s.attn.data(), s.q_dim, n, {{L.wo, s.xn.data(), d}});
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
     rms_norm_rows(s.x.data(), L.ffn_norm, s.xn.data(), n, d, c.rms_eps);
+    if (c.n_expert) {
+      moe_ffn(L, l);
+      continue;
+    }
     matmul(s.xn.data(), d, n, {{L.w_gate, s.gate.data(), c.n_ff}, {L.w_up, s.up.data(), c.n_ff}});
     s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * c.n_ff);
     matmul(s.gate.data(), c.n_ff, n, {{L.w_down, s.xn.data(), d}});
@@ -752,6 +1028,21 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
   }
   matmul(s.xn.data(), d, rows, {{m.output(), s.logits.data(), c.n_vocab}});
   last_entries_.assign(entries.begin(), entries.end());
+  if (!usage_.empty()) {
+    // The work besides the experts, per token and layer: the attention projections and the
+    // router, and attention over every earlier position (as if the cache kept them all);
+    // then the output head per row whose logits were computed.
+    const double per_token = 4.0 * d * (s.q_dim + s.kv_dim) + 2.0 * d * c.n_expert;
+    for (const Entry& e : entries) {
+      const double positions = double(e.n) * e.p0 + double(e.n) * (e.n + 1) / 2;
+      const double f = c.n_layer * (e.n * per_token + 4.0 * double(s.q_dim) * positions) +
+                       2.0 * d * c.n_vocab * (options_.all_logits ? e.n : 1);
+      for (ExpertUsage* u : {&usage_[size_t(std::max(e.seq, 0))], &usage_total_}) {
+        u->tokens += e.n;
+        u->other_flops += f;
+      }
+    }
+  }
   if (cache) {
     for (const Entry& e : entries) {
       cache->set_n_past(e.seq, e.p0 + e.n);

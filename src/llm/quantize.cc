@@ -67,7 +67,7 @@ GgmlType quant_type_for(QuantScheme s, const std::string& name, int64_t row_len,
   }
   if (name == "output.weight" && s != QuantScheme::q8_0) t = GgmlType::q6_k;
   if (s == QuantScheme::q4_k_m && layer >= 0 &&
-      (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight")) && use_more_bits(layer, n_layer))
+      (ends_with(name, "attn_v.weight") || name.find(".ffn_down") != std::string::npos) && use_more_bits(layer, n_layer))
     t = GgmlType::q6_k;
   if (fell_back) *fell_back = false;
   // K-quants need rows of whole 256-element super-blocks. llama.cpp falls back to Q5_0 /
@@ -100,9 +100,12 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
   for (const GgufTensorInfo& t : in->tensors()) {
     rep.bytes_in += int64_t(t.size);
     const GgmlTypeInfo* src_info = ggml_type_info(t.type_id);
-    const bool is_weight = t.dims.size() == 2 && ends_with(t.name, ".weight");
+    // Matrices, and the 3-D tensors of a MoE layer's experts; llama.cpp's quantizer
+    // keeps the routers (ffn_gate_inp) as they are, and so does this one.
+    const bool is_weight = (t.dims.size() == 2 || t.dims.size() == 3) && ends_with(t.name, ".weight") &&
+                           !ends_with(t.name, ".ffn_gate_inp.weight");
     if (!is_weight || !src_info->computable) {
-      // Norms, biases and anything slim cannot decode are copied unchanged.
+      // Norms, biases, routers and anything slim cannot decode are copied unchanged.
       const uint8_t* p = in->tensor_data(t);
       w.add_tensor(t.name, t.type(), t.dims, std::vector<uint8_t>(p, p + t.size));
       rep.bytes_out += int64_t(t.size);

@@ -47,6 +47,7 @@ GenerationResult LlamaGenerator::generate(const GenerationRequest& req, const To
   cached_.assign(req.prompt.begin(), req.prompt.begin() + long(common));
   res.reused_prompt_tokens = int(common);
 
+  ctx_.clear_expert_usage();
   auto t0 = clock::now();
   std::span<const int32_t> rest(req.prompt.data() + common, req.prompt.size() - common);
   ctx_.eval(rest);
@@ -98,6 +99,7 @@ GenerationResult LlamaGenerator::generate(const GenerationRequest& req, const To
     cached_.push_back(tok);
   }
   res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  res.experts = ctx_.expert_usage();
   return res;
 }
 

@@ -15,51 +15,7 @@
 namespace slim::llm {
 namespace {
 
-using testing::fixture;
-
-struct Reference {
-  std::vector<int32_t> tokens;
-  Tensor exact, emulated;
-};
-
-Reference load_reference(const std::string& name) {
-  Reference r;
-  Tensor t = read_npy(fixture(name + ".tokens.npy"));
-  r.tokens.assign(t.data<int32_t>(), t.data<int32_t>() + t.numel());
-  r.exact = read_npy(fixture(name + ".logits.npy"));
-  r.emulated = read_npy(fixture(name + ".emul.npy"));
-  return r;
-}
-
-// Logits of every prompt token, evaluated in one batch.
-std::vector<float> run_all(const std::string& name, const std::vector<int32_t>& tokens, ContextOptions o) {
-  auto model = LlamaModel::load(fixture(name + ".gguf"));
-  o.all_logits = true;
-  LlamaContext ctx(model, o);
-  ctx.eval(tokens);
-  const int nv = model->config().n_vocab;
-  std::vector<float> out(tokens.size() * size_t(nv));
-  for (size_t i = 0; i < tokens.size(); ++i) std::memcpy(&out[i * nv], ctx.logits(int(i)), size_t(nv) * 4);
-  return out;
-}
-
-// max |a - b| / max |b|: the error relative to the logits' scale.
-double rel_error(const std::vector<float>& a, const Tensor& b) {
-  const float* r = b.data<float>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - r[i]));
-    den = std::max(den, std::fabs(double(r[i])));
-  }
-  return num / den;
-}
-
-ContextOptions exact_options() {
-  ContextOptions o;
-  o.f16_kv = false;
-  o.n_threads = 2;
-  return o;
-}
+using namespace testing;
 
 struct Case {
   const char* name;
@@ -100,7 +56,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_q8_0", 1e-2, 5e-2}, Case{"llama_q4_0", 1e-2, 5e-2},
                       Case{"llama_q4_k", 1e-2, 5e-2}, Case{"llama_q6_k", 1e-2, 5e-2},
                       Case{"qwen2_mha_q8_0", 1e-2, 5e-2}, Case{"qwen2_q4_k", 1e-2, 5e-2},
-                      Case{"llama_mixed", 1e-2, 5e-2}),
+                      Case{"llama_mixed", 1e-2, 5e-2},
+                      // Mixture of Experts (moe_test.cc): routing, renormalization, shared expert.
+                      Case{"mixtral_f32", 1e-4, 1e-4}, Case{"qwen2moe_f32", 1e-4, 1e-4},
+                      Case{"mixtral_q4_k", 1e-2, 5e-2}, Case{"mixtral_q4_0_top1", 1e-2, 5e-2},
+                      Case{"mixtral_mixed", 1e-2, 5e-2}, Case{"qwen2moe_q8_0", 1e-2, 5e-2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Forward, DecodeOneByOneEqualsBatchedPrefillExactly) {
@@ -234,23 +194,6 @@ TEST(Model, RejectsBadTokensAndFullContext) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::resource_exhausted);
   }
-}
-
-// Rewrites a fixture with one tensor dropped or reshaped, to check load-time validation.
-std::string rewrite_without(const std::string& src_name, const std::string& drop, bool reshape) {
-  auto g = GgufFile::open(fixture(src_name + ".gguf"));
-  GgufWriter w;
-  for (const auto& k : g->metadata_order()) w.copy_value(k, *g, g->metadata().at(k));
-  for (const auto& t : g->tensors()) {
-    if (t.name == drop && !reshape) continue;
-    std::vector<int64_t> dims = t.dims;
-    const uint8_t* p = g->tensor_data(t);
-    if (t.name == drop) std::swap(dims[0], dims[1]);
-    w.add_tensor(t.name, t.type(), dims, std::vector<uint8_t>(p, p + t.size));
-  }
-  const std::string out = testing::tmp_dir() + "/llm_" + drop + (reshape ? "_reshaped" : "_dropped") + ".gguf";
-  w.write(out);
-  return out;
 }
 
 TEST(Model, MissingTensorIsNamed) {

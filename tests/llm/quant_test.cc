@@ -484,5 +484,32 @@ TEST(QuantizeModel, QuantizedModelLoadsAndTracksTheOriginal) {
   EXPECT_LT(err["q4_k_m"], err["q4_0"]);
 }
 
+// MoE models: the experts' 3-D tensors and the shared expert are quantized, the routers and
+// the shared expert's gate (a vector) stay F32, and ffn_down_exps gets Q4_K_M's extra bits
+// where ffn_down would.
+TEST(QuantizeModel, MoeExpertsAreQuantizedRoutersKept) {
+  for (const char* name : {"mixtral_f32", "qwen2moe_f32"}) {
+    const std::string out = testing::tmp_dir() + "/llm_quant_" + name + ".gguf";
+    quantize_model(fixture(std::string(name) + ".gguf"), out, QuantScheme::q4_k_m, 2);
+    auto g = GgufFile::open(out);
+    EXPECT_EQ(g->tensor("blk.0.ffn_gate_inp.weight").type(), GgmlType::f32) << name;
+    EXPECT_EQ(g->tensor("blk.0.ffn_gate_exps.weight").type(), GgmlType::q4_k) << name;
+    EXPECT_EQ(g->tensor("blk.0.ffn_down_exps.weight").type(), GgmlType::q4_k) << name;
+    EXPECT_EQ(g->tensor("blk.1.ffn_down_exps.weight").type(), GgmlType::q6_k) << name;
+    EXPECT_EQ(g->tensor("blk.1.ffn_up_exps.weight").dims, (std::vector<int64_t>{256, 256, 4})) << name;
+    if (std::string(name) == "qwen2moe_f32") {
+      EXPECT_EQ(g->tensor("blk.0.ffn_gate_inp_shexp.weight").type(), GgmlType::f32);
+      EXPECT_EQ(g->tensor("blk.0.ffn_up_shexp.weight").type(), GgmlType::q4_k);
+      EXPECT_EQ(g->tensor("blk.0.ffn_down_shexp.weight").type(), GgmlType::q4_0);  // 192 columns: no K-quant
+      EXPECT_EQ(g->tensor("blk.1.ffn_down_shexp.weight").type(), GgmlType::q8_0);  // Q6_K's fallback
+    }
+    auto m = LlamaModel::load(out);
+    LlamaContext ctx(m, ContextOptions{});
+    Tensor toks = read_npy(fixture(std::string(name) + ".tokens.npy"));
+    ctx.eval(std::span<const int32_t>(toks.data<int32_t>(), size_t(toks.numel())));
+    for (int v = 0; v < m->config().n_vocab; ++v) ASSERT_TRUE(std::isfinite(ctx.logits()[v])) << name;
+  }
+}
+
 }  // namespace
 }  // namespace slim::llm

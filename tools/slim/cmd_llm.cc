@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
@@ -59,99 +60,206 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, tokens, tokens_file, json;
+  std::string model, tokens, tokens_file, json;
+  std::vector<std::string> prompts;
   int n = 128, threads = 0, ctx = 0, batch = 512;
   llm::SamplerOptions sampling;
   std::vector<std::string> stop;
-  bool ignore_eos = false, ids = false, f32_kv = false, mmap = false;
+  bool ignore_eos = false, ids = false, f32_kv = false, mmap = false, expert_stats = false;
   EnergyArgs energy;
 };
 
+// A MoE request's (or all requests') expert work: per expert the tokens routed to it over
+// all layers, their share of the routing, its GFLOP and the tokens per layer; then the
+// shared expert, the rest of the forward pass, and the total. With `joules` (the work's
+// energy, measured or estimated as the energy lines above say) each part also gets its
+// share of it, in proportion to its FLOPs.
+void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int k, std::optional<double> joules,
+                        energy::Basis basis) {
+  std::fprintf(stderr, "%s: %lld tokens, %d layers x %d experts, %d per token\n", title.c_str(), (long long)u.tokens,
+               u.n_layer, u.n_expert, k);
+  std::fprintf(stderr, "  %-8s %10s %7s %10s %10s  %s\n", "expert", "routed", "share", "GFLOP",
+               joules ? energy::basis_name(basis) : "", "routed per layer");
+  const double slots = double(u.tokens) * u.n_layer * k, total = u.total_flops();
+  auto energy_of = [&](double flops) {
+    return joules && total > 0 ? energy::si(*joules * flops / total, "J") : std::string();
+  };
+  for (int e = 0; e < u.n_expert; ++e) {
+    int64_t n = 0;
+    std::string per_layer;
+    for (int l = 0; l < u.n_layer; ++l) {
+      n += u.count(l, e);
+      per_layer += (l ? " " : "") + std::to_string(u.count(l, e));
+    }
+    const double f = double(n) * u.expert_token_flops;
+    std::fprintf(stderr, "  %-8d %10lld %6.1f%% %10.4f %10s  %s\n", e, (long long)n,
+                 slots > 0 ? 100.0 * double(n) / slots : 0.0, f / 1e9, energy_of(f).c_str(), per_layer.c_str());
+  }
+  if (u.shared_token_flops > 0)
+    std::fprintf(stderr, "  %-8s %10lld %7s %10.4f %10s\n", "shared", (long long)(u.tokens * u.n_layer), "",
+                 u.shared_flops() / 1e9, energy_of(u.shared_flops()).c_str());
+  std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s  (attention, routers, output head)\n", "other", "", "",
+               u.other_flops / 1e9, energy_of(u.other_flops).c_str());
+  std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s\n", "total", "", "", total / 1e9, energy_of(total).c_str());
+}
+
+// The same as JSON; with `work` (a request's energy report) each part's share of its
+// energy and carbon, by FLOPs.
+nlohmann::json expert_usage_json(const llm::ExpertUsage& u, const energy::EnergyReport* work) {
+  nlohmann::json routed = nlohmann::json::array(), flops = nlohmann::json::array();
+  for (int l = 0; l < u.n_layer; ++l) {
+    nlohmann::json row = nlohmann::json::array();
+    for (int e = 0; e < u.n_expert; ++e) row.push_back(u.count(l, e));
+    routed.push_back(row);
+  }
+  std::vector<double> expert_flops(size_t(u.n_expert), 0.0);
+  for (int e = 0; e < u.n_expert; ++e)
+    for (int l = 0; l < u.n_layer; ++l) expert_flops[size_t(e)] += u.expert_flops(l, e);
+  const double total = u.total_flops();
+  nlohmann::json j = {{"evaluated_tokens", u.tokens}, {"routed", routed},           {"expert_flops", expert_flops},
+                      {"shared_flops", u.shared_flops()}, {"other_flops", u.other_flops}, {"total_flops", total}};
+  if (work && total > 0) {
+    auto share = [&](double f, double of) { return of * f / total; };
+    nlohmann::json ej = nlohmann::json::array(), eg = nlohmann::json::array();
+    for (double f : expert_flops) {
+      ej.push_back(share(f, work->work_joules));
+      eg.push_back(share(f, work->work_grams));
+    }
+    j["energy_basis"] = energy::basis_name(work->basis);
+    j["expert_j"] = ej;
+    j["expert_gco2e"] = eg;
+    j["shared_j"] = share(u.shared_flops(), work->work_joules);
+    j["shared_gco2e"] = share(u.shared_flops(), work->work_grams);
+    j["other_j"] = share(u.other_flops, work->work_joules);
+    j["other_gco2e"] = share(u.other_flops, work->work_grams);
+  }
+  return j;
+}
+
 void run_generate(const GenerateArgs& a) {
   auto model = llm::LlamaModel::load(a.model, a.mmap);
+  const llm::LlamaConfig& cfg = model->config();
+  if (a.expert_stats && cfg.n_expert == 0)
+    throw Error(ErrorCode::invalid_argument, "generate: --expert-stats needs a Mixture-of-Experts model; " + a.model +
+                                                 " is dense");
   std::unique_ptr<text::Tokenizer> tok;
-  std::vector<int32_t> prompt;
+  std::vector<std::vector<int32_t>> prompts;
   if (!a.tokens.empty() || !a.tokens_file.empty()) {
-    prompt = a.tokens.empty() ? parse_ids(read_text_file(a.tokens_file), a.tokens_file) : parse_ids(a.tokens, "--tokens");
+    prompts.push_back(a.tokens.empty() ? parse_ids(read_text_file(a.tokens_file), a.tokens_file)
+                                       : parse_ids(a.tokens, "--tokens"));
     if (model->gguf().has("tokenizer.ggml.model")) tok = llm::load_gguf_tokenizer(model->gguf());
   } else {
     tok = llm::load_gguf_tokenizer(model->gguf());
-    prompt = tok->encode(a.prompt);
+    for (const std::string& p : a.prompts.empty() ? std::vector<std::string>{""} : a.prompts)
+      prompts.push_back(tok->encode(p));
   }
-  if (prompt.empty()) throw Error(ErrorCode::invalid_argument, "generate: empty prompt (give -p TEXT or --tokens IDS)");
+  for (const auto& p : prompts)
+    if (p.empty()) throw Error(ErrorCode::invalid_argument, "generate: empty prompt (give -p TEXT or --tokens IDS)");
+  if (!a.stop.empty() && !tok) throw Error(ErrorCode::invalid_argument, "generate: --stop needs a tokenizer in the model");
   llm::ContextOptions co;
   co.n_ctx = a.ctx;
   co.n_batch = a.batch;
   co.n_threads = a.threads;
   co.f16_kv = !a.f32_kv;
   llm::LlamaGenerator gen(model, co);
-  llm::GenerationRequest req;
-  req.prompt = prompt;
-  req.max_tokens = a.n;
-  req.sampling = a.sampling;
-  req.stop_at_eos = !a.ignore_eos;
-  req.stop_strings = a.stop;
-  if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
-  if (!a.stop.empty() && !tok) throw Error(ErrorCode::invalid_argument, "generate: --stop needs a tokenizer in the model");
-  // With --energy: readings before the prompt, at the first token (the end of prefill) and at the end.
+  // With --energy: readings before each prompt, at its first token (the end of prefill) and at its end.
   std::optional<EnergyRun> energy;
   if (a.energy.on) energy.emplace(a.energy);
-  energy::Reading e_start, e_first, e_end;
-  bool first_token = true;
-  if (energy) energy->meter().read(e_start);
-  if (!a.ids && tok) std::fputs(tok->decode(prompt).c_str(), stdout);
-  auto res = gen.generate(req, [&](int32_t t) {
-    if (energy && first_token) energy->meter().read(e_first);
-    first_token = false;
-    if (a.ids || !tok) std::printf("%d ", t);
-    else std::fputs(tok->token_to_piece(t).c_str(), stdout);
+  const energy::Basis basis = energy ? energy->meter().basis() : energy::Basis::estimated;
+  nlohmann::json requests = nlohmann::json::array();
+  double work_joules = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    llm::GenerationRequest req;
+    req.prompt = prompts[i];
+    req.max_tokens = a.n;
+    req.sampling = a.sampling;
+    req.stop_at_eos = !a.ignore_eos;
+    req.stop_strings = a.stop;
+    if (tok) req.token_text = [&](int32_t id) { return tok->token_to_piece(id); };
+    energy::Reading e_start, e_first, e_end;
+    bool first_token = true;
+    if (energy) energy->meter().read(e_start);
+    if (!a.ids && tok) std::fputs(tok->decode(req.prompt).c_str(), stdout);
+    auto res = gen.generate(req, [&](int32_t t) {
+      if (energy && first_token) energy->meter().read(e_first);
+      first_token = false;
+      if (a.ids || !tok) std::printf("%d ", t);
+      else std::fputs(tok->token_to_piece(t).c_str(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::printf("\n");
     std::fflush(stdout);
-    return true;
-  });
-  std::printf("\n");
-  std::fflush(stdout);
-  const int decoded = std::max<int>(0, int(res.tokens.size()) - 1);  // the first token comes from prefill
-  std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", res.prompt_tokens, res.prefill_seconds,
-               res.prompt_tokens / std::max(res.prefill_seconds, 1e-9));
-  std::fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", decoded, res.decode_seconds,
-               decoded / std::max(res.decode_seconds, 1e-9));
-  std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
-               gen.context().kernel_isa(), a.threads);
-  nlohmann::json j = {{"model", a.model},
-                      {"prompt_tokens", res.prompt_tokens},
-                      {"generated_tokens", res.tokens.size()},
-                      {"prefill_s", res.prefill_seconds},
-                      {"decode_s", res.decode_seconds},
-                      {"stop", llm::stop_reason_name(res.stop)},
-                      {"kernels", gen.context().kernel_isa()},
-                      {"threads", a.threads}};
-  if (energy) {
-    energy->meter().read(e_end);
-    if (first_token) e_first = e_end;  // no token: all of it was prefill
-    energy->print_setup(stderr, 16);
-    const energy::EnergyReport pre = energy->report(e_start, e_first), dec = energy->report(e_first, e_end);
-    std::fprintf(stderr, "prefill energy: %s\n", EnergyRun::per_unit(pre, res.prompt_tokens, "token").c_str());
-    if (decoded > 0) std::fprintf(stderr, "decode energy:  %s\n", EnergyRun::per_unit(dec, decoded, "token").c_str());
-    std::string carbon = "prefill " + energy::si(pre.work_grams / res.prompt_tokens, "gCO2e") + " per token";
-    if (decoded > 0) carbon += ", decode " + energy::si(dec.work_grams / decoded, "gCO2e") + " per token";
-    carbon += ", idle " + energy::si(pre.idle_grams + dec.idle_grams, "gCO2e");
-    std::fprintf(stderr, "carbon:         %s\n", carbon.c_str());
-    j["energy"] = energy->setup_json();
-    j["energy"]["prefill"] = energy::to_json(pre, res.prompt_tokens, "token");
-    j["energy"]["decode"] = energy::to_json(dec, decoded, "token");
+    const int decoded = std::max<int>(0, int(res.tokens.size()) - 1);  // the first token comes from prefill
+    std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", res.prompt_tokens, res.prefill_seconds,
+                 res.prompt_tokens / std::max(res.prefill_seconds, 1e-9));
+    std::fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", decoded, res.decode_seconds,
+                 decoded / std::max(res.decode_seconds, 1e-9));
+    std::fprintf(stderr, "stop: %s; kernels: %s; threads: %d\n", llm::stop_reason_name(res.stop),
+                 gen.context().kernel_isa(), a.threads);
+    nlohmann::json j = {{"prompt_tokens", res.prompt_tokens},
+                        {"generated_tokens", res.tokens.size()},
+                        {"prefill_s", res.prefill_seconds},
+                        {"decode_s", res.decode_seconds},
+                        {"stop", llm::stop_reason_name(res.stop)}};
+    std::optional<energy::EnergyReport> work;
+    if (energy) {
+      energy->meter().read(e_end);
+      if (first_token) e_first = e_end;  // no token: all of it was prefill
+      if (i == 0) energy->print_setup(stderr, 16);
+      const energy::EnergyReport pre = energy->report(e_start, e_first), dec = energy->report(e_first, e_end);
+      std::fprintf(stderr, "prefill energy: %s\n", EnergyRun::per_unit(pre, res.prompt_tokens, "token").c_str());
+      if (decoded > 0) std::fprintf(stderr, "decode energy:  %s\n", EnergyRun::per_unit(dec, decoded, "token").c_str());
+      std::string carbon = "prefill " + energy::si(pre.work_grams / res.prompt_tokens, "gCO2e") + " per token";
+      if (decoded > 0) carbon += ", decode " + energy::si(dec.work_grams / decoded, "gCO2e") + " per token";
+      carbon += ", idle " + energy::si(pre.idle_grams + dec.idle_grams, "gCO2e");
+      std::fprintf(stderr, "carbon:         %s\n", carbon.c_str());
+      j["energy"] = energy->setup_json();
+      j["energy"]["prefill"] = energy::to_json(pre, res.prompt_tokens, "token");
+      j["energy"]["decode"] = energy::to_json(dec, decoded, "token");
+      work = pre;  // the request's work: prefill's and decode's
+      work->work_joules += dec.work_joules;
+      work->work_grams += dec.work_grams;
+      work_joules += work->work_joules;
+    }
+    if (cfg.n_expert) {
+      if (a.expert_stats)
+        print_expert_usage("experts, request " + std::to_string(i + 1), res.experts, cfg.n_expert_used,
+                           work ? std::optional<double>(work->work_joules) : std::nullopt, basis);
+      j["experts"] = expert_usage_json(res.experts, work ? &*work : nullptr);
+    }
+    requests.push_back(std::move(j));
   }
+  const llm::ExpertUsage& total = gen.context().expert_usage_total();
+  if (a.expert_stats && prompts.size() > 1)
+    print_expert_usage("experts, all requests", total, cfg.n_expert_used,
+                       energy ? std::optional<double>(work_joules) : std::nullopt, basis);
   if (!a.json.empty()) {
+    // One prompt: its numbers at the top level; several: a list of them.
+    nlohmann::json j = prompts.size() == 1 ? requests[0] : nlohmann::json{{"requests", requests}};
+    j["model"] = a.model;
+    j["kernels"] = gen.context().kernel_isa();
+    j["threads"] = a.threads;
+    if (cfg.n_expert)
+      j["moe"] = {{"arch", cfg.arch},
+                  {"n_layer", cfg.n_layer},
+                  {"n_expert", cfg.n_expert},
+                  {"n_expert_used", cfg.n_expert_used},
+                  {"expert_token_flops", total.expert_token_flops},
+                  {"shared_token_flops", total.shared_token_flops},
+                  {"cumulative", expert_usage_json(total, nullptr)}};
     std::ofstream f(a.json);
-    if (!f) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + a.json + "'");
-    f << j.dump() << "\n";
+    if (!(f << j.dump() << "\n")) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + a.json + "'");
   }
 }
 
 void add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
-  auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF language model (llama, qwen2)");
+  auto* cmd = app.add_subcommand("generate",
+                                 "Generate text with a GGUF language model (llama, mistral, qwen2; Mixture-of-Experts: "
+                                 "Mixtral's layout, qwen2moe)");
   cmd->add_option("model", a->model, "GGUF model file")->required();
-  cmd->add_option("-p,--prompt", a->prompt, "Prompt text");
+  cmd->add_option("-p,--prompt", a->prompts, "Prompt text (repeatable: one request after the other)");
   cmd->add_option("--tokens", a->tokens, "Prompt as token IDs (comma or space separated) instead of text");
   cmd->add_option("--tokens-file", a->tokens_file, "File of prompt token IDs");
   cmd->add_option("-n,--n-predict", a->n, "Tokens to generate")->check(CLI::NonNegativeNumber);
@@ -168,7 +276,13 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag("--ids", a->ids, "Print token IDs instead of text");
   cmd->add_flag("--f32-kv", a->f32_kv, "Keep the KV cache in f32 (default f16, as llama.cpp)");
-  cmd->add_option("--json", a->json, "Also write the token counts, times (and energy) as JSON to this file");
+  cmd->add_flag("--expert-stats", a->expert_stats,
+                "Mixture-of-Experts models: print per request (and over all requests) the tokens routed to each "
+                "expert per layer, their FLOPs and, with --energy, their share of the energy; the shared expert "
+                "apart (--json has them too)");
+  cmd->add_option("--json", a->json,
+                  "Also write the token counts, times (and energy; MoE models: the expert statistics) as JSON to this "
+                  "file");
   add_energy_options(cmd, &a->energy);
   add_mmap_flag(cmd, &a->mmap);
   add_threads_option(cmd, &a->threads);

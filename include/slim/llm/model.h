@@ -1,6 +1,6 @@
-// Llama-family language models from GGUF (llama, qwen2): LlamaModel loads and validates
-// the weights (used in place from the memory map), LlamaContext owns a KV cache and all
-// scratch memory and runs batched prefill and single-token decode without allocating.
+// Llama-family language models from GGUF (llama, mistral, qwen2, and the Mixture-of-Experts
+// layouts Mixtral and qwen2moe): LlamaModel loads and validates the weights, LlamaContext
+// owns a KV cache and all scratch memory and runs batched prefill and decode without allocating.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +17,18 @@
 namespace slim::llm {
 
 struct LlamaConfig {
-  std::string arch;  // "llama" or "qwen2"
+  std::string arch;  // "llama", "mistral", "qwen2" or "qwen2moe"
   int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+  // Mixture of Experts (n_expert > 0): every layer routes each token to n_expert_used of
+  // n_expert experts of n_ff_exp hidden units; n_ff_shexp > 0 adds a shared expert that
+  // every token passes, scaled by a sigmoid gate (qwen2moe). expert_norm: the top-k
+  // weights are renormalized to sum 1 (Mixtral), else they stay softmax probabilities.
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  bool expert_norm = false;
   int n_vocab = 0, n_ctx_train = 0, n_rot = 0;
   float rms_eps = 1e-5f, rope_base = 10000.f;
   bool rope_neox = false;     // pairs (i, i + n_rot/2) instead of (2i, 2i+1)
-  bool qkv_bias = false;      // qwen2
+  bool qkv_bias = false;      // qwen2, qwen2moe
   bool tied_output = false;   // no output.weight: the embedding doubles as output matrix
 };
 
@@ -40,8 +46,32 @@ struct WeightMatrix {
 struct LayerWeights {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
+  // w_gate, w_up and w_down: the dense feed-forward network, or a MoE layer's shared
+  // expert (absent without one: data == nullptr).
   WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  // MoE: the router (ffn_gate_inp, a row per expert), each expert's matrices as views into
+  // the file's 3-D ffn_{gate,up,down}_exps tensors, and the shared expert's gate (one row).
+  WeightMatrix router, shexp_gate;
+  std::vector<WeightMatrix> gate_exps, up_exps, down_exps;
+};
+
+// The work of a MoE model's experts: tokens routed to each (layer, expert) and the FLOPs
+// that cost, the shared expert apart and the rest of the forward pass as one figure, so
+// that energy measured for the same work can be split over the experts by FLOPs.
+struct ExpertUsage {
+  int n_layer = 0, n_expert = 0;
+  std::vector<int64_t> routed;     // [layer * n_expert + expert]: tokens routed there
+  int64_t tokens = 0;              // tokens evaluated; each passes every layer's shared expert
+  double expert_token_flops = 0;   // one token through one routed expert (gate, up, down)
+  double shared_token_flops = 0;   // one token through one layer's shared expert and its gate
+  double other_flops = 0;          // the rest: attention, routers, output head
+  int64_t count(int layer, int expert) const { return routed[size_t(layer) * size_t(n_expert) + size_t(expert)]; }
+  double expert_flops(int layer, int expert) const { return double(count(layer, expert)) * expert_token_flops; }
+  double shared_flops() const { return double(tokens) * n_layer * shared_token_flops; }
+  double total_flops() const;
+  void add(const ExpertUsage& other);  // of the same model
+  void clear();
 };
 
 class LlamaModel {
@@ -66,6 +96,8 @@ class LlamaModel {
   int bos_token() const { return bos_; }
   int eos_token() const { return eos_; }
   int64_t n_params() const;
+  // Parameters one token passes through: n_params() less the experts it is not routed to.
+  int64_t n_active_params() const;
 
  private:
   LlamaModel() = default;
@@ -131,6 +163,12 @@ class LlamaContext {
   const LlamaModel& model() const { return *model_; }
   const char* kernel_isa() const;
 
+  // MoE models: the experts' work for a sequence (0 outside the paged cache) since it was
+  // added or cleared, and over the context's life; n_expert == 0 for dense models.
+  const ExpertUsage& expert_usage(int seq = 0) const;
+  const ExpertUsage& expert_usage_total() const { return usage_total_; }
+  void clear_expert_usage(int seq = 0);
+
   // Paged cache only (options.kv.paged). The single-sequence calls above act on
   // sequence 0, which exists from the start; more come from add_sequence/fork_sequence.
   KvCache& kv_cache();
@@ -162,6 +200,8 @@ class LlamaContext {
   int n_ctx_ = 0, n_past_ = 0, last_batch_ = 0;
   int64_t evicted_ = 0;
   std::vector<Entry> last_entries_;
+  std::vector<ExpertUsage> usage_;  // per sequence slot
+  ExpertUsage usage_total_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<State> s_;
 };

@@ -34,6 +34,7 @@ struct GenerationResult {
   int prompt_tokens = 0;
   int reused_prompt_tokens = 0;  // prefix served from the KV cache
   double prefill_seconds = 0, decode_seconds = 0;
+  ExpertUsage experts;  // MoE models: what each expert computed for this request (n_expert 0 otherwise)
 };
 
 // Called with every generated token as soon as it exists; return false to stop.
