@@ -2,7 +2,10 @@
 """`slim serve --energy` end to end: the energy and carbon counters per model, version and
 priority grow with requests and price their joules exactly; two models served at once each
 keep their own share of the energy (oneDNN's OpenMP threads included); the exposition passes
-`promtool check metrics`."""
+`promtool check metrics`; a request's energy is in its response only when it asks (KServe v2
+parameter `energy` over REST and gRPC, `slim_energy` in an OpenAI request: usage.energy with
+prefill and decode apart), and asking a server without --energy is a 400 naming the flag."""
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_repository  # noqa: E402
+import test_grpc  # noqa: E402
 from serve_harness import request, start_server  # noqa: E402
 from test_server import metric  # noqa: E402
 
@@ -43,6 +47,14 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]
 """
 
 
+def setUpModule():
+    test_grpc.setUpModule()  # the gRPC stubs
+
+
+def tearDownModule():
+    test_grpc.tearDownModule()
+
+
 def make_repo(tmp):
     repo = os.path.join(tmp, "repo")
     subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), repo], check=True)
@@ -66,7 +78,9 @@ class EnergyMetricsTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="slim_serve_energy_")
         cls.repo = make_repo(cls.tmp)
-        cls.srv = start_server(cls.repo, ["--threads", "2", "--energy", "--region", "FRA", "--pue", "1.5"])
+        subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_llm.py"), cls.tmp], check=True)
+        cls.srv = start_server(cls.repo, ["--threads", "2", "--energy", "--region", "FRA", "--pue", "1.5",
+                                          "--model", os.path.join(cls.tmp, "chat.gguf")])
 
     @classmethod
     def tearDownClass(cls):
@@ -172,6 +186,124 @@ class EnergyMetricsTest(unittest.TestCase):
         charged = both["heavy"][1] + both["light"][1]
         self.assertLessEqual(charged, 1.05 * process, (both, process))
         self.assertGreater(charged, 0.5 * process, (both, process))
+
+    def grams_of(self, joules):
+        return joules / 3.6e6 * FRA * 1.5
+
+    def test_rest_responses_carry_energy_only_when_asked(self):
+        before = self.metrics()
+        got = []
+        for rows in (1, 4, 9):
+            status, body = infer(self.srv, "digits", rows, priority=1, energy=True)
+            self.assertEqual(status, 200, body)
+            p = body["parameters"]
+            self.assertEqual(sorted(p), ["carbon_grams", "energy_joules", "energy_source", "region"])
+            self.assertGreater(p["energy_joules"], 0)
+            self.assertAlmostEqual(p["carbon_grams"] / self.grams_of(p["energy_joules"]), 1, places=9)
+            self.assertEqual(p["region"], "FRA")
+            self.assertTrue(p["energy_source"] == "estimated" or p["energy_source"].startswith("measured:"))
+            got.append(p["energy_joules"])
+        # One request at a time: each batch held one request, and the counter grew by exactly
+        # what the responses said.
+        j0, _, _ = self.energy(before, "digits", priority="1")
+        j1, _, _ = self.energy(self.metrics(), "digits", priority="1")
+        self.assertAlmostEqual((j1 - j0) / sum(got), 1, places=9)
+        for params in ({}, {"energy": False}):
+            status, body = infer(self.srv, "digits", 2, **params)
+            self.assertEqual(status, 200)
+            self.assertNotIn("parameters", body)
+        status, body = infer(self.srv, "digits", 2, energy="yes")
+        self.assertEqual((status, body["error"]), (400, "request parameter 'energy' must be true or false"))
+
+    def test_grpc_responses_carry_energy_only_when_asked(self):
+        import grpc
+        pb = test_grpc.pb
+        with grpc.insecure_channel("127.0.0.1:%d" % self.srv.grpc_port) as ch:
+            stub = test_grpc.pb_grpc.GRPCInferenceServiceStub(ch)
+
+            def call(**params):
+                req = pb.ModelInferRequest(model_name="digits")
+                x = req.inputs.add(name="pixels", datatype="FP32", shape=[2, 64])
+                x.contents.fp32_contents.extend([1.0] * 128)
+                for k, v in params.items():
+                    req.parameters[k].CopyFrom(pb.InferParameter(**v))
+                return stub.ModelInfer(req, timeout=30)
+
+            r = call(energy={"bool_param": True})
+            p = r.parameters
+            self.assertEqual(sorted(p), ["carbon_grams", "energy_joules", "energy_source", "region"])
+            self.assertGreater(p["energy_joules"].double_param, 0)
+            self.assertAlmostEqual(p["carbon_grams"].double_param / self.grams_of(p["energy_joules"].double_param),
+                                   1, places=9)
+            self.assertEqual(p["region"].string_param, "FRA")
+            self.assertEqual(len(call().parameters), 0)
+            with self.assertRaises(grpc.RpcError) as e:
+                call(energy={"int64_param": 1})
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertEqual(e.exception.details(), "parameter 'energy' must be a bool_param")
+
+    def completion(self, **extra):
+        body = {"model": "chat", "prompt": "The server said hello to the client", "max_tokens": 6,
+                "temperature": 0}
+        body.update(extra)
+        return request(self.srv, "/v1/completions", body)
+
+    def test_openai_usage_carries_energy_only_when_asked(self):
+        before = self.metrics()
+        total = 0
+        for _ in range(3):
+            status, r = self.completion(slim_energy=True)
+            self.assertEqual(status, 200, r)
+            e = r["usage"]["energy"]
+            self.assertEqual(list(e), ["joules", "prefill_joules", "decode_joules", "source", "carbon_grams",
+                                       "region"])
+            self.assertGreater(e["prefill_joules"], 0)
+            self.assertGreater(e["decode_joules"], 0)
+            self.assertAlmostEqual(e["joules"], e["prefill_joules"] + e["decode_joules"], places=15)
+            self.assertAlmostEqual(e["carbon_grams"] / self.grams_of(e["joules"]), 1, places=9)
+            self.assertEqual(e["region"], "FRA")
+            total += e["joules"]
+        # Requests one at a time: every step's energy went to the one sequence in it.
+        after = self.metrics()
+        j0, _, r0 = self.energy(before, "chat", version="1", priority="0")
+        j1, _, r1 = self.energy(after, "chat", version="1", priority="0")
+        self.assertEqual(r1 - r0, 3)
+        self.assertAlmostEqual((j1 - j0) / total, 1, places=9)
+        status, r = self.completion()
+        self.assertEqual(status, 200)
+        self.assertNotIn("energy", r["usage"])
+        # Streamed: the usage chunk carries it.
+        import urllib.request
+        body = {"model": "chat", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, "slim_energy": True}
+        req = urllib.request.Request(self.srv.url("/v1/completions"), data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            chunks = [json.loads(line[6:]) for line in resp.read().decode().splitlines()
+                      if line.startswith("data: {")]
+        self.assertGreater(chunks[-1]["usage"]["energy"]["joules"], 0)
+        status, r = self.completion(slim_energy=1)
+        self.assertEqual((status, r["error"]["message"]), (400, "'slim_energy' must be true or false"))
+
+
+class WithoutEnergyTest(unittest.TestCase):
+    def test_asking_a_server_without_energy_names_the_flag(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = os.path.join(tmp, "repo")
+            subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_repository.py"), repo], check=True)
+            subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_llm.py"), tmp], check=True)
+            with start_server(repo, ["--threads", "1", "--model", os.path.join(tmp, "chat.gguf")]) as srv:
+                status, body = infer(srv, "digits", 1, energy=True)
+                self.assertEqual((status, body["error"]),
+                                 (400, "request parameter 'energy': this server does not meter energy (start slim "
+                                       "serve with --energy)"))
+                status, body = request(srv, "/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 2,
+                                                                "slim_energy": True})
+                self.assertEqual((status, body["error"]["message"]),
+                                 (400, "'slim_energy': this server does not meter energy (start slim serve with "
+                                       "--energy)"))
+                import urllib.request
+                with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port) as r:
+                    self.assertNotIn("slim_energy", r.read().decode())
 
 
 if __name__ == "__main__":
