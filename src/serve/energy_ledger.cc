@@ -99,10 +99,10 @@ void EnergyLedger::collect(Metrics& m) {
 }
 
 EnergyLedger::Span::Span(EnergyLedger& ledger, Kind& kind) : ledger_(ledger), kind_(kind) {
+  scope_.emplace(account_);  // first: it throws when this thread has a scope open already
   ticket_ = ledger_.started_.fetch_add(1, std::memory_order_acq_rel);
   alone_ = ledger_.running_.fetch_add(1, std::memory_order_acq_rel) == 0;
   ledger_.meter_.read(start_);
-  scope_.emplace(account_);
 }
 
 EnergyLedger::Span::~Span() {
