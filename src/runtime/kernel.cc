@@ -7,16 +7,16 @@
 
 namespace slim {
 
-KernelContext::KernelContext(const Node& node, std::vector<const Tensor*> inputs,
+KernelContext::KernelContext(const Node& node, const std::vector<const Tensor*>& inputs,
                              std::vector<Tensor>* outputs, const std::vector<Tensor>* planned,
                              ThreadPool* pool)
-    : node_(node), inputs_(std::move(inputs)), outputs_(outputs), planned_(planned), pool_(pool) {
+    : node_(node), inputs_(&inputs), outputs_(outputs), planned_(planned), pool_(pool) {
   if (!pool_) pool_ = &default_thread_pool();
 }
 
 const Tensor* KernelContext::input(int i) const {
-  if (i < 0 || i >= int(inputs_.size())) return nullptr;
-  const Tensor* t = inputs_[size_t(i)];
+  if (i < 0 || i >= int(inputs_->size())) return nullptr;
+  const Tensor* t = (*inputs_)[size_t(i)];
   if (t && t->defined()) return t;
   // A sequence or optional where a tensor is expected is an error, not an absent input.
   if (value_inputs_ && size_t(i) < value_inputs_->size() && (*value_inputs_)[size_t(i)])
@@ -43,7 +43,10 @@ Tensor& KernelContext::output(int i, DType dtype, const Shape& shape) {
   if (planned_ && size_t(i) < planned_->size()) {
     const Tensor& p = (*planned_)[size_t(i)];
     if (p.defined() && p.dtype() == dtype && p.shape() == shape) {
-      out = p;
+      // A session keeps a step's planned outputs between runs: no copy then.
+      if (!(out.storage() == p.storage() && out.raw_data() == p.raw_data() && out.dtype() == dtype &&
+            out.shape() == shape && out.is_contiguous()))
+        out = p;
       return out;
     }
   }

@@ -155,6 +155,12 @@ bool same_storage(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.storage() == b.storage();
 }
 
+// t is the planned tensor `place` (KernelContext::output handed it out).
+bool is_place(const Tensor& t, const Tensor& place) {
+  return place.defined() && t.storage() == place.storage() && t.raw_data() == place.raw_data() &&
+         t.dtype() == place.dtype() && t.shape() == place.shape();
+}
+
 }  // namespace
 
 void register_provider(const KernelRegistry* registry) {
@@ -316,7 +322,18 @@ struct Step {
   bool subgraphs = false;     // the node has subgraphs (If, Loop, Scan, SequenceMap)
   std::vector<int> outputs;  // value ids, -1 for an omitted output
   std::vector<Tensor> planned;
+  // What the kernel wrote (KernelContext's outputs). An output written in its planned
+  // place stays here between runs, so the next run hands the kernel the same tensor
+  // without copying it; the others move on to the run's values.
+  std::vector<Tensor> outs;
   std::vector<int> release;  // values whose last reader is this step
+  // A view (OpKernel::view_input): its one output is this value's elements under the
+  // output's shape, and the kernel does not run. `same_shape`: the output is the value
+  // itself; else `view` is the output over the arena place of the value it looks into,
+  // when that has one.
+  int view_of = -1;
+  bool same_shape = false;
+  Tensor view;
 };
 
 }  // namespace
@@ -337,8 +354,10 @@ struct Session::Impl {
   // gets an address that never changes; graph.nodes is a copy for inspection.
   std::vector<std::unique_ptr<Node>> node_store;
   std::vector<int> input_ids;  // graph.inputs, then graph.overridable_inputs
+  std::unordered_map<std::string, size_t> input_positions;  // name -> index in input_ids
   size_t max_step_inputs = 0, max_step_outputs = 0;
   std::vector<int> output_ids;
+  std::vector<int> constant_ids;  // values a run reads from the plan
   std::shared_ptr<Storage> arena;
   std::unordered_set<const Storage*> constant_storages;
   std::mutex run_mu;
@@ -395,7 +414,6 @@ struct Session::Impl {
     std::vector<char> skip;
     std::vector<Value> held;
     std::vector<const Tensor*> ref, ins;
-    std::vector<Tensor> outs;
     std::vector<const Value*> value_ins;
     std::vector<Value> value_outs, captured;
   } run_state;
@@ -428,8 +446,12 @@ struct Session::Impl {
   std::unique_ptr<SubgraphPlan> compile_subgraph(const Node& node, const std::string& attr,
                                                  const std::vector<NodeInputInfo>& formal);
   void build_steps();
+  // Marks a step whose kernel only views an input (OpKernel::view_input) and whose
+  // shapes are static as a view; plan_views gives it its arena place once planned.
+  void resolve_view(Step& step);
   void negotiate_private_layouts();
   void plan_arena();
+  void plan_views();
   bool in_arena(const Tensor& t) const;
   bool inside(const Tensor& t, const Tensor& region) const;
   bool overlaps(const Tensor& a, const Tensor& b) const;
@@ -541,6 +563,7 @@ void Session::Impl::compile() {
   for (const auto& s : steps) node_providers.push_back(s.provider);
   stats.nodes_out = int64_t(graph.nodes.size());
   if (options.plan_memory) plan_arena();
+  plan_views();
   int64_t dynamic = 0;
   for (const auto& v : values)
     if (v.kind == ValueKind::produced && v.producer_step >= 0 && !v.graph_output && !v.shape)
@@ -549,6 +572,7 @@ void Session::Impl::compile() {
   // Inputs a specialization could fix: tensors (or untyped values) without a static shape.
   for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
     for (const auto& vi : *list) {
+      input_positions.emplace(vi.name, input_ids.size());
       input_ids.push_back(value_id(vi.name));
       const bool tensor_like = vi.dtype || vi.onnx_type.empty();
       has_symbolic_inputs |= tensor_like && !vi.static_shape().has_value();
@@ -1045,6 +1069,7 @@ void Session::Impl::optimize(const std::vector<const KernelRegistry*>& registrie
   }
   for (const auto& vi : graph.outputs) g.graph_outputs.insert(vi.name);
   g.opsets = model.opsets;
+  g.float16_in_float32 = registries.front() == &cpu_kernel_registry();
   // Fuse only where the provider that would run the base op also runs the fused one.
   g.can_fuse = [&](const std::string& base, const std::string& fused) {
     for (const auto* r : registries)
@@ -1152,6 +1177,7 @@ void Session::Impl::build_steps() {
     const Node& node = *node_store[size_t(s)];
     Step& step = steps[size_t(s)];
     for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : value_id(in));
+    resolve_view(step);
     if (has_subgraph(node)) {
       step.subgraphs = true;
       for (const auto& c : node_captures(node)) step.captures.push_back(value_id(c));
@@ -1174,6 +1200,7 @@ void Session::Impl::build_steps() {
       step.outputs.push_back(id);
     }
     step.planned.resize(node.outputs.size());
+    step.outs.resize(node.outputs.size());
     max_step_inputs = std::max(max_step_inputs, step.inputs.size());
     max_step_outputs = std::max(max_step_outputs, step.outputs.size());
   }
@@ -1196,6 +1223,9 @@ void Session::Impl::build_steps() {
     steps[size_t(std::min(v.last_step, num_steps - 1))].release.push_back(id);
   }
   for (const auto& vi : graph.outputs) output_ids.push_back(value_id(vi.name));
+  for (int id = 0; id < int(values.size()); ++id)
+    if (values[size_t(id)].kind == ValueKind::constant && values[size_t(id)].constant.defined())
+      constant_ids.push_back(id);
 }
 
 void Session::Impl::plan_arena() {
@@ -1278,6 +1308,37 @@ void Session::Impl::plan_arena() {
   }
 }
 
+void Session::Impl::resolve_view(Step& step) {
+  const Node& node = *step.node;
+  bool same_shape = false;
+  const int k = step.kernel ? step.kernel->view_input(0, &same_shape) : -1;
+  if (k < 0 || size_t(k) >= step.inputs.size() || step.inputs[size_t(k)] < 0 || node.outputs.empty() ||
+      node.outputs[0].empty())
+    return;
+  for (size_t o = 1; o < node.outputs.size(); ++o)
+    if (!node.outputs[o].empty()) return;
+  const int src = step.inputs[size_t(k)];
+  ValueSlot& in = values[size_t(src)];
+  ValueSlot& out = values[size_t(value_id(node.outputs[0]))];
+  const bool fixed = in.dtype && in.shape && out.dtype && out.shape && *in.dtype == *out.dtype &&
+                     shape_numel(*in.shape) == shape_numel(*out.shape);
+  if (!fixed && !same_shape) return;
+  step.view_of = src;
+  step.same_shape = same_shape || *in.shape == *out.shape;
+  out.alias_of = src;
+}
+
+void Session::Impl::plan_views() {
+  for (Step& step : steps) {
+    if (step.view_of < 0 || step.same_shape) continue;
+    int root = step.view_of;
+    while (values[size_t(root)].alias_of >= 0) root = values[size_t(root)].alias_of;
+    const Tensor& place = values[size_t(root)].planned;
+    const ValueSlot& out = values[size_t(step.outputs[0])];
+    if (place.defined()) step.view = Tensor::borrow(*out.dtype, *out.shape, place.raw_data(), arena);
+  }
+}
+
 bool Session::Impl::in_arena(const Tensor& t) const {
   if (!arena || !t.defined()) return false;
   const char* p = static_cast<const char*>(t.raw_data());
@@ -1341,13 +1402,10 @@ void check_declared(const ValueInfo& vi, const Value& v) {
 
 template <typename Map>
 std::vector<Value> Session::Impl::feeds_from(const Map& inputs) const {
-  std::unordered_map<std::string, size_t> position;
-  for (const auto* list : {&graph.inputs, &graph.overridable_inputs})
-    for (const auto& vi : *list) position.emplace(vi.name, position.size());
-  std::vector<Value> feeds(position.size());
+  std::vector<Value> feeds(input_ids.size());
   for (const auto& [name, given] : inputs) {
-    auto it = position.find(name);
-    if (it == position.end()) {
+    auto it = input_positions.find(name);
+    if (it == input_positions.end()) {
       std::vector<std::string> names, optional;
       for (const auto& vi : graph.inputs) names.push_back(vi.name);
       for (const auto& vi : graph.overridable_inputs) optional.push_back(vi.name);
@@ -1419,23 +1477,27 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
   // (constants are read straight from the plan).
   std::vector<Value>& held = rs.held;
   std::vector<const Tensor*>& ref = rs.ref;
-  held.assign(values.size(), Value());
+  held.resize(values.size());  // all undefined: each run lets go of what it held
   ref.assign(values.size(), nullptr);
   // What the run still holds is let go when it ends, also when a kernel throws.
   struct Release {
     std::vector<Value>& held;
     ~Release() {
-      for (auto& v : held) v = Value();
+      for (auto& v : held)
+        if (v.defined()) v = Value();
     }
   } release_at_end{held};
-  std::unordered_set<const Storage*> caller_storages;
-  for (size_t id = 0; id < values.size(); ++id) {
-    const ValueSlot& v = values[id];
-    if (v.kind == ValueKind::constant && v.constant.defined()) ref[id] = &v.constant;
-  }
+  std::vector<const Storage*> caller_storages;  // a few: searched only for the outputs
+  for (int id : constant_ids) ref[size_t(id)] = &values[size_t(id)].constant;
   auto hold = [&](int id, Value value) {
     held[size_t(id)] = std::move(value);
     ref[size_t(id)] = held[size_t(id)].is_tensor() ? &held[size_t(id)].tensor() : nullptr;
+  };
+  auto release_values = [&](const Step& step) {
+    for (int id : step.release) {
+      ref[size_t(id)] = nullptr;
+      if (held[size_t(id)].defined()) held[size_t(id)] = Value();
+    }
   };
   for (size_t k = 0; k < feeds.size(); ++k) {
     const int id = input_ids[k];
@@ -1446,7 +1508,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     }
     if (top_level)
       feeds[k].map_tensors([&](const Tensor& t) {
-        caller_storages.insert(t.storage().get());
+        caller_storages.push_back(t.storage().get());
         return t;
       });
     if (feeds[k].is_tensor() && feeds[k].tensor().is_contiguous())
@@ -1457,7 +1519,6 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
 
   ThreadPool& pool = default_thread_pool();
   std::vector<const Tensor*>& ins = rs.ins;
-  std::vector<Tensor>& outs = rs.outs;
   // The non-tensor channel: entries are null (undefined) except while a step that has
   // such inputs (outputs) runs, so tensor steps do not touch them.
   std::vector<const Value*>& value_ins = rs.value_ins;
@@ -1469,8 +1530,30 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     Step& step = steps[s];
     const Node& node = *step.node;
     if (skip[s]) {
-      for (int id : step.release) hold(id, Value());
+      release_values(step);
       continue;
+    }
+    if (step.view_of >= 0) {  // no kernel runs (resolve_view)
+      const Tensor* src = ref[size_t(step.view_of)];
+      const int out = step.outputs[0];
+      const ValueSlot& v = values[size_t(out)];
+      if (!src) {
+        // not a tensor: the kernel handles it or says why
+      } else if (step.same_shape && !v.graph_output) {
+        ref[size_t(out)] = src;  // the source's lifetime covers the view's
+      } else if (step.same_shape) {
+        hold(out, *src);  // the source may be released before the outputs are collected
+      } else if (step.view.defined() && src->raw_data() == step.view.raw_data()) {
+        ref[size_t(out)] = &step.view;
+      } else if (src->numel() == shape_numel(*v.shape)) {
+        hold(out, src->view(*v.shape, contiguous_strides(*v.shape), 0));
+      } else {
+        src = nullptr;
+      }
+      if (src) {
+        release_values(step);
+        continue;
+      }
     }
     ins.assign(step.inputs.size(), nullptr);
     bool value_inputs = false;
@@ -1492,7 +1575,7 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
       for (int id : step.captures)
         captured.push_back(ref[size_t(id)] ? Value(*ref[size_t(id)]) : held[size_t(id)]);
     }
-    outs.assign(step.outputs.size(), Tensor());
+    std::vector<Tensor>& outs = step.outs;
     try {
       KernelContext ctx(node, ins, &outs, &step.planned, &pool);
       ctx.set_values(&value_ins, &value_outs, &captured);
@@ -1518,8 +1601,16 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
         if (id >= 0) hold(id, v.map_tensors([&](const Tensor& t) { return in_arena(t) ? t.clone() : t; }));
         continue;
       }
-      if (id < 0) continue;
       Tensor& t = outs[o];
+      const bool in_place = is_place(t, step.planned[o]);
+      if (id < 0) {
+        if (!in_place) t = Tensor();
+        continue;
+      }
+      if (in_place) {  // nothing to check or move
+        ref[size_t(id)] = &t;
+        continue;
+      }
       if (!t.defined())
         throw Error(ErrorCode::internal,
                     node.describe() + ": kernel produced no output '" + node.outputs[o] + "'");
@@ -1545,11 +1636,12 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
       }
       hold(id, std::move(t));
     }
-    for (int id : step.release) hold(id, Value());
+    release_values(step);
   }
 
   std::vector<Value> result;
   result.reserve(wanted.size());
+  std::vector<const Storage*> returned;  // a top-level run's outputs share no memory either
   for (int k : wanted) {
     const int id = output_ids[size_t(k)];
     const ValueSlot& v = values[size_t(id)];
@@ -1557,17 +1649,21 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> feeds, const std::v
     if (!out.defined())
       throw Error(ErrorCode::internal, context + ": output '" + v.name + "' was not produced");
     // Outputs never share the arena or a constant, and the caller's get none of its
-    // inputs' memory either; a subgraph passes its inputs on as they are.
+    // inputs' memory (nor of each other: views) either; a subgraph passes its inputs on
+    // as they are.
     const bool input = v.kind == ValueKind::input;
     auto shared = [&](const Tensor& t) {
-      return in_arena(t) || constant_storages.count(t.storage().get()) ||
-             (top_level && (input || caller_storages.count(t.storage().get())));
+      const Storage* st = t.storage().get();
+      return in_arena(t) || constant_storages.count(st) ||
+             (top_level && (input || std::count(caller_storages.begin(), caller_storages.end(), st) ||
+                            std::count(returned.begin(), returned.end(), st)));
     };
-    if (out.is_tensor()) {
-      if (shared(out.tensor())) out = out.tensor().clone();
-    } else {
-      out = out.map_tensors([&](const Tensor& t) { return shared(t) ? t.clone() : t; });
-    }
+    auto own = [&](const Tensor& t) {
+      Tensor o = shared(t) ? t.clone() : t;
+      if (top_level) returned.push_back(o.storage().get());
+      return o;
+    };
+    out = out.is_tensor() ? Value(own(out.tensor())) : out.map_tensors(own);
     result.push_back(std::move(out));
   }
   return result;

@@ -56,7 +56,9 @@ TEST(CpuDnnl, ConvMatchesRefOnOddShapes) {
       {{1, 6, 10, 10}, {9, 2, 5, 3}, 3, {3, 2}, {1, 2}, {}, "SAME_UPPER"},
       {{1, 5, 8, 7}, {4, 5, 2, 2}, 1, {2, 2}, {}, {}, "SAME_LOWER", false},
       {{3, 2, 6, 5}, {7, 2, 1, 1}, 1, {}, {}, {}, "VALID"},
-      {{2, 3, 17}, {4, 3, 4}, 1, {3}, {2}, {1, 2}},             // 1-D
+      {{2, 3, 17}, {4, 3, 4}, 1, {3}, {2}, {1, 2}},             // 1-D (oneDNN: 2-D of height 1)
+      {{1, 258, 8}, {258, 1, 5}, 258, {}, {}, {2, 2}},          // 1-D depthwise (Silero v4)
+      {{2, 24, 13}, {12, 4, 3}, 6, {2}, {2}, {}, "SAME_LOWER"},  // 1-D grouped
       {{1, 2, 5, 6, 4}, {3, 2, 2, 3, 2}, 1, {1, 2, 1}, {}, {}},  // 3-D
       // 8+ input channels per group: oneDNN's preferred layout with reorders around it.
       {{2, 16, 9, 8}, {24, 16, 3, 3}, 1, {1, 1}, {}, {1, 1, 1, 1}},
@@ -74,6 +76,7 @@ TEST(CpuDnnl, ConvTransposeMatchesRef) {
       {{2, 4, 7, 5}, {4, 2, 3, 2}, 2, {2, 2}, {}, {1, 0, 1, 1}},
       {{1, 3, 4, 4}, {3, 5, 2, 3}, 1, {2, 3}, {2, 1}, {}},
       {{1, 2, 9}, {2, 3, 4}, 1, {3}, {}, {1, 1}},
+      {{2, 8, 6}, {8, 1, 3}, 8, {2}, {}, {1, 0}},  // 1-D depthwise
       // Kernel = stride: one matrix product and a scatter (a 1-channel map, a batch of 2;
       // a non-square patch without bias).
       {{2, 24, 5, 7}, {24, 1, 2, 2}, 1, {2, 2}},
@@ -337,6 +340,36 @@ TEST(CpuDnnl, FusedConvEqualsConvAddActivation) {
   }
 }
 
+TEST(CpuDnnl, SignalConvolutionsRunAsFrameMatmulsAndMatchRef) {
+  // One input channel, long filters: an STFT written as Conv (Silero's front end), a
+  // batch with windows overhanging the padding at both ends, SAME padding, no bias.
+  const std::vector<ConvCase> cases = {
+      {{1, 1, 640}, {258, 1, 256}, 1, {128}},
+      {{3, 1, 1000}, {37, 1, 100}, 1, {45}, {}, {60, 130}},
+      {{2, 1, 333}, {5, 1, 64}, 1, {7}, {}, {}, "SAME_UPPER", false},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    check_conv(cases[i], 300 + i);
+  }
+  // With a fused activation and bias, as the fusion pass writes it.
+  for (const char* act : {"Relu", "Tanh"}) {
+    SCOPED_TRACE(act);
+    const Tensor x = random_f32({2, 1, 500}, 7, -2, 2), w = random_f32({16, 1, 96}, 8), bias = random_f32({16}, 9);
+    Node n = fused_node("FusedConv", 3, act, {});
+    n.attrs["strides"] = attr_ints({32});
+    n.attrs["pads"] = attr_ints({48, 48});
+    const Tensor got = run_cpu_fused(n, {x, w, bias}, {false, true, true});
+    ModelBuilder b(20);
+    b.input("x", DType::f32, spec(x.shape())).output("y");
+    b.initializer("w", w).initializer("b", bias);
+    b.node("Conv", {"x", "w", "b"}, {"c"}).attrs = n.attrs;
+    b.model().graph.nodes.back().attrs.erase("activation");
+    add_activation(b, act, {}, "c", "y");
+    EXPECT_LE(cpu_test::worst_error(got, run_ref(b.build(), {{"x", x}}).at("y"), 1e-5, 1e-4), 1.0);
+  }
+}
+
 TEST(CpuDnnl, FusedGemmAndFusedMatMulEqualTheirChains) {
   for (size_t i = 0; i < kActs.size(); ++i) {
     const Act& a = kActs[i];
@@ -480,6 +513,28 @@ TEST(CpuDnnl, ConvChainsKeepTheirLayoutAndMatchRef) {
   }
 }
 
+// 1-D convolutions (described to oneDNN as 2-D of height 1) pass their layout on to one
+// another, the residual included (Silero v4's encoder blocks).
+TEST(CpuDnnl, OneDimensionalConvChainsMatchRef) {
+  ModelBuilder b;
+  b.input("x", DType::f32, spec({1, 64, 9})).output("y");
+  b.initializer("w1", random_f32({64, 1, 5}, 1)).initializer("b1", random_f32({64}, 2));
+  b.initializer("w2", random_f32({32, 64, 1}, 3)).initializer("b2", random_f32({32}, 4));
+  b.initializer("w3", random_f32({32, 1, 5}, 5));
+  Node& dw = b.node("Conv", {"x", "w1", "b1"}, {"c1"}, "dw1");
+  dw.attrs["group"] = attr_int(64);
+  dw.attrs["pads"] = attr_ints({2, 2});
+  b.node("Relu", {"c1"}, {"r1"});
+  b.node("Conv", {"r1", "w2", "b2"}, {"c2"}, "pw");
+  b.node("Relu", {"c2"}, {"r2"});
+  Node& dw2 = b.node("Conv", {"r2", "w3"}, {"c3"}, "dw2");
+  dw2.attrs["group"] = attr_int(32);
+  dw2.attrs["pads"] = attr_ints({2, 2});
+  b.node("Add", {"c3", "r2"}, {"s"});
+  b.node("Relu", {"s"}, {"y"});
+  expect_matches_ref(b.build(), {{"x", random_f32({1, 64, 9}, 6)}}, "dw2", "cpu", 1e-5, 1e-4);
+}
+
 // Elementwise nodes between convolutions (a Max by a scalar, Abs) read the convolution's
 // channels-last or blocked output as it is and pass it on (openWakeWord's embedding
 // encoder: Conv, LeakyRelu, Max(x, -0.4), Conv); where their output has a reader that
@@ -598,8 +653,9 @@ TEST(CpuDnnl, FireModulesConcatAndPoolInPrivateLayoutsMatchRef) {
       if (n == 1 && e == 16 && !expose && active_isa() == Isa::avx512) {
         EXPECT_EQ(cpu->stats().memory.in_place_values, 4);
       }
+      // ref infers its convolutions' shapes too; its elementwise kernels are probed.
       o.providers = {"ref"};
-      EXPECT_GT(Session::compile(m, o)->stats().probed_nodes, 10);
+      EXPECT_GT(Session::compile(m, o)->stats().probed_nodes, 0);
     }
   }
 }

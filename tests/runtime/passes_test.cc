@@ -9,6 +9,7 @@
 #include <random>
 
 #include "runtime/test_graphs.h"
+#include "slim/core/convert.h"
 #include "slim/onnx/importer.h"
 #include "slim/runtime/fused_ops.h"
 #include "slim/runtime/session.h"
@@ -718,4 +719,138 @@ TEST(Passes, ProfilerSeesEveryNodeOfARun) {
   s->set_profiler(nullptr);
   s->run({{"x", random_f32({2, 3, 6, 6}, 36)}});
   EXPECT_EQ(seen.size(), 3u);
+}
+
+// ---------------------------------------------------------------------------------------
+// run_float16_in_float32
+
+namespace {
+
+Tensor to_f16(const Tensor& t) { return convert_dtype(t, DType::f16); }
+
+// An exporter's float16 graph (onnxconverter-common's, as in @imgly's ISNet): the input
+// cast to f16, Conv -> Relu in f16, a Resize kept in f32 between the model's own Casts, a
+// Concat of that with a Relu output (fed by a model Cast: ORT keeps it in f16), a Concat
+// of two Relu outputs (only converted nodes around it: ORT runs it in f32), f32 outputs
+// cast back, and one f16 output.
+ModelBuilder float16_model() {
+  ModelBuilder b(15);
+  b.input("x", DType::f32, {{1, 2, 6, 6}});
+  b.initializer("w1", to_f16(random_f32({4, 2, 3, 3}, 61, -0.7f, 0.7f)));
+  b.initializer("b1", to_f16(random_f32({4}, 62)));
+  b.initializer("w2", to_f16(random_f32({4, 4, 3, 3}, 63, -0.4f, 0.4f)));
+  b.initializer("w3", to_f16(random_f32({3, 8, 1, 1}, 64, -0.4f, 0.4f)));
+  b.initializer("sizes", i64({4}, {1, 4, 6, 6}));
+  b.node("Cast", {"x"}, {"x16"}, "in_cast").attrs["to"] = attr_int(10);
+  b.node("Conv", {"x16", "w1", "b1"}, {"c1"}, "conv1").attrs["pads"] = attr_ints({1, 1, 1, 1});
+  b.node("Relu", {"c1"}, {"r1"}, "relu1");
+  b.node("Conv", {"r1", "w2"}, {"c2"}, "conv2").attrs["pads"] = attr_ints({1, 1, 1, 1});
+  b.node("Relu", {"c2"}, {"r2"}, "relu2");
+  b.node("Concat", {"r1", "r2"}, {"cat_a"}, "cat_isolated").attrs["axis"] = attr_int(1);
+  b.node("Conv", {"cat_a", "w3"}, {"c3"}, "conv3");
+  b.node("Cast", {"r2"}, {"r2_32"}, "resize_in").attrs["to"] = attr_int(1);
+  Node& rs = b.node("Resize", {"r2_32", "", "", "sizes"}, {"rs32"}, "resize");
+  rs.attrs["mode"] = attr_string("linear");
+  b.node("Cast", {"rs32"}, {"rs16"}, "resize_out").attrs["to"] = attr_int(10);
+  b.node("Concat", {"rs16", "r1"}, {"cat_b"}, "cat_f16").attrs["axis"] = attr_int(1);
+  b.node("Conv", {"cat_b", "w3"}, {"c4"}, "conv4");
+  b.node("Cast", {"c3"}, {"y3"}, "out3").attrs["to"] = attr_int(1);
+  b.node("Cast", {"c4"}, {"y4"}, "out4").attrs["to"] = attr_int(1);
+  b.node("Cast", {"r2"}, {"yr"}, "out_r").attrs["to"] = attr_int(1);
+  b.output("y3").output("y4").output("yr").output("c4");
+  return b;
+}
+
+const Node* node_named(const PassGraph& g, const std::string& name) {
+  for (const auto& n : g.nodes)
+    if (n->name == name) return n.get();
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(Passes, Float16NodesRunInFloat32WhereOnnxRuntimeRunsThem) {
+  PassGraph g = pass_graph_from_model(float16_model().build());
+  EXPECT_EQ(run_float16_in_float32(g), 0) << "only for a provider that computes in f32";
+  g.float16_in_float32 = true;
+  // conv1..4, relu1, relu2, resize... the Resize reads f32 already; the isolated Concat.
+  EXPECT_EQ(run_float16_in_float32(g), 7);
+  // The input cast and its inserted inverse are gone: conv1 reads x, with f32 weights.
+  const Node* conv1 = node_named(g, "conv1");
+  ASSERT_NE(conv1, nullptr);
+  EXPECT_EQ(conv1->inputs[0], "x");
+  EXPECT_EQ(g.constant(conv1->inputs[1])->dtype(), DType::f32);
+  EXPECT_EQ(node_named(g, "in_cast"), nullptr);
+  // Values between converted nodes stay f32 under their names; the isolated Concat joins them in f32.
+  EXPECT_EQ(g.dtype_of("r1"), DType::f32);
+  EXPECT_EQ(node_named(g, "cat_isolated")->inputs, (std::vector<std::string>{"r1", "r2"}));
+  EXPECT_EQ(g.dtype_of("cat_a"), DType::f32);
+  // The Resize reads relu2's f32 output; the model's cast to f32 before it is gone.
+  EXPECT_EQ(node_named(g, "resize_in"), nullptr);
+  EXPECT_EQ(node_named(g, "resize")->inputs[0], "r2");
+  // The Concat fed by the model's own Cast stays f16: relu1's output is rounded for it.
+  const Node* cat_b = node_named(g, "cat_f16");
+  EXPECT_EQ(cat_b->inputs[0], "rs16");
+  EXPECT_EQ(g.dtype_of(cat_b->inputs[1]), DType::f16);
+  EXPECT_EQ(g.dtype_of("cat_b"), DType::f16);
+  // Graph outputs keep their names and types: y3's Cast now reads conv3's f32 output, c4
+  // (f16) is computed in f32 and cast back.
+  EXPECT_EQ(node_named(g, "out3")->inputs[0], "c3");
+  EXPECT_EQ(g.dtype_of("c3"), DType::f32);
+  EXPECT_EQ(g.dtype_of("c4"), DType::f16);
+  EXPECT_EQ(node_named(g, "out_r")->inputs[0], "r2");
+  // A second run finds nothing to do.
+  EXPECT_EQ(run_float16_in_float32(g), 0);
+}
+
+TEST(Passes, Float16ModelOnCpuMatchesOnnxRuntimesRounding) {
+  const Model m = float16_model().build();
+  const TensorMap in = {{"x", random_f32({1, 2, 6, 6}, 65)}};
+  SessionOptions o;
+  o.providers = {"cpu", "ref"};
+  auto fast = Session::compile(m, o);
+  for (const auto& a : fast->partition()) EXPECT_EQ(a.provider, "cpu") << a.node;
+  const TensorMap got = fast->run(in);
+  // ORT's numerics written out in f32: x unrounded, everything f32 except that the
+  // inputs of the f16 Concat are rounded to f16, and c4, an f16 graph output.
+  ModelBuilder e(15);
+  e.input("x", DType::f32, {{1, 2, 6, 6}});
+  auto f32_of = [&](const char* name, Tensor t) { e.initializer(name, convert_dtype(t, DType::f32)); };
+  const Model src = float16_model().build();
+  for (const char* w : {"w1", "b1", "w2", "w3"}) f32_of(w, src.graph.initializers.at(w));
+  e.initializer("sizes", i64({4}, {1, 4, 6, 6}));
+  e.node("Conv", {"x", "w1", "b1"}, {"c1"}).attrs["pads"] = attr_ints({1, 1, 1, 1});
+  e.node("Relu", {"c1"}, {"r1"});
+  e.node("Conv", {"r1", "w2"}, {"c2"}).attrs["pads"] = attr_ints({1, 1, 1, 1});
+  e.node("Relu", {"c2"}, {"r2"});
+  e.node("Concat", {"r1", "r2"}, {"cat_a"}).attrs["axis"] = attr_int(1);
+  e.node("Conv", {"cat_a", "w3"}, {"y3"});
+  e.node("Resize", {"r2", "", "", "sizes"}, {"rs"}).attrs["mode"] = attr_string("linear");
+  for (const char* v : {"rs", "r1"}) {
+    e.node("Cast", {v}, {std::string(v) + "_16"}).attrs["to"] = attr_int(10);
+    e.node("Cast", {std::string(v) + "_16"}, {std::string(v) + "_r"}).attrs["to"] = attr_int(1);
+  }
+  e.node("Concat", {"rs_r", "r1_r"}, {"cat_b"}).attrs["axis"] = attr_int(1);
+  // c4 is an f16 graph output: its Cast stays, and y4 reads the rounded value.
+  e.node("Conv", {"cat_b", "w3"}, {"c4_32"});
+  e.node("Cast", {"c4_32"}, {"c4"}).attrs["to"] = attr_int(10);
+  e.node("Cast", {"c4"}, {"y4"}).attrs["to"] = attr_int(1);
+  e.output("y3").output("y4").output("c4");
+  e.node("Identity", {"r2"}, {"yr"});
+  e.output("yr");
+  SessionOptions ro;
+  ro.providers = {"ref"};
+  ro.optimize = false;
+  const TensorMap want = Session::compile(e.build(), ro)->run(in);
+  // Within f32 rounding: cpu's convolutions sum in another order than ref's.
+  for (const char* name : {"y3", "y4", "yr"}) {
+    const auto a = values_of(got.at(name)), b = values_of(want.at(name));
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << name << "[" << i << "]";
+  }
+  EXPECT_EQ(got.at("c4").dtype(), DType::f16);
+  // ref alone computes in f16 throughout: the same results within f16's precision.
+  const TensorMap ref = Session::compile(m, ro)->run(in);
+  const auto a = values_of(got.at("y4")), b = values_of(ref.at("y4"));
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-2 * std::max(1.0, std::fabs(b[i])));
 }

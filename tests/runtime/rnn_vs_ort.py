@@ -6,12 +6,8 @@ activations with alpha/beta, each set of outputs), run by `slim run` with provid
 and cpu,ref and by bench/vs_ort/ort_bench.js; every output must agree within 1e-4.
 Layout 1 is left out: ONNX Runtime's CPU kernels refuse batch-first layers.
 
-onnxruntime-node is about 300 MB, so the test does not download it unless asked: it uses
-bench/vs_ort/node_modules (bench/vs_ort/run.sh installs it there) or the build folder's
-npm-ort, and exits 77 (ctest: skipped) when neither has it; `--install` installs it into
-the build folder first. Usage: rnn_vs_ort.py [--install] [--slim PATH] [--build DIR]."""
-import argparse
-import json
+Skipped (exit 77) unless onnxruntime-node is installed (ort_compare.py).
+Usage: rnn_vs_ort.py [--install] [--slim PATH] [--build DIR]."""
 import os
 import re
 import subprocess
@@ -22,9 +18,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-ORT_VERSION = json.load(open(os.path.join(ROOT, "bench", "vs_ort", "package.json")))["dependencies"]["onnxruntime-node"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ort_compare  # noqa: E402
+
 TOLERANCE = 1e-4
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -121,33 +117,6 @@ def build(c, work, index):
     return path, feeds
 
 
-def run_ort(node_modules, model, feeds, work):
-    spec = {"inputs": []}
-    for name, arr in feeds.items():
-        f = os.path.join(work, name + ".bin")
-        arr.tofile(f)
-        spec["inputs"].append({"name": name, "file": f, "shape": list(arr.shape),
-                               "dtype": "int32" if arr.dtype == np.int32 else "float32"})
-    spec_path = os.path.join(work, "spec.json")
-    json.dump(spec, open(spec_path, "w"))
-    out = os.path.join(work, "ort")
-    env = dict(os.environ, NODE_PATH=node_modules)
-    subprocess.run(["node", os.path.join(ROOT, "bench", "vs_ort", "ort_bench.js"), model, spec_path, "1", "0", "1",
-                    out], check=True, env=env)
-    res = json.load(open(os.path.join(out, "result.json")))
-    return {o["name"]: np.fromfile(o["file"], dtype=np.float32).reshape(o["dims"]) for o in res["outputs"]}
-
-
-def run_slim(slim, model, feeds, work, providers):
-    args = [slim, "run", model, "--providers", providers, "-o", os.path.join(work, providers)]
-    for name, arr in feeds.items():
-        f = os.path.join(work, name + ".npy")
-        np.save(f, arr)
-        args += ["-i", f"{name}={f}"]
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-    return lambda name: np.load(os.path.join(work, providers, name + ".npy"))
-
-
 def partition(slim, model):
     out = subprocess.run([slim, "inspect", model, "--partition"], check=True, capture_output=True, text=True).stdout
     m = re.search(r"^\s+(\w+)\s+(?:LSTM|GRU|RNN) ", out, re.M)
@@ -155,23 +124,10 @@ def partition(slim, model):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--install", action="store_true", help="install onnxruntime-node into the build folder")
-    ap.add_argument("--build", default=os.environ.get("SLIM_BINARY_DIR", os.path.join(ROOT, "build")))
-    ap.add_argument("--slim", help="slim binary (default: BUILD/tools/slim)")
-    args = ap.parse_args()
-    slim = args.slim or os.path.join(args.build, "tools", "slim")
-    candidates = [os.path.join(ROOT, "bench", "vs_ort", "node_modules"), os.path.join(args.build, "npm-ort", "node_modules")]
-    found = [d for d in candidates if os.path.exists(os.path.join(d, "onnxruntime-node", "package.json"))]
-    if not found and args.install:
-        prefix = os.path.join(args.build, "npm-ort")
-        os.makedirs(prefix, exist_ok=True)
-        subprocess.run(["npm", "install", "--prefix", prefix, "--ignore-scripts", "--no-audit", "--no-fund",
-                        "--no-package-lock", "onnxruntime-node@" + ORT_VERSION], check=True, stdout=subprocess.DEVNULL)
-        found = [candidates[1]]
-    if not found:
-        print("onnxruntime-node is not installed (bench/vs_ort/run.sh or --install); skipped")
+    args, node_modules = ort_compare.setup(__doc__)
+    if not node_modules:
         return 77
+    slim = args.slim
     failures = []
     print(f"{'case':<72} {'ref':>9} {'cpu,ref':>9}  cpu ran")
     for i, c in enumerate(CASES):
@@ -181,10 +137,10 @@ def main():
                  " out=" + "".join("1" if o else "0" for o in c["outputs"]))
         with tempfile.TemporaryDirectory(prefix="slim_rnn_ort_") as work:
             model, feeds = build(c, work, i)
-            want = run_ort(found[0], model, feeds, work)
+            want = ort_compare.run_ort(node_modules, model, feeds, work)
             diffs = []
             for providers in ("ref", "cpu,ref"):
-                got = run_slim(slim, model, feeds, work, providers)
+                got = ort_compare.run_slim(slim, model, feeds, work, providers)
                 worst = 0.0
                 for name, ref in want.items():
                     g = got(name)
@@ -200,7 +156,7 @@ def main():
     if failures:
         print("\nFAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
-    print(f"\nall {len(CASES)} cases within {TOLERANCE:g} of ONNX Runtime {ORT_VERSION}")
+    print(f"\nall {len(CASES)} cases within {TOLERANCE:g} of ONNX Runtime {ort_compare.ORT_VERSION}")
     return 0
 
 

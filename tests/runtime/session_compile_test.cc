@@ -362,3 +362,42 @@ TEST(SessionCompile, ValuesReadBySubgraphsStayAlive) {
   EXPECT_EQ(values_of(s->run({{"x", f32({4}, {1, -2, 3, -4})}}).at("y")),
             (std::vector<double>{1, -2, 3, -4}));
 }
+
+// The ref convolutions and matrix products infer their output shapes instead of being
+// probed: a probe is a full scalar run of the node at the model's real size.
+TEST(SessionCompile, RefConvolutionsAndMatrixProductsAreNotProbed) {
+  ModelBuilder b;
+  b.input("x", DType::f32, {{1, 2, 7, 6}}).input("q", DType::u8, {{1, 2, 7, 6}}).input("a", DType::f32, {{3, 5}});
+  b.output("y").output("yi").output("yf").output("m").output("g").output("mi");
+  b.initializer("w", f32({4, 2, 3, 3}, std::vector<float>(72, 0.5f)));
+  b.initializer("wq", Tensor::from_vector<uint8_t>({4, 2, 3, 3}, std::vector<uint8_t>(72, 3)));
+  b.initializer("bm", f32({5, 4}, std::vector<float>(20, 1.f)));
+  b.initializer("aq", Tensor::from_vector<int8_t>({3, 5}, std::vector<int8_t>(15, -2)));
+  b.initializer("bq", Tensor::from_vector<int8_t>({2, 5, 4}, std::vector<int8_t>(40, 3)));
+  Node& conv = b.node("Conv", {"x", "w"}, {"y"});
+  conv.attrs["strides"] = attr_ints({2, 2});
+  conv.attrs["pads"] = attr_ints({1, 1, 1, 1});
+  b.node("ConvInteger", {"q", "wq"}, {"yi"}).attrs["dilations"] = attr_ints({2, 1});
+  b.node("FusedConv", {"x", "w"}, {"yf"}, "", "slim").attrs["activation"] = attr_string("Relu");
+  b.node("MatMul", {"a", "bm"}, {"m"});
+  b.node("Gemm", {"a", "bm"}, {"g"});
+  b.node("MatMulInteger", {"aq", "bq"}, {"mi"});
+  b.opset("slim", 1);
+  SessionOptions o;
+  o.providers = {"ref"};
+  auto s = Session::compile(b.build(), o);
+  EXPECT_EQ(s->stats().probed_nodes, 0);
+  EXPECT_EQ(s->static_shape("y"), (Shape{1, 4, 4, 3}));
+  EXPECT_EQ(s->static_shape("yi"), (Shape{1, 4, 3, 4}));
+  EXPECT_EQ(s->static_shape("yf"), (Shape{1, 4, 5, 4}));
+  EXPECT_EQ(s->static_shape("m"), (Shape{3, 4}));
+  EXPECT_EQ(s->static_shape("g"), (Shape{3, 4}));
+  EXPECT_EQ(s->static_shape("mi"), (Shape{2, 3, 4}));
+  const auto out = s->run({{"x", Tensor::from_vector<float>({1, 2, 7, 6}, std::vector<float>(84, 1.f))},
+                           {"q", Tensor::from_vector<uint8_t>({1, 2, 7, 6}, std::vector<uint8_t>(84, 2))},
+                           {"a", Tensor::from_vector<float>({3, 5}, std::vector<float>(15, 2.f))}});
+  EXPECT_EQ(out.at("y").shape(), (Shape{1, 4, 4, 3}));
+  EXPECT_EQ(out.at("yi").data<int32_t>()[0], 2 * 3 * 18);
+  EXPECT_EQ(values_of(out.at("yf"))[0], 9);
+  EXPECT_EQ(out.at("mi").data<int32_t>()[0], -2 * 3 * 5);
+}

@@ -10,6 +10,14 @@
 //   Y = min(max(act(op(...) + Z) * output_scale + output_shift, output_min), output_max)
 //   (Z, the residual, has Y's shape; the bias is part of op)
 //
+//   slim:DynamicQuantizeConv inputs X (f32), W (8-bit, constant), W_zero_point, W_scale, [B]
+//       Conv's attributes + activation: the DynamicQuantizeLinear -> ConvInteger -> Cast ->
+//       Mul(x_scale * W_scale) -> Add(B) -> activation chain of dynamically quantized
+//       models, each step rounded as the unfused nodes round it:
+//   Y = act(float(ConvInteger(q, W, x_zero_point, W_zero_point)) * (x_scale * W_scale[m]) + B[m])
+//   where (q, x_scale, x_zero_point) = DynamicQuantizeLinear(X); W_zero_point (may be
+//   absent, "") and W_scale hold one value or one per output channel m.
+//
 // Attributes: `activation` (string, absent or "" for none) and `activation_params`
 // (floats): Relu; Clip [min, max]; Sigmoid; HardSwish; SiLU (x * sigmoid(x));
 // Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh. Then

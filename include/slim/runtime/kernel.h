@@ -21,12 +21,16 @@ namespace slim {
 // What a kernel sees while it computes one node.
 class KernelContext {
  public:
-  KernelContext(const Node& node, std::vector<const Tensor*> inputs,
+  // `inputs` is read in place (a session runs many small steps: no copy per step), so it
+  // must outlive the context.
+  KernelContext(const Node& node, const std::vector<const Tensor*>& inputs,
                 std::vector<Tensor>* outputs, const std::vector<Tensor>* planned,
                 ThreadPool* pool);
+  KernelContext(const Node&, std::vector<const Tensor*>&&, std::vector<Tensor>*,
+                const std::vector<Tensor>*, ThreadPool*) = delete;
 
   // Inputs: nullptr for an omitted optional input or an index past the node's inputs.
-  int num_inputs() const { return int(inputs_.size()); }
+  int num_inputs() const { return int(inputs_->size()); }
   const Tensor* input(int i) const;
   // The input, or an invalid_model error naming the node when it is missing.
   const Tensor& required_input(int i) const;
@@ -36,7 +40,8 @@ class KernelContext {
   bool output_wanted(int i) const;
   // Returns the tensor to write output i into: the memory planner's buffer when its
   // dtype and shape match, else a new contiguous tensor. Always zero-initialized only
-  // when newly allocated: kernels must write every element.
+  // when newly allocated: kernels must write every element. The tensor is the
+  // context's, not the kernel's to reassign.
   Tensor& output(int i, DType dtype, const Shape& shape);
   // Sets output i to an existing tensor (e.g. a view for Identity-like ops).
   void set_output(int i, Tensor t);
@@ -59,7 +64,7 @@ class KernelContext {
 
  private:
   const Node& node_;
-  std::vector<const Tensor*> inputs_;
+  const std::vector<const Tensor*>* inputs_;
   std::vector<Tensor>* outputs_;
   const std::vector<Tensor>* planned_;
   ThreadPool* pool_;
@@ -100,6 +105,14 @@ class OpKernel {
   // its outputs, compile takes them from here instead of running the node once on probe
   // inputs, a run that touched every activation of the model a second time.
   virtual bool static_output(int i, DType* dtype, Shape* shape) const { return false; }
+
+  // Views: the input whose elements output i always is, in order, under output i's shape
+  // (Reshape, Squeeze, Unsqueeze, Flatten, Identity, inference Dropout), else -1;
+  // `same_shape` tells whether that shape is always the input's (Identity, Dropout).
+  // Where both shapes are static, or always the same, compile makes the output a view of
+  // that input and the kernel never runs (it still does for a direct caller, and for a
+  // non-tensor input).
+  virtual int view_input(int i, bool* same_shape) const { return -1; }
 
   // Private layouts. A kernel that could write output i in a layout of its own (same
   // byte size, e.g. oneDNN's channels-last) returns a nonzero tag naming that layout; a

@@ -37,6 +37,9 @@ struct PassGraph {
   // answers from its providers, so a fast provider's Conv is not traded for ref's
   // FusedConv. Unset: always.
   std::function<bool(const std::string& base_op, const std::string& fused_op)> can_fuse;
+  // The provider that runs a node first computes in float32 only (the cpu provider):
+  // run_float16_in_float32 moves float16 computation to float32 for it.
+  bool float16_in_float32 = false;
   // Nodes the passes replaced or removed. They are kept alive (not destroyed) so a caller
   // that keyed state by node address never sees that address reused by a new node.
   std::vector<std::unique_ptr<Node>> removed;
@@ -55,6 +58,14 @@ struct PassGraph {
 PassGraph pass_graph_from_model(const Model& model);
 
 // Each pass returns how many rewrites it made (0: the graph is unchanged).
+
+// When g.float16_in_float32: every node with a float16 input whose op computes (anything
+// but Cast, shape queries and data movement) runs in float32 instead, with Casts around
+// it (float16 constants converted here, once), a data-movement node whose float16 inputs
+// and readers are all such nodes too; then the Cast pairs that meet (f32 -> f16 -> f32)
+// are dropped. These are ONNX Runtime's CPU-provider rules (InsertCastTransformer and
+// RemoveDuplicateCastTransformer), so values are rounded to float16 where ORT rounds them.
+int64_t run_float16_in_float32(PassGraph& g);
 
 // Drops Identity, inference-mode Dropout (mask unused), Cast to the dtype its input
 // already has and Reshape whose output shape equals its input shape; consumers read the
@@ -76,6 +87,13 @@ int64_t fold_batch_norm(PassGraph& g);
 // x * 0.5 * (1 + Erf(x / sqrt 2))) into slim:FusedConv / FusedGemm / FusedMatMul.
 // An intermediate that is a graph output or has another reader stops the chain.
 int64_t fuse_bias_activation(PassGraph& g);
+
+// Fuses DynamicQuantizeLinear -> ConvInteger -> Cast(f32) -> Mul by (x_scale * w_scale)
+// -> [Add of a per-channel bias] -> [Relu], as ONNX Runtime's dynamic quantizer writes
+// it, into slim:DynamicQuantizeConv (constant weights, zero point and scales; w_scale
+// and bias of one value or one per output channel). The DynamicQuantizeLinear's outputs
+// must feed only this chain.
+int64_t fuse_dynamic_quantize_conv(PassGraph& g);
 
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites

@@ -32,11 +32,19 @@ namespace {
 void limit_openmp(int n) {
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
+
+int threads_for(int pool_threads, int64_t work, int64_t per_thread) {
+  return int(std::clamp<int64_t>(work / per_thread, 1, std::max(pool_threads, 1)));
+}
 }  // namespace
 
-void limit_dnnl_threads(const KernelContext& ctx) { limit_openmp(ctx.pool().num_threads()); }
+void limit_dnnl_threads(const KernelContext& ctx, int64_t work, int64_t per_thread) {
+  limit_openmp(threads_for(ctx.pool().num_threads(), work, per_thread));
+}
 
-void limit_dnnl_threads_at_build() { limit_openmp(num_threads()); }
+void limit_dnnl_threads_at_build(int64_t work, int64_t per_thread) {
+  limit_openmp(threads_for(num_threads(), work, per_thread));
+}
 
 dnnl::memory::dims to_dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
 
@@ -48,6 +56,15 @@ dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
                           std::vector<std::shared_ptr<Storage>>& keep) {
   keep.push_back(Storage::allocate(md.get_size()));
   return dnnl::memory(md, eng, keep.back()->data());
+}
+
+void* thread_scratch(size_t bytes) {
+  thread_local std::shared_ptr<Storage> buffer;
+  if (!buffer || buffer->bytes() < bytes) {
+    buffer.reset();  // the old one first: peak memory is the new size, not both
+    buffer = Storage::allocate(bytes);
+  }
+  return buffer->data();
 }
 
 dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides) {
@@ -146,7 +163,7 @@ float* ChannelPassThrough::target(Tensor& y) const {
 
 void ChannelPassThrough::finish(const KernelContext& ctx, Tensor& y) const {
   if (in_ == out_) return;
-  limit_dnnl_threads(ctx);
+  limit_dnnl_threads(ctx, shape_numel(shape_), kElementsPerThread);
   dnnl_call(ctx.node(), "reorder to plain", [&] {
     dst_.set_data_handle(y.raw_data());
     reorder_.execute(stream_, buf_, dst_);

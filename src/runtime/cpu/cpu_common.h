@@ -26,18 +26,32 @@ void register_resize_kernels(KernelRegistry& r);       // resize.cc
 void register_tensor_kernels(KernelRegistry& r);       // tensor.cc
 void register_matmul_nbits_kernels(KernelRegistry& r); // matmul_nbits.cc
 void register_contrib_kernels(KernelRegistry& r);      // contrib.cc
+void register_quantize_kernels(KernelRegistry& r);     // quantize.cc
+void register_dnnl_int8_kernels(KernelRegistry& r);    // dnnl_int8.cc
 
 // The process-wide oneDNN CPU engine.
 const dnnl::engine& dnnl_engine();
 
 // Debian's libdnnl runs its primitives on OpenMP. Each execute first limits OpenMP to
 // the size of slim's pool (SessionOptions::num_threads), so the two never run more
-// threads than asked for; slim's pool is idle while a oneDNN primitive runs.
-void limit_dnnl_threads(const KernelContext& ctx);
+// threads than asked for; slim's pool is idle while a oneDNN primitive runs. A primitive
+// (and a loop of the provider's own, parallel_items) gets one thread per `per_thread`
+// units of its `work`, at least one: work that takes a core less than some 50 us runs
+// on the calling thread alone, since a parallel region's fork and barrier cost more than
+// they save there, and on a busy machine the barrier waits milliseconds for a thread
+// without a core (at 2 threads on a loaded 2-core machine, silero-vad-v4's 0.1-0.5M
+// multiply-add convolutions made a 0.4 ms run take 240 ms, and openWakeWord's mel
+// front end took 100-140 ms with its 76K-element elementwise nodes split, 10-24 ms
+// without).
+inline constexpr int64_t kMacsPerThread = int64_t(2) << 20;
+inline constexpr int64_t kElementsPerThread = int64_t(1) << 18;  // elementwise math, reorders
+inline constexpr int64_t kBytesPerThread = int64_t(1) << 19;     // copies
+void limit_dnnl_threads(const KernelContext& ctx, int64_t work, int64_t per_thread);
 // oneDNN plans a primitive's threads when the primitive is created, from OpenMP's thread
-// count at that moment: kernels call this before creating primitives, so they plan for
-// the compiling session's count (Session::compile sets slim's pool to it).
-void limit_dnnl_threads_at_build();
+// count at that moment: kernels call this, with the work they execute with, before
+// creating primitives, so they plan for the compiling session's count (Session::compile
+// sets slim's pool to it).
+void limit_dnnl_threads_at_build(int64_t work, int64_t per_thread);
 
 // Calls fn(begin, end) over [0, n) items of `cost` units each (bytes or elements: tasks
 // of fewer than `grain` units are not worth a thread), split over the session's thread
@@ -51,13 +65,25 @@ void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, int64_t g
     fn(int64_t(0), n);
     return;
   }
-  limit_dnnl_threads(ctx);
+  limit_dnnl_threads(ctx, n * std::max<int64_t>(cost, 1), grain);
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     fn(n * t / nt, n * (t + 1) / nt);
   }
 }
+
+// A convolution's geometry from its attributes and static shapes, in oneDNN's terms:
+// dilations count from 0, pads are resolved from auto_pad (and, for ConvTranspose, from
+// output_padding / output_shape). Returns why oneDNN cannot run it (ref then runs the
+// node and reports any real error in its attributes). dnnl_conv.cc.
+struct ConvGeometry {
+  int64_t group = 1;
+  Shape x, w, y;
+  Shape stride, dil, pad_l, pad_r;
+};
+std::optional<std::string> conv_geometry(const Node& node, const Shape& x, const Shape& w, bool transposed,
+                                         ConvGeometry* g);
 
 dnnl::memory::dims to_dims(const Shape& s);
 // A plain f32 memory descriptor: row-major, or with explicit element strides.
@@ -69,6 +95,14 @@ dnnl::memory::desc strided_md(const Shape& dims, const Shape& strides);
 // weight-sized, and faulting them in 4 KiB at a time dominated compile time.
 dnnl::memory owned_memory(const dnnl::memory::desc& md, const dnnl::engine& eng,
                           std::vector<std::shared_ptr<Storage>>& keep);
+
+// Working memory for one kernel's compute on the calling thread, at least `bytes`,
+// 64-byte aligned. A session runs its steps one at a time, so every kernel that runs on a
+// thread can share one buffer (grown to the largest request, kept for the thread's life)
+// instead of each holding its own: the 8-bit convolutions of a 1024x1024 network would
+// otherwise keep gigabytes of source and sum buffers. A kernel must not call it again
+// (or run another kernel) while it uses the buffer.
+void* thread_scratch(size_t bytes);
 
 // Names a oneDNN memory layout for OpKernel::private_output_layout: a hash of its
 // descriptor (shape, strides, blocking), never 0.

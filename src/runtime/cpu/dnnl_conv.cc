@@ -13,39 +13,11 @@
 #include "runtime/cpu/cpu_common.h"
 
 namespace slim::cpu {
-namespace {
 
-using dnnl::memory;
-
-struct ConvSetup {
-  bool transposed = false;
-  bool fused = false;
-  int64_t group = 1;
-  Shape x, w, y;
-  Shape stride, dil, pad_l, pad_r;  // dil in oneDNN's convention (0 = dense)
-  bool has_bias = false, has_z = false;
-  bool weights_constant = true;
-  bool winograd = false;  // try oneDNN's Winograd kernels first
-  ActivationSpec act;
-};
-
-// Resolves the geometry from attributes and static shapes, or returns why the node is
-// declined (ref then runs it and reports any real error in the attributes).
-std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused,
-                                      ConvSetup* s) {
-  const Node& node = info.node;
-  for (int i = 0; i < int(info.inputs.size()); ++i) {
-    if (!info.input(i).present) continue;
-    if (auto r = need_f32(info, i)) return r;
-    if (auto r = need_static(info, i)) return r;
-  }
-  if (!info.has_input(1)) return std::string("missing weights");
-  s->weights_constant = info.input(1).constant != nullptr;
-  if (!fused && node.outputs.size() != 1) return std::string("expects one output");
-  s->transposed = transposed;
-  s->fused = fused;
-  s->x = *info.input(0).shape;
-  s->w = *info.input(1).shape;
+std::optional<std::string> conv_geometry(const Node& node, const Shape& x, const Shape& w, bool transposed,
+                                         ConvGeometry* s) {
+  s->x = x;
+  s->w = w;
   const size_t rank = s->x.size();
   if (rank < 3 || rank > 5) return "rank " + std::to_string(rank) + " input (oneDNN covers 1-3 spatial dims)";
   if (s->w.size() != rank) return std::string("weight rank differs from input rank");
@@ -131,6 +103,47 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
     s->pad_r[d] = pe;
     s->y.push_back(out);
   }
+  return std::nullopt;
+}
+
+namespace {
+
+using dnnl::memory;
+
+struct ConvSetup : ConvGeometry {
+  bool transposed = false;
+  bool fused = false;
+  bool has_bias = false, has_z = false;
+  bool weights_constant = true;
+  bool winograd = false;  // try oneDNN's Winograd kernels first
+  ActivationSpec act;
+  // Multiply-adds: each output (input, when transposed) point times a filter's reach.
+  int64_t macs() const {
+    int64_t reach = 1;
+    for (size_t d = 1; d < w.size(); ++d) reach *= w[d];
+    return shape_numel(transposed ? x : y) * reach;
+  }
+};
+
+// Resolves the setup from attributes and static shapes, or returns why the node is
+// declined (ref then runs it and reports any real error in the attributes).
+std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transposed, bool fused,
+                                      ConvSetup* s) {
+  const Node& node = info.node;
+  for (int i = 0; i < int(info.inputs.size()); ++i) {
+    if (!info.input(i).present) continue;
+    if (auto r = need_f32(info, i)) return r;
+    if (auto r = need_static(info, i)) return r;
+  }
+  if (!info.has_input(1)) return std::string("missing weights");
+  s->weights_constant = info.input(1).constant != nullptr;
+  if (!fused && node.outputs.size() != 1) return std::string("expects one output");
+  s->transposed = transposed;
+  s->fused = fused;
+  if (auto why = conv_geometry(node, *info.input(0).shape, *info.input(1).shape, transposed, s)) return why;
+  const int64_t m = s->y[1], c = s->x[1];
+  const Shape k(s->w.begin() + 2, s->w.end());
+  const size_t nd = k.size();
   s->has_bias = info.has_input(2);
   if (s->has_bias && (info.input(2).shape->size() != 1 || (*info.input(2).shape)[0] != m))
     return std::string("bias is not a vector of the output channels");
@@ -152,7 +165,7 @@ std::optional<std::string> conv_setup(const KernelBuildInfo& info, bool transpos
   // the layer has at most 160 K weights (30 ms of transform at most).
   const int64_t positions = s->y[0] * s->y[2] * s->y[3], weights = m * c * 9;
   s->winograd = info.winograd && !transposed && s->group == 1 && nd == 2 && k == Shape{3, 3} &&
-                s->stride == Shape{1, 1} && dilations == Shape{1, 1} && c >= 16 && m >= 16 &&
+                s->stride == Shape{1, 1} && s->dil == Shape{0, 0} && c >= 16 && m >= 16 &&
                 (positions >= 3000 || (positions >= 650 && weights <= 160'000));
   return std::nullopt;
 }
@@ -171,13 +184,13 @@ class DnnlConvKernel final : public OpKernel {
   }
   DnnlConvKernel(const Node& node, ConvSetup s, const Tensor* weights) : s_(std::move(s)) {
     if (weights) weights_src_ = *weights;  // shares the storage until the weights are packed
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(s_.macs(), kMacsPerThread);
     dnnl_call(node, "convolution setup", [&] { setup(); return 0; });
   }
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.x);
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, s_.macs(), kMacsPerThread);
     const Tensor& x = ctx.required_input(0);
     Tensor& y = ctx.output(0, DType::f32, s_.y);
     dnnl_call(ctx.node(), "convolution", [&] {
@@ -185,7 +198,6 @@ class DnnlConvKernel final : public OpKernel {
       std::call_once(finalized_, [this] { const_cast<DnnlConvKernel*>(this)->finalize(); });
       // In a private layout (negotiated at compile time) x or y already is in the layout
       // the primitive runs in, so they are used in place instead of reordered.
-      memory& src = private_src_ ? src_priv_ : src_mem_;
       memory& dst = private_dst_ ? dst_priv_ : dst_mem_;
       if (private_src_) {
         src_priv_.set_data_handle(x.raw_data());
@@ -214,14 +226,8 @@ class DnnlConvKernel final : public OpKernel {
           std::memcpy(dst.get_data_handle(), z.raw_data(), y.nbytes());
         }
       }
-      std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
-      if (s_.has_bias) {
-        bias_.set_data_handle(ctx.required_input(2).raw_data());
-        args.emplace(DNNL_ARG_BIAS, bias_);
-      }
-      if (z_binary_) args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, z_mem_);
-      prim_.execute(stream_, args);
+      if (s_.has_bias) bias_.set_data_handle(ctx.required_input(2).raw_data());
+      prim_.execute(stream_, args_);
       if (reorder_dst_ && !private_dst_) dst_reorder_.execute(stream_, dst_mem_, dst_user_);
       stream_.wait();
       return 0;
@@ -267,8 +273,8 @@ class DnnlConvKernel final : public OpKernel {
   }
 
  private:
-  bool reorder_src() const { return src_md_ != plain_md(s_.x); }
-  bool reorder_dst() const { return dst_md_ != plain_md(s_.y); }
+  bool reorder_src() const { return src_md_ != plain_md(x_); }
+  bool reorder_dst() const { return dst_md_ != plain_md(y_); }
 
   // oneDNN's direct kernels run an ungrouped 2-D convolution in channels-last or in
   // nChw16c at about the same speed, and pick channels-last; Winograd and pooling run in
@@ -282,9 +288,22 @@ class DnnlConvKernel final : public OpKernel {
   }
 
   void setup() {
+    // oneDNN's view of the geometry: ONNX's, except that a 1-D convolution is a 2-D one
+    // of height 1 (the same bytes in every layout). oneDNN has jit depthwise kernels for
+    // 2-D only: in 1-D it ran Silero v4's 5-tap depthwise convolution of 258 channels as
+    // a gemm per group, 107 us against 5.
+    x_ = s_.x, y_ = s_.y, stride_ = s_.stride, dil_ = s_.dil, pad_l_ = s_.pad_l, pad_r_ = s_.pad_r;
+    const bool lift = s_.x.size() == 3;
+    if (lift) {
+      x_.insert(x_.begin() + 2, 1);
+      y_.insert(y_.begin() + 2, 1);
+      stride_.insert(stride_.begin(), 1);
+      for (Shape* p : {&dil_, &pad_l_, &pad_r_}) p->insert(p->begin(), 0);
+    }
     const int64_t g = s_.group;
     const int64_t m = s_.y[1], c = s_.x[1];
     Shape k(s_.w.begin() + 2, s_.w.end());
+    if (lift) k.insert(k.begin(), 1);
     // Weights as ONNX stores them, described in oneDNN's logical order: conv
     // [(G,) OC, IC, k...]; ConvTranspose's file order is [IC, OC/G, k...] per group.
     Shape wstrides;
@@ -320,18 +339,18 @@ class DnnlConvKernel final : public OpKernel {
     const bool plain_first = channels_in < 8 && s_.group == 1;
     if (s_.winograd) {
       try {
-        impl = describe(any(s_.x), any(s_.y), dnnl::algorithm::convolution_winograd);
+        impl = describe(any(x_), any(y_), dnnl::algorithm::convolution_winograd);
       } catch (const dnnl::error&) {
         s_.winograd = false;  // this CPU or shape has no Winograd kernel: the direct one below
       }
     } else if (plain_first) {
       try {
-        impl = describe(plain_md(s_.x), any(s_.y));
+        impl = describe(plain_md(x_), any(y_));
       } catch (const dnnl::error&) {
         impl = "ref";  // no kernel for the plain layout at all
       }
     }
-    if (impl.empty() || impl.find("ref") != std::string::npos) describe(any(s_.x), any(s_.y));
+    if (impl.empty() || impl.find("ref") != std::string::npos) describe(any(x_), any(y_));
   }
 
   static memory::desc any(const Shape& d) {
@@ -357,13 +376,13 @@ class DnnlConvKernel final : public OpKernel {
     if (!s_.transposed)
       return dnnl::convolution_forward::primitive_desc(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, algorithm, x_md, any(wdims_),
-                                          bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil), to_dims(s_.pad_l),
-                                          to_dims(s_.pad_r)),
+                                          bias_md_, y_md, to_dims(stride_), to_dims(dil_), to_dims(pad_l_),
+                                          to_dims(pad_r_)),
           attr, eng);
     return dnnl::deconvolution_forward::primitive_desc(
         dnnl::deconvolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
-                                          x_md, any(wdims_), bias_md_, y_md, to_dims(s_.stride), to_dims(s_.dil),
-                                          to_dims(s_.pad_l), to_dims(s_.pad_r)),
+                                          x_md, any(wdims_), bias_md_, y_md, to_dims(stride_), to_dims(dil_),
+                                          to_dims(pad_l_), to_dims(pad_r_)),
         attr, eng);
   }
 
@@ -396,7 +415,7 @@ class DnnlConvKernel final : public OpKernel {
     const dnnl::primitive_desc old = pd_;
     const bool old_z_binary = z_binary_;
     try {
-      describe(f32_md(s_.x, blocked_layout()), f32_md(s_.y, blocked_layout()));
+      describe(f32_md(x_, blocked_layout()), f32_md(y_, blocked_layout()));
       return true;
     } catch (const dnnl::error&) {
       adopt(old);
@@ -422,12 +441,12 @@ class DnnlConvKernel final : public OpKernel {
       w_user_ = memory(w_user_md_, eng, DNNL_MEMORY_NONE);
       w_reorder_ = dnnl::reorder(w_user_, weights_);
     }
-    const memory::desc x_md = plain_md(s_.x), y_md = plain_md(s_.y);
+    const memory::desc x_md = plain_md(x_), y_md = plain_md(y_);
     reorder_src_ = reorder_src();
     reorder_dst_ = reorder_dst();
-    src_user_ = memory(src_user_fmt_ == memory::format_tag::undef ? x_md : f32_md(s_.x, src_user_fmt_), eng,
+    src_user_ = memory(src_user_fmt_ == memory::format_tag::undef ? x_md : f32_md(x_, src_user_fmt_), eng,
                        DNNL_MEMORY_NONE);
-    dst_user_ = memory(dst_user_fmt_ == memory::format_tag::undef ? y_md : f32_md(s_.y, dst_user_fmt_), eng,
+    dst_user_ = memory(dst_user_fmt_ == memory::format_tag::undef ? y_md : f32_md(y_, dst_user_fmt_), eng,
                        DNNL_MEMORY_NONE);
     if (private_src_) {
       src_priv_ = memory(src_md_, eng, DNNL_MEMORY_NONE);
@@ -458,10 +477,17 @@ class DnnlConvKernel final : public OpKernel {
       z_reorder_ = dnnl::reorder(z_user_, private_dst_ ? dst_priv_ : dst_mem_);
     }
     if (s_.has_bias) bias_ = memory(bias_md_, eng, DNNL_MEMORY_NONE);
+    // The memories are handles: a run sets their data and executes with these.
+    args_ = {{DNNL_ARG_SRC, private_src_ ? src_priv_ : src_mem_},
+             {DNNL_ARG_WEIGHTS, weights_},
+             {DNNL_ARG_DST, private_dst_ ? dst_priv_ : dst_mem_}};
+    if (s_.has_bias) args_.emplace(DNNL_ARG_BIAS, bias_);
+    if (z_binary_) args_.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, z_mem_);
   }
 
   ConvSetup s_;
   Tensor weights_src_;  // the constant weights until finalize packs them
+  Shape x_, y_, stride_, dil_, pad_l_, pad_r_;  // as oneDNN sees them (setup)
   Shape wdims_;
   memory::desc w_user_md_, bias_md_, w_md_, src_md_, dst_md_;
   dnnl::primitive_desc pd_;
@@ -476,6 +502,7 @@ class DnnlConvKernel final : public OpKernel {
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_, w_reorder_;
   mutable memory weights_, bias_, src_user_, dst_user_, z_user_, z_mem_, src_mem_, dst_mem_, w_user_, src_priv_,
       dst_priv_;
+  std::unordered_map<int, memory> args_;
   std::vector<std::shared_ptr<Storage>> buffers_;  // behind weights_, src_mem_, dst_mem_
   bool reorder_src_ = false, reorder_dst_ = false;
   mutable dnnl::stream stream_;
@@ -517,7 +544,7 @@ class PatchConvTransposeKernel final : public OpKernel {
     for (int64_t c = 0; c < c_; ++c)
       for (int64_t j = 0; j < m_; ++j) wt_.data<float>()[j * c_ + c] = wc.data<float>()[c * m_ + j];
     p_.resize(size_t(m_ * hw_));
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(m_ * c_ * hw_, kMacsPerThread);
     dnnl_call(node, "matmul setup", [&] {
       const auto& eng = dnnl_engine();
       stream_ = dnnl::stream(eng);
@@ -532,12 +559,12 @@ class PatchConvTransposeKernel final : public OpKernel {
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.x);
-    limit_dnnl_threads(ctx);
     const float* x = ctx.required_input(0).data<float>();
     const float* bias = s_.has_bias ? ctx.required_input(2).data<float>() : nullptr;
     float* y = ctx.output(0, DType::f32, s_.y).data<float>();
     const int64_t h = s_.x[2], w = s_.x[3], ow = w * kw_;
     for (int64_t n = 0; n < s_.x[0]; ++n) {
+      limit_dnnl_threads(ctx, m_ * c_ * hw_, kMacsPerThread);  // the scatter below sets its own
       dnnl_call(ctx.node(), "matmul", [&] {
         x_mem_.set_data_handle(const_cast<float*>(x + n * c_ * hw_));
         prim_.execute(stream_, {{DNNL_ARG_SRC, a_mem_}, {DNNL_ARG_WEIGHTS, x_mem_}, {DNNL_ARG_DST, p_mem_}});
@@ -546,7 +573,7 @@ class PatchConvTransposeKernel final : public OpKernel {
       });
       // Output row (o, i * kh + a) interleaves rows (o, a, 0..kw-1) of P at input row i.
       float* yn = y + n * o_ * h * kh_ * ow;
-      parallel_items(ctx, o_ * h * kh_, ow * 4, 1 << 16, [&](int64_t b, int64_t e) {
+      parallel_items(ctx, o_ * h * kh_, ow * 4, kBytesPerThread, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
           const int64_t o = r / (h * kh_), i = r / kh_ % h, a = r % kh_;
           const float add = bias ? bias[o] : 0.f;
@@ -570,6 +597,91 @@ class PatchConvTransposeKernel final : public OpKernel {
   mutable dnnl::stream stream_;
 };
 
+// A 1-D convolution of a one-channel signal by long filters (an STFT or a filterbank
+// written as Conv: the front ends of Silero's VADs and openWakeWord) is a matrix product:
+// the filters W [M, K] times the signal's frames F [OW, K] transposed (row o of F is the
+// window at o * stride, zeros where it overhangs into the padding), per image. On
+// openWakeWord's STFT (257 filters of 512 taps, stride 160, 297 frames: 39 M
+// multiply-adds) oneDNN's direct convolution took 1.1 ms, this 0.8 (one thread, AVX-512).
+bool is_frame_conv(const ConvSetup& s) {
+  return !s.transposed && s.x.size() == 3 && s.group == 1 && s.x[1] == 1 && s.dil[0] == 0 && !s.has_z &&
+         s.weights_constant && s.w[2] >= 64;
+}
+
+class FrameConvKernel final : public OpKernel {
+ public:
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = s_.y;
+    return i == 0;
+  }
+  FrameConvKernel(const Node& node, ConvSetup s, const Tensor& w) : s_(std::move(s)) {
+    const int64_t n = s_.x[0], k = s_.w[2], m = s_.w[0], ow = s_.y[2];
+    frames_.resize(size_t(n * ow * k));
+    limit_dnnl_threads_at_build(s_.macs(), kMacsPerThread);
+    dnnl_call(node, "matmul setup", [&] {
+      const auto& eng = dnnl_engine();
+      stream_ = dnnl::stream(eng);
+      // y [N, M, OW] = W [M, K] times F^T (F [N, OW, K] read transposed).
+      const memory::desc f_md = strided_md({n, k, ow}, {ow * k, 1, k});
+      const memory::desc w_md = plain_md({1, m, k});
+      const memory::desc y_md = plain_md({n, m, ow});
+      dnnl::post_ops ops;
+      append_activation(ops, s_.act);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(ops);
+      const auto d = s_.has_bias ? dnnl::matmul::desc(w_md, f_md, plain_md({1, m, 1}), y_md)
+                                 : dnnl::matmul::desc(w_md, f_md, y_md);
+      const dnnl::matmul::primitive_desc pd(d, attr, eng);
+      prim_ = dnnl::matmul(pd);
+      w_ = w.contiguous();
+      w_mem_ = memory(w_md, eng, w_.raw_data());
+      f_mem_ = memory(f_md, eng, frames_.data());
+      y_mem_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+      args_ = {{DNNL_ARG_SRC, w_mem_}, {DNNL_ARG_WEIGHTS, f_mem_}, {DNNL_ARG_DST, y_mem_}};
+      if (s_.has_bias) {
+        bias_mem_ = memory(plain_md({1, m, 1}), eng, DNNL_MEMORY_NONE);
+        args_.emplace(DNNL_ARG_BIAS, bias_mem_);
+      }
+      return 0;
+    });
+  }
+
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, s_.x);
+    const int64_t len = s_.x[2], k = s_.w[2], ow = s_.y[2], stride = s_.stride[0], pad = s_.pad_l[0];
+    const float* x = ctx.required_input(0).data<float>();
+    parallel_items(ctx, s_.x[0] * ow, k * 4, kBytesPerThread, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t start = r % ow * stride - pad;  // the window's first sample
+        const int64_t lo = std::clamp<int64_t>(-start, 0, k), hi = std::clamp<int64_t>(len - start, lo, k);
+        float* f = frames_.data() + r * k;
+        std::fill(f, f + lo, 0.f);
+        std::memcpy(f + lo, x + r / ow * len + start + lo, size_t(hi - lo) * 4);
+        std::fill(f + hi, f + k, 0.f);
+      }
+    });
+    limit_dnnl_threads(ctx, s_.macs(), kMacsPerThread);
+    Tensor& y = ctx.output(0, DType::f32, s_.y);
+    dnnl_call(ctx.node(), "matmul", [&] {
+      y_mem_.set_data_handle(y.raw_data());
+      if (s_.has_bias) bias_mem_.set_data_handle(ctx.required_input(2).raw_data());
+      prim_.execute(stream_, args_);
+      stream_.wait();
+      return 0;
+    });
+  }
+
+ private:
+  ConvSetup s_;
+  Tensor w_;
+  mutable std::vector<float> frames_;  // the run in flight's; runs of a session are serialized
+  dnnl::matmul prim_;
+  mutable memory f_mem_, w_mem_, y_mem_, bias_mem_;
+  std::unordered_map<int, memory> args_;
+  mutable dnnl::stream stream_;
+};
+
 KernelDef conv_def(const std::string& op, const std::string& domain, int64_t since,
                    bool transposed, bool fused) {
   KernelDef def;
@@ -587,6 +699,7 @@ KernelDef conv_def(const std::string& op, const std::string& domain, int64_t sin
       throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
     if (is_patch_transpose(s))
       return std::make_unique<PatchConvTransposeKernel>(info.node, std::move(s), *info.input(1).constant);
+    if (is_frame_conv(s)) return std::make_unique<FrameConvKernel>(info.node, std::move(s), *info.input(1).constant);
     return std::make_unique<DnnlConvKernel>(info.node, std::move(s), info.input(1).constant);
   };
   return def;

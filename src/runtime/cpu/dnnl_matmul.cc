@@ -166,33 +166,27 @@ class DnnlMatMulKernel final : public OpKernel {
     return i == 0;
   }
   DnnlMatMulKernel(const KernelBuildInfo& info, MatMulSetup s) : s_(std::move(s)) {
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(macs(), kMacsPerThread);
     dnnl_call(info.node, "matmul setup", [&] { setup(info); return 0; });
   }
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.a);
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, macs(), kMacsPerThread);
     Tensor& y = ctx.output(0, DType::f32, s_.y);
     dnnl_call(ctx.node(), "matmul", [&] {
       a_mem_.set_data_handle(ctx.required_input(0).raw_data());
       y_mem_.set_data_handle(y.raw_data());
-      std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, a_mem_}, {DNNL_ARG_WEIGHTS, b_mem_}, {DNNL_ARG_DST, y_mem_}};
       if (!s_.b_constant) {
         check_input_shape(ctx, 1, s_.b);
         b_mem_.set_data_handle(ctx.required_input(1).raw_data());
       }
-      if (s_.c_input >= 0) {
-        if (!s_.c_prescaled) c_mem_.set_data_handle(ctx.required_input(s_.c_input).raw_data());
-        args.emplace(c_arg_, c_mem_);
-      }
+      if (s_.c_input >= 0 && !s_.c_prescaled) c_mem_.set_data_handle(ctx.required_input(s_.c_input).raw_data());
       if (s_.z_input >= 0) {
         check_input_shape(ctx, s_.z_input, s_.y);
         z_mem_.set_data_handle(ctx.required_input(s_.z_input).raw_data());
-        args.emplace(z_arg_, z_mem_);
       }
-      prim_.execute(stream_, args);
+      prim_.execute(stream_, args_);
       stream_.wait();
       return 0;
     });
@@ -256,11 +250,19 @@ class DnnlMatMulKernel final : public OpKernel {
       }
     }
     if (s_.z_input >= 0) z_mem_ = memory(y_md, eng, DNNL_MEMORY_NONE);
+    // The memories are handles: a run sets their data and executes with these.
+    args_ = {{DNNL_ARG_SRC, a_mem_}, {DNNL_ARG_WEIGHTS, b_mem_}, {DNNL_ARG_DST, y_mem_}};
+    if (s_.c_input >= 0) args_.emplace(c_arg_, c_mem_);
+    if (s_.z_input >= 0) args_.emplace(z_arg_, z_mem_);
   }
+
+  // Multiply-adds: each output element is a dot product of length K.
+  int64_t macs() const { return shape_numel(s_.y) * s_.a_md.back(); }
 
   MatMulSetup s_;
   dnnl::primitive prim_;
   mutable memory a_mem_, b_mem_, y_mem_, c_mem_, z_mem_;
+  std::unordered_map<int, memory> args_;
   std::vector<std::shared_ptr<Storage>> buffers_;  // behind b_mem_
   int c_arg_ = 0, z_arg_ = 0;
   Tensor c_value_;

@@ -125,7 +125,7 @@ class DnnlPoolKernel final : public OpKernel {
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.x);
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, work(), kMacsPerThread);
     Tensor& y = ctx.output(0, DType::f32, s_.y);
     dnnl_call(ctx.node(), "pooling", [&] {
       x_mem_.set_data_handle(ctx.required_input(0).raw_data());
@@ -151,8 +151,10 @@ class DnnlPoolKernel final : public OpKernel {
   }
   // Runs plain, or in the input's private layout; y is written plain or in the layout
   // use_private_output chose, through a reorder when that is not the run layout.
+  // Each output element reads a window.
+  int64_t work() const { return shape_numel(s_.y) * shape_numel(s_.k); }
   void build() {
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(work(), kMacsPerThread);
     const auto& eng = dnnl_engine();
     const bool priv = in_fmt_ != memory::format_tag::undef;
     const memory::desc x_md = priv ? f32_md(s_.x, in_fmt_) : plain_md(s_.x);

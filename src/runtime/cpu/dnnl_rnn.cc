@@ -104,10 +104,13 @@ std::optional<std::string> rnn_setup(const KernelBuildInfo& info, RnnSetup* s) {
 class DnnlRnnKernel final : public OpKernel {
  public:
   DnnlRnnKernel(const KernelBuildInfo& info, RnnSetup s) : s_(std::move(s)) {
-    limit_dnnl_threads_at_build();
+    limit_dnnl_threads_at_build(macs(), kMacsPerThread);
     dnnl_call(info.node, "RNN setup", [&] { setup(info); return 0; });
     if (s_.lens_at_run) ref_ = ref_kernel_registry().find(info.node.op_type, "", info.opset)->factory(info.node, info.opset);
   }
+
+  // Multiply-adds: per step, direction and batch row, every gate's input and recurrent products.
+  int64_t macs() const { return s_.D * s_.T * s_.N * s_.a.gates * s_.H * (s_.I + s_.H); }
 
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     if (i < 0 || i > (s_.a.kind == RnnKind::lstm ? 2 : 1)) return false;
@@ -123,7 +126,7 @@ class DnnlRnnKernel final : public OpKernel {
       ref_->compute(ctx);  // per-batch lengths: oneDNN has none
       return;
     }
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, macs(), kMacsPerThread);
     if (!s_.weights_constant) {
       for (int i : {1, 2, 3, 7})
         if (ctx.input(i)) check_input_shape(ctx, i, input_shape(i));

@@ -1,8 +1,9 @@
-// The cpu provider's own f32 math kernels: binary arithmetic (and Max/Min) with numpy
-// broadcasting, activations, Softmax/LogSoftmax, LayerNormalization, BatchNormalization
-// and ReduceSum/Mean/Max/Min. Loops
-// are vectorized (simd.h, AVX-512/AVX2 chosen at run time, scalar fallback) and split
-// over slim's thread pool when a tensor is large enough to pay for the hand-off.
+// The cpu provider's own math kernels: f32 binary arithmetic (and Max/Min) with numpy
+// broadcasting and, on the same walk, comparisons and logical ops of any dtype;
+// activations, Softmax/LogSoftmax, LayerNormalization, BatchNormalization and
+// ReduceSum/Mean/Max/Min. Loops are vectorized (simd.h, AVX-512/AVX2 chosen at run time,
+// scalar fallback) and split over the threads when a tensor is large enough to pay for
+// the hand-off.
 #include <algorithm>
 #include <cfloat>
 #include <numeric>
@@ -10,18 +11,16 @@
 #include "runtime/cpu/cpu_common.h"
 #include "runtime/cpu/simd.h"
 #include "slim/core/convert.h"
+#include "slim/core/dispatch.h"
 #include "slim/runtime/provider.h"
 
 namespace slim::cpu {
 
 namespace {
 
-// Elements per task below which splitting over threads costs more than it saves.
-constexpr int64_t kParallelGrain = 1 << 15;
-
 template <typename Fn>
 void parallel_items(const KernelContext& ctx, int64_t n, int64_t cost, Fn&& fn) {
-  cpu::parallel_items(ctx, n, cost, kParallelGrain, fn);
+  cpu::parallel_items(ctx, n, cost, kElementsPerThread, fn);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -166,16 +165,24 @@ void unary_compute(KernelContext& ctx, const UnaryParams& p, const ChannelPassTh
   layout.finish(ctx, y);
 }
 
-// A one-input elementwise kernel: takes its input's channel layout and passes it on.
+// A one-input elementwise kernel: takes its input's channel layout and passes it on. Its
+// output has the input's shape, so compile needs no probe run (a Relu of a 1024x1024
+// network's activations took a second of compile each).
 class ElementwiseKernel : public OpKernel {
  public:
-  explicit ElementwiseKernel(const Shape& shape) { layout_.set_shape(shape); }
+  explicit ElementwiseKernel(const Shape& shape) : shape_(shape) { layout_.set_shape(shape); }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
   uint64_t private_output_layout(int i) const override { return i == 0 ? layout_.offer() : 0; }
   bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout_.accepts(layout); }
   void use_private_input(int i, uint64_t layout) override { layout_.use_input(layout); }
   void use_private_output(int i, uint64_t layout) override { layout_.use_output(layout); }
 
  protected:
+  Shape shape_;
   ChannelPassThrough layout_;
 };
 
@@ -377,6 +384,93 @@ void binary_run(Binary op, const float* a, int64_t sa, const float* b, int64_t s
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Comparisons and logical ops: two inputs of one dtype (any numeric one; bool for Equal
+// and the logical ops), a bool output, the same broadcast walk as the arithmetic.
+
+enum class Predicate { eq, lt, gt, le, ge, logical_and, logical_or, logical_xor };
+
+// On scalars a bool; on GCC vectors a lane mask (-1 where true).
+template <typename X>
+SLIM_INLINE auto predicate(Predicate op, X a, X b) {
+  switch (op) {
+    case Predicate::eq: return a == b;
+    case Predicate::lt: return a < b;
+    case Predicate::gt: return a > b;
+    case Predicate::le: return a <= b;
+    case Predicate::ge: return a >= b;
+    case Predicate::logical_and: return a && b;
+    case Predicate::logical_or: return a || b;
+    case Predicate::logical_xor: return (a != X{}) != (b != X{});
+  }
+  return a == b;
+}
+
+// f16/bf16 compare as float (exactly); bool lanes are bytes.
+template <typename T>
+using PredicateLane = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float,
+                                         std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>>;
+
+// One row, a and b advancing by sa, sb in {0, 1}; W floats' worth of bytes per vector.
+template <int W, typename T>
+SLIM_INLINE void predicate_row(Predicate op, const T* a, int64_t sa, const T* b, int64_t sb, bool* y, int64_t n) {
+  using L = PredicateLane<T>;
+  int64_t i = 0;
+  if constexpr (W > 1 && sizeof(L) == sizeof(T)) {
+    constexpr int lanes = W * 4 / int(sizeof(T));
+    typedef L V __attribute__((vector_size(lanes * sizeof(T))));
+    typedef uint8_t B __attribute__((vector_size(lanes)));
+    V va0, vb0;
+    for (int k = 0; k < lanes; ++k) va0[k] = L(a[0]), vb0[k] = L(b[0]);
+    for (; i + lanes <= n; i += lanes) {
+      V va = va0, vb = vb0;
+      if (sa) std::memcpy(&va, a + i, sizeof va);
+      if (sb) std::memcpy(&vb, b + i, sizeof vb);
+      const B r = __builtin_convertvector(predicate(op, va, vb), B) & 1;
+      std::memcpy(y + i, &r, sizeof r);
+    }
+  }
+  for (; i < n; ++i) y[i] = predicate(op, L(a[sa * i]), L(b[sb * i]));
+}
+
+#if defined(__x86_64__)
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void predicate_avx512(
+    Predicate op, const T* a, int64_t sa, const T* b, int64_t sb, bool* y, int64_t n) {
+  predicate_row<16>(op, a, sa, b, sb, y, n);
+}
+template <typename T>
+__attribute__((target("avx2,fma"))) void predicate_avx2(Predicate op, const T* a, int64_t sa, const T* b, int64_t sb,
+                                                        bool* y, int64_t n) {
+  predicate_row<8>(op, a, sa, b, sb, y, n);
+}
+#endif
+
+template <typename T>
+void predicate_run(int op, const char* a, int64_t sa, const char* b, int64_t sb, char* y, int64_t n) {
+  const Predicate p = Predicate(op);
+  const T* ta = reinterpret_cast<const T*>(a);
+  const T* tb = reinterpret_cast<const T*>(b);
+  bool* ty = reinterpret_cast<bool*>(y);
+  switch (detected_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512: return predicate_avx512<T>(p, ta, sa, tb, sb, ty, n);
+    case Isa::avx2: return predicate_avx2<T>(p, ta, sa, tb, sb, ty, n);
+#elif defined(__aarch64__)
+    case Isa::neon: return predicate_row<4>(p, ta, sa, tb, sb, ty, n);
+#endif
+    default: return predicate_row<1>(p, ta, sa, tb, sb, ty, n);
+  }
+}
+
+// A row function of the walk below: an op of either kind, element pointers as bytes.
+using RowFn = void (*)(int op, const char* a, int64_t sa, const char* b, int64_t sb, char* y, int64_t n);
+
+void arithmetic_run(int op, const char* a, int64_t sa, const char* b, int64_t sb, char* y, int64_t n) {
+  binary_run(Binary(op), reinterpret_cast<const float*>(a), sa, reinterpret_cast<const float*>(b), sb,
+             reinterpret_cast<float*>(y), n);
+}
+
 // The broadcast walk, worked out at compile time: outer dims (coalesced where both
 // operands continue contiguously) with each operand's strides, and one inner row.
 struct BroadcastPlan {
@@ -438,13 +532,17 @@ std::optional<BroadcastPlan> plan_broadcast(const Shape& a, const Shape& b) {
 class BinaryKernel final : public OpKernel {
  public:
   bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = DType::f32;
+    *dtype = out_dtype_;
     *shape = p_.y;
     return i == 0;
   }
-  // `full`: the operand of the output's shape when the other is a single element (the
-  // kernel then passes that operand's channel layout through), else -1.
-  BinaryKernel(Binary op, BroadcastPlan plan, int full) : op_(op), p_(std::move(plan)), full_(full) {
+  // `row` runs `op` on rows of `in_dtype` into rows of `out_dtype`. `full`: the operand of
+  // the output's shape when the other is a single element (f32 arithmetic then passes
+  // that operand's channel layout through), else -1.
+  // `b`, when defined, is the second operand instead of input 1 (Not is x == false).
+  BinaryKernel(RowFn row, int op, DType in_dtype, DType out_dtype, BroadcastPlan plan, int full, Tensor b = {})
+      : row_(row), op_(op), in_size_(int64_t(dtype_size(in_dtype))), out_size_(int64_t(dtype_size(out_dtype))),
+        out_dtype_(out_dtype), p_(std::move(plan)), full_(full), b_(std::move(b)) {
     layout_.set_shape(p_.y);
   }
   uint64_t private_output_layout(int i) const override { return i == 0 ? layout_.offer() : 0; }
@@ -453,11 +551,12 @@ class BinaryKernel final : public OpKernel {
   void use_private_output(int i, uint64_t layout) override { layout_.use_output(layout); }
   void compute(KernelContext& ctx) const override {
     const Tensor& a = ctx.required_input(0);
-    const Tensor& b = ctx.required_input(1);
-    Tensor& y = ctx.output(0, DType::f32, p_.y);
-    const float* pa = a.data<float>();
-    const float* pb = b.data<float>();
-    float* py = layout_.target(y);
+    const Tensor& b = b_.defined() ? b_ : ctx.required_input(1);
+    Tensor& y = ctx.output(0, out_dtype_, p_.y);
+    if (y.numel() == 0) return;
+    const char* pa = static_cast<const char*>(a.raw_data());
+    const char* pb = static_cast<const char*>(b.raw_data());
+    char* py = full_ >= 0 ? reinterpret_cast<char*>(layout_.target(y)) : static_cast<char*>(y.raw_data());
     // Long rows are cut into pieces so a single row still spreads over the threads.
     const int64_t piece = p_.rows >= 8 ? p_.inner : std::max<int64_t>(4096, (p_.inner + 7) / 8);
     const int64_t pieces = (p_.inner + piece - 1) / piece;
@@ -471,19 +570,31 @@ class BinaryKernel final : public OpKernel {
           oa += i * p_.a_str[d];
           ob += i * p_.b_str[d];
         }
-        binary_run(op_, pa + oa + lo * p_.a_inner, p_.a_inner, pb + ob + lo * p_.b_inner, p_.b_inner,
-                   py + row * p_.inner + lo, n);
+        row_(op_, pa + (oa + lo * p_.a_inner) * in_size_, p_.a_inner, pb + (ob + lo * p_.b_inner) * in_size_,
+             p_.b_inner, py + (row * p_.inner + lo) * out_size_, n);
       }
     });
-    layout_.finish(ctx, y);
+    if (full_ >= 0) layout_.finish(ctx, y);
   }
 
  private:
-  Binary op_;
+  RowFn row_;
+  int op_;
+  int64_t in_size_, out_size_;
+  DType out_dtype_;
   BroadcastPlan p_;
   int full_;
+  Tensor b_;
   ChannelPassThrough layout_;
 };
+
+std::optional<std::string> need_static_broadcast(const KernelBuildInfo& info) {
+  if (info.inputs.size() != 2) return "expects two inputs";
+  for (int i = 0; i < 2; ++i)
+    if (auto r = need_static(info, i)) return r;
+  if (!plan_broadcast(*info.input(0).shape, *info.input(1).shape)) return "shapes do not broadcast";
+  return std::nullopt;
+}
 
 KernelDef binary_def(const std::string& op, Binary kind) {
   KernelDef def;
@@ -492,7 +603,7 @@ KernelDef binary_def(const std::string& op, Binary kind) {
   def.claim = [](const KernelBuildInfo& info) {
     if (info.inputs.size() != 2) return Claim::no("expects two inputs");
     if (auto r = need_all_f32_static(info)) return Claim::no(*r);
-    if (!plan_broadcast(*info.input(0).shape, *info.input(1).shape)) return Claim::no("shapes do not broadcast");
+    if (auto r = need_static_broadcast(info)) return Claim::no(*r);
     return Claim::yes();
   };
   def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
@@ -500,7 +611,48 @@ KernelDef binary_def(const std::string& op, Binary kind) {
     auto plan = plan_broadcast(a, b);
     if (!plan) throw Error(ErrorCode::internal, info.node.describe() + ": shapes do not broadcast");
     const int full = shape_numel(b) == 1 && a == plan->y ? 0 : shape_numel(a) == 1 && b == plan->y ? 1 : -1;
-    return std::make_unique<BinaryKernel>(kind, std::move(*plan), full);
+    return std::make_unique<BinaryKernel>(arithmetic_run, int(kind), DType::f32, DType::f32, std::move(*plan), full);
+  };
+  return def;
+}
+
+// `numeric`: Less, Greater and the ...OrEqual forms take numbers; Equal takes bools too,
+// the logical ops bools only.
+KernelDef predicate_def(const std::string& op, int64_t since, Predicate kind) {
+  const bool logical = kind >= Predicate::logical_and, numeric = kind != Predicate::eq && !logical;
+  KernelDef def;
+  def.op_type = op;
+  def.since_version = since;
+  def.claim = [=](const KernelBuildInfo& info) {
+    if (auto r = need_static_broadcast(info)) return Claim::no(*r);
+    const auto &a = info.input(0).dtype, &b = info.input(1).dtype;
+    if (!a || !b) return Claim::no("input dtypes are unknown");
+    if (*a != *b) return Claim::no("inputs have different dtypes");
+    if ((logical && *a != DType::boolean) || (numeric && *a == DType::boolean))
+      return Claim::no(std::string("input 0 is ") + std::string(dtype_name(*a)));
+    return Claim::yes();
+  };
+  def.build = [kind](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    auto plan = plan_broadcast(*info.input(0).shape, *info.input(1).shape);
+    if (!plan) throw Error(ErrorCode::internal, info.node.describe() + ": shapes do not broadcast");
+    const DType dt = *info.input(0).dtype;
+    const RowFn row = visit_dtype(dt, [](auto tag) -> RowFn { return predicate_run<typename decltype(tag)::type>; });
+    return std::make_unique<BinaryKernel>(row, int(kind), dt, DType::boolean, std::move(*plan), -1);
+  };
+  return def;
+}
+
+KernelDef not_def() {
+  KernelDef def;
+  def.op_type = "Not";
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    if (info.input(0).dtype != DType::boolean) return Claim::no("input 0 is not bool");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<BinaryKernel>(predicate_run<bool>, int(Predicate::eq), DType::boolean, DType::boolean,
+                                          *plan_broadcast(*info.input(0).shape, {}), -1, Tensor::scalar<bool>(false));
   };
   return def;
 }
@@ -1044,6 +1196,15 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.add(binary_def("Div", Binary::div));
   r.add(binary_def("Max", Binary::max));  // two inputs; one or three and more stay with ref
   r.add(binary_def("Min", Binary::min));
+  r.add(predicate_def("Equal", 7, Predicate::eq));  // numpy broadcasting from 7
+  r.add(predicate_def("Less", 7, Predicate::lt));
+  r.add(predicate_def("Greater", 7, Predicate::gt));
+  r.add(predicate_def("LessOrEqual", 12, Predicate::le));
+  r.add(predicate_def("GreaterOrEqual", 12, Predicate::ge));
+  r.add(predicate_def("And", 7, Predicate::logical_and));
+  r.add(predicate_def("Or", 7, Predicate::logical_or));
+  r.add(predicate_def("Xor", 7, Predicate::logical_xor));
+  r.add(not_def());
   r.add(softmax_def("Softmax", false));
   r.add(softmax_def("LogSoftmax", true));
   r.add(layer_norm_def());

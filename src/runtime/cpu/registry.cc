@@ -16,6 +16,8 @@ const KernelRegistry& cpu_kernel_registry() {
     cpu::register_tensor_kernels(r);
     cpu::register_matmul_nbits_kernels(r);
     cpu::register_contrib_kernels(r);
+    cpu::register_quantize_kernels(r);
+    cpu::register_dnnl_int8_kernels(r);
     return r;
   }();
   return registry;

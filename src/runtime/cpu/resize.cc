@@ -8,7 +8,9 @@
 // two source rows are blended (vertical), then gathered along the row (horizontal) with
 // AVX-512/AVX2 gathers. An output row whose taps equal the previous row's (nearest
 // upsampling) is a copy of it. Linear results are rounded to f32 after each axis, so
-// they differ from ref's double sums by a few ulps; nearest copies are exact.
+// they differ from ref's double sums by a few ulps; nearest copies are exact. Bilinear
+// resizing of 2-D images (and 4-D NCHW) is ONNX Runtime's four-neighbour sum instead, to
+// its bit (see BilinearAxis).
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -42,6 +44,43 @@ struct AxisPlan {
   }
   bool single(int64_t o) const { return w1[size_t(o)] == 0.f; }
 };
+
+// Bilinear resizing of the last two axes as ONNX Runtime's CPU kernel computes it
+// (UpsampleBilinear): per output pixel the four neighbours weighted by products of
+// per-axis distances, computed in float from ORT's float coordinates and summed in its
+// order. ref's separable double sums differ from it by an ulp here and there, which a
+// DynamicQuantizeLinear after the Resize turns into a different 8-bit value: quantized
+// models that upsample (ISNet's decoder) drifted from ONNX Runtime by the end.
+struct BilinearAxis {
+  std::vector<int32_t> i1, i2;
+  std::vector<float> d1, d2;  // distances to i1 and i2: i1's weight is d2, i2's d1
+};
+
+// ORT's float coordinate of output index o (GetOriginalCoordinateFromResizedCoordinate),
+// clamped, and its neighbours and distances (SetupUpsampleBilinear).
+BilinearAxis bilinear_axis(ref::ResizeSpec::Coord coord, int64_t in, int64_t out, float scale) {
+  using Coord = ref::ResizeSpec::Coord;
+  BilinearAxis a;
+  for (int64_t o = 0; o < out; ++o) {
+    const float x = float(o);
+    float c = x;
+    if (scale != 1.f) {
+      switch (coord) {
+        case Coord::asymmetric: c = x / scale; break;
+        case Coord::pytorch_half_pixel: c = out > 1 ? (x + 0.5f) / scale - 0.5f : 0.f; break;
+        case Coord::align_corners: c = out == 1 ? 0.f : x * float(in - 1) / float(out - 1); break;
+        default: c = (x + 0.5f) / scale - 0.5f; break;  // half_pixel
+      }
+    }
+    c = std::max(0.f, std::min(c, float(in - 1)));
+    const int32_t i1 = std::min(int32_t(c), int32_t(in - 1)), i2 = std::min(i1 + 1, int32_t(in - 1));
+    a.i1.push_back(i1);
+    a.i2.push_back(i2);
+    a.d1.push_back(i1 == i2 ? 0.5f : std::fabs(c - float(i1)));
+    a.d2.push_back(i1 == i2 ? 0.5f : std::fabs(c - float(i2)));
+  }
+  return a;
+}
 
 // ---------------------------------------------------------------------------------------
 // Row primitives
@@ -122,6 +161,74 @@ __attribute__((target("avx2,fma"))) void interp_avx2(const float* x, const int32
 }
 #endif
 
+
+// One output row of ORT's bilinear sum from input rows r1 and r2 (y's neighbours), the
+// products and sums rounded one by one as ORT's (FMA-free) build rounds them. A neighbour
+// of weight 0 adds 0, not 0 * x: an infinity there stays out, as in ref.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void bilinear_row_scalar(const BilinearAxis& w, const float* r1, const float* r2, float dy1, float dy2, float* y,
+                         int64_t begin, int64_t n) {
+  auto term = [](float weight, float x) { return weight == 0.f ? 0.f : weight * x; };
+  for (int64_t c = begin; c < n; ++c) {
+    const int32_t x1 = w.i1[size_t(c)], x2 = w.i2[size_t(c)];
+    const float dx1 = w.d1[size_t(c)], dx2 = w.d2[size_t(c)];
+    y[c] = term(dx2 * dy2, r1[x1]) + term(dx1 * dy2, r1[x2]) + term(dx2 * dy1, r2[x1]) + term(dx1 * dy1, r2[x2]);
+  }
+}
+
+#if defined(__x86_64__)
+// weight * x, or 0 where the weight is 0.
+__attribute__((target("avx512f"))) inline __m512 bilinear_term16(__m512 weight, const float* r, const int32_t* idx) {
+  const __mmask16 none = _mm512_cmp_ps_mask(weight, _mm512_setzero_ps(), _CMP_EQ_OQ);
+  return _mm512_mask_blend_ps(none, _mm512_mul_ps(weight, gather16(r, idx)), _mm512_setzero_ps());
+}
+__attribute__((target("avx512f"))) void bilinear_row_avx512(const BilinearAxis& w, const float* r1, const float* r2,
+                                                            float dy1, float dy2, float* y, int64_t n) {
+  const __m512 vdy1 = _mm512_set1_ps(dy1), vdy2 = _mm512_set1_ps(dy2);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 dx1 = _mm512_loadu_ps(w.d1.data() + c), dx2 = _mm512_loadu_ps(w.d2.data() + c);
+    const int32_t *x1 = w.i1.data() + c, *x2 = w.i2.data() + c;
+    __m512 v = _mm512_add_ps(bilinear_term16(_mm512_mul_ps(dx2, vdy2), r1, x1),
+                             bilinear_term16(_mm512_mul_ps(dx1, vdy2), r1, x2));
+    v = _mm512_add_ps(v, bilinear_term16(_mm512_mul_ps(dx2, vdy1), r2, x1));
+    _mm512_storeu_ps(y + c, _mm512_add_ps(v, bilinear_term16(_mm512_mul_ps(dx1, vdy1), r2, x2)));
+  }
+  bilinear_row_scalar(w, r1, r2, dy1, dy2, y, c, n);
+}
+__attribute__((target("avx2,fma"))) inline __m256 bilinear_term8(__m256 weight, const float* r, const int32_t* idx) {
+  const __m256 x = _mm256_i32gather_ps(r, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), 4);
+  return _mm256_blendv_ps(_mm256_mul_ps(weight, x), _mm256_setzero_ps(),
+                          _mm256_cmp_ps(weight, _mm256_setzero_ps(), _CMP_EQ_OQ));
+}
+__attribute__((target("avx2,fma"))) void bilinear_row_avx2(const BilinearAxis& w, const float* r1, const float* r2,
+                                                           float dy1, float dy2, float* y, int64_t n) {
+  const __m256 vdy1 = _mm256_set1_ps(dy1), vdy2 = _mm256_set1_ps(dy2);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m256 dx1 = _mm256_loadu_ps(w.d1.data() + c), dx2 = _mm256_loadu_ps(w.d2.data() + c);
+    const int32_t *x1 = w.i1.data() + c, *x2 = w.i2.data() + c;
+    __m256 v = _mm256_add_ps(bilinear_term8(_mm256_mul_ps(dx2, vdy2), r1, x1),
+                             bilinear_term8(_mm256_mul_ps(dx1, vdy2), r1, x2));
+    v = _mm256_add_ps(v, bilinear_term8(_mm256_mul_ps(dx2, vdy1), r2, x1));
+    _mm256_storeu_ps(y + c, _mm256_add_ps(v, bilinear_term8(_mm256_mul_ps(dx1, vdy1), r2, x2)));
+  }
+  bilinear_row_scalar(w, r1, r2, dy1, dy2, y, c, n);
+}
+#endif
+#pragma GCC pop_options
+
+void bilinear_row(const BilinearAxis& w, const float* r1, const float* r2, float dy1, float dy2, float* y, int64_t n) {
+  switch (detected_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512: return bilinear_row_avx512(w, r1, r2, dy1, dy2, y, n);
+    case Isa::avx2: return bilinear_row_avx2(w, r1, r2, dy1, dy2, y, n);
+#endif
+    default: return bilinear_row_scalar(w, r1, r2, dy1, dy2, y, 0, n);
+  }
+}
+
 // Along the last axis: nearest gathers x[i0]; linear blends two gathers.
 void horizontal(const AxisPlan& a, bool nearest, const float* x, float* y) {
   const int64_t n = a.out;
@@ -151,6 +258,7 @@ struct ResizePlan {
   Shape in, out;
   bool nearest = true;
   float extrapolation = 0.f;
+  std::optional<std::pair<BilinearAxis, BilinearAxis>> bilinear;  // height, width
   std::vector<AxisPlan> axes;  // one per input axis
   std::vector<int> leading;    // changed axes before the last two, each a pass over whole rows
   std::vector<int64_t> scratch;  // floats of each leading pass's result
@@ -185,6 +293,24 @@ ResizePlan make_plan(const ResizeSpec& spec, const Shape& in, const std::functio
     }
     a.identity = a.identity && a.in == a.out && a.outside.empty();
     p.axes.push_back(std::move(a));
+  }
+  // ORT's bilinear kernel: linear mode, 2-D, or 4-D resizing the last two axes only.
+  using Coord = ref::ResizeSpec::Coord;
+  const int r = int(in.size());
+  bool bilinear = !p.nearest && (r == 2 || (r == 4 && p.axes[0].identity && p.axes[1].identity)) &&
+                  !g.aspect_kept && (spec.coord() == Coord::half_pixel || spec.coord() == Coord::asymmetric ||
+                                     spec.coord() == Coord::pytorch_half_pixel || spec.coord() == Coord::align_corners);
+  // ORT's align_corners divides by the output length, ONNX by scale * input length: only
+  // where they agree.
+  for (int d = r - 2; bilinear && d < r; ++d)
+    bilinear = in[size_t(d)] > 0 && p.out[size_t(d)] > 0 &&
+               (spec.coord() != Coord::align_corners || double(p.out[size_t(d)]) == g.scale[size_t(d)] * double(in[size_t(d)]));
+  if (bilinear) {
+    auto axis = [&](int d) {
+      const float scale = g.from_sizes ? float(p.out[size_t(d)]) / float(in[size_t(d)]) : float(g.scale[size_t(d)]);
+      return bilinear_axis(spec.coord(), in[size_t(d)], p.out[size_t(d)], scale);
+    };
+    p.bilinear.emplace(axis(r - 2), axis(r - 1));
   }
   Shape cur = in;
   for (int d = 0; d + 2 < int(in.size()); ++d) {
@@ -303,6 +429,18 @@ class ResizeKernel final : public OpKernel {
     int64_t planes = 1;
     for (int k = 0; k < rank_ - 2; ++k) planes *= s[size_t(k)];
     const int64_t rows = planes * h.out;
+    if (p_.bilinear) {
+      const auto& [bh, bw] = *p_.bilinear;
+      parallel_items(ctx, rows, w.out * 4, 1 << 15, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t q = t / h.out, o = t % h.out;
+          const float* plane = x + q * h.in * w.in;
+          bilinear_row(bw, plane + bh.i1[size_t(o)] * w.in, plane + bh.i2[size_t(o)] * w.in, bh.d1[size_t(o)],
+                       bh.d2[size_t(o)], y + t * w.out, w.out);
+        }
+      });
+      return;
+    }
     parallel_items(ctx, rows, w.out * 4, 1 << 15, [&](int64_t b, int64_t e) {
       std::vector<float> buf(size_t(w.in));
       for (int64_t t = b; t < e; ++t) {

@@ -200,11 +200,7 @@ class CellRnnKernel final : public OpKernel {
     // The input projections of every step, then each direction and group of rows alone.
     const float* x = ctx.required_input(0).data<float>();
     if (proj_) {
-      if (proj_threads_ == 1) {
-        if (omp_get_max_threads() != 1) omp_set_num_threads(1);
-      } else {
-        limit_dnnl_threads(ctx);
-      }
+      limit_dnnl_threads(ctx, proj_macs_, kParallelMacs);
       dnnl_call(ctx.node(), "RNN input projection", [&] {
         x_mem_.set_data_handle(const_cast<float*>(x));
         for (int64_t d = 0; d < D; ++d) {
@@ -373,8 +369,8 @@ class CellRnnKernel final : public OpKernel {
   // oneDNN's matmul for the projections of many steps: W^T [I][ghp] and the bias packed
   // once per direction into the layout it picks.
   void setup_projection() {
-    proj_threads_ = s_.D * s_.T * s_.N * s_.I * ghp_ >= 2 * kParallelMacs ? num_threads() : 1;
-    omp_set_num_threads(proj_threads_);  // oneDNN plans the primitive's threads from this
+    proj_macs_ = s_.D * s_.T * s_.N * s_.I * ghp_;
+    limit_dnnl_threads_at_build(proj_macs_, kParallelMacs);
     const auto& eng = dnnl_engine();
     stream_ = dnnl::stream(eng);
     const int64_t rows = s_.T * s_.N, I = s_.I;
@@ -419,7 +415,7 @@ class CellRnnKernel final : public OpKernel {
   mutable Floats xw_, h_, c_;
   // From kDnnlRows rows on, oneDNN's matmul computes the projections.
   dnnl::matmul proj_;
-  int proj_threads_ = 1;
+  int64_t proj_macs_ = 0;
   std::vector<dnnl::memory> proj_w_, proj_b_;
   std::vector<std::shared_ptr<Storage>> buffers_;  // behind proj_w_
   mutable dnnl::memory x_mem_, xw_mem_;

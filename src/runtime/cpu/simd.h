@@ -29,6 +29,13 @@ struct Vec {
   typedef int32_t I __attribute__((vector_size(W * 4)));
 };
 
+// W bytes as one vector, for 8-bit data converted to and from Vec<W>::I lanes.
+template <int W>
+struct Bytes {
+  typedef uint8_t U __attribute__((vector_size(W)));
+  typedef int8_t S __attribute__((vector_size(W)));
+};
+
 #define SLIM_INLINE inline __attribute__((always_inline))
 
 template <int W>

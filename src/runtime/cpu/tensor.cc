@@ -1,6 +1,8 @@
-// The cpu provider's data-movement kernels: Transpose, Concat, Slice, Pad and Gather, for any dtype (they move element bytes). Geometry is resolved at compile time
-// from static shapes; the copies run as contiguous runs (memcpy) where the layout allows
-// and are split over slim's thread pool when large.
+// The cpu provider's data-movement kernels: Transpose, Concat, Slice, Pad and Gather, for
+// any dtype (they move element bytes), and the view ops (Reshape, Squeeze, Unsqueeze,
+// Flatten, Identity, Dropout), which compile turns into views. Geometry is resolved at
+// compile time from static shapes; the copies run as contiguous runs (memcpy) where the
+// layout allows and are split over slim's thread pool when large.
 #include <algorithm>
 #include <cstring>
 
@@ -10,11 +12,9 @@
 namespace slim::cpu {
 namespace {
 
-constexpr int64_t kCopyGrain = 1 << 16;  // bytes per task worth a thread hand-off
-
 template <typename Fn>
 void parallel_rows(const KernelContext& ctx, int64_t rows, int64_t row_bytes, Fn&& fn) {
-  parallel_items(ctx, rows, row_bytes, kCopyGrain, fn);
+  parallel_items(ctx, rows, row_bytes, kBytesPerThread, fn);
 }
 
 std::optional<std::string> need_static_dtype(const KernelBuildInfo& info, int i) {
@@ -340,7 +340,7 @@ class ConcatKernel final : public OpKernel {
   // reorder per input into its channels of the output (built on the first run, after the
   // layouts were negotiated).
   void compute_reorders(KernelContext& ctx, Tensor& y) const {
-    limit_dnnl_threads(ctx);
+    limit_dnnl_threads(ctx, shape_numel(p_.y), kElementsPerThread);
     dnnl_call(ctx.node(), "concat reorder", [&] {
       const auto& eng = dnnl_engine();
       if (reorders_.empty()) {
@@ -627,6 +627,29 @@ void register_tensor_kernels(KernelRegistry& r) {
   r.add(plan_def<GatherPlan>("Gather", 1, gather_plan, [](GatherPlan p, const KernelBuildInfo&) -> std::unique_ptr<OpKernel> {
     return std::make_unique<GatherKernel>(std::move(p));
   }));
+  // Views: ref's kernels, taken where compile turns the node into a view of its input
+  // (OpKernel::view_input), so that no kernel runs for it.
+  for (const char* op : {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"})
+    for (const KernelDef& ref_def : ref_kernel_registry().defs()) {
+      if (ref_def.op_type != op || !ref_def.domain.empty()) continue;
+      KernelDef def = ref_def;
+      def.claim = [shape_inputs = ref_def.shape_inputs, factory = ref_def.factory](const KernelBuildInfo& info) {
+        const NodeInputInfo& in = info.input(0);
+        if (!in.present || !in.dtype) return Claim::no("input 0 is not a tensor of a known dtype");
+        for (size_t o = 1; o < info.node.outputs.size(); ++o)
+          if (!info.node.outputs[o].empty()) return Claim::no("output " + std::to_string(o) + " is used");
+        bool same_shape = false;
+        if (factory(info.node, info.opset)->view_input(0, &same_shape) != 0)
+          return Claim::no("not a view (training mode)");
+        if (same_shape) return Claim::yes();
+        if (!in.shape) return Claim::no("shape of input 0 is dynamic");
+        for (int i : shape_inputs)
+          if (info.has_input(i) && !info.input(i).constant)
+            return Claim::no("input " + std::to_string(i) + " is not a constant");
+        return Claim::yes();
+      };
+      r.add(std::move(def));
+    }
 }
 
 }  // namespace slim::cpu

@@ -94,10 +94,12 @@ PassStats optimize_graph(PassGraph& g) {
       stats.rewrites[name] += k;
       changed += k;
     };
+    run("run_float16_in_float32", run_float16_in_float32);
     run("remove_noop_nodes", remove_noop_nodes);
     run("fold_shape_subgraphs", fold_shape_subgraphs);
     run("fold_batch_norm", fold_batch_norm);
     run("fuse_bias_activation", fuse_bias_activation);
+    run("fuse_dynamic_quantize_conv", fuse_dynamic_quantize_conv);
     if (changed == 0) break;
   }
   return stats;

@@ -401,21 +401,40 @@ class QLinearConv final : public OpKernel {
   ConvAttrs attrs_;
 };
 
+// The output of a convolution from its input shapes: what the kernels' geometry computes.
+using OutputDType = DType (*)(const KernelBuildInfo&);
+OutputInference conv_outputs(bool transposed, int weight_input, OutputDType dtype) {
+  return [=](const KernelBuildInfo& info, const KernelContext& ctx) {
+    const ConvAttrs attrs(info.node, transposed);
+    const Shape& x = *info.input(0).shape;
+    const Shape& w = *info.input(weight_input).shape;
+    const ConvGeom g = transposed ? conv_transpose_geometry(ctx, attrs, x, w) : conv_geometry(ctx, attrs, x, w);
+    Shape y{g.n, g.m};
+    y.insert(y.end(), g.out.begin(), g.out.end());
+    return std::vector<std::pair<DType, Shape>>{{dtype(info), y}};
+  };
+}
+
+DType input_dtype(const KernelBuildInfo& info) { return *info.input(0).dtype; }
+DType i32_dtype(const KernelBuildInfo&) { return DType::i32; }
+// QLinearConv's output has its zero point's type, u8 without one.
+DType qlinear_dtype(const KernelBuildInfo& info) { return info.has_input(7) ? *info.input(7).dtype : DType::u8; }
+
 }  // namespace
 
 void register_conv_kernels(KernelRegistry& r) {
-  r.add({"Conv", "", 1, INT_MAX, [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
+  r.add(with_inferred_outputs({"Conv", "", 1, INT_MAX, [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
            return std::make_unique<Conv>(n, false);
-         }, {}});
-  r.add({"ConvTranspose", "", 1, INT_MAX, [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
+         }, {}}, conv_outputs(false, 1, input_dtype)));
+  r.add(with_inferred_outputs({"ConvTranspose", "", 1, INT_MAX, [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
            return std::make_unique<Conv>(n, true);
-         }, {}});
-  r.add({"ConvInteger", "", 10, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
+         }, {}}, conv_outputs(true, 1, input_dtype)));
+  r.add(with_inferred_outputs({"ConvInteger", "", 10, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
            return std::make_unique<ConvInteger>(n, o);
-         }, {}});
-  r.add({"QLinearConv", "", 10, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
+         }, {}}, conv_outputs(false, 1, i32_dtype)));
+  r.add(with_inferred_outputs({"QLinearConv", "", 10, INT_MAX, [](const Node& n, int64_t o) -> std::unique_ptr<OpKernel> {
            return std::make_unique<QLinearConv>(n, o);
-         }, {}});
+         }, {}}, conv_outputs(false, 3, qlinear_dtype)));
 }
 
 }  // namespace slim::ref

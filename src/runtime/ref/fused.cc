@@ -1,10 +1,11 @@
-// Ref kernels of the fused ops (slim:FusedConv, FusedGemm, FusedMatMul). They are the
-// oracle for every provider's fused kernels, so they compute exactly what the unfused
-// chain does: the base op by its own ref kernel, then each elementwise step rounded to
+// Ref kernels of the fused ops (slim:FusedConv, FusedGemm, FusedMatMul,
+// DynamicQuantizeConv). They are the oracle for every provider's fused kernels, so they
+// compute exactly what the unfused chain does: the base op by its own ref kernel, then each elementwise step rounded to
 // f32 in the order the graph had them (bias, residual, activation, output scale and shift).
 #include "runtime/ref/ref_kernels.h"
 #include "slim/core/error.h"
 #include "slim/runtime/fused_ops.h"
+#include "slim/runtime/provider.h"
 
 namespace slim::ref {
 
@@ -13,8 +14,11 @@ namespace {
 class FusedKernel final : public OpKernel {
  public:
   // `base` is the ai.onnx op computed first; `base_inputs` how many of the fused node's
-  // inputs it takes; a MatMul's bias (input 2) is added afterwards instead.
-  FusedKernel(const Node& node, const char* base, int base_inputs, int64_t base_opset)
+  // inputs it takes; a MatMul's bias (input 2) is added afterwards instead. Given what
+  // compile knows of the inputs (`info`), the base kernel is built from it, so the fused
+  // node's output shape is the base kernel's inferred one.
+  FusedKernel(const Node& node, const char* base, int base_inputs, int64_t base_opset,
+              const KernelBuildInfo* info = nullptr)
       : base_node_(node), separate_bias_(std::string(base) == "MatMul") {
     const std::vector<float> params = node.attr_floats("activation_params");
     if (!parse_fused_activation(node, &activation_))
@@ -37,7 +41,18 @@ class FusedKernel final : public OpKernel {
     if (!def)
       throw Error(ErrorCode::internal,
                   node.describe() + ": no ref kernel for " + std::string(base));
-    base_kernel_ = def->factory(base_node_, base_opset);
+    if (!info) {
+      base_kernel_ = def->factory(base_node_, base_opset);
+      return;
+    }
+    KernelBuildInfo base_info{base_node_, base_opset, info->inputs};
+    base_info.inputs.resize(std::min(base_info.inputs.size(), base_node_.inputs.size()));
+    base_kernel_ = build_kernel(*def, base_info);
+  }
+
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;  // the only dtype the epilogue computes
+    return i == 0 && base_kernel_->static_output(0, dtype, shape) && *dtype == DType::f32;
   }
 
   void compute(KernelContext& ctx) const override {
@@ -83,7 +98,105 @@ KernelDef fused_def(const char* op, const char* base, int base_inputs, int64_t b
                                                     int64_t) -> std::unique_ptr<OpKernel> {
     return std::make_unique<FusedKernel>(n, base, base_inputs, base_opset);
   };
-  return KernelDef{op, kFusedDomain, kFusedOpset, INT_MAX, f, {}};
+  KernelDef def{op, kFusedDomain, kFusedOpset, INT_MAX, f, {}};
+  def.build = [base, base_inputs, base_opset](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<FusedKernel>(info.node, base, base_inputs, base_opset, &info);
+  };
+  return def;
+}
+
+// slim:DynamicQuantizeConv: the ref DynamicQuantizeLinear and ConvInteger kernels, then
+// the Cast, Mul and Add the node replaces and its activation, each rounded to f32:
+// act(float(sum) * (x_scale * w_scale[oc]) + bias[oc]).
+class DynamicQuantizeConvKernel final : public OpKernel {
+ public:
+  DynamicQuantizeConvKernel(const Node& node, const KernelBuildInfo* info) : conv_node_(node) {
+    if (!parse_fused_activation(node, &activation_))
+      throw Error(ErrorCode::invalid_model, node.describe() + ": unknown activation '" +
+                                                node.attr_string("activation", "") + "'");
+    if (node.inputs.size() < 4 || node.inputs.size() > 5)
+      throw Error(ErrorCode::invalid_model, node.describe() +
+                                                ": takes 4 or 5 inputs (x, w, w_zero_point, w_scale, [bias]), got " +
+                                                std::to_string(node.inputs.size()));
+    quant_node_.op_type = "DynamicQuantizeLinear";
+    quant_node_.name = node.name;
+    quant_node_.inputs = {node.inputs[0]};
+    quant_node_.outputs = {"q", "s", "z"};
+    conv_node_.op_type = "ConvInteger";
+    conv_node_.domain = "";
+    for (const char* a : {"activation", "activation_params", "output_scale", "output_shift", "output_min", "output_max"})
+      conv_node_.attrs.erase(a);
+    conv_node_.inputs = {"q", node.inputs[1], "z", node.inputs[2]};
+    conv_node_.outputs = {"sums"};
+    const auto& r = ref_kernel_registry();
+    quant_ = r.find("DynamicQuantizeLinear", "", 11)->factory(quant_node_, 11);
+    const KernelDef* conv = r.find("ConvInteger", "", 10);
+    if (!info) {
+      conv_ = conv->factory(conv_node_, 10);
+      return;
+    }
+    // Built with what compile knows, the ConvInteger kernel infers the output shape.
+    KernelBuildInfo conv_info{conv_node_, 10, {}};
+    conv_info.inputs = {info->input(0), info->input(1), NodeInputInfo{}, info->input(2)};
+    conv_info.inputs[0].dtype = DType::u8;
+    conv_info.inputs[0].constant = nullptr;
+    conv_info.inputs[2].present = true;
+    conv_info.inputs[2].dtype = DType::u8;
+    conv_info.inputs[2].shape = Shape{};
+    conv_ = build_kernel(*conv, conv_info);
+  }
+
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    if (i != 0 || !conv_->static_output(0, dtype, shape)) return false;
+    *dtype = DType::f32;
+    return true;
+  }
+
+  void compute(KernelContext& ctx) const override {
+    std::vector<Tensor> q(3), sums(1);
+    const std::vector<const Tensor*> quant_in{ctx.input(0)};
+    KernelContext quant_ctx(quant_node_, quant_in, &q, nullptr, &ctx.pool());
+    quant_->compute(quant_ctx);
+    const std::vector<const Tensor*> conv_in{&q[0], ctx.input(1), &q[2], ctx.input(2)};
+    KernelContext conv_ctx(conv_node_, conv_in, &sums, nullptr, &ctx.pool());
+    conv_->compute(conv_ctx);
+    const Tensor& acc = sums[0];
+    const int64_t m = acc.shape()[1], plane = acc.numel() / std::max<int64_t>(1, acc.shape()[0] * m);
+    const Tensor& w_scale = ctx.required_input(3);
+    const Tensor* bias = ctx.input(4);
+    for (const Tensor* t : {&w_scale, bias})
+      if (t && (t->dtype() != DType::f32 || (t->numel() != 1 && t->numel() != m) || (t == bias && t->numel() != m)))
+        ctx.fail(ErrorCode::invalid_argument, (t == bias ? "bias " : "w_scale ") + t->describe() +
+                                                  " must be f32 with one value per output channel");
+    const float x_scale = q[1].data<float>()[0];
+    Tensor& out = ctx.output(0, DType::f32, acc.shape());
+    for (int64_t i = 0; i < acc.numel(); ++i) {
+      const int64_t c = i / plane % m;
+      const float scale = x_scale * w_scale.data<float>()[w_scale.numel() == 1 ? 0 : c];
+      // volatile: the product is rounded before the bias is added, never one FMA.
+      volatile float product = float(acc.data<int32_t>()[i]) * scale;
+      float v = product;
+      if (bias) v = v + bias->data<float>()[c];
+      out.data<float>()[i] = apply_fused_epilogue(activation_, v);
+    }
+  }
+
+ private:
+  Node quant_node_, conv_node_;
+  ActivationSpec activation_;
+  std::unique_ptr<OpKernel> quant_, conv_;
+};
+
+KernelDef dynamic_quantize_conv_def() {
+  KernelDef def{"DynamicQuantizeConv", kFusedDomain, kFusedOpset, INT_MAX,
+                [](const Node& n, int64_t) -> std::unique_ptr<OpKernel> {
+                  return std::make_unique<DynamicQuantizeConvKernel>(n, nullptr);
+                },
+                {}};
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<DynamicQuantizeConvKernel>(info.node, &info);
+  };
+  return def;
 }
 
 }  // namespace
@@ -93,6 +206,7 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(fused_def("FusedConv", "Conv", 3, 11));
   r.add(fused_def("FusedGemm", "Gemm", 3, 13));
   r.add(fused_def("FusedMatMul", "MatMul", 2, 13));
+  r.add(dynamic_quantize_conv_def());
 }
 
 }  // namespace slim::ref

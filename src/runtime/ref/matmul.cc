@@ -4,42 +4,11 @@
 
 #include "runtime/ref/math_common.h"
 #include "runtime/ref/ref_kernels.h"
+#include "runtime/ref/ref_util.h"
 
 namespace slim::ref {
 
 namespace {
-
-// Numpy matmul geometry: 1-D operands are promoted (and the promoted dim dropped from the
-// output), leading dims broadcast as batch dims.
-struct MatMulPlan {
-  int64_t m = 0, k = 0, n = 0;
-  Shape out_shape;
-  int64_t batches = 1;
-  std::vector<int64_t> a_batch, b_batch;  // per output batch, the batch index into A / B
-
-  MatMulPlan(const KernelContext& ctx, const Shape& a_in, const Shape& b_in) {
-    if (a_in.empty() || b_in.empty())
-      ctx.fail(ErrorCode::invalid_argument, "MatMul inputs must have rank >= 1, got " +
-                                                shape_str(a_in) + " and " + shape_str(b_in));
-    Shape a = a_in, b = b_in;
-    if (a.size() == 1) a.insert(a.begin(), 1);
-    if (b.size() == 1) b.push_back(1);
-    m = a[a.size() - 2];
-    k = a[a.size() - 1];
-    n = b[b.size() - 1];
-    if (b[b.size() - 2] != k)
-      ctx.fail(ErrorCode::invalid_argument,
-               "inner dimensions differ: " + shape_str(a_in) + " x " + shape_str(b_in));
-    const Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
-    const Shape batch = broadcast_shapes(ctx, {ab, bb});
-    batches = shape_numel(batch);
-    a_batch = broadcast_index_map(ab, batch);
-    b_batch = broadcast_index_map(bb, batch);
-    out_shape = batch;
-    if (a_in.size() > 1) out_shape.push_back(m);
-    if (b_in.size() > 1) out_shape.push_back(n);
-  }
-};
 
 void compute_matmul(KernelContext& ctx) {
   const Tensor& a = ctx.required_input(0);
@@ -186,14 +155,30 @@ KernelDef gemm_kernel() {
       });
     });
   };
-  return KernelDef{"Gemm", "", 1, INT_MAX, f, {}};
+  return with_inferred_outputs(KernelDef{"Gemm", "", 1, INT_MAX, f, {}}, [](const KernelBuildInfo& info, const KernelContext& ctx) {
+    const Shape& a = *info.input(0).shape;
+    const Shape& b = *info.input(1).shape;
+    if (a.size() != 2 || b.size() != 2) ctx.fail(ErrorCode::invalid_argument, "A and B must be 2-D");
+    const bool trans_a = info.node.attr_int("transA", 0) != 0, trans_b = info.node.attr_int("transB", 0) != 0;
+    return std::vector<std::pair<DType, Shape>>{{*info.input(0).dtype, {a[trans_a ? 1 : 0], b[trans_b ? 0 : 1]}}};
+  });
+}
+
+// MatMul's output shape, in `dtype` (nullopt: A's).
+OutputInference matmul_outputs(std::optional<DType> dtype) {
+  return [=](const KernelBuildInfo& info, const KernelContext& ctx) {
+    const MatMulPlan p(ctx, *info.input(0).shape, *info.input(1).shape);
+    return std::vector<std::pair<DType, Shape>>{{dtype.value_or(*info.input(0).dtype), p.out_shape}};
+  };
 }
 
 }  // namespace
 
 void register_matmul_kernels(KernelRegistry& r) {
-  r.add(KernelDef{"MatMul", "", 1, INT_MAX, simple_kernel(compute_matmul), {}});
-  r.add(KernelDef{"MatMulInteger", "", 10, INT_MAX, simple_kernel(compute_matmul_integer), {}});
+  r.add(with_inferred_outputs(KernelDef{"MatMul", "", 1, INT_MAX, simple_kernel(compute_matmul), {}},
+                              matmul_outputs(std::nullopt)));
+  r.add(with_inferred_outputs(KernelDef{"MatMulInteger", "", 10, INT_MAX, simple_kernel(compute_matmul_integer), {}},
+                              matmul_outputs(DType::i32)));
   r.add(gemm_kernel());
 }
 

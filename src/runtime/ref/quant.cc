@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "runtime/ref/ref_kernels.h"
+#include "runtime/ref/quant_params.h"
 #include "runtime/ref/ref_util.h"
 
 namespace slim::ref {
@@ -96,11 +97,8 @@ class QuantizeLinear final : public OpKernel {
     const std::vector<int64_t> zs = zp ? tensor_to_int64s(*zp) : std::vector<int64_t>(ss.size(), 0);
     std::vector<int64_t> y(xs.size());
     for (size_t i = 0; i < xs.size(); ++i) {
-      const int64_t k = pi(int64_t(i));
-      const float q = std::nearbyint(xs[i] / ss[size_t(k)]);
-      // Saturate before converting so NaN and huge values stay defined.
-      const float clamped = std::isnan(q) ? 0.f : std::clamp(q + float(zs[size_t(k)]), float(r.lo), float(r.hi));
-      y[i] = int64_t(clamped);
+      const size_t k = size_t(pi(int64_t(i)));
+      y[i] = quantize_value(xs[i], ss[k], int32_t(zs[k]), int32_t(r.lo), int32_t(r.hi));
     }
     write_ints(ctx.output(0, out_t, x.shape()), y);
   }
@@ -150,23 +148,18 @@ void dynamic_quantize_linear(KernelContext& ctx) {
   const Tensor& x = ctx.required_input(0);
   if (x.dtype() != DType::f32) ctx.fail(ErrorCode::invalid_argument, "input " + x.describe() + " is not f32");
   const std::vector<float> xs = floats_of(x);
-  // The range always includes 0 so that 0 is exactly representable.
   float lo = 0.f, hi = 0.f;
   for (float v : xs) {
     if (std::isnan(v)) ctx.fail(ErrorCode::invalid_argument, "input contains NaN");
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
-  const float scale = (hi - lo) / 255.f;
-  const float zp_f = scale == 0.f ? 0.f : std::nearbyint(std::clamp(0.f - lo / scale, 0.f, 255.f));
-  const int64_t zp = int64_t(zp_f);
+  const DynamicQuantParams p = dynamic_quant_params(lo, hi);
   uint8_t* y = ctx.output(0, DType::u8, x.shape()).data<uint8_t>();
-  for (size_t i = 0; i < xs.size(); ++i) {
-    const float q = scale == 0.f ? float(zp) : std::nearbyint(xs[i] / scale) + float(zp);
-    y[i] = uint8_t(std::clamp(q, 0.f, 255.f));
-  }
-  *ctx.output(1, DType::f32, {}).data<float>() = scale;
-  *ctx.output(2, DType::u8, {}).data<uint8_t>() = uint8_t(zp);
+  for (size_t i = 0; i < xs.size(); ++i)
+    y[i] = p.scale == 0.f ? p.zero_point : uint8_t(quantize_value(xs[i], p.scale, p.zero_point, 0, 255));
+  *ctx.output(1, DType::f32, {}).data<float>() = p.scale;
+  *ctx.output(2, DType::u8, {}).data<uint8_t>() = p.zero_point;
 }
 
 // ---------------------------------------------------------------- QLinearMatMul
@@ -177,17 +170,8 @@ void qlinear_matmul(KernelContext& ctx) {
   for (const Tensor* t : {&a, &b})
     if (t->dtype() != DType::u8 && t->dtype() != DType::i8)
       ctx.fail(ErrorCode::invalid_argument, "input " + t->describe() + " is not 8-bit");
-  if (a.rank() < 1 || b.rank() < 1) ctx.fail(ErrorCode::invalid_argument, "inputs must have rank 1 or more");
-  Shape as = a.shape(), bs = b.shape();
-  const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;
-  if (a_vec) as.insert(as.begin(), 1);
-  if (b_vec) bs.push_back(1);
-  const int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
-  if (bs[bs.size() - 2] != k)
-    ctx.fail(ErrorCode::invalid_argument, "inner dims of " + a.describe() + " and " + b.describe() + " differ");
-  const Shape a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
-  const Shape batch = broadcast_shapes(ctx, {a_batch, b_batch});
-  const std::vector<int64_t> a_map = broadcast_index_map(a_batch, batch), b_map = broadcast_index_map(b_batch, batch);
+  const MatMulPlan p(ctx, a.shape(), b.shape());
+  const int64_t m = p.m, k = p.k, n = p.n;
 
   auto params = [&](int s_in, int z_in, int64_t per, DType t, const char* name) {
     const Tensor& s = ctx.required_input(s_in);
@@ -207,27 +191,24 @@ void qlinear_matmul(KernelContext& ctx) {
   const auto [y_s, y_z] = params(6, 7, 1, out_t, "y");
   const QRange r = qrange(ctx, out_t);
 
-  Shape out_shape = batch;
-  if (!a_vec) out_shape.push_back(m);
-  if (!b_vec) out_shape.push_back(n);
   const std::vector<int64_t> av = tensor_to_int64s(a), bv = tensor_to_int64s(b);
-  std::vector<int64_t> y(size_t(shape_numel(batch) * m * n));
-  for (size_t bi = 0; bi < a_map.size(); ++bi) {
-    const int64_t* ap = av.data() + a_map[bi] * m * k;
-    const int64_t* bp = bv.data() + b_map[bi] * k * n;
+  std::vector<int64_t> y(size_t(p.batches * m * n));
+  for (size_t bi = 0; bi < size_t(p.batches); ++bi) {
+    const int64_t* ap = av.data() + p.a_batch[bi] * m * k;
+    const int64_t* bp = bv.data() + p.b_batch[bi] * k * n;
     for (int64_t i = 0; i < m; ++i) {
       const size_t ai = a_s.size() == 1 ? 0 : size_t(i);
       for (int64_t j = 0; j < n; ++j) {
         const size_t bj = b_s.size() == 1 ? 0 : size_t(j);
         int64_t acc = 0;
-        for (int64_t p = 0; p < k; ++p) acc += (ap[i * k + p] - a_z[ai]) * (bp[p * n + j] - b_z[bj]);
+        for (int64_t t = 0; t < k; ++t) acc += (ap[i * k + t] - a_z[ai]) * (bp[t * n + j] - b_z[bj]);
         const float mult = a_s[ai] * b_s[bj] / y_s[0];
         const float q = std::nearbyint(float(acc) * mult) + float(y_z[0]);
         y[(bi * size_t(m) + size_t(i)) * size_t(n) + size_t(j)] = int64_t(std::clamp(q, float(r.lo), float(r.hi)));
       }
     }
   }
-  write_ints(ctx.output(0, out_t, out_shape), y);
+  write_ints(ctx.output(0, out_t, p.out_shape), y);
 }
 
 }  // namespace
@@ -240,7 +221,12 @@ void register_quant_kernels(KernelRegistry& r) {
            return std::make_unique<DequantizeLinear>(n, o);
          }, {}});
   r.add({"DynamicQuantizeLinear", "", 11, INT_MAX, simple_kernel(dynamic_quantize_linear), {}});
-  r.add({"QLinearMatMul", "", 10, INT_MAX, simple_kernel(qlinear_matmul), {}});
+  r.add(with_inferred_outputs({"QLinearMatMul", "", 10, INT_MAX, simple_kernel(qlinear_matmul), {}},
+                              [](const KernelBuildInfo& info, const KernelContext& ctx) {
+                                const MatMulPlan p(ctx, *info.input(0).shape, *info.input(3).shape);
+                                const DType t = info.has_input(7) ? *info.input(7).dtype : DType::u8;
+                                return std::vector<std::pair<DType, Shape>>{{t, p.out_shape}};
+                              }));
 }
 
 }  // namespace slim::ref

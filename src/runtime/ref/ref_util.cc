@@ -93,4 +93,66 @@ void write_converted(Tensor& out, const std::vector<V>& v) {
 void write_doubles(Tensor& out, const std::vector<double>& v) { write_converted(out, v); }
 void write_ints(Tensor& out, const std::vector<int64_t>& v) { write_converted(out, v); }
 
+MatMulPlan::MatMulPlan(const KernelContext& ctx, const Shape& a_in, const Shape& b_in) {
+  if (a_in.empty() || b_in.empty())
+    ctx.fail(ErrorCode::invalid_argument, "MatMul inputs must have rank >= 1, got " +
+                                              shape_str(a_in) + " and " + shape_str(b_in));
+  Shape a = a_in, b = b_in;
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  m = a[a.size() - 2];
+  k = a[a.size() - 1];
+  n = b[b.size() - 1];
+  if (b[b.size() - 2] != k)
+    ctx.fail(ErrorCode::invalid_argument,
+             "inner dimensions differ: " + shape_str(a_in) + " x " + shape_str(b_in));
+  const Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  const Shape batch = broadcast_shapes(ctx, {ab, bb});
+  batches = shape_numel(batch);
+  a_batch = broadcast_index_map(ab, batch);
+  b_batch = broadcast_index_map(bb, batch);
+  out_shape = batch;
+  if (a_in.size() > 1) out_shape.push_back(m);
+  if (b_in.size() > 1) out_shape.push_back(n);
+}
+
+namespace {
+// The kernel of `def`, reporting the outputs inferred when it was built.
+class InferredOutputsKernel final : public OpKernel {
+ public:
+  InferredOutputsKernel(std::unique_ptr<OpKernel> inner, std::vector<std::pair<DType, Shape>> outputs)
+      : inner_(std::move(inner)), outputs_(std::move(outputs)) {}
+  void compute(KernelContext& ctx) const override { inner_->compute(ctx); }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    if (i < 0 || size_t(i) >= outputs_.size()) return false;
+    *dtype = outputs_[size_t(i)].first;
+    *shape = outputs_[size_t(i)].second;
+    return true;
+  }
+
+ private:
+  std::unique_ptr<OpKernel> inner_;
+  std::vector<std::pair<DType, Shape>> outputs_;
+};
+}  // namespace
+
+KernelDef with_inferred_outputs(KernelDef def, OutputInference infer) {
+  def.build = [factory = def.factory, infer = std::move(infer)](const KernelBuildInfo& info) {
+    std::unique_ptr<OpKernel> kernel = factory(info.node, info.opset);
+    for (const auto& in : info.inputs)
+      if (in.present && (!in.dtype || !in.shape)) return kernel;
+    std::vector<Tensor> none;
+    const std::vector<const Tensor*> no_inputs;
+    const KernelContext ctx(info.node, no_inputs, &none, nullptr, nullptr);
+    std::vector<std::pair<DType, Shape>> outputs;
+    try {
+      outputs = infer(info, ctx);
+    } catch (const Error&) {
+      return kernel;  // the run reports it, with the real inputs
+    }
+    return std::unique_ptr<OpKernel>(std::make_unique<InferredOutputsKernel>(std::move(kernel), std::move(outputs)));
+  };
+  return def;
+}
+
 }  // namespace slim::ref

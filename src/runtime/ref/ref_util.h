@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "slim/core/convert.h"
@@ -37,6 +39,29 @@ void check_output_shape(const KernelContext& ctx, const Shape& shape);
 // each element (f16/bf16 through float; integers by C++ conversion).
 void write_doubles(Tensor& out, const std::vector<double>& v);
 void write_ints(Tensor& out, const std::vector<int64_t>& v);
+
+// Numpy matmul geometry: 1-D operands are promoted (and the promoted dim dropped from the
+// output), leading dims broadcast as batch dims.
+struct MatMulPlan {
+  int64_t m = 0, k = 0, n = 0;
+  Shape out_shape;
+  int64_t batches = 1;
+  std::vector<int64_t> a_batch, b_batch;  // per output batch, the batch index into A / B
+
+  MatMulPlan(const KernelContext& ctx, const Shape& a_in, const Shape& b_in);
+};
+
+// Output dtypes and shapes of a node, computed from what compile knows of its inputs (every
+// present input has a dtype and a static shape when this is called). Malformed inputs
+// throw through ctx.fail, which leaves the outputs to the run.
+using OutputInference =
+    std::function<std::vector<std::pair<DType, Shape>>(const KernelBuildInfo& info, const KernelContext& ctx)>;
+
+// def with a build step that infers the node's output shapes, so that compile does not run
+// the kernel once on probe inputs to learn them: for the convolutions and matrix
+// products such a probe was a full-size scalar forward pass (a 1024x1024 segmentation
+// network spent over ten minutes compiling in it).
+KernelDef with_inferred_outputs(KernelDef def, OutputInference infer);
 
 // MT19937 drawing doubles in [0, 1) the way numpy's legacy RandomState does (53 bits from
 // two 32-bit words), so a seeded Dropout reproduces the ONNX reference masks; normals by

@@ -174,6 +174,9 @@ ResizeGeometry ResizeSpec::geometry(const Shape& in, const std::function<const T
   for (int d = 0; d < r; ++d)
     g.axes.push_back(axis_taps(in[size_t(d)], out_shape[size_t(d)], scale[size_t(d)], roi_start[size_t(d)],
                                roi_end[size_t(d)]));
+  g.scale = scale;
+  g.from_sizes = !sizes_in.empty();
+  g.aspect_kept = g.from_sizes && policy_ != AspectPolicy::stretch;
   return g;
 }
 

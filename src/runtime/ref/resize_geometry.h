@@ -25,6 +25,10 @@ struct ResizeAxis {
 struct ResizeGeometry {
   Shape out;
   std::vector<ResizeAxis> axes;  // one per input axis
+  std::vector<double> scale;     // per input axis: the scale the coordinates are computed with
+  // Where the scales came from: the scales input (or attribute), or the sizes input: each
+  // size / input length, or with keep_aspect_ratio_policy one scale for all axes.
+  bool from_sizes = false, aspect_kept = false;
 };
 
 class ResizeSpec {
@@ -57,6 +61,7 @@ class ResizeSpec {
   ResizeGeometry geometry(const Shape& in, const std::function<const Tensor*(int)>& input) const;
 
   Mode mode() const { return mode_; }
+  Coord coord() const { return coord_; }
   bool antialias() const { return antialias_; }
   double extrapolation() const { return extrapolation_; }
 

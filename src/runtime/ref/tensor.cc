@@ -62,6 +62,7 @@ class Reshape final : public OpKernel {
     }
     allowzero_ = opset >= 14 && node.attr_int("allowzero", 0) != 0;
   }
+  int view_input(int i, bool*) const override { return i == 0 ? 0 : -1; }
   void compute(KernelContext& ctx) const override {
     const Tensor& data = ctx.required_input(0);
     const std::vector<int64_t> spec =
@@ -485,6 +486,7 @@ class Squeeze final : public OpKernel {
   Squeeze(const Node& node, int64_t opset) : axes_from_input_(opset >= 13) {
     if (!axes_from_input_) axes_ = node.attr_ints("axes");
   }
+  int view_input(int i, bool*) const override { return i == 0 ? 0 : -1; }
   void compute(KernelContext& ctx) const override {
     const Tensor& x = ctx.required_input(0);
     std::vector<int64_t> axes = axes_;
@@ -520,6 +522,7 @@ class Unsqueeze final : public OpKernel {
       axes_ = node.attr_ints("axes");
     }
   }
+  int view_input(int i, bool*) const override { return i == 0 ? 0 : -1; }
   void compute(KernelContext& ctx) const override {
     const Tensor& x = ctx.required_input(0);
     const std::vector<int64_t> axes =
@@ -545,6 +548,7 @@ class Unsqueeze final : public OpKernel {
 class Flatten final : public OpKernel {
  public:
   Flatten(const Node& node, int64_t opset) : opset_(opset) { axis_ = node.attr_int("axis", 1); }
+  int view_input(int i, bool*) const override { return i == 0 ? 0 : -1; }
   void compute(KernelContext& ctx) const override {
     const Tensor& x = ctx.required_input(0);
     int64_t axis = axis_;
@@ -564,12 +568,20 @@ class Flatten final : public OpKernel {
 // ---------------------------------------------------------------- Identity / Dropout / Constant
 
 // Sequences and optionals (opset 14 and 16) pass through as they are.
-void identity(KernelContext& ctx) {
-  Value v = ctx.value(0);
-  if (!v.defined()) ctx.fail(ErrorCode::invalid_model, "required input 0 is missing");
-  if (v.is_tensor()) return ctx.set_output(0, packed(v.tensor()));
-  ctx.set_output(0, std::move(v));
-}
+class Identity final : public OpKernel {
+ public:
+  Identity(const Node&, int64_t) {}
+  int view_input(int i, bool* same_shape) const override {
+    *same_shape = true;
+    return i == 0 ? 0 : -1;
+  }
+  void compute(KernelContext& ctx) const override {
+    Value v = ctx.value(0);
+    if (!v.defined()) ctx.fail(ErrorCode::invalid_model, "required input 0 is missing");
+    if (v.is_tensor()) return ctx.set_output(0, packed(v.tensor()));
+    ctx.set_output(0, std::move(v));
+  }
+};
 
 class Dropout final : public OpKernel {
  public:
@@ -578,6 +590,11 @@ class Dropout final : public OpKernel {
     if (opset < 7) training_attr_ = node.attr_int("is_test", 0) == 0;
     has_seed_ = node.has_attr("seed");
     seed_ = node.attr_int("seed", 0);
+    may_train_ = opset >= 12 ? node.inputs.size() > 2 && !node.inputs[2].empty() : training_attr_;
+  }
+  int view_input(int i, bool* same_shape) const override {
+    *same_shape = true;
+    return i == 0 && !may_train_ ? 0 : -1;
   }
   void compute(KernelContext& ctx) const override {
     const Tensor x = packed(ctx.required_input(0));
@@ -638,6 +655,7 @@ class Dropout final : public OpKernel {
   bool training_attr_ = false;
   bool has_seed_ = false;
   int64_t seed_ = 0;
+  bool may_train_ = false;  // training_mode is given (opset 12+) or is_test is 0 (before 7)
 };
 
 class Constant final : public OpKernel {
@@ -900,7 +918,7 @@ void register_tensor_kernels(KernelRegistry& r) {
   r.add({"Unsqueeze", "", 1, 12, factory<Unsqueeze>(), {}});
   r.add({"Unsqueeze", "", 13, INT_MAX, factory<Unsqueeze>(), {1}});
   r.add({"Flatten", "", 1, INT_MAX, factory<Flatten>(), {}});
-  r.add({"Identity", "", 1, INT_MAX, simple_kernel(identity), {}});
+  r.add({"Identity", "", 1, INT_MAX, factory<Identity>(), {}});
   r.add({"Dropout", "", 1, INT_MAX, factory<Dropout>(), {}});
   r.add({"Constant", "", 1, INT_MAX, factory<Constant>(), {}});
   r.add({"DepthToSpace", "", 1, INT_MAX, factory<DepthToSpace>(), {}});

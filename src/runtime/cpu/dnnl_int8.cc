@@ -1,0 +1,891 @@
+// 8-bit convolutions and matrix products on oneDNN (dnnl_int8.h), and the cpu kernels on
+// them: ConvInteger, MatMulInteger and slim:DynamicQuantizeConv, the DynamicQuantizeLinear
+// -> ConvInteger -> Cast -> Mul(scale) -> Add(bias) -> Relu chain of dynamically
+// quantized models as one node (passes: fuse_dynamic_quantize_conv).
+#include "runtime/cpu/dnnl_int8.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/cpu/quantize.h"
+#include "runtime/cpu/simd.h"
+#include "runtime/ref/quant_params.h"
+#include "slim/runtime/fused_ops.h"
+
+namespace slim::cpu {
+
+using dnnl::memory;
+
+bool int8_products_exact() {
+  dnnl_engine();  // holds oneDNN to slim's level first
+  const auto vnni = unsigned(dnnl::cpu_isa::avx512_core_vnni);
+  return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Weights: w - w_zp = w8 + comp[channel]
+
+struct PreparedWeights {
+  std::vector<int8_t> w8;     // in the caller's order, K doubled (hi then lo) when split
+  std::vector<int32_t> comp;  // per output channel
+  bool any_comp = false;
+};
+
+// w8 (elementwise) and comp per output channel, for weights with zero points `w_zp`
+// (none, one, or one per channel).
+PreparedWeights prepare_weights(const Tensor& w, const Tensor* w_zp, int64_t channels) {
+  const Tensor wc = w.contiguous();
+  const bool is_u8 = wc.dtype() == DType::u8;
+  PreparedWeights p;
+  const auto* bytes = static_cast<const uint8_t*>(wc.raw_data());
+  p.w8.resize(size_t(wc.numel()));
+  for (size_t i = 0; i < p.w8.size(); ++i)
+    p.w8[i] = int8_t(is_u8 ? bytes[i] ^ 0x80 : bytes[i]);  // w - 128 for uint8
+  const Tensor z = w_zp ? w_zp->contiguous() : Tensor();
+  p.comp.resize(size_t(channels));
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t k = z.defined() && z.numel() > 1 ? c : 0;
+    const int32_t zp = !z.defined() ? 0
+                       : is_u8      ? int32_t(z.data<uint8_t>()[k])
+                                    : int32_t(z.data<int8_t>()[k]);
+    p.comp[size_t(c)] = (is_u8 ? 128 : 0) - zp;
+    p.any_comp = p.any_comp || p.comp[size_t(c)] != 0;
+  }
+  return p;
+}
+
+// w8 = hi + lo with both in [-64, 64] (hi = floor(w8 / 2)).
+inline int8_t half_hi(int8_t v) {
+  return int8_t(v >> 1);
+}
+inline int8_t half_lo(int8_t v) {
+  return int8_t(v - (v >> 1));
+}
+
+// ---------------------------------------------------------------------------------------
+// The source: 8-bit NCHW or NHWC in, unsigned NHWC (channels read twice when split) out,
+// and the per-pixel channel sums of (x - x_zp) that the weight compensation multiplies.
+
+// Pixels [b, e) of one image into dst (NHWC, cs = c or 2c channels): each group's
+// channels shifted to unsigned (x + 128 for int8, as a byte: x ^ 0x80), twice when split.
+void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t pixels, int64_t b,
+                      int64_t e, int64_t group, bool flip, bool split, uint8_t* dst) {
+  const uint8_t mask = flip ? 0x80 : 0;
+  const int64_t cg = c / group, cs = split ? 2 * c : c;
+  if (x_channels_last) {
+    for (int64_t p = b; p < e; ++p) {
+      const uint8_t* src = x + p * c;
+      uint8_t* out = dst + p * cs;
+      for (int64_t g = 0; g < group; ++g) {
+        uint8_t* o = out + g * (split ? 2 * cg : cg);
+        for (int64_t k = 0; k < cg; ++k) o[k] = src[g * cg + k] ^ mask;
+        if (split) std::memcpy(o + cg, o, size_t(cg));
+      }
+    }
+    return;
+  }
+  // NCHW: tiles of pixels, so each channel's run in the tile is read once.
+  for (int64_t p0 = b; p0 < e; p0 += 64) {
+    const int64_t pn = std::min<int64_t>(64, e - p0);
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const int64_t o0 = ch / cg * (split ? 2 * cg : cg) + ch % cg;
+      const uint8_t* src = x + ch * pixels + p0;
+      uint8_t* out = dst + p0 * cs + o0;
+      for (int64_t j = 0; j < pn; ++j) out[j * cs] = src[j] ^ mask;
+      if (split)
+        for (int64_t j = 0; j < pn; ++j) out[j * cs + cg] = src[j] ^ mask;
+    }
+  }
+}
+
+// Sums of 8-bit values (uint8, or int8 when is_signed) into int32, W at a time.
+template <int W>
+SLIM_INLINE typename Vec<W>::I widen(const uint8_t* x, bool is_signed) {
+  using I = typename Vec<W>::I;
+  if (is_signed) {
+    typename Bytes<W>::S b;
+    std::memcpy(&b, x, W);
+    return __builtin_convertvector(b, I);
+  }
+  typename Bytes<W>::U b;
+  std::memcpy(&b, x, W);
+  return __builtin_convertvector(b, I);
+}
+
+// s[i] += x[i] over n elements.
+template <int W>
+SLIM_INLINE void add_bytes(int32_t* s, const uint8_t* x, bool is_signed, int64_t n) {
+  using I = typename Vec<W>::I;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    I v;
+    std::memcpy(&v, s + i, sizeof v);
+    v += widen<W>(x + i, is_signed);
+    std::memcpy(s + i, &v, sizeof v);
+  }
+  for (; i < n; ++i) s[i] += is_signed ? int32_t(int8_t(x[i])) : int32_t(x[i]);
+}
+
+// The sum of x[0..n).
+template <int W>
+SLIM_INLINE int32_t sum_bytes(const uint8_t* x, bool is_signed, int64_t n) {
+  typename Vec<W>::I acc{};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc += widen<W>(x + i, is_signed);
+  int32_t sum = 0;
+  for (int k = 0; k < W; ++k) sum += acc[k];
+  for (; i < n; ++i) sum += is_signed ? int32_t(int8_t(x[i])) : int32_t(x[i]);
+  return sum;
+}
+
+// s[i] += x[i] over n int32.
+template <int W>
+SLIM_INLINE void add_ints(int32_t* s, const int32_t* x, int64_t n) {
+  using I = typename Vec<W>::I;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    I a, b;
+    std::memcpy(&a, s + i, sizeof a);
+    std::memcpy(&b, x + i, sizeof b);
+    a += b;
+    std::memcpy(s + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) s[i] += x[i];
+}
+
+SLIM_DISPATCH3(add_bytes, (int32_t * s, const uint8_t* x, bool is_signed, int64_t n),
+               (s, x, is_signed, n))
+SLIM_DISPATCH3(add_ints, (int32_t * s, const int32_t* x, int64_t n), (s, x, n))
+template <int W>
+SLIM_INLINE void sum_pixels(const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group,
+                            int32_t base, int64_t pixels, int64_t p0, int64_t p1, int32_t* sums) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t g = 0; g < group; ++g)
+      sums[g * pixels + p] = base + sum_bytes<W>(x + p * c + g * cg, is_signed, cg);
+}
+SLIM_DISPATCH3(sum_pixels,
+               (const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group,
+                int32_t base, int64_t pixels, int64_t p0, int64_t p1, int32_t* sums),
+               (x, is_signed, c, cg, group, base, pixels, p0, p1, sums))
+
+// ---------------------------------------------------------------------------------------
+// The epilogue: sums (NHWC int32) + comp[oc] * box[g][p] to the output.
+
+// Rounded as the Mul and the Add it replaces: GCC would otherwise contract the multiply
+// and the add into one FMA (one rounding instead of two).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <int W>
+SLIM_INLINE void dequantize_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
+                                const float* scale, const float* bias, bool relu, float* out) {
+  using F = typename Vec<W>::F;
+  using I = typename Vec<W>::I;
+  int64_t k = 0;
+  for (; k + W <= n; k += W) {
+    I a, c;
+    std::memcpy(&a, acc + k, sizeof a);
+    std::memcpy(&c, comp + k, sizeof c);
+    F v = __builtin_convertvector(a + c * add, F) * load<W>(scale + k);
+    if (bias) v = v + load<W>(bias + k);
+    if (relu) v = v > splat<W>(0.f) ? v : splat<W>(0.f);
+    store<W>(out + k, v);
+  }
+  for (; k < n; ++k) {
+    float v = float(acc[k] + comp[k] * add) * scale[k];
+    if (bias) v = v + bias[k];
+    if (relu) v = v > 0.f ? v : 0.f;
+    out[k] = v;
+  }
+}
+
+SLIM_DISPATCH3(dequantize_row,
+               (const int32_t* acc, int64_t n, int32_t add, const int32_t* comp, const float* scale,
+                const float* bias, bool relu, float* out),
+               (acc, n, add, comp, scale, bias, relu, out))
+#pragma GCC pop_options
+
+// Rows [p0, p1) of one image's sums acc [pixels, oc] (NHWC), plus comp[oc] * box[g][p]
+// (box may be null), into `sums` or dequantized into `values` (NHWC, row p at p * oc;
+// either may be acc itself: each row is read before it is written).
+void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t oc, int64_t group,
+                 const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
+                 float* values, int64_t p0, int64_t p1) {
+  const int64_t ocg = oc / group;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t g = 0; g < group; ++g) {
+      const int32_t add = box ? box[g * pixels + p] : 0;
+      const int64_t o0 = p * oc + g * ocg, c0 = g * ocg;
+      if (values) {
+        dequantize_row_any(acc + o0, ocg, add, comp.data() + c0, out.scale + c0,
+                           out.bias ? out.bias + c0 : nullptr, out.relu, values + o0);
+      } else {
+        for (int64_t k = 0; k < ocg; ++k) sums[o0 + k] = acc[o0 + k] + comp[size_t(c0 + k)] * add;
+      }
+    }
+}
+
+memory::desc u8_md(const memory::dims& d, memory::format_tag f) {
+  return memory::desc(d, memory::data_type::u8, f);
+}
+
+// Consecutive pieces of one scratch buffer, each 64-byte aligned.
+struct ScratchLayout {
+  size_t bytes = 0;
+  size_t add(size_t n) {
+    const size_t at = bytes;
+    bytes += (n + 63) / 64 * 64;
+    return at;
+  }
+};
+
+template <typename T>
+T* piece(void* scratch, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(scratch) + offset);
+}
+
+// A reorder run once at compile, on the compiling thread alone: a parallel region there
+// leaves OpenMP's workers spinning while compile goes on without them (on two busy cores
+// the 8-bit ISNet took 7 s to compile instead of 2).
+void reorder_once(memory& from, memory& to) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  dnnl::stream stream(dnnl_engine());
+  dnnl::reorder(from, to).execute(stream, from, to);
+  stream.wait();
+  omp_set_num_threads(threads);
+}
+
+// oneDNN's primitives keep no scratchpad of their own: theirs is a piece of the kernel's.
+dnnl::primitive_attr zero_point_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Int8Conv
+
+// One image at a time: the primitive, its buffers and the compensation's sums are per image.
+struct Int8Conv::State {
+  bool split = false, signed_source = false;
+  int64_t cs = 0;  // channels oneDNN reads: C, or 2C when split
+  // Multiply-adds of one image: the primitive's OpenMP threads (limit_dnnl_threads), set
+  // again before each oneDNN call since the loops between them set their own.
+  int64_t macs = 0;
+  PreparedWeights pw;
+  dnnl::convolution_forward prim;
+  mutable memory weights, src, dst, zp, pad;
+  // oneDNN's reorders between ONNX's NCHW and the NHWC the kernels run in: an unsigned
+  // source not split, and the results (in place over the sums, then into the output).
+  dnnl::reorder src_reorder, out_reorder;
+  mutable memory src_plain, out_nhwc, out_plain;
+  // Scratch: the source in NHWC (unless used as it is), the sums (NHWC), the channel sums
+  // [group, H*W] and window sums [group, OH*OW] of the compensation, oneDNN's scratchpad.
+  ScratchLayout layout;
+  size_t src_at = 0, dst_at = 0, sums_at = 0, box_at = 0, pad_at = 0;
+  mutable int32_t zp_value = 0;
+  mutable dnnl::stream stream;
+};
+
+Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
+                   const Tensor* w_zero_point, bool signed_source, DType out)
+    : g_(g), s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.split = !int8_products_exact();
+  s.signed_source = signed_source;
+  const int64_t c = g.x[1], oc = g.y[1], group = g.group;
+  const int64_t cg = c / group, ocg = oc / group, k = cg * g.w[2] * g.w[3];
+  s.cs = s.split ? 2 * c : c;
+  s.pw = prepare_weights(w, w_zero_point, oc);
+  // oneDNN's weights: [group,] OCg, ICg (twice: hi, then lo), kh, kw.
+  const int64_t ks = s.split ? 2 * k : k;
+  std::vector<int8_t> wd(size_t(oc * ks));
+  for (int64_t o = 0; o < oc; ++o)
+    for (int64_t i = 0; i < k; ++i) {
+      const int8_t v = s.pw.w8[size_t(o * k + i)];
+      if (s.split) {
+        wd[size_t(o * ks + i)] = half_hi(v);
+        wd[size_t(o * ks + k + i)] = half_lo(v);
+      } else {
+        wd[size_t(o * ks + i)] = v;
+      }
+    }
+  memory::dims wdims = {ocg, s.split ? 2 * cg : cg, g.w[2], g.w[3]};
+  if (group > 1) wdims.insert(wdims.begin(), group);
+  const memory::dims src_dims = {1, s.cs, g.x[2], g.x[3]}, dst_dims = {1, oc, g.y[2], g.y[3]};
+  s.macs = oc * g.y[2] * g.y[3] * (s.cs / group) * g.w[2] * g.w[3];
+  limit_dnnl_threads_at_build(s.macs, kMacsPerThread);
+  dnnl_call(node, "8-bit convolution setup", [&] {
+    const auto& eng = dnnl_engine();
+    s.stream = dnnl::stream(eng);
+    const auto desc = dnnl::convolution_forward::desc(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        u8_md(src_dims, memory::format_tag::nhwc),
+        memory::desc(wdims, memory::data_type::s8, memory::format_tag::any),
+        memory::desc(dst_dims, memory::data_type::s32, memory::format_tag::nhwc), to_dims(g.stride),
+        to_dims(g.dil), to_dims(g.pad_l), to_dims(g.pad_r));
+    const dnnl::convolution_forward::primitive_desc pd(desc, zero_point_attr(), eng);
+    s.prim = dnnl::convolution_forward(pd);
+    // The weights reorder also computes what oneDNN needs for the source zero point.
+    s.weights = memory(pd.weights_desc(), eng);
+    memory wu(memory::desc(wdims, memory::data_type::s8,
+                           group > 1 ? memory::format_tag::goihw : memory::format_tag::oihw),
+              eng, wd.data());
+    reorder_once(wu, s.weights);
+    s.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
+    s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
+    s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    s.zp =
+        memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    if (!s.split && !signed_source) {
+      s.src_plain = memory(u8_md(src_dims, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
+      s.src_reorder = dnnl::reorder(s.src_plain, s.src);
+    }
+    const auto t = out == DType::f32 ? memory::data_type::f32 : memory::data_type::s32;
+    s.out_nhwc = memory(memory::desc(dst_dims, t, memory::format_tag::nhwc), eng, DNNL_MEMORY_NONE);
+    s.out_plain =
+        memory(memory::desc(dst_dims, t, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
+    s.out_reorder = dnnl::reorder(s.out_nhwc, s.out_plain);
+    s.src_at = s.layout.add(size_t(s.cs * g.x[2] * g.x[3]));
+    s.dst_at = s.layout.add(size_t(shape_numel(dst_dims)) * 4);
+    if (s.pw.any_comp) {
+      s.sums_at = s.layout.add(size_t(group * g.x[2] * g.x[3]) * 4);
+      s.box_at = s.layout.add(size_t(group * g.y[2] * g.y[3]) * 4);
+    }
+    s.pad_at = s.layout.add(pd.scratchpad_desc().get_size());
+    return 0;
+  });
+}
+
+Int8Conv::~Int8Conv() = default;
+
+size_t Int8Conv::scratch_bytes() const {
+  return s_->layout.bytes;
+}
+
+void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last,
+                   int32_t x_zero_point, const Int8Output& out, void* scratch) const {
+  const State& s = *s_;
+  const int64_t n = g_.x[0], c = g_.x[1], oc = g_.y[1], group = g_.group, cg = c / group;
+  const int64_t ih = g_.x[2], iw = g_.x[3], oh = g_.y[2], ow = g_.y[3], kh = g_.w[2], kw = g_.w[3];
+  const int64_t pixels = ih * iw, opixels = oh * ow;
+  int32_t* acc = piece<int32_t>(scratch, s.dst_at);
+  int32_t* sums = piece<int32_t>(scratch, s.sums_at);
+  int32_t* box = s.pw.any_comp ? piece<int32_t>(scratch, s.box_at) : nullptr;
+  // An unsigned NHWC source oneDNN reads as it is; the rest is converted first.
+  const bool in_place = x_channels_last && !s.split && !s.signed_source;
+  for (int64_t img = 0; img < n; ++img) {
+    const uint8_t* xi = static_cast<const uint8_t*>(x) + img * c * pixels;
+    uint8_t* src = in_place ? const_cast<uint8_t*>(xi) : piece<uint8_t>(scratch, s.src_at);
+    if (!in_place && !x_channels_last && s.src_reorder) {
+      dnnl_call(ctx.node(), "reorder to NHWC", [&] {
+        limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
+        s.src_plain.set_data_handle(const_cast<uint8_t*>(xi));
+        s.src.set_data_handle(src);
+        s.src_reorder.execute(s.stream, s.src_plain, s.src);
+        s.stream.wait();
+        return 0;
+      });
+    } else if (!in_place) {
+      parallel_items(ctx, pixels, c, 1 << 16, [&](int64_t b, int64_t e) {
+        to_channels_last(xi, x_channels_last, c, pixels, b, e, group, s.signed_source, s.split,
+                         src);
+      });
+    }
+    if (box) {
+      // Window sums of the channel sums of (x - x_zp); padding adds nothing.
+      const int32_t base = -int32_t(cg) * x_zero_point;
+      if (x_channels_last) {
+        parallel_items(ctx, pixels, c, 1 << 16, [&](int64_t b, int64_t e) {
+          sum_pixels_any(xi, s.signed_source, c, cg, group, base, pixels, b, e, sums);
+        });
+      } else {
+        parallel_items(ctx, group, cg * pixels, 1 << 16, [&](int64_t b, int64_t e) {
+          for (int64_t gi = b; gi < e; ++gi) {
+            std::fill_n(sums + gi * pixels, pixels, base);
+            for (int64_t k = 0; k < cg; ++k)
+              add_bytes_any(sums + gi * pixels, xi + (gi * cg + k) * pixels, s.signed_source,
+                            pixels);
+          }
+        });
+      }
+      // On the calling thread: a few vector adds per output pixel are not worth a
+      // parallel region (each one waits for its slowest thread on busy cores).
+      for (int64_t r = 0; r < group * oh; ++r) {
+        const int64_t gi = r / oh, y = r % oh;
+        const int32_t* sg = sums + gi * pixels;
+        int32_t* bo = box + gi * opixels + y * ow;
+        std::fill_n(bo, ow, 0);
+        for (int64_t a = 0; a < kh; ++a) {
+          const int64_t yi = y * g_.stride[0] - g_.pad_l[0] + a * (g_.dil[0] + 1);
+          if (yi < 0 || yi >= ih) continue;
+          for (int64_t t = 0; t < kw; ++t) {
+            // Output columns whose tap t falls inside the row.
+            const int64_t off = t * (g_.dil[1] + 1) - g_.pad_l[1], st = g_.stride[1];
+            const int64_t lo = std::max<int64_t>(0, (-off + st - 1) / st);
+            const int64_t hi = std::min<int64_t>(ow, (iw - off + st - 1) / st);
+            if (st == 1) {
+              if (hi > lo) add_ints_any(bo + lo, sg + yi * iw + lo + off, hi - lo);
+            } else {
+              for (int64_t xo = lo; xo < hi; ++xo) bo[xo] += sg[yi * iw + xo * st + off];
+            }
+          }
+        }
+      }
+    }
+    dnnl_call(ctx.node(), "8-bit convolution", [&] {
+      limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
+      s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
+      s.src.set_data_handle(src);
+      s.dst.set_data_handle(acc);
+      s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
+      s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
+                                {DNNL_ARG_WEIGHTS, s.weights},
+                                {DNNL_ARG_DST, s.dst},
+                                {DNNL_ARG_SCRATCHPAD, s.pad},
+                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
+      s.stream.wait();
+      return 0;
+    });
+    // The results in NHWC: into the output, or over the sums and then reordered into it.
+    int32_t* sums_to =
+        out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
+    float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels
+                                                       : reinterpret_cast<float*>(acc))
+                                  : nullptr;
+    parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
+      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
+    });
+    if (out.channels_last) continue;
+    dnnl_call(ctx.node(), "reorder to NCHW", [&] {
+      limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
+      s.out_nhwc.set_data_handle(acc);
+      s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
+                                             : static_cast<void*>(out.sums + img * oc * opixels));
+      s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
+      s.stream.wait();
+      return 0;
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Int8MatMul
+
+struct Int8MatMul::State {
+  bool split = false, signed_a = false;
+  int64_t ks = 0;  // K, or 2K when split
+  int64_t macs = 0;  // the primitive's OpenMP threads (limit_dnnl_threads)
+  PreparedWeights pw;
+  dnnl::matmul prim;
+  mutable memory weights, src, dst, zp, pad;
+  // Scratch: A shifted to unsigned and/or read twice, the sums (unless they are the
+  // output), A's row sums for the compensation, oneDNN's scratchpad.
+  ScratchLayout layout;
+  size_t a_at = 0, dst_at = 0, rows_at = 0, pad_at = 0;
+  mutable int32_t zp_value = 0;
+  mutable dnnl::stream stream;
+};
+
+Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point,
+                       bool signed_a)
+    : rows_(rows), k_(b.shape()[0]), n_(b.shape()[1]), s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.split = !int8_products_exact();
+  s.signed_a = signed_a;
+  s.ks = s.split ? 2 * k_ : k_;
+  s.pw = prepare_weights(b, b_zero_point, n_);
+  // B [K, N]: when split, the hi rows and then the lo rows.
+  std::vector<int8_t> wd(size_t(s.ks * n_));
+  for (int64_t i = 0; i < k_ * n_; ++i) {
+    const int8_t v = s.pw.w8[size_t(i)];
+    if (s.split) {
+      wd[size_t(i)] = half_hi(v);
+      wd[size_t(k_ * n_ + i)] = half_lo(v);
+    } else {
+      wd[size_t(i)] = v;
+    }
+  }
+  s.macs = rows_ * s.ks * n_;
+  limit_dnnl_threads_at_build(s.macs, kMacsPerThread);
+  dnnl_call(node, "8-bit matmul setup", [&] {
+    const auto& eng = dnnl_engine();
+    s.stream = dnnl::stream(eng);
+    const dnnl::matmul::primitive_desc pd(
+        dnnl::matmul::desc(
+            u8_md({rows_, s.ks}, memory::format_tag::ab),
+            memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::any),
+            memory::desc({rows_, n_}, memory::data_type::s32, memory::format_tag::ab)),
+        zero_point_attr(), eng);
+    s.prim = dnnl::matmul(pd);
+    s.weights = memory(pd.weights_desc(), eng);
+    memory wu(memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::ab), eng,
+              wd.data());
+    reorder_once(wu, s.weights);
+    s.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
+    s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
+    s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    s.zp =
+        memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    if (s.split || s.signed_a) s.a_at = s.layout.add(size_t(rows_ * s.ks));
+    s.dst_at = s.layout.add(size_t(rows_ * n_) * 4);
+    s.rows_at = s.layout.add(size_t(rows_) * 4);
+    s.pad_at = s.layout.add(pd.scratchpad_desc().get_size());
+    return 0;
+  });
+}
+
+Int8MatMul::~Int8MatMul() = default;
+
+size_t Int8MatMul::scratch_bytes() const {
+  return s_->layout.bytes;
+}
+
+void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_point,
+                     const Int8Output& out, void* scratch) const {
+  const State& s = *s_;
+  const uint8_t* a8 = static_cast<const uint8_t*>(a);
+  const bool convert = s.split || s.signed_a;
+  uint8_t* a_buf = piece<uint8_t>(scratch, s.a_at);
+  int32_t* row_sums = piece<int32_t>(scratch, s.rows_at);
+  if (convert || s.pw.any_comp)
+    parallel_items(ctx, rows_, k_, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const uint8_t* row = a8 + r * k_;
+        if (convert) {
+          const uint8_t mask = s.signed_a ? 0x80 : 0;
+          uint8_t* o = a_buf + r * s.ks;
+          for (int64_t k = 0; k < k_; ++k) o[k] = row[k] ^ mask;
+          if (s.split) std::memcpy(o + k_, o, size_t(k_));
+        }
+        if (s.pw.any_comp) {
+          int32_t sum = 0;
+          for (int64_t k = 0; k < k_; ++k)
+            sum += s.signed_a ? int32_t(int8_t(row[k])) : int32_t(row[k]);
+          row_sums[r] = sum - int32_t(k_) * a_zero_point;
+        }
+      }
+    });
+  int32_t* sums = out.sums ? out.sums : piece<int32_t>(scratch, s.dst_at);
+  dnnl_call(ctx.node(), "8-bit matmul", [&] {
+    limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
+    s.zp_value = s.signed_a ? a_zero_point + 128 : a_zero_point;
+    s.src.set_data_handle(convert ? a_buf : const_cast<uint8_t*>(a8));
+    s.dst.set_data_handle(sums);
+    s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
+    s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
+                              {DNNL_ARG_WEIGHTS, s.weights},
+                              {DNNL_ARG_DST, s.dst},
+                              {DNNL_ARG_SCRATCHPAD, s.pad},
+                              {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
+    s.stream.wait();
+    return 0;
+  });
+  if (!out.values && !s.pw.any_comp) return;
+  parallel_items(ctx, rows_, n_, 1 << 15, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int32_t add = s.pw.any_comp ? row_sums[r] : 0;
+      int32_t* row = sums + r * n_;
+      if (out.values)
+        dequantize_row_any(row, n_, add, s.pw.comp.data(), out.scale, out.bias, out.relu,
+                           out.values + r * n_);
+      else
+        for (int64_t k = 0; k < n_; ++k) row[k] += s.pw.comp[size_t(k)] * add;
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+
+namespace {
+
+bool is_8bit(std::optional<DType> t) {
+  return t == DType::u8 || t == DType::i8;
+}
+
+std::optional<std::string> need_8bit(const KernelBuildInfo& info, int i) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return "input " + std::to_string(i) + " is missing";
+  if (!is_8bit(in.dtype)) return "input " + std::to_string(i) + " is not 8-bit";
+  return std::nullopt;
+}
+
+// A zero point read at run time: absent, or one value of `dtype`.
+std::optional<std::string> need_scalar_zero_point(const KernelBuildInfo& info, int i,
+                                                  std::optional<DType> dtype) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return std::nullopt;
+  if (in.dtype != dtype)
+    return "zero point " + std::to_string(i) + " differs in type from its tensor";
+  if (!in.shape || shape_numel(*in.shape) != 1)
+    return "zero point " + std::to_string(i) + " is not one value";
+  return std::nullopt;
+}
+
+// A constant input of `dtype`: one value, or one per channel (any shape of that size).
+std::optional<std::string> need_constant_per_channel(const KernelBuildInfo& info, int i,
+                                                     std::optional<DType> dtype, int64_t channels) {
+  const NodeInputInfo& in = info.input(i);
+  if (!in.present) return std::nullopt;
+  if (!in.constant) return "input " + std::to_string(i) + " is not a constant";
+  if (in.constant->dtype() != dtype) return "input " + std::to_string(i) + " has the wrong type";
+  if (in.constant->numel() != 1 && in.constant->numel() != channels)
+    return "input " + std::to_string(i) + " is neither one value nor one per output channel";
+  return std::nullopt;
+}
+
+int32_t zero_point_at(const KernelContext& ctx, int i) {
+  const Tensor* z = ctx.input(i);
+  if (!z) return 0;
+  return z->dtype() == DType::u8 ? int32_t(z->data<uint8_t>()[0]) : int32_t(z->data<int8_t>()[0]);
+}
+
+void check_input(const KernelContext& ctx, int i, DType dtype, const Shape& shape) {
+  const Tensor& t = ctx.required_input(i);
+  if (t.dtype() != dtype || t.shape() != shape)
+    ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) + " " +
+                                      std::string(dtype_name(dtype)) + shape_str(shape) +
+                                      " but got " + t.describe());
+}
+
+// ConvInteger and slim:DynamicQuantizeConv: a 2-D convolution of an 8-bit (or, fused, f32)
+// source by constant 8-bit weights.
+std::optional<std::string> int8_conv_geometry(const KernelBuildInfo& info, bool fused,
+                                              ConvGeometry* g) {
+  if (info.node.outputs.size() != 1) return std::string("expects one output");
+  if (auto r = fused ? need_f32(info, 0) : need_8bit(info, 0)) return r;
+  if (auto r = need_static(info, 0)) return r;
+  if (auto r = need_8bit(info, 1)) return r;
+  if (!info.input(1).constant) return std::string("the weights are not constant");
+  if (info.input(0).shape->size() != 4 || info.input(1).constant->rank() != 4)
+    return std::string("2-D convolutions (4-D tensors) only");
+  if (auto r =
+          conv_geometry(info.node, *info.input(0).shape, info.input(1).constant->shape(), false, g))
+    return r;
+  return std::nullopt;
+}
+
+class ConvIntegerKernel final : public OpKernel {
+ public:
+  ConvIntegerKernel(const KernelBuildInfo& info, const ConvGeometry& g)
+      : x_dtype_(*info.input(0).dtype),
+        conv_(info.node, g, *info.input(1).constant, info.input(3).constant, x_dtype_ == DType::i8,
+              DType::i32) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::i32;
+    *shape = conv_.geometry().y;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    check_input(ctx, 0, x_dtype_, conv_.geometry().x);
+    Int8Output out;
+    out.sums = ctx.output(0, DType::i32, conv_.geometry().y).data<int32_t>();
+    conv_.run(ctx, ctx.required_input(0).raw_data(), false, zero_point_at(ctx, 2), out,
+              thread_scratch(conv_.scratch_bytes()));
+  }
+
+ private:
+  DType x_dtype_;
+  Int8Conv conv_;
+};
+
+KernelDef conv_integer_def() {
+  KernelDef def;
+  def.op_type = "ConvInteger";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    ConvGeometry g;
+    if (auto r = int8_conv_geometry(info, false, &g)) return Claim::no(*r);
+    if (auto r = need_scalar_zero_point(info, 2, info.input(0).dtype)) return Claim::no(*r);
+    if (auto r = need_constant_per_channel(info, 3, info.input(1).dtype, g.y[1]))
+      return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ConvGeometry g;
+    int8_conv_geometry(info, false, &g);
+    return std::make_unique<ConvIntegerKernel>(info, g);
+  };
+  return def;
+}
+
+class MatMulIntegerKernel final : public OpKernel {
+ public:
+  MatMulIntegerKernel(const KernelBuildInfo& info, int64_t rows)
+      : a_shape_(*info.input(0).shape),
+        a_dtype_(*info.input(0).dtype),
+        mm_(info.node, rows, *info.input(1).constant, info.input(3).constant,
+            a_dtype_ == DType::i8) {
+    y_shape_ = a_shape_;
+    y_shape_.back() = info.input(1).constant->shape()[1];
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::i32;
+    *shape = y_shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    check_input(ctx, 0, a_dtype_, a_shape_);
+    Int8Output out;
+    out.sums = ctx.output(0, DType::i32, y_shape_).data<int32_t>();
+    mm_.run(ctx, ctx.required_input(0).raw_data(), zero_point_at(ctx, 2), out,
+            thread_scratch(mm_.scratch_bytes()));
+  }
+
+ private:
+  Shape a_shape_, y_shape_;
+  DType a_dtype_;
+  Int8MatMul mm_;
+};
+
+KernelDef matmul_integer_def() {
+  KernelDef def;
+  def.op_type = "MatMulInteger";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.node.outputs.size() != 1) return Claim::no("expects one output");
+    for (int i : {0, 1})
+      if (auto r = need_8bit(info, i)) return Claim::no(*r);
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    const Tensor* b = info.input(1).constant;
+    if (!b || b->rank() != 2) return Claim::no("B is not a constant matrix");
+    const Shape& a = *info.input(0).shape;
+    if (a.size() < 2 || a.back() != b->shape()[0])
+      return Claim::no("A is not a [..., M, K] matrix for B");
+    if (auto r = need_scalar_zero_point(info, 2, info.input(0).dtype)) return Claim::no(*r);
+    if (info.input(3).constant && info.input(3).constant->rank() > 1)
+      return Claim::no("b_zero_point is not 1-D");
+    if (auto r = need_constant_per_channel(info, 3, info.input(1).dtype, b->shape()[1]))
+      return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    const Shape& a = *info.input(0).shape;
+    return std::make_unique<MatMulIntegerKernel>(info, shape_numel(a) / a.back());
+  };
+  return def;
+}
+
+// slim:DynamicQuantizeConv (fused_ops.h): the source's range, scale and zero point as
+// DynamicQuantizeLinear computes them, the source quantized into a buffer of the kernel
+// (in the layout it arrived in: quantization is elementwise), the 8-bit convolution, and
+// its sums dequantized by x_scale * w_scale[oc] with the bias and Relu, as the unfused
+// nodes round them. It reads and writes f32 in NCHW or NHWC, whichever its neighbours
+// agree on (a chain of them runs channels-last throughout).
+class DynamicQuantizeConvKernel final : public OpKernel {
+ public:
+  DynamicQuantizeConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, ActivationSpec act)
+      : conv_(info.node, g, *info.input(1).constant, info.input(2).constant, false, DType::f32),
+        relu_(act.kind == Activation::relu) {
+    const int64_t oc = g.y[1];
+    const Tensor ws = info.input(3).constant->contiguous();
+    for (int64_t k = 0; k < oc; ++k) w_scale_.push_back(ws.data<float>()[ws.numel() == 1 ? 0 : k]);
+    if (info.has_input(4)) {
+      const Tensor b = info.input(4).constant->contiguous();
+      bias_.assign(b.data<float>(), b.data<float>() + oc);
+    }
+    scale_.resize(size_t(oc));
+    q_bytes_ = (size_t(shape_numel(g.x)) + 63) / 64 * 64;
+    nhwc_x_ = layout_tag(f32_md(g.x, memory::format_tag::nhwc));
+    nhwc_y_ = layout_tag(f32_md(g.y, memory::format_tag::nhwc));
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = conv_.geometry().y;
+    return i == 0;
+  }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
+  uint64_t wanted_input_layout(int i) const override { return i == 0 ? nhwc_x_ : 0; }
+  bool can_write_output_in(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_y_;
+  }
+  void use_private_output(int i, uint64_t layout) override { y_channels_last_ = i == 0; }
+  void use_private_input(int i, uint64_t layout) override {
+    x_channels_last_ = x_channels_last_ || i == 0;
+  }
+
+  void compute(KernelContext& ctx) const override {
+    const ConvGeometry& g = conv_.geometry();
+    check_input(ctx, 0, DType::f32, g.x);
+    uint8_t* q = static_cast<uint8_t*>(thread_scratch(q_bytes_ + conv_.scratch_bytes()));
+    const ref::DynamicQuantParams p =
+        dynamic_quantize(ctx, ctx.required_input(0).data<float>(), shape_numel(g.x), q);
+    // The Mul of the two scales, then the Mul of the sums by it: each rounded to f32.
+    for (size_t k = 0; k < scale_.size(); ++k) scale_[k] = p.scale * w_scale_[k];
+    Int8Output out;
+    out.values = ctx.output(0, DType::f32, g.y).data<float>();
+    out.scale = scale_.data();
+    out.bias = bias_.empty() ? nullptr : bias_.data();
+    out.relu = relu_;
+    out.channels_last = y_channels_last_;
+    conv_.run(ctx, q, x_channels_last_, p.zero_point, out, q + q_bytes_);
+  }
+
+ private:
+  Int8Conv conv_;
+  bool relu_;
+  std::vector<float> w_scale_, bias_;
+  mutable std::vector<float> scale_;
+  size_t q_bytes_ = 0;  // the quantized source, at the start of the scratch
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool x_channels_last_ = false, y_channels_last_ = false;
+};
+
+std::optional<std::string> dynamic_quantize_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,
+                                                       ActivationSpec* act) {
+  if (auto r = int8_conv_geometry(info, true, g)) return r;
+  const int64_t oc = g->y[1];
+  if (auto r = need_constant_per_channel(info, 2, info.input(1).dtype, oc)) return r;
+  if (!info.has_input(3)) return std::string("missing w_scale");
+  if (auto r = need_constant_per_channel(info, 3, DType::f32, oc)) return r;
+  if (info.has_input(4)) {
+    if (auto r = need_constant_per_channel(info, 4, DType::f32, oc)) return r;
+    if (info.input(4).constant->numel() != oc)
+      return std::string("the bias is not one value per output channel");
+  }
+  if (info.inputs.size() > 5) return std::string("too many inputs");
+  if (!parse_fused_activation(info.node, act)) return std::string("unknown activation");
+  if ((act->kind != Activation::none && act->kind != Activation::relu) || act->has_affine() ||
+      act->has_clamp())
+    return std::string("fuses Relu only");
+  return std::nullopt;
+}
+
+KernelDef dynamic_quantize_conv_def() {
+  KernelDef def;
+  def.op_type = "DynamicQuantizeConv";
+  def.domain = kFusedDomain;
+  def.since_version = kFusedOpset;
+  def.claim = [](const KernelBuildInfo& info) {
+    ConvGeometry g;
+    ActivationSpec act;
+    if (auto r = dynamic_quantize_conv_setup(info, &g, &act)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ConvGeometry g;
+    ActivationSpec act;
+    dynamic_quantize_conv_setup(info, &g, &act);
+    return std::make_unique<DynamicQuantizeConvKernel>(info, g, act);
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_dnnl_int8_kernels(KernelRegistry& r) {
+  r.add(conv_integer_def());
+  r.add(matmul_integer_def());
+  r.add(dynamic_quantize_conv_def());
+}
+
+}  // namespace slim::cpu

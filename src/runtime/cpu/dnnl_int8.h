@@ -1,0 +1,80 @@
+// 8-bit convolutions and matrix products on oneDNN, exact in int32 on every CPU: the
+// engine of the cpu provider's ConvInteger, MatMulInteger and slim:DynamicQuantizeConv,
+// and what quantized models built by `slim quantize` run on.
+//
+// oneDNN's 8-bit kernels take an unsigned source with a zero point and signed weights
+// without one. Other weights are split as w - w_zp = w8 + comp[oc]: w8 signed 8-bit
+// (w - 128 for uint8 weights, w for int8 ones) goes to oneDNN, and comp[oc] (128 - w_zp,
+// or -w_zp) times the window sum of (x - x_zp) is added to its int32 sums afterwards. A
+// signed source is shifted to unsigned (x + 128, x_zp + 128).
+// Without VNNI oneDNN multiplies with vpmaddubsw, which adds pairs of u8 x s8 products in
+// int16 and saturates (on random uint8 data nearly every sum came out wrong). There each w8
+// is split into halves hi + lo within [-64, 64], so no pair can saturate, and the
+// source's channels (the matrix's K) are read twice: half the speed, the same sums.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/cpu/cpu_common.h"
+
+namespace slim::cpu {
+
+// Whether oneDNN's 8-bit products accumulate exactly in int32 at the level it runs:
+// with AVX-512 VNNI or AMX (AVX2's VNNI form is not counted: oneDNN's AVX2 kernels of
+// this version do not use it everywhere).
+bool int8_products_exact();
+
+// Where the int32 sums of an 8-bit product go, in the layout ONNX gives the output (NCHW
+// for a convolution, row-major [rows, N] for a matrix product): as they are (ConvInteger,
+// MatMulInteger), or dequantized in the order of the Cast, Mul, Add and Relu nodes this
+// replaces: y = relu(float(sum) * scale[c] + bias[c]), each step rounded to f32.
+struct Int8Output {
+  int32_t* sums = nullptr;
+  float* values = nullptr;
+  const float* scale = nullptr;  // one per output channel
+  const float* bias = nullptr;   // one per output channel, or none
+  bool relu = false;
+  bool channels_last = false;  // values in NHWC instead of NCHW (convolutions)
+};
+
+// A 2-D convolution (4-D tensors) with 8-bit weights [OC, IC / group, kh, kw], constant.
+class Int8Conv {
+ public:
+  // w_zero_point: none, one value, or one per output channel, of w's type; `out`: what
+  // run() writes, i32 sums or f32 values.
+  Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, const Tensor* w_zero_point,
+           bool signed_source, DType out);
+  ~Int8Conv();
+  // Working memory run() needs (thread_scratch: no kernel holds buffers of its own).
+  size_t scratch_bytes() const;
+  // x: the source (uint8 or int8 as built), NCHW, or NHWC when x_channels_last.
+  void run(const KernelContext& ctx, const void* x, bool x_channels_last, int32_t x_zero_point,
+           const Int8Output& out, void* scratch) const;
+  const ConvGeometry& geometry() const { return g_; }
+
+ private:
+  struct State;
+  ConvGeometry g_;
+  std::unique_ptr<State> s_;
+};
+
+// A matrix product A [rows, K] x B [K, N] with B constant 8-bit.
+class Int8MatMul {
+ public:
+  // b_zero_point: none, one value, or one per column of B, of B's type.
+  Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point,
+             bool signed_a);
+  ~Int8MatMul();
+  size_t scratch_bytes() const;
+  void run(const KernelContext& ctx, const void* a, int32_t a_zero_point, const Int8Output& out,
+           void* scratch) const;
+
+ private:
+  struct State;
+  int64_t rows_, k_, n_;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace slim::cpu

@@ -1,0 +1,578 @@
+// The cpu provider's element-type conversions: Cast between f32 and f16 and from 8- and
+// 32-bit integers to f32, QuantizeLinear and DequantizeLinear (per tensor and per axis,
+// 8-bit, scales and zero points constant or not) and DynamicQuantizeLinear. Loops are
+// written once over simd.h's vector types (AVX-512, AVX2, NEON, scalar; F16C / AVX-512
+// conversions for f16) and give ref's results to the bit: quantization rounds x / scale
+// half to even, as ONNX defines it (runtime/ref/quant_params.h).
+#include "runtime/cpu/quantize.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/simd.h"
+#include "runtime/ref/math_common.h"
+#include "runtime/ref/quant_params.h"
+#include "slim/core/half.h"
+
+namespace slim::cpu {
+
+namespace {
+
+template <int W>
+SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, bool* nan) {
+  using F = typename Vec<W>::F;
+  using I = typename Vec<W>::I;
+  F vlo = splat<W>(*lo), vhi = splat<W>(*hi);
+  I bad = I{} == 1;  // all false
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const F v = load<W>(x + i);
+    vlo = v < vlo ? v : vlo;  // a NaN compares false and leaves the bounds alone
+    vhi = v > vhi ? v : vhi;
+    bad |= v != v;
+  }
+  float l = *lo, h = *hi;
+  bool any_nan = false;
+  for (int k = 0; k < W; ++k) {
+    l = std::min(l, vlo[k]);
+    h = std::max(h, vhi[k]);
+    any_nan = any_nan || bad[k];
+  }
+  for (; i < n; ++i) {
+    any_nan = any_nan || x[i] != x[i];
+    if (x[i] < l) l = x[i];
+    if (x[i] > h) h = x[i];
+  }
+  *lo = l;
+  *hi = h;
+  *nan = *nan || any_nan;
+}
+
+// Clamping to [qlo - zp, qhi - zp] before rounding equals saturating after it (the bounds
+// are integers); adding and subtracting 1.5 * 2^23 rounds half to even in the FPU's
+// default mode, exactly for the clamped range. `v` is x / scale, or a stand-in for it.
+template <int W>
+SLIM_INLINE typename Vec<W>::I round_clamped(typename Vec<W>::F v, int32_t zp, float lo, float hi) {
+  using F = typename Vec<W>::F;
+  using I = typename Vec<W>::I;
+  const I nan = v != v;
+  v = v < splat<W>(lo) ? splat<W>(lo) : v;
+  v = v > splat<W>(hi) ? splat<W>(hi) : v;
+  const F magic = splat<W>(12582912.f);
+  v = (v + magic) - magic;
+  v = nan ? splat<W>(0.f) : v;
+  const I q = __builtin_convertvector(v, I) + zp;
+  return nan ? I{} : q;
+}
+
+// Whether any lane of a comparison result is set: narrowed to bytes and tested 8 at a time.
+template <int W>
+SLIM_INLINE bool any_lane(typename Vec<W>::I m) {
+  const auto b = __builtin_convertvector(m, typename Bytes<W>::S);
+  if constexpr (W % 8 == 0) {
+    uint64_t parts[W / 8], any = 0;
+    std::memcpy(parts, &b, W);
+    for (int k = 0; k < W / 8; ++k) any |= parts[k];
+    return any != 0;
+  } else {
+    bool any = false;
+    for (int k = 0; k < W; ++k) any = any || b[k];
+    return any;
+  }
+}
+
+// Division costs about ten multiplications. x * (1 / scale) is within 1.5 float ulps of
+// the quotient x / scale, so the two round to different integers only when the quotient
+// lies within that of a half-way point: such vectors (a few in a thousand) are divided.
+template <int W>
+SLIM_INLINE typename Vec<W>::I quantize_vec(typename Vec<W>::F x, float scale, float inv,
+                                            int32_t zp, float lo, float hi) {
+  using F = typename Vec<W>::F;
+  if (inv != 0.f) {
+    const F v = x * splat<W>(inv);
+    const F r = (v + splat<W>(12582912.f)) - splat<W>(12582912.f);
+    F d = v - r, av = v;
+    d = d < splat<W>(0.f) ? -d : d;
+    av = av < splat<W>(0.f) ? -av : av;
+    if (!any_lane<W>(d >= splat<W>(0.5f) - av * splat<W>(0x1p-21f) - splat<W>(0x1p-40f)))
+      return round_clamped<W>(v, zp, lo, hi);
+  }
+  return round_clamped<W>(x / splat<W>(scale), zp, lo, hi);
+}
+
+template <int W>
+SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, int32_t zp,
+                               int32_t qlo, int32_t qhi) {
+  const float lo = float(qlo - zp), hi = float(qhi - zp);
+  // 1 / scale must be a normal float for the error bound above; else always divide.
+  const float inv = std::isnormal(1.f / scale) ? 1.f / scale : 0.f;
+  auto store_q = [&](int64_t i, typename Vec<W>::I q) {
+    if (qlo == 0) {
+      const auto b = __builtin_convertvector(q, typename Bytes<W>::U);
+      std::memcpy(static_cast<uint8_t*>(y) + i, &b, W);
+    } else {
+      const auto b = __builtin_convertvector(q, typename Bytes<W>::S);
+      std::memcpy(static_cast<int8_t*>(y) + i, &b, W);
+    }
+  };
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store_q(i, quantize_vec<W>(load<W>(x + i), scale, inv, zp, lo, hi));
+  for (; i < n; ++i) {
+    const int32_t q = ref::quantize_value(x[i], scale, zp, qlo, qhi);
+    if (qlo == 0)
+      static_cast<uint8_t*>(y)[i] = uint8_t(q);
+    else
+      static_cast<int8_t*>(y)[i] = int8_t(q);
+  }
+}
+
+template <int W>
+SLIM_INLINE void dequantize_loop(const void* x, bool is_signed, float* y, int64_t n, float scale,
+                                 int32_t zp) {
+  using F = typename Vec<W>::F;
+  using I = typename Vec<W>::I;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    I v;
+    if (is_signed) {
+      typename Bytes<W>::S b;
+      std::memcpy(&b, static_cast<const int8_t*>(x) + i, W);
+      v = __builtin_convertvector(b, I);
+    } else {
+      typename Bytes<W>::U b;
+      std::memcpy(&b, static_cast<const uint8_t*>(x) + i, W);
+      v = __builtin_convertvector(b, I);
+    }
+    store<W>(y + i, __builtin_convertvector(v - zp, F) * splat<W>(scale));
+  }
+  for (; i < n; ++i) {
+    const int32_t v =
+        is_signed ? static_cast<const int8_t*>(x)[i] : static_cast<const uint8_t*>(x)[i];
+    y[i] = float(v - zp) * scale;
+  }
+}
+
+// Integers to f32: C++'s conversion (round to nearest for int32 beyond 2^24).
+template <int W, typename T>
+SLIM_INLINE void int_to_f32_loop(const T* x, float* y, int64_t n) {
+  typedef T V __attribute__((vector_size(W * sizeof(T))));
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    V v;
+    std::memcpy(&v, x + i, sizeof v);
+    store<W>(y + i, __builtin_convertvector(v, typename Vec<W>::F));
+  }
+  for (; i < n; ++i) y[i] = float(x[i]);
+}
+
+template <int W>
+void int_to_f32(DType from, const void* x, float* y, int64_t n) {
+  switch (from) {
+    case DType::i32:
+      return int_to_f32_loop<W>(static_cast<const int32_t*>(x), y, n);
+    case DType::u8:
+      return int_to_f32_loop<W>(static_cast<const uint8_t*>(x), y, n);
+    case DType::i8:
+      return int_to_f32_loop<W>(static_cast<const int8_t*>(x), y, n);
+    default:
+      return;
+  }
+}
+
+SLIM_DISPATCH3(min_max_loop, (const float* x, int64_t n, float* lo, float* hi, bool* nan),
+               (x, n, lo, hi, nan))
+SLIM_DISPATCH3(quantize_loop,
+               (const float* x, void* y, int64_t n, float scale, int32_t zp, int32_t qlo,
+                int32_t qhi),
+               (x, y, n, scale, zp, qlo, qhi))
+SLIM_DISPATCH3(dequantize_loop,
+               (const void* x, bool is_signed, float* y, int64_t n, float scale, int32_t zp),
+               (x, is_signed, y, n, scale, zp))
+SLIM_DISPATCH3(int_to_f32, (DType from, const void* x, float* y, int64_t n), (from, x, y, n))
+
+// f16 <-> f32: the CPU's conversion instructions (round to nearest even, as half.h).
+#if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* operands that -Wmaybe-uninitialized
+// reports as false positives.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+__attribute__((target("avx2,f16c"))) void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+__attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i,
+                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+  for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+__attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+#pragma GCC diagnostic pop
+#endif
+
+void f32_to_f16_any(const float* x, uint16_t* y, int64_t n) {
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512) return f32_to_f16_avx512(x, y, n);
+  if (detected_isa() == Isa::avx2) return f32_to_f16_avx2(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+void f16_to_f32_any(const uint16_t* x, float* y, int64_t n) {
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512) return f16_to_f32_avx512(x, y, n);
+  if (detected_isa() == Isa::avx2) return f16_to_f32_avx2(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+
+// Elements per task below which splitting over threads costs more than it saves.
+constexpr int64_t kGrain = 1 << 16;
+
+// Calls fn(begin, end) over [0, n) in pieces of whole 64-element blocks (so vector loops
+// run on full vectors), split over the session's threads.
+template <typename Fn>
+void parallel_elements(const KernelContext& ctx, int64_t n, Fn&& fn) {
+  const int64_t blocks = (n + 63) / 64;
+  parallel_items(ctx, blocks, 64, kGrain,
+                 [&](int64_t b, int64_t e) { fn(b * 64, std::min(n, e * 64)); });
+}
+
+// ---------------------------------------------------------------------------------------
+// Cast
+
+bool cast_supported(DType from, DType to) {
+  if (from == to) return true;
+  if (to == DType::f32)
+    return from == DType::f16 || from == DType::i32 || from == DType::u8 || from == DType::i8;
+  return to == DType::f16 && from == DType::f32;
+}
+
+class CastKernel final : public OpKernel {
+ public:
+  CastKernel(DType from, DType to, Shape shape) : from_(from), to_(to), shape_(std::move(shape)) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = to_;
+    *shape = shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    if (x.dtype() != from_ || x.shape() != shape_)
+      ctx.fail(ErrorCode::internal, "cpu kernel was compiled for " +
+                                        std::string(dtype_name(from_)) + shape_str(shape_) +
+                                        " but got " + x.describe());
+    Tensor& y = ctx.output(0, to_, shape_);
+    const char* px = static_cast<const char*>(x.raw_data());
+    char* py = static_cast<char*>(y.raw_data());
+    const int64_t xs = dtype_size(from_), ys = dtype_size(to_);
+    parallel_elements(ctx, x.numel(), [&](int64_t b, int64_t e) {
+      const void* src = px + b * xs;
+      void* dst = py + b * ys;
+      if (from_ == to_)
+        std::memcpy(dst, src, size_t((e - b) * xs));
+      else if (from_ == DType::f16)
+        f16_to_f32_any(static_cast<const uint16_t*>(src), static_cast<float*>(dst), e - b);
+      else if (to_ == DType::f16)
+        f32_to_f16_any(static_cast<const float*>(src), static_cast<uint16_t*>(dst), e - b);
+      else
+        int_to_f32_any(from_, src, static_cast<float*>(dst), e - b);
+    });
+  }
+
+ private:
+  DType from_, to_;
+  Shape shape_;
+};
+
+std::optional<DType> cast_to(const Node& node) {
+  DType to;
+  if (!node.has_attr("to") || !ref::onnx_dtype_to_slim(node.attr_int("to", 0), &to))
+    return std::nullopt;
+  return to;
+}
+
+KernelDef cast_def() {
+  KernelDef def;
+  def.op_type = "Cast";
+  def.since_version = 6;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    const auto from = info.input(0).dtype, to = cast_to(info.node);
+    if (!from || !to || !cast_supported(*from, *to))
+      return Claim::no("casts f16 <-> f32, 8/32-bit integers to f32 and to the same type only");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<CastKernel>(*info.input(0).dtype, *cast_to(info.node),
+                                        *info.input(0).shape);
+  };
+  return def;
+}
+
+}  // namespace
+
+void min_max(const float* x, int64_t n, float* lo, float* hi, bool* nan) {
+  min_max_loop_any(x, n, lo, hi, nan);
+}
+
+void quantize(const float* x, void* y, int64_t n, float scale, int32_t zero_point, int32_t qlo,
+              int32_t qhi) {
+  quantize_loop_any(x, y, n, scale, zero_point, qlo, qhi);
+}
+
+void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale,
+                int32_t zero_point) {
+  dequantize_loop_any(x, is_signed, y, n, scale, zero_point);
+}
+
+ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n,
+                                         uint8_t* q) {
+  // The range in chunks of their own (in any order they give the same min and max).
+  constexpr int64_t kChunks = 64;
+  float lo[kChunks], hi[kChunks];
+  bool nan[kChunks];
+  parallel_items(ctx, kChunks, n / kChunks + 1, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      lo[k] = hi[k] = 0.f;
+      nan[k] = false;
+      const int64_t begin = n * k / kChunks, end = n * (k + 1) / kChunks;
+      min_max(x + begin, end - begin, &lo[k], &hi[k], &nan[k]);
+    }
+  });
+  float l = 0.f, h = 0.f;
+  for (int64_t k = 0; k < kChunks; ++k) {
+    if (nan[k]) ctx.fail(ErrorCode::invalid_argument, "input contains NaN");
+    l = std::min(l, lo[k]);
+    h = std::max(h, hi[k]);
+  }
+  const ref::DynamicQuantParams p = ref::dynamic_quant_params(l, h);
+  parallel_elements(ctx, n, [&](int64_t b, int64_t e) {
+    if (p.scale == 0.f)
+      std::memset(q + b, p.zero_point, size_t(e - b));
+    else
+      quantize(x + b, q + b, e - b, p.scale, p.zero_point, 0, 255);
+  });
+  return p;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear
+
+// Which scale and zero point each element takes: one for the tensor, or one per index
+// along an axis (runs of `inner` elements, `dim` of them, repeated `outer` times).
+struct QuantAxis {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+
+// The parameter layout ref accepts (per tensor; per axis from opset 13, 1-D scale).
+std::optional<std::string> quant_axis(const KernelBuildInfo& info, QuantAxis* a) {
+  for (int i : {0, 1})
+    if (auto r = need_static(info, i)) return r;
+  const Shape& x = *info.input(0).shape;
+  const Shape& scale = *info.input(1).shape;
+  if (info.input(1).dtype != DType::f32) return std::string("the scale is not f32");
+  if (info.has_input(2) && info.input(2).shape != info.input(1).shape)
+    return std::string("zero point and scale differ in shape");
+  if (info.node.attr_int("block_size", 0) != 0) return std::string("blocked quantization");
+  a->inner = shape_numel(x);
+  if (shape_numel(scale) == 1 && scale.size() <= 1) return std::nullopt;
+  const int64_t rank = int64_t(x.size()), axis = info.node.attr_int("axis", 1);
+  const int64_t ax = axis < 0 ? axis + rank : axis;
+  if (info.opset < 13 || scale.size() != 1 || ax < 0 || ax >= rank || x[size_t(ax)] != scale[0])
+    return std::string("the scale fits neither the tensor nor the axis");
+  a->dim = scale[0];
+  a->outer = a->inner = 1;
+  for (int64_t d = 0; d < ax; ++d) a->outer *= x[size_t(d)];
+  for (int64_t d = ax + 1; d < rank; ++d) a->inner *= x[size_t(d)];
+  return std::nullopt;
+}
+
+std::optional<DType> quantize_output(const KernelBuildInfo& info) {
+  if (info.has_input(2)) return info.input(2).dtype;
+  const int64_t code = info.node.attr_int("output_dtype", 0);
+  if (code == 0 || code == 2) return DType::u8;
+  if (code == 3) return DType::i8;
+  return std::nullopt;
+}
+
+// Runs fn(element offset, count, parameter index) over the tensor's runs, split over threads.
+template <typename Fn>
+void for_each_run(const KernelContext& ctx, const QuantAxis& a, Fn&& fn) {
+  if (a.dim == 1) {
+    parallel_elements(ctx, a.inner, [&](int64_t b, int64_t e) { fn(b, e - b, 0); });
+    return;
+  }
+  parallel_items(ctx, a.outer * a.dim, a.inner, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) fn(r * a.inner, a.inner, r % a.dim);
+  });
+}
+
+int32_t zero_point(const Tensor* z, int64_t k) {
+  if (!z) return 0;
+  return z->dtype() == DType::u8 ? int32_t(z->data<uint8_t>()[k]) : int32_t(z->data<int8_t>()[k]);
+}
+
+class QuantizeKernel final : public OpKernel {
+ public:
+  QuantizeKernel(QuantAxis a, Shape shape, DType out)
+      : a_(a), shape_(std::move(shape)), out_(out) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = out_;
+    *shape = shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    const float* x = ctx.required_input(0).data<float>();
+    const float* scale = ctx.required_input(1).data<float>();
+    const Tensor* z = ctx.input(2);
+    void* y = ctx.output(0, out_, shape_).raw_data();
+    const int32_t lo = out_ == DType::u8 ? 0 : -128, hi = out_ == DType::u8 ? 255 : 127;
+    for_each_run(ctx, a_, [&](int64_t off, int64_t n, int64_t k) {
+      quantize(x + off, static_cast<char*>(y) + off, n, scale[k], zero_point(z, k), lo, hi);
+    });
+  }
+
+ private:
+  QuantAxis a_;
+  Shape shape_;
+  DType out_;
+};
+
+class DequantizeKernel final : public OpKernel {
+ public:
+  DequantizeKernel(QuantAxis a, Shape shape, DType in) : a_(a), shape_(std::move(shape)), in_(in) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = DType::f32;
+    *shape = shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    const char* x = static_cast<const char*>(ctx.required_input(0).raw_data());
+    const float* scale = ctx.required_input(1).data<float>();
+    const Tensor* z = ctx.input(2);
+    float* y = ctx.output(0, DType::f32, shape_).data<float>();
+    for_each_run(ctx, a_, [&](int64_t off, int64_t n, int64_t k) {
+      dequantize(x + off, in_ == DType::i8, y + off, n, scale[k], zero_point(z, k));
+    });
+  }
+
+ private:
+  QuantAxis a_;
+  Shape shape_;
+  DType in_;
+};
+
+class DynamicQuantizeKernel final : public OpKernel {
+ public:
+  explicit DynamicQuantizeKernel(Shape shape) : shape_(std::move(shape)) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = i == 1 ? DType::f32 : DType::u8;
+    *shape = i == 0 ? shape_ : Shape{};
+    return i >= 0 && i < 3;
+  }
+  void compute(KernelContext& ctx) const override {
+    const Tensor& x = ctx.required_input(0);
+    uint8_t* q = ctx.output(0, DType::u8, shape_).data<uint8_t>();
+    const ref::DynamicQuantParams p = dynamic_quantize(ctx, x.data<float>(), x.numel(), q);
+    *ctx.output(1, DType::f32, {}).data<float>() = p.scale;
+    *ctx.output(2, DType::u8, {}).data<uint8_t>() = p.zero_point;
+  }
+
+ private:
+  Shape shape_;
+};
+
+bool is_8bit(std::optional<DType> t) {
+  return t == DType::u8 || t == DType::i8;
+}
+
+KernelDef quantize_def() {
+  KernelDef def;
+  def.op_type = "QuantizeLinear";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    QuantAxis a;
+    if (auto r = need_f32(info, 0)) return Claim::no(*r);
+    if (auto r = quant_axis(info, &a)) return Claim::no(*r);
+    if (!is_8bit(quantize_output(info))) return Claim::no("8-bit outputs only");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    QuantAxis a;
+    quant_axis(info, &a);
+    return std::make_unique<QuantizeKernel>(a, *info.input(0).shape, *quantize_output(info));
+  };
+  return def;
+}
+
+KernelDef dequantize_def() {
+  KernelDef def;
+  def.op_type = "DequantizeLinear";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    QuantAxis a;
+    if (!is_8bit(info.input(0).dtype)) return Claim::no("8-bit inputs only");
+    if (info.has_input(2) && info.input(2).dtype != info.input(0).dtype)
+      return Claim::no("zero point and input differ in type");
+    if (auto r = quant_axis(info, &a)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    QuantAxis a;
+    quant_axis(info, &a);
+    return std::make_unique<DequantizeKernel>(a, *info.input(0).shape, *info.input(0).dtype);
+  };
+  return def;
+}
+
+KernelDef dynamic_quantize_def() {
+  KernelDef def;
+  def.op_type = "DynamicQuantizeLinear";
+  def.since_version = 11;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (auto r = need_f32(info, 0)) return Claim::no(*r);
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<DynamicQuantizeKernel>(*info.input(0).shape);
+  };
+  return def;
+}
+
+}  // namespace
+
+void register_quantize_kernels(KernelRegistry& r) {
+  r.add(cast_def());
+  r.add(quantize_def());
+  r.add(dequantize_def());
+  r.add(dynamic_quantize_def());
+}
+
+}  // namespace slim::cpu

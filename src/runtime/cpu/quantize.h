@@ -1,0 +1,31 @@
+// Vectorized element-type conversions of the cpu provider that its int8 kernels share
+// (quantize.cc): the range of a float tensor, float -> 8-bit quantization and its
+// inverse, each equal to the ref kernels to the bit (runtime/ref/quant_params.h).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/ref/quant_params.h"
+#include "slim/runtime/kernel.h"
+
+namespace slim::cpu {
+
+// Running minimum and maximum of x[0..n) folded into *lo / *hi; *nan set when x holds a NaN.
+void min_max(const float* x, int64_t n, float* lo, float* hi, bool* nan);
+
+// y = saturate(round_half_even(x / scale) + zero_point) into [qlo, qhi] (NaN -> 0), as
+// uint8 when qlo is 0, else int8. Division, not multiplication by 1 / scale: that is
+// what ONNX defines and ONNX Runtime computes.
+void quantize(const float* x, void* y, int64_t n, float scale, int32_t zero_point, int32_t qlo,
+              int32_t qhi);
+
+// y = float(x - zero_point) * scale for uint8 (is_signed false) or int8 x.
+void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale,
+                int32_t zero_point);
+
+// DynamicQuantizeLinear of x[0..n) over the session's threads: the scale and zero point
+// of x's range, and x quantized into q. A NaN in x fails the node, as in ref.
+ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n,
+                                         uint8_t* q);
+
+}  // namespace slim::cpu

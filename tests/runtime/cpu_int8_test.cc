@@ -1,0 +1,307 @@
+// The cpu provider's 8-bit kernels against ref, which computes in int64: ConvInteger and
+// MatMulInteger (uint8 and int8 sources and weights, zero points none / one / per output
+// channel, groups, strides, dilations, odd shapes) must give ref's int32 sums exactly, and
+// slim:DynamicQuantizeConv the unfused chain's values bit for bit. The data saturates
+// int16 pair sums (sources near 255, weights at the ends of their range): oneDNN's kernels
+// without VNNI would get them wrong, so ctest also runs this suite with SLIM_ISA=avx2 and
+// SLIM_ISA=scalar, where the kernels split the weights (dnnl_int8.h). Also the
+// vectorized Cast, QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "runtime/cpu_test_util.h"
+#include "slim/core/convert.h"
+
+namespace slim {
+namespace {
+
+using cpu_test::expect_matches_ref;
+using cpu_test::random_f32;
+using cpu_test::run_with;
+using cpu_test::spec;
+using testing::attr_int;
+using testing::attr_ints;
+using testing::ModelBuilder;
+
+// 8-bit values that make int16 pair sums overflow: mostly near the ends of the range.
+Tensor extreme_8bit(DType t, const Shape& shape, uint64_t seed) {
+  Tensor out(t, shape);
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const int r = int(rng() % 256), v = r < 96 ? 255 - r % 8 : r < 192 ? r % 8 : r;
+    if (t == DType::u8)
+      out.data<uint8_t>()[i] = uint8_t(v);
+    else
+      out.data<int8_t>()[i] = int8_t(v - 128);
+  }
+  return out;
+}
+
+Tensor scalar_8bit(DType t, int v) {
+  return t == DType::u8 ? Tensor::from_vector<uint8_t>({}, {uint8_t(v)})
+                        : Tensor::from_vector<int8_t>({}, {int8_t(v)});
+}
+
+struct ConvCase {
+  Shape x;  // N, C, H, W
+  int64_t oc = 8, kh = 3, kw = 3, group = 1;
+  Shape strides = {1, 1}, dilations = {1, 1}, pads = {1, 1, 1, 1};
+  DType xt = DType::u8, wt = DType::u8;
+  int w_zp = -1;  // -1: none; else a scalar; per_channel: one per output channel
+  bool per_channel = false;
+  int x_zp = 0;
+  bool x_zp_input = false;  // the source's zero point fed at run time
+};
+
+Model conv_integer_model(const ConvCase& c) {
+  ModelBuilder b(13);
+  b.input("x", c.xt, spec(c.x)).output("y");
+  b.initializer(
+      "w", extreme_8bit(c.wt, {c.oc, c.x[1] / c.group, c.kh, c.kw}, uint64_t(c.oc * 7 + c.x[1])));
+  std::vector<std::string> in = {"x", "w", "", ""};
+  if (c.x_zp_input) {
+    b.input("xz", c.xt, spec({}));
+    in[2] = "xz";
+  } else if (c.x_zp != 0) {
+    b.initializer("xz", scalar_8bit(c.xt, c.x_zp));
+    in[2] = "xz";
+  }
+  if (c.per_channel) {
+    Tensor z = extreme_8bit(c.wt, {c.oc}, 99);
+    b.initializer("wz", z);
+    in[3] = "wz";
+  } else if (c.w_zp >= 0) {
+    b.initializer("wz", scalar_8bit(c.wt, c.w_zp));
+    in[3] = "wz";
+  }
+  while (!in.empty() && in.back().empty()) in.pop_back();
+  Node& n = b.node("ConvInteger", in, {"y"}, "conv");
+  n.attrs["strides"] = attr_ints(c.strides);
+  n.attrs["dilations"] = attr_ints(c.dilations);
+  n.attrs["pads"] = attr_ints(c.pads);
+  n.attrs["group"] = attr_int(c.group);
+  return b.build();
+}
+
+TEST(CpuInt8, ConvIntegerGivesRefsSumsExactly) {
+  std::vector<ConvCase> cases;
+  auto add = [&](ConvCase c) { cases.push_back(c); };
+  add({{1, 3, 9, 7}});  // an image's 3 channels
+  add({{2, 16, 6, 5}, 16, 3, 3, 1, {1, 1}, {1, 1}, {1, 1, 1, 1}, DType::u8, DType::u8, 143});
+  add({{1, 17, 7, 8}, 33, 3, 3, 1, {2, 2}, {1, 1}, {1, 0, 1, 2}, DType::u8, DType::u8, 0, true});
+  add({{1, 8, 11, 9}, 7, 3, 3, 1, {1, 1}, {2, 3}, {2, 3, 2, 3}, DType::u8, DType::i8, 5});
+  add({{1, 12, 6, 6},
+       6,
+       3,
+       3,
+       3,
+       {1, 1},
+       {1, 1},
+       {1, 1, 1, 1},
+       DType::i8,
+       DType::u8,
+       128,
+       false,
+       -7});
+  add({{1, 5, 6, 7}, 9, 1, 1, 1, {1, 1}, {1, 1}, {0, 0, 0, 0}, DType::i8, DType::i8, -1, false, 3});
+  add({{1, 4, 8, 8}, 4, 5, 3, 2, {2, 1}, {1, 1}, {2, 1, 2, 1}, DType::u8, DType::i8, 0, true});
+  ConvCase runtime_zp{{1, 32, 10, 10}, 64};
+  runtime_zp.w_zp = 121;
+  runtime_zp.x_zp_input = true;
+  add(runtime_zp);
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE("x " + shape_str(c.x) + " oc " + std::to_string(c.oc) + " group " +
+                 std::to_string(c.group));
+    TensorMap in = {{"x", extreme_8bit(c.xt, c.x, 5)}};
+    if (c.x_zp_input) in["xz"] = scalar_8bit(c.xt, 201);
+    expect_matches_ref(conv_integer_model(c), in, "conv");
+  }
+}
+
+TEST(CpuInt8, MatMulIntegerGivesRefsSumsExactly) {
+  struct Case {
+    Shape a;
+    int64_t n;
+    DType at, bt;
+    int b_zp;  // -1 none, -2 per column
+    int a_zp;
+  };
+  for (const Case& c : std::vector<Case>{{{7, 33}, 17, DType::u8, DType::u8, 128, 3},
+                                         {{2, 3, 64}, 48, DType::u8, DType::i8, -1, 250},
+                                         {{5, 19}, 3, DType::i8, DType::u8, -2, -4},
+                                         {{1, 256}, 64, DType::i8, DType::i8, 2, 0}}) {
+    SCOPED_TRACE("A " + shape_str(c.a) + " N " + std::to_string(c.n));
+    ModelBuilder b(13);
+    b.input("a", c.at, spec(c.a)).output("y");
+    b.initializer("b", extreme_8bit(c.bt, {c.a.back(), c.n}, 3));
+    b.initializer("az", scalar_8bit(c.at, c.a_zp));
+    std::vector<std::string> in = {"a", "b", "az"};
+    if (c.b_zp == -2) b.initializer("bz", extreme_8bit(c.bt, {c.n}, 4));
+    if (c.b_zp != -1) {
+      if (c.b_zp >= 0) b.initializer("bz", scalar_8bit(c.bt, c.b_zp));
+      in.push_back("bz");
+    }
+    b.node("MatMulInteger", in, {"y"}, "mm");
+    expect_matches_ref(b.build(), {{"a", extreme_8bit(c.at, c.a, 8)}}, "mm");
+  }
+}
+
+// DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul(x_scale * w_scale) -> Add(bias) ->
+// Relu, as ONNX Runtime's quantizer writes it.
+void add_quantized_conv(ModelBuilder& b, const std::string& x, const std::string& y, int64_t c,
+                        int64_t oc, uint64_t seed, bool bias, bool relu, bool per_channel_scale,
+                        int64_t dilation = 1) {
+  const std::string p = y + "_";
+  b.initializer(p + "w", extreme_8bit(DType::u8, {oc, c, 3, 3}, seed));
+  b.initializer(p + "wz", scalar_8bit(DType::u8, 131));
+  b.initializer(p + "ws", per_channel_scale ? random_f32({oc, 1, 1}, seed + 1, 0.001f, 0.01f)
+                                            : Tensor::from_vector<float>({}, {0.0037f}));
+  b.node("DynamicQuantizeLinear", {x}, {p + "q", p + "s", p + "z"});
+  b.node("Mul", {p + "s", p + "ws"}, {p + "scale"});
+  Node& conv =
+      b.node("ConvInteger", {p + "q", p + "w", p + "z", p + "wz"}, {p + "sums"}, y + "_conv");
+  conv.attrs["pads"] = attr_ints({dilation, dilation, dilation, dilation});
+  conv.attrs["dilations"] = attr_ints({dilation, dilation});
+  b.node("Cast", {p + "sums"}, {p + "f"}).attrs["to"] = attr_int(1);
+  const std::string scaled = bias || relu ? p + "scaled" : y;
+  b.node("Mul", {p + "f", p + "scale"}, {scaled});
+  std::string v = scaled;
+  if (bias) {
+    // As ORT's quantizer writes it: the bias vector reshaped at run time, so it is a
+    // constant only once compile has folded the Reshape.
+    b.initializer(p + "b", random_f32({oc}, seed + 2));
+    b.initializer(p + "bshape", Tensor::from_vector<int64_t>({4}, {1, oc, 1, 1}));
+    b.node("Reshape", {p + "b", p + "bshape"}, {p + "b4"});
+    const std::string out = relu ? p + "biased" : y;
+    b.node("Add", {v, p + "b4"}, {out});
+    v = out;
+  }
+  if (relu) b.node("Relu", {v}, {y});
+}
+
+// The fused nodes (with the bias Add and the Relu) must give what ref's unfused nodes give,
+// to the bit; `others` nodes are left beside them.
+void expect_fused_equals_unfused(const Model& m, const TensorMap& in, int64_t fused_nodes,
+                                 int64_t others = 0) {
+  SessionOptions o;
+  o.providers = {"cpu", "ref"};
+  o.num_threads = 2;
+  auto fast = Session::compile(m, o);
+  int64_t fused = 0;
+  for (const auto& a : fast->partition()) {
+    EXPECT_EQ(a.provider, "cpu") << a.node;
+    fused += a.op == "slim:DynamicQuantizeConv";
+  }
+  EXPECT_EQ(fused, fused_nodes);
+  EXPECT_EQ(int64_t(fast->partition().size()), fused_nodes + others);
+  SessionOptions r;
+  r.providers = {"ref"};
+  r.optimize = false;
+  const TensorMap want = Session::compile(m, r)->run(in), got = fast->run(in);
+  for (const auto& [name, t] : want) {
+    ASSERT_EQ(got.at(name).shape(), t.shape()) << name;
+    const float *a = got.at(name).data<float>(), *w = t.data<float>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (std::memcmp(a + i, w + i, 4) != 0 && ++bad <= 3)
+        ADD_FAILURE() << name << "[" << i << "]: " << a[i] << " vs ref " << w[i];
+    EXPECT_EQ(bad, 0) << name;
+  }
+}
+
+TEST(CpuInt8, DynamicQuantizeConvEqualsTheUnfusedChainBitForBit) {
+  for (bool per_channel : {false, true})
+    for (bool bias : {false, true})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(per_channel ? "per-channel" : "per-tensor") +
+                     (bias ? " bias" : "") + (relu ? " relu" : ""));
+        ModelBuilder b(13);
+        b.input("x", DType::f32, spec({1, 19, 9, 11})).output("y");
+        add_quantized_conv(b, "x", "y", 19, 21, 40, bias, relu, per_channel);
+        expect_fused_equals_unfused(b.build(), {{"x", random_f32({1, 19, 9, 11}, 41, -3.f, 5.f)}},
+                                    1);
+      }
+}
+
+TEST(CpuInt8, ChainsOfQuantizedConvolutionsRunChannelsLast) {
+  // conv -> conv (dilated) -> MaxPool -> conv, and a graph output in between: the
+  // kernels hand each other NHWC where every reader takes it, NCHW elsewhere.
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec({2, 3, 16, 12})).output("y").output("b");
+  add_quantized_conv(b, "x", "a", 3, 16, 50, true, true, false);
+  add_quantized_conv(b, "a", "b", 16, 32, 60, true, true, true, 2);
+  Node& pool = b.node("MaxPool", {"b"}, {"p"});
+  pool.attrs["kernel_shape"] = attr_ints({2, 2});
+  pool.attrs["strides"] = attr_ints({2, 2});
+  add_quantized_conv(b, "p", "y", 32, 8, 70, false, false, false);
+  expect_fused_equals_unfused(b.build(), {{"x", random_f32({2, 3, 16, 12}, 51, -1.f, 1.f)}}, 3, 1);
+}
+
+TEST(CpuInt8, DynamicQuantizeConvOfAnAllZeroSourceIsTheBias) {
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec({1, 4, 5, 5})).output("y");
+  add_quantized_conv(b, "x", "y", 4, 6, 80, true, false, false);
+  expect_fused_equals_unfused(b.build(), {{"x", Tensor(DType::f32, {1, 4, 5, 5})}}, 1);
+  SessionOptions o;
+  o.providers = {"cpu", "ref"};
+  Tensor nan(DType::f32, {1, 4, 5, 5});
+  nan.data<float>()[7] = NAN;
+  EXPECT_EQ(testing::error_of([&] {
+              Session::compile(b.build(), o)->run({{"x", nan}});
+            }),
+            "DynamicQuantizeConv node 'y_conv': input contains NaN");
+}
+
+TEST(CpuInt8, QuantizationKernelsMatchRef) {
+  const Shape s = {2, 3, 5, 7};
+  Tensor x = random_f32(s, 90, -4.f, 4.f);
+  // Quotients at and next to half-way points, where multiplying by 1 / scale could round
+  // differently from dividing (the kernel divides there).
+  for (int64_t i = 0; i < 120; ++i) x.data<float>()[i] = (float(i) * 0.5f - 30.f) * 0.031f;
+  for (int64_t i = 120; i < 150; ++i)
+    x.data<float>()[i] = std::nextafter((float(i) * 0.5f - 60.f) * 0.031f, 1e9f);
+  x.data<float>()[150] = 1e30f;  // saturates
+  for (DType t : {DType::u8, DType::i8})
+    for (bool per_axis : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (per_axis ? " per axis" : " per tensor"));
+      ModelBuilder b(13);
+      b.input("x", DType::f32, spec(s)).output("q").output("d");
+      b.initializer("scale", per_axis ? random_f32({3}, 91, 0.01f, 0.05f)
+                                      : Tensor::from_vector<float>({}, {0.031f}));
+      b.initializer(
+          "zp", per_axis ? extreme_8bit(t, {3}, 92) : scalar_8bit(t, t == DType::u8 ? 131 : -3));
+      b.node("QuantizeLinear", {"x", "scale", "zp"}, {"q"}, "quantize");
+      b.node("DequantizeLinear", {"q", "scale", "zp"}, {"d"}, "dequantize");
+      expect_matches_ref(b.build(), {{"x", x}}, "quantize", "cpu", 0, 0);
+      expect_matches_ref(b.build(), {{"x", x}}, "dequantize", "cpu", 0, 0);
+    }
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec(s)).output("q").output("scale").output("zp");
+  b.node("DynamicQuantizeLinear", {"x"}, {"q", "scale", "zp"}, "dql");
+  expect_matches_ref(b.build(), {{"x", random_f32(s, 93, -0.7f, 3.f)}}, "dql", "cpu", 0, 0);
+}
+
+TEST(CpuInt8, CastsMatchRef) {
+  const Shape s = {3, 37};
+  Tensor f = random_f32(s, 100, -70000.f, 70000.f);
+  f.data<float>()[0] = 1e-7f;    // an f16 subnormal
+  f.data<float>()[1] = 65520.f;  // rounds to inf
+  const std::vector<std::pair<DType, DType>> pairs = {
+      {DType::f32, DType::f16}, {DType::f16, DType::f32}, {DType::i32, DType::f32},
+      {DType::u8, DType::f32},  {DType::i8, DType::f32},  {DType::f32, DType::f32}};
+  for (const auto& [from, to] : pairs) {
+    SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
+    ModelBuilder b(13);
+    b.input("x", from, spec(s)).output("y");
+    b.node("Cast", {"x"}, {"y"}, "cast").attrs["to"] = attr_int(to == DType::f16 ? 10 : 1);
+    Tensor x = from == DType::f32   ? f
+               : from == DType::i32 ? convert_dtype(f, DType::i32)
+               : from == DType::f16 ? convert_dtype(f, DType::f16)
+                                    : extreme_8bit(from, s, 101);
+    expect_matches_ref(b.build(), {{"x", x}}, "cast", "cpu", 0, 0);
+  }
+}
+
+}  // namespace
+}  // namespace slim

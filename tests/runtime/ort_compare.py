@@ -1,0 +1,69 @@
+"""What the tests that hold slim to ONNX Runtime share (rnn_vs_ort.py, quantized_vs_ort.py):
+finding onnxruntime-node, running a model through it (bench/vs_ort/ort_bench.js) and
+through `slim run`.
+
+onnxruntime-node is about 300 MB, so the tests do not download it unless asked: they use
+bench/vs_ort/node_modules (bench/vs_ort/run.sh installs it there) or the build folder's
+npm-ort, and exit 77 (ctest: skipped) when neither has it; `--install` installs it into
+the build folder first."""
+import argparse
+import json
+import os
+import subprocess
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ORT_VERSION = json.load(open(os.path.join(ROOT, "bench", "vs_ort", "package.json")))["dependencies"]["onnxruntime-node"]
+
+
+def setup(description):
+    """Parses --install/--build/--slim; returns (args with args.slim set, the node_modules
+    folder holding onnxruntime-node, or None after saying why the test is skipped)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--install", action="store_true", help="install onnxruntime-node into the build folder")
+    ap.add_argument("--build", default=os.environ.get("SLIM_BINARY_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--slim", help="slim binary (default: BUILD/tools/slim)")
+    args = ap.parse_args()
+    args.slim = args.slim or os.path.join(args.build, "tools", "slim")
+    candidates = [os.path.join(ROOT, "bench", "vs_ort", "node_modules"), os.path.join(args.build, "npm-ort", "node_modules")]
+    found = [d for d in candidates if os.path.exists(os.path.join(d, "onnxruntime-node", "package.json"))]
+    if not found and args.install:
+        prefix = os.path.join(args.build, "npm-ort")
+        os.makedirs(prefix, exist_ok=True)
+        subprocess.run(["npm", "install", "--prefix", prefix, "--ignore-scripts", "--no-audit", "--no-fund",
+                        "--no-package-lock", "onnxruntime-node@" + ORT_VERSION], check=True, stdout=subprocess.DEVNULL)
+        found = [candidates[1]]
+    if not found:
+        print("onnxruntime-node is not installed (bench/vs_ort/run.sh or --install); skipped")
+        return args, None
+    return args, found[0]
+
+
+def run_ort(node_modules, model, feeds, work):
+    """ONNX Runtime's outputs of `model` on `feeds` (float32 or int32 arrays), by name."""
+    spec = {"inputs": []}
+    for name, arr in feeds.items():
+        f = os.path.join(work, name + ".bin")
+        arr.tofile(f)
+        spec["inputs"].append({"name": name, "file": f, "shape": list(arr.shape),
+                               "dtype": "int32" if arr.dtype == np.int32 else "float32"})
+    spec_path = os.path.join(work, "spec.json")
+    json.dump(spec, open(spec_path, "w"))
+    out = os.path.join(work, "ort")
+    env = dict(os.environ, NODE_PATH=node_modules)
+    subprocess.run(["node", os.path.join(ROOT, "bench", "vs_ort", "ort_bench.js"), model, spec_path, "1", "0", "1",
+                    out], check=True, env=env)
+    res = json.load(open(os.path.join(out, "result.json")))
+    return {o["name"]: np.fromfile(o["file"], dtype=np.float32).reshape(o["dims"]) for o in res["outputs"]}
+
+
+def run_slim(slim, model, feeds, work, providers):
+    """Runs `slim run` with `providers`; returns a function from output name to array."""
+    args = [slim, "run", model, "--providers", providers, "-o", os.path.join(work, providers)]
+    for name, arr in feeds.items():
+        f = os.path.join(work, name + ".npy")
+        np.save(f, arr)
+        args += ["-i", f"{name}={f}"]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    return lambda name: np.load(os.path.join(work, providers, name + ".npy"))
