@@ -115,7 +115,7 @@ struct LlmService::Impl {
   Counter *prompt_tokens = nullptr, *generated_tokens = nullptr, *preemptions = nullptr, *reused_tokens = nullptr,
           *requests_total = nullptr;
   Gauge *running = nullptr, *waiting = nullptr, *kv_used = nullptr, *kv_free = nullptr, *hit_ratio = nullptr;
-  // Energy (null when not metered): the step's span, the counters per priority, and the
+  // Energy (null when not metered): the kind of its steps, the counters per priority, and the
   // final events of requests that finished in a step, held until the step's energy is shared.
   EnergyLedger* energy = nullptr;
   EnergyLedger::Kind energy_kind;
@@ -130,7 +130,6 @@ struct LlmService::Impl {
   bool in_step = false;
   std::atomic<int> status_running{0}, status_waiting{0}, status_cached{0};
   std::atomic<int64_t> status_used{0};
-  bool busy = false;  // loop thread: the last step had work
   int64_t last_preemptions = 0;
 
   Histogram& histogram(const char* name, const char* help, int priority) {
@@ -140,7 +139,7 @@ struct LlmService::Impl {
 
   void on_token(Choice& c, int32_t tok, const float* logits);
   void on_finish(Choice& c, const llm::KvBatchResult& r);
-  void step();
+  bool step();  // sched->step(), metered when `energy` is set
   void share_energy(const EnergyCost& cost);
   const EnergyLedger::Series& series(int priority) {
     auto it = energy_series.find(priority);
@@ -267,13 +266,11 @@ void LlmService::Impl::share_energy(const EnergyCost& cost) {
   finishing.clear();
 }
 
-void LlmService::Impl::step() {
-  if (!energy) {
-    busy = sched->step();
-    return;
-  }
+bool LlmService::Impl::step() {
+  if (!energy) return sched->step();
   EnergyLedger::Span span(*energy, energy_kind);
   in_step = true;
+  bool busy = false;
   try {
     busy = sched->step();
   } catch (...) {
@@ -283,6 +280,7 @@ void LlmService::Impl::step() {
   }
   in_step = false;
   share_energy(span.finish());
+  return busy;
 }
 
 void LlmService::Impl::publish() {
@@ -303,6 +301,7 @@ void LlmService::Impl::publish() {
 }
 
 void LlmService::Impl::run() {
+  bool busy = false;
   int64_t last_reused = 0, last_prompt = 0;
   for (;;) {
     std::vector<Pending> fresh;
@@ -335,7 +334,7 @@ void LlmService::Impl::run() {
     for (auto& [id, c] : active)
       if (c->gen->cancelled_) sched->cancel(id);
     try {
-      step();
+      busy = step();
     } catch (const std::exception& e) {
       std::cerr << "slim serve: model '" << model_name << "': " << e.what() << "\n";
       busy = false;

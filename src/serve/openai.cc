@@ -233,7 +233,9 @@ class Streamer {
     if (c_.gen->finished()) {
       if (c_.req.include_usage)
         out += frame({{"id", c_.id}, {"object", object()}, {"created", c_.created}, {"model", c_.model},
-                      {"choices", ojson::array()}, {"usage", usage_json(*c_.gen, c_.req.energy ? c_.llm->energy() : nullptr)}, {"slim", slim_json(*c_.gen)}});
+                      {"choices", ojson::array()},
+                      {"usage", usage_json(*c_.gen, c_.req.energy ? c_.llm->energy() : nullptr)},
+                      {"slim", slim_json(*c_.gen)}});
       out += "data: [DONE]\n\n";
       done_ = true;
     }
