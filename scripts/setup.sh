@@ -17,6 +17,8 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
   # slim serve: HTTP (cpp-httplib) and gRPC front doors.
   libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc
+  # The PNG charts of `slim report` (tools/slim/plot.cc).
+  libcairo2-dev
 )
 if ! $build_only; then
   packages+=(

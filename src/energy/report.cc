@@ -55,6 +55,25 @@ nlohmann::json to_json(const EnergyReport& r, double count, const std::string& u
   return j;
 }
 
+std::string measure_idle_power(EnergyMeter& meter, double seconds) {
+  if (meter.basis() != Basis::measured) return "the model's: vCPUs x min watts";
+  meter.measure_idle(seconds);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "measured over %g s of sleep before the work", seconds);
+  return buf;
+}
+
+std::vector<std::pair<std::string, std::string>> describe_setup(const EnergyMeter& meter,
+                                                                const CarbonModel& carbon,
+                                                                const std::string& idle_from) {
+  std::vector<std::pair<std::string, std::string>> lines = {{"energy", meter.describe()}};
+  for (const auto& n : meter.notes()) lines.emplace_back("", "  not measured: " + n);
+  lines.emplace_back("idle power",
+                     si(meter.idle_watts(), "W") + " (" + idle_from + "), reported apart from the work");
+  lines.emplace_back("grid", carbon.describe());
+  return lines;
+}
+
 std::string si(double v, const std::string& unit) {
   static const struct {
     double scale;

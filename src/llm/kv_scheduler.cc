@@ -266,6 +266,7 @@ void KvBatchScheduler::finish(Job& j, KvFinish why, std::string error) {
 }
 
 bool KvBatchScheduler::step() {
+  last_step_.clear();
   std::vector<Job*> cancelled;
   for (auto& [id, j] : jobs_)
     if (j->cancelled) cancelled.push_back(j.get());
@@ -303,7 +304,9 @@ bool KvBatchScheduler::step() {
     Job& j = *owner[e];
     const int n = int(batch[e].tokens.size());
     j.n_eval += n;
-    (n == 1 && !j.res.tokens.empty() ? stats_.decode_tokens : stats_.prefill_tokens) += n;
+    const bool decode = n == 1 && !j.res.tokens.empty();
+    (decode ? stats_.decode_tokens : stats_.prefill_tokens) += n;
+    last_step_.push_back({j.id, n, !decode});
     if (j.n_eval < int(j.history.size())) continue;  // more to feed: no token yet
     const float* logits = ctx_.sequence_logits(int(e));
     const int32_t tok = j.sampler->sample(logits, j.history);

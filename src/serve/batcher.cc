@@ -44,7 +44,7 @@ std::vector<int64_t> batch_ladder(int64_t max_batch_size, const std::vector<int6
 }
 
 ModelStats ModelStats::create(Metrics& m, const std::string& model, const std::string& version,
-                              const BatchPolicy& p) {
+                              const BatchPolicy& p, EnergyLedger* ledger) {
   const Labels l{{"model", model}, {"version", version}};
   ModelStats s;
   s.success = &m.counter("slim_inference_request_success_total",
@@ -83,7 +83,9 @@ ModelStats ModelStats::create(Metrics& m, const std::string& model, const std::s
     s.pending.push_back(
         &m.gauge("slim_inference_pending_requests",
                  "Requests waiting in the queue, per priority level (1 most urgent).", pl));
+    if (ledger) s.energy.push_back(ledger->series(model, version, std::to_string(lv)));
   }
+  s.ledger = ledger;
   return s;
 }
 
@@ -304,6 +306,8 @@ void DynamicBatcher::run_executor(size_t index) {
 
 void DynamicBatcher::execute(TensorModel& model,
                              std::vector<std::unique_ptr<ScheduledRequest>>& batch) {
+  std::optional<EnergyLedger::Span> span;
+  if (stats_.ledger) span.emplace(*stats_.ledger, energy_kind_);
   const Clock::time_point t0 = Clock::now();
   int64_t rows = 0;
   for (const auto& r : batch) {
@@ -371,6 +375,17 @@ void DynamicBatcher::execute(TensorModel& model,
   }
   // The counters are up to date before any client sees its response.
   const Clock::time_point t3 = Clock::now();
+  if (span) {
+    // Padding rows are the real rows' cost: the batch's energy goes to its requests by rows.
+    const EnergyCost cost = span->finish();
+    stats_.energy[batch[0]->level - 1].add(cost, double(batch.size()));
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (batch[i]->request.energy && !results[i].error) {
+        const double share = double(batch[i]->rows) / double(rows);
+        results[i].response.energy =
+            RequestEnergy{cost.joules * share, cost.grams * share, stats_.ledger->source(), stats_.ledger->region()};
+      }
+  }
   stats_.exec_count->inc();
   stats_.inference_count->inc(double(rows));
   stats_.batch_size->observe(double(rows));

@@ -196,6 +196,11 @@ InferRequest decode_request(const pb::ModelInferRequest& req) {
     r.priority = uint32_t(*p);
   }
   if (auto t = count_parameter(req, "timeout"); t && *t) r.timeout_us = *t;
+  if (const auto it = req.parameters().find("energy"); it != req.parameters().end()) {
+    if (it->second.parameter_choice_case() != pb::InferParameter::kBoolParam)
+      throw Error(ErrorCode::invalid_argument, "parameter 'energy' must be a bool_param");
+    r.energy = it->second.bool_param();
+  }
   return r;
 }
 
@@ -204,6 +209,13 @@ void encode_response(const InferResponse& r, pb::ModelInferResponse* out) {
   out->set_model_name(r.model);
   out->set_model_version(r.version);
   out->set_id(r.id);
+  if (const auto& e = r.energy) {
+    auto& p = *out->mutable_parameters();
+    p["energy_joules"].set_double_param(e->joules);
+    p["energy_source"].set_string_param(e->source);
+    p["carbon_grams"].set_double_param(e->grams);
+    p["region"].set_string_param(e->region);
+  }
   for (const auto& [name, tensor] : r.outputs) {
     auto* o = out->add_outputs();
     o->set_name(name);

@@ -11,6 +11,7 @@
 #include "slim/llm/kv_policy.h"
 #include "slim/llm/kv_scheduler.h"
 #include "slim/llm/model.h"
+#include "slim/serve/energy_ledger.h"
 #include "slim/serve/metrics.h"
 
 namespace slim::serve {
@@ -114,6 +115,19 @@ struct LlmService::Impl {
   Counter *prompt_tokens = nullptr, *generated_tokens = nullptr, *preemptions = nullptr, *reused_tokens = nullptr,
           *requests_total = nullptr;
   Gauge *running = nullptr, *waiting = nullptr, *kv_used = nullptr, *kv_free = nullptr, *hit_ratio = nullptr;
+  // Energy (null when not metered): the kind of its steps, the counters per priority, and the
+  // final events of requests that finished in a step, held until the step's energy is shared.
+  EnergyLedger* energy = nullptr;
+  EnergyLedger::Kind energy_kind;
+  std::string version;
+  std::map<int, EnergyLedger::Series> energy_series;
+  struct Finished {
+    int id, priority;
+    std::shared_ptr<LlmGeneration> gen;
+    LlmEvent event;
+  };
+  std::vector<Finished> finishing;
+  bool in_step = false;
   std::atomic<int> status_running{0}, status_waiting{0}, status_cached{0};
   std::atomic<int64_t> status_used{0};
   int64_t last_preemptions = 0;
@@ -125,6 +139,14 @@ struct LlmService::Impl {
 
   void on_token(Choice& c, int32_t tok, const float* logits);
   void on_finish(Choice& c, const llm::KvBatchResult& r);
+  bool step();  // sched->step(), metered when `energy` is set
+  void share_energy(const EnergyCost& cost);
+  const EnergyLedger::Series& series(int priority) {
+    auto it = energy_series.find(priority);
+    if (it == energy_series.end())
+      it = energy_series.emplace(priority, energy->series(model_name, version, std::to_string(priority))).first;
+    return it->second;
+  }
   void run();
   void publish();
 };
@@ -207,7 +229,58 @@ void LlmService::Impl::on_finish(Choice& c, const llm::KvBatchResult& r) {
     std::lock_guard lock(mu);
     if (--in_flight_by_priority[c.priority] == 0) in_flight_by_priority.erase(c.priority);
   }
-  c.gen->push(std::move(e));
+  if (energy && in_step)
+    finishing.push_back({c.id, c.priority, c.gen, std::move(e)});
+  else
+    c.gen->push(std::move(e));
+}
+
+// A step's energy goes to its sequences by their tokens; a request's final event waits for
+// its share.
+void LlmService::Impl::share_energy(const EnergyCost& cost) {
+  int64_t tokens = 0;
+  for (const llm::KvStepShare& s : sched->last_step()) tokens += s.tokens;
+  for (const llm::KvStepShare& s : sched->last_step()) {
+    LlmGeneration* gen = nullptr;
+    int priority = 0;
+    if (auto it = active.find(s.id); it != active.end()) {
+      gen = it->second->gen.get();
+      priority = it->second->priority;
+    } else {
+      for (const Finished& f : finishing)
+        if (f.id == s.id) gen = f.gen.get(), priority = f.priority;
+    }
+    if (!gen) continue;
+    const double share = double(s.tokens) / double(tokens);
+    const EnergyCost c{cost.joules * share, cost.grams * share};
+    auto& j = s.prefill ? gen->prefill_joules_ : gen->decode_joules_;
+    j.store(j.load() + c.joules);
+    gen->grams_.store(gen->grams_.load() + c.grams);
+    series(priority).add(c, 0);
+  }
+  for (Finished& f : finishing) {
+    // A request counts once, when its first choice ends.
+    if (f.event.choice == 0) series(f.priority).requests->inc();
+    f.gen->push(std::move(f.event));
+  }
+  finishing.clear();
+}
+
+bool LlmService::Impl::step() {
+  if (!energy) return sched->step();
+  EnergyLedger::Span span(*energy, energy_kind);
+  in_step = true;
+  bool busy = false;
+  try {
+    busy = sched->step();
+  } catch (...) {
+    in_step = false;
+    share_energy({});
+    throw;
+  }
+  in_step = false;
+  share_energy(span.finish());
+  return busy;
 }
 
 void LlmService::Impl::publish() {
@@ -261,7 +334,7 @@ void LlmService::Impl::run() {
     for (auto& [id, c] : active)
       if (c->gen->cancelled_) sched->cancel(id);
     try {
-      busy = sched->step();
+      busy = step();
     } catch (const std::exception& e) {
       std::cerr << "slim serve: model '" << model_name << "': " << e.what() << "\n";
       busy = false;
@@ -301,9 +374,12 @@ void LlmService::Impl::run() {
   active.clear();
 }
 
-LlmService::LlmService(std::string name, const std::string& gguf_path, LlmOptions options, Metrics* metrics)
+LlmService::LlmService(std::string name, const std::string& gguf_path, LlmOptions options, Metrics* metrics,
+                       EnergyLedger* energy, std::string version)
     : name_(std::move(name)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  m.energy = energy;
+  m.version = std::move(version);
   const LlmOptions& o = options_;
   check(o.max_sequences >= 1, ErrorCode::invalid_argument, "max_sequences must be >= 1");
   check(o.prefill_chunk >= 1 && o.max_step_tokens >= o.max_sequences, ErrorCode::invalid_argument,
@@ -411,6 +487,8 @@ std::vector<int32_t> LlmService::tokenize(const std::string& prompt) const {
   eo.add_special = impl_->bos_text.empty() || prompt.rfind(impl_->bos_text, 0) != 0;
   return impl_->tokenizer->encode(prompt, eo);
 }
+
+const EnergyLedger* LlmService::energy() const { return impl_->energy; }
 
 int LlmService::vocab_size() const { return impl_->model->config().n_vocab; }
 

@@ -7,6 +7,7 @@
 
 #include "http_routes.h"
 #include "slim/core/error.h"
+#include "slim/serve/energy_ledger.h"
 #include "slim/serve/inference.h"
 #include "slim/serve/openai.h"
 
@@ -82,11 +83,20 @@ ojson logprobs_json(const std::vector<TokenLogprob>& lps, bool chat, size_t text
   return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-ojson usage_json(const LlmGeneration& g) {
-  return {{"prompt_tokens", g.prompt_tokens()},
-          {"completion_tokens", g.completion_tokens()},
-          {"total_tokens", g.prompt_tokens() + g.completion_tokens()},
-          {"prompt_tokens_details", {{"cached_tokens", g.reused_tokens()}}}};
+// With `energy` (the request asked), the generation's share of the steps it ran in.
+ojson usage_json(const LlmGeneration& g, const EnergyLedger* energy) {
+  ojson u = {{"prompt_tokens", g.prompt_tokens()},
+             {"completion_tokens", g.completion_tokens()},
+             {"total_tokens", g.prompt_tokens() + g.completion_tokens()},
+             {"prompt_tokens_details", {{"cached_tokens", g.reused_tokens()}}}};
+  if (energy)
+    u["energy"] = {{"joules", g.prefill_joules() + g.decode_joules()},
+                   {"prefill_joules", g.prefill_joules()},
+                   {"decode_joules", g.decode_joules()},
+                   {"source", energy->source()},
+                   {"carbon_grams", g.carbon_grams()},
+                   {"region", energy->region()}};
+  return u;
 }
 
 // slim's own numbers about a finished request (OpenAI clients ignore unknown fields).
@@ -138,6 +148,8 @@ Call start_call(InferenceServer& server, const Request& http, bool chat) {
   c.req = parse_openai_request(http.body, chat);
   c.llm = pick_model(server, c.req.model);
   c.model = c.llm->name();
+  if (c.req.energy && !c.llm->energy())
+    bad("'slim_energy': this server does not meter energy (start slim serve with --energy)");
   LlmRequest lr;
   if (chat) {
     lr.prompt = c.llm->tokenize(c.llm->render_chat(c.req.messages));
@@ -200,7 +212,7 @@ void complete(const Call& c, Response& res) {
                 {"model", c.model},
                 {"system_fingerprint", std::string("slim-") + SLIM_VERSION_STRING},
                 {"choices", choices},
-                {"usage", usage_json(*c.gen)},
+                {"usage", usage_json(*c.gen, c.req.energy ? c.llm->energy() : nullptr)},
                 {"slim", slim_json(*c.gen)}};
   res.status = 200;
   res.set_content(dump(body), kJson);
@@ -221,7 +233,9 @@ class Streamer {
     if (c_.gen->finished()) {
       if (c_.req.include_usage)
         out += frame({{"id", c_.id}, {"object", object()}, {"created", c_.created}, {"model", c_.model},
-                      {"choices", ojson::array()}, {"usage", usage_json(*c_.gen)}, {"slim", slim_json(*c_.gen)}});
+                      {"choices", ojson::array()},
+                      {"usage", usage_json(*c_.gen, c_.req.energy ? c_.llm->energy() : nullptr)},
+                      {"slim", slim_json(*c_.gen)}});
       out += "data: [DONE]\n\n";
       done_ = true;
     }

@@ -169,6 +169,7 @@ OpenAiRequest parse_openai_request(std::string_view body, bool chat) {
       r.include_usage = boolean(so["include_usage"], "stream_options.include_usage");
   }
   if (has("priority")) r.priority = int(integer(j["priority"], "priority", -1000, 1000));
+  if (has("slim_energy")) r.energy = boolean(j["slim_energy"], "slim_energy");
   return r;
 }
 

@@ -352,7 +352,7 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
     if (options.hash_versions || !options.trusted_keys.empty())
       lv->verified = verify_version(lv->dir, options.trusted_keys);  // before a byte of it is parsed
     lv->llm = std::make_shared<LlmService>(name, gguf.string(), llm_options(options.llm, cfg, dir, origin),
-                                           options.metrics);
+                                           options.metrics, options.energy, lv->name);
     lv->memory_bytes = int64_t(fs::file_size(gguf));
     m->platform = "slim_llm";
     m->versions[lv->version] = std::move(lv);
@@ -400,7 +400,8 @@ std::shared_ptr<LoadedModel> Repository::load(const std::string& name, const Loa
           .set(double(lv->memory_bytes));
     }
     lv->batcher = std::make_unique<DynamicBatcher>(name, lv->name, m->policy, std::move(instances),
-                                                   ModelStats::create(*options.metrics, name, lv->name, m->policy));
+                                                   ModelStats::create(*options.metrics, name, lv->name, m->policy,
+                                                                      options.energy));
     m->versions[v] = std::move(lv);
   }
   return m;

@@ -369,6 +369,7 @@ RestInferRequest decode_infer_request(std::string_view body, std::optional<size_
       r.timeout_us = as_uint(*p, "request parameter 'timeout'");
     if (const json* p = field(*params, "binary_data_output"))
       binary_default = as_bool(*p, "request parameter 'binary_data_output'");
+    if (const json* p = field(*params, "energy")) r.energy = as_bool(*p, "request parameter 'energy'");
   }
 
   const json* inputs = field(j, "inputs");
@@ -389,6 +390,11 @@ RestBody encode_infer_response(const InferResponse& response, bool all_outputs_b
   std::string out = "{\"model_name\":" + dump(json(response.model)) +
                     ",\"model_version\":" + dump(json(response.version));
   if (!response.id.empty()) out += ",\"id\":" + dump(json(response.id));
+  if (const auto& e = response.energy)
+    out += ",\"parameters\":" + dump(ojson{{"energy_joules", e->joules},
+                                             {"energy_source", e->source},
+                                             {"carbon_grams", e->grams},
+                                             {"region", e->region}});
   out += ",\"outputs\":[";
   std::vector<Tensor> binary;
   for (size_t i = 0; i < response.outputs.size(); ++i) {

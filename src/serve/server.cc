@@ -17,6 +17,7 @@
 
 #include "slim/core/thread_pool.h"
 #include "slim/serve/canary.h"
+#include "slim/serve/energy_ledger.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/repository.h"
 #include "slim/trust/audit_log.h"
@@ -171,6 +172,7 @@ void collect_process(Metrics& m, double start_unix) {
 struct InferenceServer::Impl {
   ServerOptions opt;
   Metrics metrics;
+  std::unique_ptr<EnergyLedger> energy;  // --energy
   std::unique_ptr<Repository> repo;
   mutable std::mutex mu;  // slots; loads and unloads of one model are serialized by load_mu
   std::map<std::string, ModelSlot> slots;
@@ -279,6 +281,8 @@ std::unique_ptr<ScheduledRequest> InferenceServer::Impl::schedule(const LoadedMo
                                                                   InferRequest req,
                                                                   InferCallback done) const {
   const bool batching = m.config.max_batch_size > 0;
+  check(!req.energy || energy, ErrorCode::invalid_argument,
+        "request parameter 'energy': this server does not meter energy (start slim serve with --energy)");
   auto s = std::make_unique<ScheduledRequest>();
   const std::string model = "model '" + m.name + "'";
   int64_t rows = -1;
@@ -451,6 +455,7 @@ void InferenceServer::Impl::load(const std::string& name, const LoadCause& cause
   lo.llm = opt.llm;
   lo.max_queue_size = opt.max_queue_size;
   lo.metrics = &metrics;
+  lo.energy = energy.get();
   lo.hash_versions = audit != nullptr || opt.integrity_interval_secs > 0;
   lo.trusted_keys = keys;
   // A switch names its variant; a reload keeps the slot's; a first load takes the largest
@@ -874,6 +879,10 @@ InferenceServer::InferenceServer(ServerOptions options) : impl_(std::make_unique
   const double start_unix =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   impl_->metrics.add_collector([start_unix](Metrics& m) { collect_process(m, start_unix); });
+  if (impl_->opt.energy) {
+    impl_->energy = std::make_unique<EnergyLedger>(*impl_->opt.energy, impl_->opt.carbon, impl_->metrics);
+    for (const auto& line : impl_->energy->describe()) std::cerr << "slim serve: " << line << "\n";
+  }
   impl_->owner = this;
   for (const auto& path : impl_->opt.require_signature_keys) impl_->keys.push_back(trust::PublicKey::load(path));
   if (!impl_->opt.audit_log.empty()) {
@@ -1114,7 +1123,7 @@ void InferenceServer::add_language_model(const std::string& name, const std::str
   auto lv = std::make_shared<LoadedVersion>();
   lv->version = 1;
   lv->name = "1";
-  lv->llm = std::make_shared<LlmService>(name, gguf_path, impl_->opt.llm, &impl_->metrics);
+  lv->llm = std::make_shared<LlmService>(name, gguf_path, impl_->opt.llm, &impl_->metrics, impl_->energy.get());
   m->versions[1] = std::move(lv);
   std::lock_guard lock(impl_->mu);
   check(!impl_->slots.count(name), ErrorCode::invalid_argument, "a model named '" + name + "' is already served");

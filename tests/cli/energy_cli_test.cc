@@ -1,5 +1,6 @@
 // `--energy` on `slim bench` (the digits classifier of the demo) and `slim energy`: the
-// numbers' bookkeeping in text and JSON, and bad carbon options. The source is whatever
+// numbers' bookkeeping in text and JSON, and bad carbon options. `slim report energy` on a
+// fixed /metrics scrape (exact tables), on a bench JSON, its chart and its refusals. The source is whatever
 // this machine has (measured or estimated); the estimate's own arithmetic is checked
 // against Cloud Carbon Footprint by tests/energy/test_vs_ccf.py.
 #include <gtest/gtest.h>
@@ -105,6 +106,138 @@ TEST_F(EnergyCli, BadCarbonOptionsAreUsageErrors) {
   r = run_slim("bench " + model() + " --energy --grid-series " + dir_ + "/missing.csv");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("missing.csv: cannot open the grid intensity series"), std::string::npos)
+      << r.err;
+}
+
+// A scrape of `slim serve --energy --region FRA` as a file (fixed numbers: 44.18 g/kWh).
+const char* kScrape = R"(# HELP slim_energy_joules_total Energy above idle attributed to requests by their CPU time.
+# TYPE slim_energy_joules_total counter
+slim_energy_joules_total{model="digits",version="1",priority="1",source="estimated"} 0.5
+slim_energy_joules_total{model="digits",version="1",priority="2",source="estimated"} 0.25
+slim_energy_joules_total{model="digits",version="2",priority="1",source="estimated"} 1.25
+slim_energy_joules_total{model="chat",version="1",priority="0",source="estimated"} 36
+# TYPE slim_energy_requests_total counter
+slim_energy_requests_total{model="digits",version="1",priority="1",source="estimated"} 100
+slim_energy_requests_total{model="digits",version="1",priority="2",source="estimated"} 50
+slim_energy_requests_total{model="digits",version="2",priority="1",source="estimated"} 150
+slim_energy_requests_total{model="chat",version="1",priority="0",source="estimated"} 12
+# TYPE slim_carbon_grams_total counter
+slim_carbon_grams_total{model="digits",version="1",priority="1",source="estimated",region="FRA"} 6.136111111111111e-06
+slim_carbon_grams_total{model="digits",version="1",priority="2",source="estimated",region="FRA"} 3.0680555555555557e-06
+slim_carbon_grams_total{model="digits",version="2",priority="1",source="estimated",region="FRA"} 1.5340277777777778e-05
+slim_carbon_grams_total{model="chat",version="1",priority="0",source="estimated",region="FRA"} 0.0004418
+# TYPE slim_energy_idle_joules_total counter
+slim_energy_idle_joules_total{source="estimated"} 360
+# TYPE slim_energy_process_joules_total counter
+slim_energy_process_joules_total{source="estimated"} 40
+# TYPE slim_carbon_idle_grams_total counter
+slim_carbon_idle_grams_total{region="FRA"} 0.004418
+# TYPE slim_carbon_process_grams_total counter
+slim_carbon_process_grams_total{region="FRA"} 0.0004908888888888889
+# TYPE slim_carbon_pue gauge
+slim_carbon_pue 1
+process_cpu_seconds_total 12.5
+)";
+
+TEST_F(EnergyCli, ReportOnAScrapeIsATablePerModel) {
+  const std::string dump = dir_ + "/scrape.prom", json = dir_ + "/report.json", png = dir_ + "/report.png";
+  std::ofstream(dump) << kScrape;
+  auto r = run_slim("report energy " + dump);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "model   region  count         energy  per unit  carbon       per unit     source\n"
+            "chat    FRA     12 requests   36 J    3 J       442 ugCO2e   36.8 ugCO2e  estimated\n"
+            "digits  FRA     300 requests  2 J     6.67 mJ   24.5 ugCO2e  81.8 ngCO2e  estimated\n"
+            "idle:                360 J (4.42 mgCO2e), apart from the requests\n"
+            "process above idle:  40 J (491 ugCO2e), of which requests 95.0%\n");
+  r = run_slim("report energy " + dump + " --by version");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "model   version  region  count         energy  per unit  carbon       per unit     source\n"
+            "chat    1        FRA     12 requests   36 J    3 J       442 ugCO2e   36.8 ugCO2e  estimated\n"
+            "digits  1        FRA     150 requests  750 mJ  5 mJ      9.2 ugCO2e   61.4 ngCO2e  estimated\n"
+            "digits  2        FRA     150 requests  1.25 J  8.33 mJ   15.3 ugCO2e  102 ngCO2e   estimated\n"
+            "idle:                360 J (4.42 mgCO2e), apart from the requests\n"
+            "process above idle:  40 J (491 ugCO2e), of which requests 95.0%\n");
+  // Priced again in Germany, by priority, as JSON and a chart.
+  r = run_slim("report energy " + dump + " --by priority --region deu --json " + json + " --png " + png);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(read_file(json));
+  const auto regions = run_slim("energy regions").out;
+  const size_t at = regions.find("\nDEU ");
+  ASSERT_NE(at, std::string::npos);
+  const double deu = std::stod(regions.substr(at + 5));
+  ASSERT_EQ(j["rows"].size(), 3u);
+  EXPECT_EQ(j["rows"][1]["model"], "digits");
+  EXPECT_EQ(j["rows"][1]["priority"], "1");
+  EXPECT_EQ(j["rows"][1]["region"], "DEU");
+  EXPECT_EQ(j["rows"][1]["count"], 250);
+  EXPECT_EQ(j["rows"][1]["joules"], 1.75);
+  EXPECT_DOUBLE_EQ(j["rows"][1]["gco2e"].get<double>(), 1.75 / 3.6e6 * deu);
+  EXPECT_DOUBLE_EQ(j["rows"][1]["j_per_request"].get<double>(), 1.75 / 250);
+  EXPECT_DOUBLE_EQ(j["idle_gco2e"].get<double>(), 360 / 3.6e6 * deu);
+  // A PNG of the default size: signature, then IHDR's width and height (big-endian).
+  const std::string p = read_file(png);
+  ASSERT_GT(p.size(), 24u);
+  EXPECT_EQ(p.substr(0, 8), "\x89PNG\r\n\x1a\n");
+  auto be32 = [&](size_t i) {
+    return (uint32_t(uint8_t(p[i])) << 24) | (uint32_t(uint8_t(p[i + 1])) << 16) | (uint32_t(uint8_t(p[i + 2])) << 8) |
+           uint8_t(p[i + 3]);
+  };
+  EXPECT_EQ(be32(16), 900u);
+  EXPECT_EQ(be32(20), 520u);
+}
+
+TEST_F(EnergyCli, ReportOnABenchJson) {
+  const std::string bench = dir_ + "/report_bench.json", json = dir_ + "/report_bench_out.json";
+  ASSERT_EQ(run_slim("bench " + model() + " --iters 10 --batch 3 --energy --region FRA --json " + bench).exit_code, 0);
+  const auto r = run_slim("report energy " + bench + " --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("model            run  region  count          energy", 0), 0) << r.out;
+  EXPECT_NE(r.out.find("\ndigits_mlp.onnx  run  FRA     30 inferences  "), std::string::npos) << r.out;
+  const auto e = nlohmann::json::parse(read_file(bench))["energy"];
+  const auto row = nlohmann::json::parse(read_file(json))["rows"][0];
+  EXPECT_EQ(row["joules"], e["work_j"]);
+  EXPECT_EQ(row["gco2e"], e["work_gco2e"]);
+  EXPECT_EQ(row["count"], 30);
+  EXPECT_EQ(row["unit"], "inference");
+  EXPECT_EQ(row["source"], e["basis"]);
+}
+
+TEST_F(EnergyCli, ReportRefusalsNameTheProblem) {
+  const std::string dump = dir_ + "/refusal.prom", bench = dir_ + "/refusal.json", other = dir_ + "/other.txt";
+  std::ofstream(dump) << kScrape;
+  std::ofstream(bench) << R"({"model":"m.onnx","energy":{"basis":"estimated","work_j":1,"inferences":2,"j_per_inference":0.5}})";
+  std::ofstream(other) << "hello world\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dump + " --by layer", "--by: layer not in {model,version,priority,expert}"},
+      {other, "slim: error [invalid_argument]: " + other +
+                  " line 1 is not Prometheus text: give a /metrics scrape of `slim serve --energy` or a bench JSON "
+                  "(`slim bench --energy --json`)"},
+      {dump + " --by expert", "slim: error [invalid_argument]: --by expert: " + dump +
+                                  " has no per-expert energy series (Mixture-of-Experts language models report them)"},
+      {bench + " --by priority", "slim: error [invalid_argument]: --by priority needs a /metrics scrape of `slim "
+                                 "serve --energy`; " + bench + " is a bench JSON"},
+      {dump + " --region Atlantis", "slim: error [invalid_argument]: unknown region 'ATLANTIS'"},
+      {dir_ + "/missing.prom", "slim: error [not_found]: cannot read " + dir_ + "/missing.prom"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = run_slim("report energy " + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+  }
+  // Prometheus text without slim serve's energy series, and JSON without energy results.
+  std::ofstream(other) << "process_cpu_seconds_total 12.5\n";
+  auto r = run_slim("report energy " + other);
+  EXPECT_NE(r.err.find(other + " has no slim_energy_joules_total series: save the /metrics of `slim serve "
+                               "--energy`"),
+            std::string::npos)
+      << r.err;
+  std::ofstream(bench) << R"({"model":"m.onnx","p50_ms":1})";
+  r = run_slim("report energy " + bench);
+  EXPECT_NE(r.err.find(bench + " has no energy results: write it with `slim bench|forest bench|generate|kv-bench "
+                               "--energy --json`"),
+            std::string::npos)
       << r.err;
 }
 

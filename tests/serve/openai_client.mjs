@@ -63,6 +63,15 @@ await check("chat, streamed, same text", async () => {
   assert.equal(usage.completion_tokens, plain.usage.completion_tokens);
 });
 
+await check("slim_energy: energy in usage only when asked", async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0, slim_energy: true });
+  const e = r.usage.energy;
+  assert.ok(e.prefill_joules > 0 && e.decode_joules > 0, JSON.stringify(e));
+  assert.equal(e.joules, e.prefill_joules + e.decode_joules);
+  assert.ok(e.source === "estimated" || e.source.startsWith("measured:"), e.source);
+  assert.equal(plain.usage.energy, undefined);
+});
+
 await check("completions with stop sequences", async () => {
   const prompt = "The PostgreSQL server";
   const full = await client.completions.create({ model, prompt, max_tokens: 32, temperature: 0 });

@@ -86,6 +86,14 @@ TEST(RestDecode, OptionalFieldsAbsent) {
   EXPECT_FALSE(d.request.timeout_us);
   EXPECT_TRUE(d.request.outputs.empty());
   EXPECT_FALSE(d.all_outputs_binary);
+  EXPECT_FALSE(d.request.energy);
+}
+
+TEST(RestDecode, EnergyParameter) {
+  EXPECT_TRUE(decode(R"({"parameters":{"energy":true},"inputs":[]})").request.energy);
+  EXPECT_FALSE(decode(R"({"parameters":{"energy":false},"inputs":[]})").request.energy);
+  EXPECT_EQ(error_of(R"({"parameters":{"energy":1},"inputs":[]})").second,
+            "request parameter 'energy' must be true or false");
 }
 
 TEST(RestDecode, PriorityZeroMeansTheModelDefault) {
@@ -350,6 +358,15 @@ TEST(RestEncode, JsonOutputsExactly) {
             R"({"name":"p","datatype":"FP32","shape":[2,2],"data":[0.1,-2.5,1e-07,3]},)"
             R"({"name":"i","datatype":"INT64","shape":[3],"data":[-1,0,1152921504606846976]},)"
             R"({"name":"b","datatype":"BOOL","shape":[2],"data":[true,false]}]})");
+}
+
+TEST(RestEncode, EnergyOfTheRequestInTheResponseParameters) {
+  InferResponse r = response_with({{"b", Tensor::from_vector<bool>({1}, {true})}});
+  r.energy = RequestEnergy{0.25, 3.0682e-06, "estimated", "FRA"};
+  EXPECT_EQ(encode_infer_response(r, false).body,
+            R"({"model_name":"digits","model_version":"1","parameters":{"energy_joules":0.25,)"
+            R"("energy_source":"estimated","carbon_grams":3.0682e-06,"region":"FRA"},"outputs":[)"
+            R"({"name":"b","datatype":"BOOL","shape":[1],"data":[true]}]})");
 }
 
 TEST(RestEncode, SixteenBitFloatsDoublesAndNonFinite) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The official `openai` npm package (a pinned version, installed by this test into the
 build folder) against `slim serve` on the shared slimlm model when ../shared/models has it,
-else on the generated chat model of make_llm.py. Run by ctest with SLIM_BINARY_DIR set."""
+else on the generated chat model of make_llm.py, with --energy (usage.energy when a request
+sends `slim_energy`). Run by ctest with SLIM_BINARY_DIR set."""
 import os
 import shutil
 import subprocess
@@ -34,7 +35,7 @@ def main():
         model, name = os.path.join(tmp, "chat.gguf"), "chat"
     print("model:", model, flush=True)
     with Server(["--model", model, "--model-name", name, "--host", "127.0.0.1", "--http-port", "0",
-                 "--allow-grpc", "false", "--allow-metrics", "false", "--threads", "2"]) as srv:
+                 "--allow-grpc", "false", "--allow-metrics", "false", "--threads", "2", "--energy"]) as srv:
         p = subprocess.run(["node", os.path.join(HERE, "openai_client.mjs"), npm_dir, srv.url(), name])
         code = srv.stop()
     if p.returncode != 0 or code != 0:

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/serve/grpc.h"
 #include "slim/serve/http.h"
@@ -33,6 +34,7 @@ struct ServeOptions {
   uint64_t request_timeout_ms = 0;
   std::string llm_file, llm_name, chat_template_file;
   int64_t kv_pool_mb = 0;
+  EnergyArgs energy;
 };
 
 void run_serve(ServeOptions& o) {
@@ -44,6 +46,10 @@ void run_serve(ServeOptions& o) {
   check(!o.server.repository.empty() || !o.llm_file.empty(), ErrorCode::invalid_argument,
         "give --model-repository DIR or --model FILE.gguf");
   o.server.llm.threads = o.server.threads;
+  if (o.energy.on) {
+    o.server.energy = meter_options(o.energy);
+    o.server.carbon = o.energy.carbon;
+  }
   o.server.llm.kv_pool_bytes = o.kv_pool_mb << 20;
   if (!o.chat_template_file.empty()) {
     std::ifstream f(o.chat_template_file, std::ios::binary);
@@ -239,6 +245,7 @@ void add_serve(CLI::App& app) {
                   "How long SIGTERM waits for requests in flight (default 30)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--access-log", o->access_log, "Log one JSON line per HTTP request on stderr");
+  add_energy_options(cmd, &o->energy);
   cmd->callback([o] { run_serve(*o); });
 }
 

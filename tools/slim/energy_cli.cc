@@ -40,14 +40,7 @@ energy::MeterOptions meter_options(const EnergyArgs& a) {
 
 EnergyRun::EnergyRun(const EnergyArgs& a, double idle_seconds)
     : meter_(meter_options(a)), carbon_(a.carbon) {
-  if (meter_.basis() == energy::Basis::measured) {
-    meter_.measure_idle(idle_seconds);
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "measured over %g s of sleep before the work", idle_seconds);
-    idle_from_ = buf;
-  } else {
-    idle_from_ = "the model's: vCPUs x min watts";
-  }
+  idle_from_ = energy::measure_idle_power(meter_, idle_seconds);
 }
 
 energy::EnergyReport EnergyRun::report(const energy::Reading& from,
@@ -56,12 +49,8 @@ energy::EnergyReport EnergyRun::report(const energy::Reading& from,
 }
 
 void EnergyRun::print_setup(FILE* out, int width) const {
-  std::fprintf(out, "%-*s%s\n", width, "energy:", meter_.describe().c_str());
-  for (const auto& n : meter_.notes())
-    std::fprintf(out, "%-*s  not measured: %s\n", width, "", n.c_str());
-  std::fprintf(out, "%-*s%s (%s), reported apart from the work\n", width,
-               "idle power:", energy::si(meter_.idle_watts(), "W").c_str(), idle_from_.c_str());
-  std::fprintf(out, "%-*s%s\n", width, "grid:", carbon_.describe().c_str());
+  for (const auto& [label, text] : energy::describe_setup(meter_, carbon_, idle_from_))
+    std::fprintf(out, "%-*s%s\n", width, label.empty() ? "" : (label + ":").c_str(), text.c_str());
 }
 
 std::string EnergyRun::per_unit(const energy::EnergyReport& r, double count,

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "slim/energy/carbon.h"
@@ -32,6 +33,15 @@ EnergyReport make_report(const EnergyMeter& meter, const Energy& window, const C
 //  "work_gco2e", "idle_gco2e", "region", "g_per_kwh", "pue", "carbon"}; with `count` > 0
 // also "<unit>s", "j_per_<unit>", "<unit>s_per_j" and "gco2e_per_<unit>".
 nlohmann::json to_json(const EnergyReport& report, double count = 0, const std::string& unit = "");
+
+// Sets a measured meter's idle power from `seconds` of this thread sleeping (nothing for an
+// estimate) and says where the idle power comes from, for describe_setup.
+std::string measure_idle_power(EnergyMeter& meter, double seconds);
+// What a front door prints before its numbers, as (label, text) lines: the meter, a
+// "not measured" line per note (empty label), the idle power and where it comes from, the grid.
+std::vector<std::pair<std::string, std::string>> describe_setup(const EnergyMeter& meter,
+                                                                const CarbonModel& carbon,
+                                                                const std::string& idle_from);
 
 // "1.23 mJ", "456 uJ", "7.8 kJ": three significant digits with an SI prefix.
 std::string si(double value, const std::string& unit);

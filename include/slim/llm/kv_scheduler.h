@@ -76,6 +76,14 @@ struct KvBatchStats {
   int64_t prompt_tokens = 0, reused_tokens = 0;  // prefix cache: tokens looked up, tokens found
 };
 
+// A request's tokens in one step: prompt tokens (a prefill chunk, or a preempted
+// sequence's recomputation) or the one token of a decoding sequence.
+struct KvStepShare {
+  int id = 0;
+  int tokens = 0;
+  bool prefill = false;
+};
+
 class KvBatchScheduler {
  public:
   // ctx must have a paged KV cache; its sequence slots are all used by the scheduler.
@@ -92,6 +100,9 @@ class KvBatchScheduler {
   // The result of a finished request that has no on_finish callback.
   const KvBatchResult& result(int id) const;
   const KvBatchStats& stats() const { return stats_; }
+  // The requests of the last step() that ran a forward pass, with their tokens (for sharing
+  // the step's cost); empty when it ran none.
+  const std::vector<KvStepShare>& last_step() const { return last_step_; }
   int running() const { return int(running_.size()); }
   int waiting() const { return int(waiting_.size()); }
   int cached_sequences() const { return int(cache_.size()); }
@@ -130,6 +141,7 @@ class KvBatchScheduler {
   int next_id_ = 0;
   int64_t arrivals_ = 0, clock_ = 0, reserved_ = 0;
   KvBatchStats stats_;
+  std::vector<KvStepShare> last_step_;
 };
 
 }  // namespace slim::llm

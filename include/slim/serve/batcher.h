@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "slim/core/tensor_model.h"
+#include "slim/serve/energy_ledger.h"
 #include "slim/serve/inference.h"
 #include "slim/serve/metrics.h"
 #include "slim/serve/model_config.h"
@@ -58,9 +59,13 @@ struct ModelStats {
   Histogram* request_seconds = nullptr;
   Histogram* batch_size = nullptr;
   std::vector<Gauge*> pending;  // per level
+  EnergyLedger* ledger = nullptr;             // slim serve --energy
+  std::vector<EnergyLedger::Series> energy;   // per level, with a ledger
 
-  // The series of `model` `version` in `m` (labels model, version; priority for pending).
-  static ModelStats create(Metrics& m, const std::string& model, const std::string& version, const BatchPolicy& p);
+  // The series of `model` `version` in `m` (labels model, version; priority for pending
+  // and energy).
+  static ModelStats create(Metrics& m, const std::string& model, const std::string& version, const BatchPolicy& p,
+                           EnergyLedger* ledger = nullptr);
 };
 
 // A request after the server validated it: inputs in the model's own shapes, outputs the
@@ -111,6 +116,7 @@ class DynamicBatcher {
   const BatchPolicy policy_;
   std::vector<std::shared_ptr<TensorModel>> instances_;
   ModelStats stats_;
+  EnergyLedger::Kind energy_kind_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -35,6 +35,13 @@ struct InferRequest {
   // full-size stack that may block (REST's connection threads). gRPC's callback threads
   // may not: a ResNet batch run on one crashed.
   bool caller_may_run = false;
+  bool energy = false;  // report the request's energy in the response (slim serve --energy)
+};
+
+// A request's share of the energy of the batch that ran it (by its rows), and its carbon.
+struct RequestEnergy {
+  double joules = 0, grams = 0;
+  std::string source, region;  // EnergyLedger::source(), the grid region
 };
 
 struct InferResponse {
@@ -43,6 +50,7 @@ struct InferResponse {
   std::string id;
   // In the order of the request's outputs (or the model's when it named none).
   std::vector<std::pair<std::string, Tensor>> outputs;
+  std::optional<RequestEnergy> energy;  // when the request asked for it
 };
 
 // Exactly one of error / response is meaningful.

@@ -25,6 +25,7 @@
 namespace slim::serve {
 
 class Metrics;
+class EnergyLedger;
 
 struct LlmOptions {
   int max_sequences = 4;     // sequences generating at once (llama-server's -np)
@@ -82,6 +83,11 @@ class LlmGeneration {
   int reused_tokens() const { return reused_tokens_.load(); }
   int preemptions() const { return preemptions_.load(); }
   int64_t kv_bytes() const { return kv_bytes_.load(); }  // most KV any of its sequences held
+  // Its share of each step's energy by tokens, prefill and decode apart, and the carbon
+  // (slim serve --energy; complete when finished()).
+  double prefill_joules() const { return prefill_joules_.load(); }
+  double decode_joules() const { return decode_joules_.load(); }
+  double carbon_grams() const { return grams_.load(); }
 
  private:
   friend class LlmService;
@@ -93,6 +99,7 @@ class LlmGeneration {
   int prompt_tokens_ = 0;
   std::atomic<int> completion_tokens_{0}, reused_tokens_{0}, preemptions_{0};
   std::atomic<int64_t> kv_bytes_{0};
+  std::atomic<double> prefill_joules_{0}, decode_joules_{0}, grams_{0};
   std::atomic<bool> cancelled_{false};
 };
 
@@ -104,13 +111,16 @@ struct LlmStatus {
 class LlmService {
  public:
   // Loads the model and its tokenizer and starts the loop thread. Throws invalid_model /
-  // unsupported / not_found naming the file.
-  LlmService(std::string name, const std::string& gguf_path, LlmOptions options, Metrics* metrics);
+  // unsupported / not_found naming the file. With `energy`, each step is metered and its
+  // energy shared by the sequences in it by their tokens (`version` labels the counters).
+  LlmService(std::string name, const std::string& gguf_path, LlmOptions options, Metrics* metrics,
+             EnergyLedger* energy = nullptr, std::string version = "1");
   ~LlmService();  // stops the loop; requests still running end with an "error" event
   LlmService(const LlmService&) = delete;
   LlmService& operator=(const LlmService&) = delete;
 
   const std::string& name() const { return name_; }
+  const EnergyLedger* energy() const;  // null unless metered
   const LlmOptions& options() const { return options_; }
   int context_size() const { return n_ctx_; }
   int64_t created() const { return created_; }  // unix seconds of the load

@@ -32,6 +32,7 @@ struct OpenAiRequest {
   int n = 1;
   bool stream = false, include_usage = false;
   std::optional<int> priority;
+  bool energy = false;  // "slim_energy": true: usage.energy (slim serve --energy)
 };
 
 // Throws invalid_argument with OpenAI-style messages naming the field.

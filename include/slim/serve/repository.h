@@ -62,6 +62,7 @@ struct LoadOptions {
   int threads = 0;                // kernel threads of each ONNX session
   int64_t max_queue_size = 4096;  // per level when the config sets no bound
   Metrics* metrics = nullptr;
+  EnergyLedger* energy = nullptr;  // slim serve --energy
   LlmOptions llm;  // language models
   // Hash every version's files before loading them (the integrity check and the audit
   // need the digests); with keys, a version loads only if its model.sig verifies with one.

@@ -8,10 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "slim/core/tensor_model.h"
+#include "slim/energy/carbon.h"
+#include "slim/energy/meter.h"
 #include "slim/serve/llm_service.h"
 #include "slim/serve/memory_watch.h"
 #include "slim/serve/inference.h"
@@ -49,6 +52,10 @@ struct ServerOptions {
   int64_t max_queue_size = 4096;  // per model and level when the config sets no bound
   uint64_t request_timeout_us = 0;  // overall limit per request (0: none)
   LlmOptions llm;  // language models (GGUF) of the repository and --model
+  // Energy metering (--energy): the meter read around every batch and step, the carbon
+  // model that prices it (see EnergyLedger). None: off, at no cost to requests.
+  std::optional<energy::MeterOptions> energy;
+  energy::CarbonOptions carbon;
 };
 
 // The server's view of one version of a model, for metadata.
