@@ -28,6 +28,8 @@ packages=(
   # (protobuf-compiler, protobuf-compiler-grpc: Multi-Arch foreign, from setup.sh), which
   # gRPC's arm64 CMake config finds at /usr/bin.
   libgrpc++-dev:arm64 libcpp-httplib-dev:arm64
+  # The quant module's image decoders.
+  libpng-dev:arm64 libjpeg62-turbo-dev:arm64
   # The fuzz replay tests are built with ASan and UBSan (the cross toolchain's copies sit
   # outside qemu's library prefix).
   libasan8:arm64 libubsan1:arm64
