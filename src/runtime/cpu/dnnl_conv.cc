@@ -198,7 +198,6 @@ class DnnlConvKernel final : public OpKernel {
       std::call_once(finalized_, [this] { const_cast<DnnlConvKernel*>(this)->finalize(); });
       // In a private layout (negotiated at compile time) x or y already is in the layout
       // the primitive runs in, so they are used in place instead of reordered.
-      memory& src = private_src_ ? src_priv_ : src_mem_;
       memory& dst = private_dst_ ? dst_priv_ : dst_mem_;
       if (private_src_) {
         src_priv_.set_data_handle(x.raw_data());

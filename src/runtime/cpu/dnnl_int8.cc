@@ -274,6 +274,9 @@ dnnl::primitive_attr zero_point_attr() {
 struct Int8Conv::State {
   bool split = false, signed_source = false;
   int64_t cs = 0;  // channels oneDNN reads: C, or 2C when split
+  // Multiply-adds of one image: the primitive's OpenMP threads (limit_dnnl_threads), set
+  // again before each oneDNN call since the loops between them set their own.
+  int64_t macs = 0;
   PreparedWeights pw;
   dnnl::convolution_forward prim;
   mutable memory weights, src, dst, zp, pad;
@@ -315,7 +318,8 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   memory::dims wdims = {ocg, s.split ? 2 * cg : cg, g.w[2], g.w[3]};
   if (group > 1) wdims.insert(wdims.begin(), group);
   const memory::dims src_dims = {1, s.cs, g.x[2], g.x[3]}, dst_dims = {1, oc, g.y[2], g.y[3]};
-  limit_dnnl_threads_at_build();
+  s.macs = oc * g.y[2] * g.y[3] * (s.cs / group) * g.w[2] * g.w[3];
+  limit_dnnl_threads_at_build(s.macs, kMacsPerThread);
   dnnl_call(node, "8-bit convolution setup", [&] {
     const auto& eng = dnnl_engine();
     s.stream = dnnl::stream(eng);
@@ -375,12 +379,12 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
   int32_t* box = s.pw.any_comp ? piece<int32_t>(scratch, s.box_at) : nullptr;
   // An unsigned NHWC source oneDNN reads as it is; the rest is converted first.
   const bool in_place = x_channels_last && !s.split && !s.signed_source;
-  limit_dnnl_threads(ctx);
   for (int64_t img = 0; img < n; ++img) {
     const uint8_t* xi = static_cast<const uint8_t*>(x) + img * c * pixels;
     uint8_t* src = in_place ? const_cast<uint8_t*>(xi) : piece<uint8_t>(scratch, s.src_at);
     if (!in_place && !x_channels_last && s.src_reorder) {
       dnnl_call(ctx.node(), "reorder to NHWC", [&] {
+        limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
         s.src_plain.set_data_handle(const_cast<uint8_t*>(xi));
         s.src.set_data_handle(src);
         s.src_reorder.execute(s.stream, s.src_plain, s.src);
@@ -435,6 +439,7 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
       }
     }
     dnnl_call(ctx.node(), "8-bit convolution", [&] {
+      limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
       s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
       s.src.set_data_handle(src);
       s.dst.set_data_handle(acc);
@@ -458,6 +463,7 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
     });
     if (out.channels_last) continue;
     dnnl_call(ctx.node(), "reorder to NCHW", [&] {
+      limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
       s.out_nhwc.set_data_handle(acc);
       s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
                                              : static_cast<void*>(out.sums + img * oc * opixels));
@@ -474,6 +480,7 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
 struct Int8MatMul::State {
   bool split = false, signed_a = false;
   int64_t ks = 0;  // K, or 2K when split
+  int64_t macs = 0;  // the primitive's OpenMP threads (limit_dnnl_threads)
   PreparedWeights pw;
   dnnl::matmul prim;
   mutable memory weights, src, dst, zp, pad;
@@ -504,7 +511,8 @@ Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Te
       wd[size_t(i)] = v;
     }
   }
-  limit_dnnl_threads_at_build();
+  s.macs = rows_ * s.ks * n_;
+  limit_dnnl_threads_at_build(s.macs, kMacsPerThread);
   dnnl_call(node, "8-bit matmul setup", [&] {
     const auto& eng = dnnl_engine();
     s.stream = dnnl::stream(eng);
@@ -545,7 +553,6 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
   const bool convert = s.split || s.signed_a;
   uint8_t* a_buf = piece<uint8_t>(scratch, s.a_at);
   int32_t* row_sums = piece<int32_t>(scratch, s.rows_at);
-  limit_dnnl_threads(ctx);
   if (convert || s.pw.any_comp)
     parallel_items(ctx, rows_, k_, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
@@ -566,6 +573,7 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
     });
   int32_t* sums = out.sums ? out.sums : piece<int32_t>(scratch, s.dst_at);
   dnnl_call(ctx.node(), "8-bit matmul", [&] {
+    limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
     s.zp_value = s.signed_a ? a_zero_point + 128 : a_zero_point;
     s.src.set_data_handle(convert ? a_buf : const_cast<uint8_t*>(a8));
     s.dst.set_data_handle(sums);

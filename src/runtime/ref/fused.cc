@@ -154,9 +154,11 @@ class DynamicQuantizeConvKernel final : public OpKernel {
 
   void compute(KernelContext& ctx) const override {
     std::vector<Tensor> q(3), sums(1);
-    KernelContext quant_ctx(quant_node_, {ctx.input(0)}, &q, nullptr, &ctx.pool());
+    const std::vector<const Tensor*> quant_in{ctx.input(0)};
+    KernelContext quant_ctx(quant_node_, quant_in, &q, nullptr, &ctx.pool());
     quant_->compute(quant_ctx);
-    KernelContext conv_ctx(conv_node_, {&q[0], ctx.input(1), &q[2], ctx.input(2)}, &sums, nullptr, &ctx.pool());
+    const std::vector<const Tensor*> conv_in{&q[0], ctx.input(1), &q[2], ctx.input(2)};
+    KernelContext conv_ctx(conv_node_, conv_in, &sums, nullptr, &ctx.pool());
     conv_->compute(conv_ctx);
     const Tensor& acc = sums[0];
     const int64_t m = acc.shape()[1], plane = acc.numel() / std::max<int64_t>(1, acc.shape()[0] * m);

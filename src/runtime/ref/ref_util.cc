@@ -142,7 +142,8 @@ KernelDef with_inferred_outputs(KernelDef def, OutputInference infer) {
     for (const auto& in : info.inputs)
       if (in.present && (!in.dtype || !in.shape)) return kernel;
     std::vector<Tensor> none;
-    const KernelContext ctx(info.node, {}, &none, nullptr, nullptr);
+    const std::vector<const Tensor*> no_inputs;
+    const KernelContext ctx(info.node, no_inputs, &none, nullptr, nullptr);
     std::vector<std::pair<DType, Shape>> outputs;
     try {
       outputs = infer(info, ctx);
