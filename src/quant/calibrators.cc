@@ -11,6 +11,8 @@ namespace slim::quant {
 namespace {
 
 constexpr int kMseCandidates = 256;
+// Entropy thresholds that clip more than this share of the values are not candidates.
+constexpr double kEntropyMaxClipped = 0.01;
 
 struct QRange {
   int qmin, qmax;
@@ -107,11 +109,15 @@ int entropy_threshold_bins(const std::vector<double>& abs_counts, int levels) {
   if (n <= levels) return n;
   double best = std::numeric_limits<double>::infinity();
   int best_i = n;
-  double outliers = 0;
+  double outliers = 0, total = 0;
+  for (int k = 0; k < n; ++k) total += abs_counts[size_t(k)];
   for (int k = levels; k < n; ++k) outliers += abs_counts[size_t(k)];
   std::vector<double> p, q;
   for (int i = levels; i <= n; ++i) {
     if (i > levels) outliers -= abs_counts[size_t(i - 1)];
+    // The search folds the clipped values into the last bin of both distributions, so a
+    // threshold below most of the data (values far from 0: a variance) looks perfect.
+    if (outliers > kEntropyMaxClipped * total) continue;
     p.assign(abs_counts.begin(), abs_counts.begin() + i);
     p[size_t(i - 1)] += outliers;
     // The first i bins merged into `levels` levels (the last takes the remainder), each

@@ -64,6 +64,8 @@ std::optional<Range> clamp_range(const Graph& g, const GraphIndex& index, const 
   return r;
 }
 
+const std::set<std::string> kBoundedOps = {"Softmax", "Sigmoid", "HardSigmoid", "Tanh"};
+
 struct Plan {
   std::set<std::string> quantized;  // activations that get a Q/DQ pair
   UnionFind groups;                 // of activations that share one scale
@@ -233,7 +235,15 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
     info.names = members_of[root];
     info.min = s.min;
     info.max = s.max;
-    info.range = calibrate(s, o.calibrator, o.activations);
+    // Outputs of bounded activations (attention weights, gates) keep their whole range:
+    // the values near the bound carry the decision, and clipping them costs more than
+    // the finer steps gain.
+    bool bounded = false;
+    for (const auto& t : info.names) {
+      auto p = index.producer.find(t);
+      bounded |= p != index.producer.end() && kBoundedOps.count(g.nodes[p->second].op_type);
+    }
+    info.range = bounded ? Range{s.min, s.max} : calibrate(s, o.calibrator, o.activations);
     info.params = quantization_params(info.range, o.activations);
     params[root] = info.params;
     const std::string scale = names.fresh(root + "_scale"), zp = names.fresh(root + "_zero_point");

@@ -64,10 +64,10 @@ QuantizedWeight quantize_weight(const Tensor& w, int axis);
 Tensor dequantize_weight(const QuantizedWeight& q);  // f32
 
 // Entropy calibration on |x| bins (TensorRT's search, as ONNX Runtime and MXNet run it):
-// for each i from `levels` to the last non-empty bin, the KL divergence between the first
-// i bins (the rest folded into bin i−1) and their quantization to `levels` levels;
-// returns the i of the smallest divergence (the threshold is i bin widths). Exposed for
-// the tests.
+// for each i from `levels` to the last non-empty bin that clips at most 1% of the values,
+// the KL divergence between the first i bins (the rest folded into bin i−1) and their
+// quantization to `levels` levels; returns the i of the smallest divergence (the
+// threshold is i bin widths). Exposed for the tests.
 int entropy_threshold_bins(const std::vector<double>& abs_counts, int levels);
 
 }  // namespace slim::quant
