@@ -195,40 +195,59 @@ Range calibrate(const TensorStats& s, const CalibratorOptions& o, const Activati
   return {s.min, s.max};
 }
 
+namespace {
+
+// A weight viewed as [outer, channels, inner] around the quantization axis.
+struct ChannelView {
+  int64_t outer = 1, channels = 1, inner = 1;
+  ChannelView(const Shape& shape, int axis, int64_t numel) : inner(numel) {
+    if (axis < 0) return;
+    for (int d = 0; d < axis; ++d) outer *= shape[size_t(d)];
+    channels = shape[size_t(axis)];
+    inner = channels ? numel / outer / channels : 0;
+  }
+};
+
+void round_channel(const float* x, int8_t* out, const ChannelView& v, int64_t c, float s) {
+  for (int64_t o = 0; o < v.outer; ++o)
+    for (int64_t i = 0; i < v.inner; ++i) {
+      const int64_t k = (o * v.channels + c) * v.inner + i;
+      out[k] = int8_t(std::clamp(std::nearbyint(x[k] / s), -127.0f, 127.0f));
+    }
+}
+
+}  // namespace
+
 QuantizedWeight quantize_weight(const Tensor& w, int axis) {
   check(w.dtype() == DType::f32, ErrorCode::invalid_argument,
         "quantize_weight: " + w.describe() + " is not f32");
+  check(axis < w.rank(), ErrorCode::invalid_argument,
+        "quantize_weight: axis " + std::to_string(axis) + " of " + w.describe());
   const Tensor src = w.contiguous();
   const float* x = src.data<float>();
-  int64_t outer = 1, channels = 1, inner = w.numel();
-  if (axis >= 0) {
-    check(axis < w.rank(), ErrorCode::invalid_argument,
-          "quantize_weight: axis " + std::to_string(axis) + " of " + w.describe());
-    outer = 1;
-    for (int d = 0; d < axis; ++d) outer *= w.shape()[size_t(d)];
-    channels = w.shape()[size_t(axis)];
-    inner = channels ? w.numel() / outer / channels : 0;
-  }
+  const ChannelView v(w.shape(), axis, w.numel());
   QuantizedWeight q;
   q.axis = axis;
   q.values = Tensor(DType::i8, w.shape());
-  q.scales.assign(size_t(channels), 1.0f);
-  int8_t* out = q.values.data<int8_t>();
-  for (int64_t c = 0; c < channels; ++c) {
+  q.scales.assign(size_t(v.channels), 1.0f);
+  for (int64_t c = 0; c < v.channels; ++c) {
     float absmax = 0;
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t i = 0; i < inner; ++i)
-        absmax = std::max(absmax, std::fabs(x[(o * channels + c) * inner + i]));
+    for (int64_t o = 0; o < v.outer; ++o)
+      for (int64_t i = 0; i < v.inner; ++i)
+        absmax = std::max(absmax, std::fabs(x[(o * v.channels + c) * v.inner + i]));
     const float scale = (absmax - -absmax) / 254.0f;
     q.scales[size_t(c)] = scale >= std::numeric_limits<float>::min() ? scale : 1.0f;
-    const float s = q.scales[size_t(c)];
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t i = 0; i < inner; ++i) {
-        const int64_t k = (o * channels + c) * inner + i;
-        out[k] = int8_t(std::clamp(std::nearbyint(x[k] / s), -127.0f, 127.0f));
-      }
+    round_channel(x, q.values.data<int8_t>(), v, c, q.scales[size_t(c)]);
   }
   return q;
+}
+
+void widen_weight_scale(const Tensor& w, QuantizedWeight& q, int64_t c, float scale) {
+  if (!(scale > q.scales[size_t(c)])) return;
+  q.scales[size_t(c)] = scale;
+  const Tensor src = w.contiguous();
+  round_channel(src.data<float>(), q.values.data<int8_t>(),
+                ChannelView(w.shape(), q.axis, w.numel()), c, scale);
 }
 
 Tensor dequantize_weight(const QuantizedWeight& q) {

@@ -66,6 +66,10 @@ std::optional<Range> clamp_range(const Graph& g, const GraphIndex& index, const 
 
 const std::set<std::string> kBoundedOps = {"Softmax", "Sigmoid", "HardSigmoid", "Tanh"};
 
+// Biases stay below 2^30 int32 steps, half the range, leaving room for a bias correction
+// made after the check and for the integer kernels' sums.
+constexpr double kBiasLimit = double(1 << 30);
+
 struct Plan {
   std::set<std::string> quantized;  // activations that get a Q/DQ pair
   UnionFind groups;                 // of activations that share one scale
@@ -271,43 +275,72 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
     if (quantized.count(in.name)) qdq_pair(in.name, front);
 
   // Weights (and biases, after bias correction) of the selected weighted nodes.
-  std::map<std::pair<std::string, int>, std::pair<std::string, QuantizedWeight>> weights;
+  struct WeightEntry {
+    std::string output, scale;  // the DequantizeLinear's output, the scale initializer
+    QuantizedWeight q;
+  };
+  std::map<std::pair<std::string, int>, WeightEntry> weights;
   std::set<std::string> replaced;  // float initializers the quantized ones stand for
   std::set<std::string> weighted;  // nodes whose weight was quantized
   for (auto& n : g.nodes) {
     if (!selected(n) || weight_input(g, index, n) < 0) continue;
     const std::string wname = n.inputs[1];
     const int axis = o.per_channel ? weight_channel_axis(g, n) : -1;
-    auto& entry = weights[{wname, axis}];
-    if (entry.first.empty()) {
-      const Tensor& w = g.initializers.at(wname);
-      entry.second = quantize_weight(w, axis);
-      const QuantizedWeight& q = entry.second;
-      const std::string qn = names.fresh(wname + "_quantized"), sn = names.fresh(wname + "_scale"),
+    WeightEntry& entry = weights[{wname, axis}];
+    const Tensor& w = g.initializers.at(wname);
+    if (entry.output.empty()) {
+      entry.q = quantize_weight(w, axis);
+      const std::string qn = names.fresh(wname + "_quantized"),
                         zn = names.fresh(wname + "_zero_point");
-      g.initializers[qn] = q.values;
-      const int64_t c = int64_t(q.scales.size());
-      g.initializers[sn] = axis >= 0 ? Tensor::from_vector<float>({c}, q.scales)
-                                     : Tensor::scalar<float>(q.scales[0]);
+      entry.scale = names.fresh(wname + "_scale");
+      g.initializers[qn] = entry.q.values;
+      const int64_t c = int64_t(entry.q.scales.size());
       g.initializers[zn] = axis >= 0 ? Tensor(DType::i8, {c}) : Tensor::scalar<int8_t>(0);
-      entry.first = names.fresh(wname + "_DequantizeLinear_Output");
+      entry.output = names.fresh(wname + "_DequantizeLinear_Output");
       Node dq{names.fresh(wname + "_DequantizeLinear"),
               "DequantizeLinear",
               "",
-              {qn, sn, zn},
-              {entry.first},
+              {qn, entry.scale, zn},
+              {entry.output},
               {}};
       if (axis >= 0) dq.attrs["axis"] = int_attr(axis);
       front.push_back(std::move(dq));
       rep.weights_quantized++;
       rep.weight_bytes_float += int64_t(w.nbytes());
-      rep.weight_bytes_quantized += int64_t(q.values.nbytes());
+      rep.weight_bytes_quantized += int64_t(entry.q.values.nbytes());
     }
-    const QuantizedWeight& q = entry.second;
-    const Tensor& w = g.initializers.at(wname);
-    n.inputs[1] = entry.first;
+    QuantizedWeight& q = entry.q;
+    n.inputs[1] = entry.output;
     replaced.insert(wname);
     weighted.insert(n.name);
+
+    // The bias becomes int32 at scale s_x·s_w when the input is quantized. A channel whose
+    // weights are all near 0 has a tiny s_w, and b / (s_x·s_w) may not fit: its s_w grows
+    // until the bias fits with room to spare (ONNX Runtime's quantizer does the same).
+    const int64_t channels =
+        w.shape()[size_t(n.op_type == "Gemm"            ? (n.attr_int("transB", 0) ? 0 : 1)
+                         : n.op_type == "ConvTranspose" ? 1
+                                                        : 0)];
+    // The bias (a constant [channels]) when it will be stored as int32, else nullptr.
+    auto int32_bias = [&]() -> const Tensor* {
+      const Tensor* b = n.inputs.size() > 2 ? index.constant(g, n.inputs[2]) : nullptr;
+      const bool ok = n.op_type != "MatMul" && quantized.count(n.inputs[0]) && b &&
+                      b->dtype() == DType::f32 && b->rank() == 1 && b->numel() == channels &&
+                      (n.op_type != "ConvTranspose" || n.attr_int("group", 1) == 1) &&
+                      (n.op_type != "Gemm" || n.attr_float("beta", 1.0f) == 1.0f);
+      return ok ? b : nullptr;
+    };
+    const float sx =
+        quantized.count(n.inputs[0]) ? params.at(groups.find(n.inputs[0])).scale : 1.0f;
+    if (const Tensor* bias = int32_bias()) {
+      const Tensor b = bias->contiguous();
+      for (int64_t c = 0; c < channels; ++c)
+        widen_weight_scale(w, q, q.scales.size() == 1 ? 0 : c,
+                           float(std::fabs(b.data<float>()[c]) / (double(sx) * kBiasLimit)));
+    }
+    g.initializers[entry.scale] =
+        axis >= 0 ? Tensor::from_vector<float>({int64_t(q.scales.size())}, q.scales)
+                  : Tensor::scalar<float>(q.scales[0]);
 
     if (o.bias_correction && n.op_type != "ConvTranspose") {
       auto st = stats.find(n.inputs[0]);
@@ -360,20 +393,8 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
       }
     }
 
-    // The bias as int32 at scale s_x·s_w, when the input is quantized.
-    if (n.op_type == "MatMul" || n.inputs.size() < 3 || n.inputs[2].empty() ||
-        !quantized.count(n.inputs[0]))
-      continue;
-    const Tensor* bias = index.constant(g, n.inputs[2]);
-    const int64_t channels =
-        w.shape()[size_t(n.op_type == "Gemm"            ? (n.attr_int("transB", 0) ? 0 : 1)
-                         : n.op_type == "ConvTranspose" ? 1
-                                                        : 0)];
-    if (!bias || bias->dtype() != DType::f32 || bias->rank() != 1 || bias->numel() != channels)
-      continue;
-    if (n.op_type == "ConvTranspose" && n.attr_int("group", 1) != 1) continue;
-    if (n.op_type == "Gemm" && n.attr_float("beta", 1.0f) != 1.0f) continue;
-    const float sx = params.at(groups.find(n.inputs[0])).scale;
+    const Tensor* bias = int32_bias();  // bias correction may have replaced or added it
+    if (!bias) continue;
     const Tensor b = bias->contiguous();
     Tensor qb(DType::i32, {channels});
     std::vector<float> scales(static_cast<size_t>(channels));

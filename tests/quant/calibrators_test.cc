@@ -169,6 +169,19 @@ TEST(Calibrators, WeightsMatchNumpy) {
   }
 }
 
+TEST(Calibrators, WidenedWeightScalesRoundAgain) {
+  const Tensor w = Tensor::from_vector<float>({2, 3}, {0.5f, -1.0f, 0.25f, 1e-6f, -2e-6f, 0.0f});
+  QuantizedWeight q = quantize_weight(w, 0);
+  EXPECT_EQ(q.values.data<int8_t>()[4], -127);
+  widen_weight_scale(w, q, 1, 1e-7f);
+  EXPECT_EQ(q.scales[1], 1e-7f);
+  EXPECT_EQ(q.values.data<int8_t>()[3], 10);
+  EXPECT_EQ(q.values.data<int8_t>()[4], -20);
+  widen_weight_scale(w, q, 1, 1e-9f);  // never narrows
+  EXPECT_EQ(q.scales[1], 1e-7f);
+  EXPECT_EQ(q.values.data<int8_t>()[1], -127);  // other channels untouched
+}
+
 TEST(Calibrators, FakeQuantizeRoundsHalfToEven) {
   const ActivationType u8{DType::u8, false};
   const QuantParams p{0.5f, 10};

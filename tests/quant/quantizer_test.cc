@@ -215,6 +215,26 @@ TEST(Quantizer, BiasCorrectionCancelsTheMeanShiftOfRoundedWeights) {
   }
 }
 
+TEST(Quantizer, BiasesFitInt32) {
+  // Channel 1's weights are ~1e-9: at s_x·s_w its bias of 2 would be ~1e9·2^... steps, past
+  // int32; its weight scale grows until the bias fits in 2^30 steps.
+  const fs::path d = scratch("tiny");
+  const std::string out = (d / "tiny.onnx").string();
+  quantize_model(models() + "tiny.onnx", out, samples("tiny", "calib"), QuantizeOptions{});
+  const Model q = OnnxImporter::load_file(out);
+  const Node* conv = node(q.graph, "conv");
+  const Node* bdq = producer(q.graph, conv->inputs[2]);
+  const Tensor& bq = q.graph.initializers.at(bdq->inputs[0]);
+  const Tensor& bs = q.graph.initializers.at(bdq->inputs[1]);
+  const float want[] = {0.5f, 2.0f, -1.0f};
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_LE(std::abs(int64_t(bq.data<int32_t>()[c])), int64_t(1) << 30) << c;
+    EXPECT_NEAR(bq.data<int32_t>()[c] * double(bs.data<float>()[c]), want[c], bs.data<float>()[c]) << c;
+  }
+  const Node* wdq = producer(q.graph, conv->inputs[1]);
+  EXPECT_GT(q.graph.initializers.at(wdq->inputs[1]).data<float>()[1], 1e-9f / 127);
+}
+
 TEST(Quantizer, RefusesBadOptions) {
   const fs::path d = scratch("bad");
   QuantizeOptions o;

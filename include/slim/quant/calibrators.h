@@ -61,6 +61,9 @@ struct QuantizedWeight {
   int axis = -1;
 };
 QuantizedWeight quantize_weight(const Tensor& w, int axis);
+// Raises channel c's scale (of `q`, made from `w`) to `scale` and rounds its values again:
+// a bias must fit int32 at scale s_x·s_w, which a near-zero channel's tiny s_w breaks.
+void widen_weight_scale(const Tensor& w, QuantizedWeight& q, int64_t c, float scale);
 Tensor dequantize_weight(const QuantizedWeight& q);  // f32
 
 // Entropy calibration on |x| bins (TensorRT's search, as ONNX Runtime and MXNet run it):
