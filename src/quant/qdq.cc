@@ -235,7 +235,7 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
       param_names;  // group -> scale, zero point
   std::map<std::string, QuantParams> params;
   for (const auto& [root, s] : merged) {
-    QuantizeReport::Tensor info;
+    QuantizeReport::ActivationRange info;
     info.names = members_of[root];
     info.min = s.min;
     info.max = s.max;
@@ -255,7 +255,7 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
     g.initializers[zp] = act == DType::u8 ? Tensor::scalar<uint8_t>(uint8_t(info.params.zero_point))
                                           : Tensor::scalar<int8_t>(int8_t(info.params.zero_point));
     param_names[root] = {scale, zp};
-    rep.tensors.push_back(std::move(info));
+    rep.ranges.push_back(std::move(info));
   }
   rep.activations_quantized = int64_t(quantized.size());
 

@@ -181,7 +181,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   std::printf(
       "  %lld activations in %zu ranges, %lld weights (%.2f MiB -> %.2f MiB), %lld biases "
       "(int32)\n",
-      (long long)rep.activations_quantized, rep.tensors.size(), (long long)rep.weights_quantized,
+      (long long)rep.activations_quantized, rep.ranges.size(), (long long)rep.weights_quantized,
       rep.weight_bytes_float / 1048576.0, rep.weight_bytes_quantized / 1048576.0,
       (long long)rep.biases_quantized);
   if (rep.batch_norms_folded)
@@ -202,7 +202,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   js["samples"] = rep.samples;
   js["stats_from_cache"] = rep.stats_from_cache;
   js["nodes_quantized"] = rep.nodes_quantized;
-  for (const auto& t : rep.tensors) {
+  for (const auto& t : rep.ranges) {
     js["ranges"].push_back({{"tensors", t.names},
                             {"min", t.min},
                             {"max", t.max},

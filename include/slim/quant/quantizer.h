@@ -53,14 +53,15 @@ struct QuantizeReport {
   int64_t activations_removed = 0;  // Relu/Clip whose clamp the QuantizeLinear does
   int64_t batch_norms_folded = 0, smoothed = 0, bias_corrected = 0;
   int64_t weight_bytes_float = 0, weight_bytes_quantized = 0;
-  // Per quantized activation group: its tensors' names and the chosen range and params.
-  struct Tensor {
+  // Per group of activations that share a scale: their names, the observed and the
+  // chosen range, and the QuantizeLinear parameters.
+  struct ActivationRange {
     std::vector<std::string> names;
     double min = 0, max = 0;
     Range range;
     QuantParams params;
   };
-  std::vector<Tensor> tensors;
+  std::vector<ActivationRange> ranges;
 };
 
 // Quantizes the model at `input` and writes the QDQ model to `output`.
