@@ -19,12 +19,14 @@ packages=(
   libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc
   # The PNG charts of `slim report` (tools/slim/plot.cc).
   libcairo2-dev
+  # slim quantize: calibration images (PNG, JPEG).
+  libpng-dev libjpeg62-turbo-dev
 )
 if ! $build_only; then
   packages+=(
     git clang libclang-rt-14-dev libonnx-testdata libgtest-dev libgmock-dev
     openssl python3-cryptography
-    python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex
+    python3 python3-numpy python3-onnx python3-sklearn python3-xgboost python3-regex python3-pil
     python3-sentencepiece sentencepiece
     # The emulation tests run kernels under qemu-x86_64 and valgrind as CPUs without
     # AVX-512 / AVX2.

@@ -30,6 +30,8 @@ packages=(
   libgrpc++-dev:arm64 libcpp-httplib-dev:arm64
   # The PNG charts of `slim report`.
   libcairo2-dev:arm64
+  # The quant module's image decoders.
+  libpng-dev:arm64 libjpeg62-turbo-dev:arm64
   # The fuzz replay tests are built with ASan and UBSan (the cross toolchain's copies sit
   # outside qemu's library prefix).
   libasan8:arm64 libubsan1:arm64

@@ -7,7 +7,9 @@ const path = require('path');
 const ort = require('onnxruntime-node');
 
 async function main() {
-  const [model, specPath, threads, warmup, iters, outDir, spin] = process.argv.slice(2);
+  // optimization: ORT's graph optimization level ('all' by default; 'disabled' runs the
+  // graph's own ops, e.g. a QDQ model's QuantizeLinear/DequantizeLinear as written).
+  const [model, specPath, threads, warmup, iters, outDir, spin, optimization] = process.argv.slice(2);
   const spec = JSON.parse(fs.readFileSync(specPath, 'utf8'));
   const feeds = {};
   for (const inp of spec.inputs) {
@@ -24,7 +26,7 @@ async function main() {
     intraOpNumThreads: Number(threads),
     interOpNumThreads: 1,
     executionMode: 'sequential',
-    graphOptimizationLevel: 'all',
+    graphOptimizationLevel: optimization || 'all',
     // run.py --no-spin: idle intra-op threads sleep instead of spinning.
     ...(spin === '0' ? { extra: { session: { intra_op: { allow_spinning: '0' } } } } : {}),
   });

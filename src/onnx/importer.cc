@@ -1,7 +1,5 @@
 #include "slim/onnx/importer.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <onnx/onnx-data_pb.h>
 #include <onnx/onnx_pb.h>
 
@@ -15,6 +13,7 @@
 
 #include "slim/core/mapped_file.h"
 #include "function_inliner.h"
+#include "proto_graph.h"
 #include "proto_tensor.h"
 
 namespace slim {
@@ -384,36 +383,15 @@ void convert_graph(onnx::GraphProto& p, Graph& g, LoadContext& ctx, const std::s
   }
   for (const auto& vi : p.value_info()) g.value_info.push_back(convert_value_info(vi));
 
-  std::set<std::string> names;
-  for (const auto& np : p.node())
-    if (!np.name().empty()) names.insert(np.name());
+  std::vector<std::string> names = graph_node_names(p);
   g.nodes.resize(size_t(p.node_size()));
   for (int i = 0; i < p.node_size(); ++i) {
     onnx::NodeProto& np = *p.mutable_node(i);
     Node& n = g.nodes[size_t(i)];
     n.op_type = np.op_type();
-    n.name = np.name();
-    if (n.name.empty()) {
-      // Messages and profiles need a name; "<op>_<index>" is what ONNX tools show too.
-      std::string base = (np.op_type().empty() ? "node" : np.op_type()) + "_" + std::to_string(i);
-      std::string name = base;
-      for (int k = 1; names.count(name); ++k) name = base + "_" + std::to_string(k);
-      names.insert(name);
-      n.name = std::move(name);
-    }
+    n.name = std::move(names[size_t(i)]);
     convert_node(np, n, ctx, where);
   }
-}
-
-// Protobuf refuses messages over its default 64 MiB unless told otherwise; weights up
-// to the format's own 2 GiB limit are normal.
-template <typename Message>
-bool parse_large(Message& msg, const void* data, size_t size) {
-  if (size > size_t(INT_MAX)) return false;
-  google::protobuf::io::ArrayInputStream raw(data, int(size));
-  google::protobuf::io::CodedInputStream in(&raw);
-  in.SetTotalBytesLimit(INT_MAX);
-  return msg.ParsePartialFromCodedStream(&in) && in.ConsumedEntireMessage();
 }
 
 // Free values of a graph: names its nodes (and their subgraphs) read, and outputs it
@@ -602,6 +580,27 @@ Model load_model_proto(onnx::ModelProto& p, const std::string& name, const std::
 }
 
 }  // namespace
+
+std::vector<std::string> graph_node_names(const onnx::GraphProto& graph) {
+  std::set<std::string> taken;
+  for (const auto& np : graph.node())
+    if (!np.name().empty()) taken.insert(np.name());
+  std::vector<std::string> names;
+  names.reserve(size_t(graph.node_size()));
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const auto& np = graph.node(i);
+    std::string name = np.name();
+    if (name.empty()) {
+      // Messages and profiles need a name; "<op>_<index>" is what ONNX tools show too.
+      const std::string base = (np.op_type().empty() ? "node" : np.op_type()) + "_" + std::to_string(i);
+      name = base;
+      for (int k = 1; taken.count(name); ++k) name = base + "_" + std::to_string(k);
+      taken.insert(name);
+    }
+    names.push_back(std::move(name));
+  }
+  return names;
+}
 
 std::set<std::string> outer_scope_refs(const Graph& graph) {
   std::set<std::string> refs;

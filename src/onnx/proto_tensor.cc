@@ -260,6 +260,35 @@ std::optional<DType> dtype_from_onnx(int32_t elem_type) {
   }
 }
 
+int32_t onnx_elem_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return onnx::TensorProto::FLOAT;
+    case DType::u8: return onnx::TensorProto::UINT8;
+    case DType::i8: return onnx::TensorProto::INT8;
+    case DType::u16: return onnx::TensorProto::UINT16;
+    case DType::i16: return onnx::TensorProto::INT16;
+    case DType::i32: return onnx::TensorProto::INT32;
+    case DType::i64: return onnx::TensorProto::INT64;
+    case DType::boolean: return onnx::TensorProto::BOOL;
+    case DType::f16: return onnx::TensorProto::FLOAT16;
+    case DType::f64: return onnx::TensorProto::DOUBLE;
+    case DType::u32: return onnx::TensorProto::UINT32;
+    case DType::u64: return onnx::TensorProto::UINT64;
+    case DType::bf16: return onnx::TensorProto::BFLOAT16;
+  }
+  return onnx::TensorProto::UNDEFINED;
+}
+
+onnx::TensorProto tensor_to_proto(const Tensor& tensor, const std::string& name) {
+  onnx::TensorProto p;
+  p.set_name(name);
+  p.set_data_type(onnx_elem_type(tensor.dtype()));
+  for (int64_t d : tensor.shape()) p.add_dims(d);
+  const Tensor packed = tensor.contiguous();
+  p.set_raw_data(static_cast<const char*>(packed.raw_data()), packed.nbytes());
+  return p;
+}
+
 Tensor tensor_from_proto(onnx::TensorProto& p, TensorSource& src, const std::string& what,
                          const std::string_view* raw_outside) {
   const int32_t et = p.data_type();

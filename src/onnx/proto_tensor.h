@@ -28,6 +28,10 @@ struct TensorSource {
 std::string onnx_elem_type_name(int32_t elem_type);
 // The slim dtype of an ONNX element type; nullopt for string, complex, float8, 4-bit.
 std::optional<DType> dtype_from_onnx(int32_t elem_type);
+// The ONNX element type of a slim dtype (the inverse of dtype_from_onnx).
+int32_t onnx_elem_type(DType dtype);
+// A tensor as a TensorProto named `name`, its elements in raw_data (little-endian).
+onnx::TensorProto tensor_to_proto(const Tensor& tensor, const std::string& name);
 
 // Converts a tensor; `what` names it in errors ("model.onnx: initializer 'w'"). Data
 // stored in the message (raw_data) is released once copied, to keep peak memory low.

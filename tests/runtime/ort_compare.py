@@ -40,8 +40,9 @@ def setup(description):
     return args, found[0]
 
 
-def run_ort(node_modules, model, feeds, work):
-    """ONNX Runtime's outputs of `model` on `feeds` (float32 or int32 arrays), by name."""
+def run_ort(node_modules, model, feeds, work, optimization="all"):
+    """ONNX Runtime's outputs of `model` on `feeds` (float32 or int32 arrays), by name;
+    `optimization` is its graph optimization level ("disabled": the model's own ops)."""
     spec = {"inputs": []}
     for name, arr in feeds.items():
         f = os.path.join(work, name + ".bin")
@@ -53,7 +54,7 @@ def run_ort(node_modules, model, feeds, work):
     out = os.path.join(work, "ort")
     env = dict(os.environ, NODE_PATH=node_modules)
     subprocess.run(["node", os.path.join(ROOT, "bench", "vs_ort", "ort_bench.js"), model, spec_path, "1", "0", "1",
-                    out], check=True, env=env)
+                    out, "1", optimization], check=True, env=env)
     res = json.load(open(os.path.join(out, "result.json")))
     return {o["name"]: np.fromfile(o["file"], dtype=np.float32).reshape(o["dims"]) for o in res["outputs"]}
 

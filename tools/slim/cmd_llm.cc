@@ -1,5 +1,6 @@
-// slim generate / perplexity / quantize: the language-model engine's front door. Also
-// registers GGUF as a tokenizer source so `slim tokenize MODEL.gguf` works.
+// slim generate / perplexity: the language-model engine's front door (quantize is in
+// cmd_quantize.cc). Also registers GGUF as a tokenizer source so `slim tokenize
+// MODEL.gguf` works.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,7 +16,6 @@
 #include "slim/core/progress.h"
 #include "slim/llm/gguf_tokenizer.h"
 #include "slim/llm/model.h"
-#include "slim/llm/quantize.h"
 #include "slim/llm/sampler.h"
 #include "slim/llm/text_generator.h"
 #include "slim/text/tokenizer_loader.h"
@@ -392,44 +392,9 @@ void add_perplexity(CLI::App& app) {
   cmd->callback([a] { run_perplexity(*a); });
 }
 
-struct QuantizeArgs {
-  std::string in, out, type;
-  int threads = 0;
-};
-
-void add_quantize(CLI::App& app) {
-  auto a = std::make_shared<QuantizeArgs>();
-  auto* cmd = app.add_subcommand("quantize", "Quantize a GGUF model's weights (llama.cpp-compatible output)");
-  cmd->add_option("input", a->in, "Source GGUF (F32/F16/BF16 weights)")->required();
-  cmd->add_option("output", a->out, "Output GGUF")->required();
-  cmd->add_option("--type", a->type, "q8_0, q4_0, q4_k, q6_k or q4_k_m")->required();
-  add_threads_option(cmd, &a->threads);
-  add_isa_option(cmd);
-  cmd->callback([a] {
-    const llm::QuantScheme scheme = llm::parse_quant_scheme(a->type);
-    const int threads = a->threads > 0 ? a->threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    std::unique_ptr<Progress> p;
-    auto rep = llm::quantize_model(a->in, a->out, scheme, threads, [&](int64_t done, int64_t total) {
-      if (!p) p = std::make_unique<Progress>("quantize " + a->type, total);
-      p->update(done);
-    });
-    if (p) p->finish();
-    std::printf("%s -> %s (%s)\n", a->in.c_str(), a->out.c_str(), llm::quant_scheme_name(scheme));
-    std::printf("size: %.2f MiB -> %.2f MiB (%.2f bits per weight over all tensors)\n", rep.bytes_in / 1048576.0,
-                rep.bytes_out / 1048576.0, rep.weights_quantized ? 8.0 * rep.bytes_out / double(rep.weights_quantized) : 0.0);
-    std::printf("tensors:");
-    for (const auto& [t, n] : rep.tensors_per_type) std::printf(" %s=%d", t.c_str(), n);
-    std::printf("\n");
-    if (rep.fallbacks)
-      std::printf("note: %d tensors have rows not a multiple of 256 and use Q4_0/Q8_0 instead of a K-quant\n",
-                  rep.fallbacks);
-  });
-}
-
 }  // namespace
 
 SLIM_COMMAND(40, add_generate);
 SLIM_COMMAND(41, add_perplexity);
-SLIM_COMMAND(42, add_quantize);
 
 }  // namespace slim::cli

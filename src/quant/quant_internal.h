@@ -1,0 +1,91 @@
+// The steps of quantize_model, each in its own file: preparing the float graph,
+// collecting statistics (and the cache), SmoothQuant, and writing Q/DQ nodes.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "slim/onnx/graph.h"
+#include "slim/quant/quantizer.h"
+#include "slim/runtime/session.h"
+
+namespace slim::quant::detail {
+
+// Names in use anywhere in a model (subgraphs included), and fresh ones.
+class NameSet {
+ public:
+  explicit NameSet(const Graph& g);
+  std::string fresh(const std::string& base);
+
+ private:
+  std::set<std::string> names_;
+};
+
+// Who produces and who reads each value of the main graph.
+struct GraphIndex {
+  explicit GraphIndex(const Graph& g);
+  std::map<std::string, size_t> producer;                // value -> node index
+  std::map<std::string, std::vector<size_t>> consumers;  // value -> node indices (each once)
+  std::set<std::string> captured;                        // read inside subgraphs
+  std::set<std::string> graph_outputs, graph_inputs;
+  const Tensor* constant(const Graph& g, const std::string& name) const;
+};
+
+// The ops quantize_model knows, and how it treats each.
+bool is_quantizable_op(const std::string& op);
+// Ops whose output takes its input's scale (data movement, max pooling): exact in 8 bits.
+bool shares_input_scale(const std::string& op);
+// The weight input of a weighted node (Conv, ConvTranspose, MatMul, Gemm) when it is a
+// constant, and the axis of its output channels; -1 otherwise.
+int weight_input(const Graph& g, const GraphIndex& index, const Node& n);
+int weight_channel_axis(const Graph& g, const Node& n);
+// Inputs of a quantized node that are activations (float, not constants).
+std::vector<size_t> activation_inputs(const Graph& g, const GraphIndex& index, const Node& n);
+
+// Opset 13, Constant nodes as initializers, BatchNormalization folded into Conv/Gemm.
+// Depends on the model only, so statistics of the prepared model can be cached.
+void prepare_float_model(Model& model, QuantizeReport& report);
+
+struct ObserveSpec {
+  bool channels = false;  // keep per-channel statistics along `axis` (negative: from the end)
+  int axis = 0;
+  bool histograms = false;  // and per-channel histograms
+};
+using ObservePlan = std::map<std::string, ObserveSpec>;
+// Every activation a quantizable node reads or writes, whatever the options choose.
+ObservePlan observe_plan(const Model& model);
+
+// Runs a model batch by batch: one session per set of input shapes (the last batch may
+// be short), compiled with the model's symbolic input dims fixed to them, so the cpu
+// provider claims every node from the first run.
+class BatchRunner {
+ public:
+  BatchRunner(Model model, SessionOptions options)
+      : model_(std::move(model)), options_(std::move(options)) {}
+  TensorMap run(const TensorMap& feeds, const std::vector<std::string>& outputs);
+
+ private:
+  Model model_;
+  SessionOptions options_;
+  std::map<std::string, std::unique_ptr<Session>> sessions_;  // by input shapes
+};
+
+// Samples per run: an input's fixed first dim decides; otherwise `wanted`.
+int64_t samples_per_run(const Model& model, const SampleSet& data, int64_t wanted);
+
+// Runs the model over the samples and returns the observed tensors' statistics (f32
+// tensors only), reading and writing the cache under options.cache_dir with `key`.
+StatsMap collect_statistics(const Model& model, const SampleSet& data, const ObservePlan& plan,
+                            const QuantizeOptions& options, const std::string& key,
+                            QuantizeReport& report);
+
+// SmoothQuant on the model's MatMul/Gemm nodes with constant weights; returns how many.
+int64_t smooth_quant(Model& model, const StatsMap& stats, const QuantizeOptions& options);
+
+// Quantizes weights and biases and puts Q/DQ pairs around the chosen activations.
+void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& options,
+                QuantizeReport& report);
+
+}  // namespace slim::quant::detail

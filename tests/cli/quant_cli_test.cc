@@ -1,0 +1,106 @@
+// `slim quantize` on ONNX models: the digits classifier of the demo quantized with
+// calibration data, evaluated against its float self, and the messages for bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "cli/cli_helpers.h"
+#include "slim/core/npy.h"
+
+using namespace slim;
+using namespace slim::test;
+
+namespace {
+
+class QuantCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = scratch_dir("quant_cli_" + std::to_string(::getpid())).string();
+    const auto r = run_command(
+        "/usr/bin/python3 " + source_dir() + "/examples/digits/make_digits_model.py " + dir_ +
+        " && cd " + dir_ +
+        " && mkdir -p calib held && /usr/bin/python3 -c \"import numpy as np; "
+        "from sklearn.datasets import load_digits; d = load_digits(); "
+        "x = d.data.astype(np.float32); np.save('calib/pixels.npy', x[:300]); "
+        "np.save('held/pixels.npy', x[1300:1700]); np.save('labels.npy', d.target[1300:1700])\"");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  static std::string model() { return dir_ + "/digits_mlp.onnx"; }
+  static std::string dir_;
+};
+std::string QuantCli::dir_;
+
+TEST_F(QuantCli, QuantizesEvaluatesAndRunsTheDigitsClassifier) {
+  const std::string out = dir_ + "/digits.int8.onnx";
+  const auto r = run_slim("quantize " + model() + " -o " + out + " --calib " + dir_ +
+                          "/calib --eval " + dir_ + "/held --labels " + dir_ +
+                          "/labels.npy --calibrator entropy --calib-cache " + dir_ + "/cache");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("calibration: 300 of 300 samples (npy folder " + dir_ +
+                       "/calib); entropy, u8 asymmetric "
+                       "activations, per-channel weights"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("quantized: 4 nodes (Gemm 3, Mul 1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 Relu/Clip done by the QuantizeLinear of their output"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("eval: 400 held-out samples, quantized vs float"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("probabilities: cosine 0.99"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("top-1 agreement"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("accuracy"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");  // no progress line when stderr is not a terminal
+
+  const auto again =
+      run_slim("quantize " + model() + " " + out + " --calib " + dir_ + "/calib --calib-cache " +
+               dir_ + "/cache --calibrator percentile --json " + dir_ + "/report.json");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("statistics: from the calibration cache"), std::string::npos)
+      << again.out;
+  EXPECT_NE(read_file(dir_ + "/report.json").find("\"calibrator\": \"percentile\""),
+            std::string::npos);
+
+  const auto inspect = run_slim("inspect " + out);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("QuantizeLinear"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("unsupported ops: none"), std::string::npos) << inspect.out;
+  const auto run = run_slim("run " + out + " -i pixels=" + dir_ + "/held/pixels.npy --argmax");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("probabilities  f32[400,10]"), std::string::npos) << run.out;
+}
+
+TEST_F(QuantCli, BadInputIsNamed) {
+  struct Case {
+    std::string args, message;
+  } cases[] = {
+      {"-o " + dir_ + "/x.onnx",
+       "quantize: an ONNX model needs calibration data (--calib DIR|FILE.npz|IMAGES_DIR)"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/calib --type q8_0",
+       "quantize: --type is for GGUF models"},
+      {"--calib " + dir_ + "/calib", "quantize: give the output file (-o OUTPUT)"},
+      {"-o " + model() + " --calib " + dir_ + "/calib",
+       "quantize: the output would overwrite the input"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/held/pixels.npy", "not an .npz file"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/nothing",
+       dir_ + "/nothing: no such file or folder"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/calib --calibrator kl",
+       "unknown calibrator 'kl'"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/calib --ops Conv,Softmax",
+       "cannot quantize op type 'Softmax'"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/calib --activations u16",
+       "--activations is u8 or i8"},
+      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/calib --smoothquant 1.5",
+       "SmoothQuant's alpha must be in (0, 1)"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_slim("quantize " + model() + " " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
+  }
+  const auto help = run_slim("quantize --help");
+  ASSERT_EQ(help.exit_code, 0);
+  for (const char* opt : {"--calib", "--calibrator", "--per-tensor", "--smoothquant",
+                          "--bias-correction", "--eval", "--labels", "--calib-cache", "--type"})
+    EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
+}
+
+}  // namespace
