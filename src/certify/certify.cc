@@ -356,7 +356,7 @@ std::string report_markdown(const json& r) {
         add(n + "top-1", out.value("top1_agreement", json()));
         add(n + "KL", out.value("kl", json()));
         add(n + "cos", out["cosine"]);
-        add(n + "max|d|", out["max_abs"]);
+        add(n + "max abs", out["max_abs"]);
       }
     } else {
       for (const auto& [k, v] : m.items())
