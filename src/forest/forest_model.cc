@@ -110,7 +110,8 @@ CsvTable read_csv(const std::string& path) {
   return t;
 }
 
-FeatureRows read_feature_rows(const std::string& path, const std::string& label_column, uint32_t features) {
+FeatureRows read_feature_rows(const std::string& path, const std::string& label_column, uint32_t features,
+                              bool label_optional) {
   CsvTable t;
   if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) {
     const Tensor a = read_npy(path);
@@ -128,7 +129,7 @@ FeatureRows read_feature_rows(const std::string& path, const std::string& label_
     auto it = std::find(t.columns.begin(), t.columns.end(), label_column);
     if (it != t.columns.end()) {
       label = it - t.columns.begin();
-    } else {
+    } else if (!(label_optional && int64_t(t.columns.size()) == int64_t(features))) {
       char* e = nullptr;
       label = std::strtoll(label_column.c_str(), &e, 10);
       check(*e == '\0' && label >= 0 && label < t.cols, ErrorCode::invalid_argument,
