@@ -25,44 +25,6 @@ namespace {
 
 using namespace slim::forest;
 
-// The features of a CSV: every column but the label column (given by name or index).
-struct Rows {
-  int64_t n = 0, f = 0;
-  std::vector<float> x, labels;
-};
-
-// A label column given by name may be missing where `label_optional` (calibration rows).
-Rows read_rows(const std::string& path, const std::string& label_column, uint32_t features,
-               bool label_optional = false) {
-  CsvTable t = read_csv(path);
-  int64_t label = -1;
-  if (!label_column.empty()) {
-    auto it = std::find(t.columns.begin(), t.columns.end(), label_column);
-    if (it != t.columns.end()) {
-      label = it - t.columns.begin();
-    } else if (!(label_optional && int64_t(t.columns.size()) == int64_t(features))) {
-      char* e = nullptr;
-      label = std::strtoll(label_column.c_str(), &e, 10);
-      slim::check(*e == '\0' && label >= 0 && label < t.cols, ErrorCode::invalid_argument,
-                  path + ": no label column '" + label_column + "'");
-    }
-  }
-  Rows r;
-  r.n = t.rows;
-  r.f = t.cols - (label >= 0 ? 1 : 0);
-  slim::check(r.f == int64_t(features), ErrorCode::invalid_argument,
-              path + ": has " + std::to_string(r.f) + " feature columns, the model expects " +
-                  std::to_string(features));
-  r.x.reserve(size_t(r.n * r.f));
-  for (int64_t i = 0; i < t.rows; ++i)
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const float v = t.values[size_t(i * t.cols + c)];
-      if (c == label) r.labels.push_back(v);
-      else r.x.push_back(v);
-    }
-  return r;
-}
-
 size_t file_size(const std::string& path) { return size_t(std::filesystem::file_size(path)); }
 
 std::string kib(double bytes) {
@@ -72,7 +34,7 @@ std::string kib(double bytes) {
 }
 
 // Binary-classification quality of a forest on labelled rows (empty when not binary).
-std::string quality(const CompiledForest& cf, const Rows& rows) {
+std::string quality(const CompiledForest& cf, const FeatureRows& rows) {
   if (rows.labels.empty() || cf.output_width() != 1) return "";
   std::vector<float> p(size_t(rows.n));
   cf.predict(rows.x.data(), rows.n, p.data(), false, &default_thread_pool());
@@ -114,8 +76,8 @@ void compile_cmd(const CompileOptions& o) {
                     o.quantize == std::to_string(bits) + "bit",
                 ErrorCode::invalid_argument,
                 "--quantize must be none, lossless or 4bit..8bit, got '" + o.quantize + "'");
-    Rows calib;
-    if (!o.calib.empty()) calib = read_rows(o.calib, o.label, f.num_features);
+    FeatureRows calib;
+    if (!o.calib.empty()) calib = read_feature_rows(o.calib, o.label, f.num_features);
     QuantizeStats qs;
     f = quantize_thresholds(f, bits, calib.n ? calib.x.data() : nullptr, calib.n, &qs);
     ranked = true;
@@ -140,7 +102,7 @@ void compile_cmd(const CompileOptions& o) {
             << ", source " << kib(double(file_size(o.model))) << "; " << result.num_trees() << " trees, "
             << result.num_nodes() << " nodes)\n";
   if (!o.eval.empty()) {
-    Rows rows = read_rows(o.eval, o.label, f.num_features);
+    FeatureRows rows = read_feature_rows(o.eval, o.label, f.num_features);
     std::cout << "eval " << o.eval << " (" << rows.n << " rows):\n  original  " << quality(original, rows)
               << "\n  compiled  " << quality(load_slimf(o.output), rows) << "\n";
   }
@@ -155,7 +117,7 @@ struct PredictOptions {
 void predict_cmd(const PredictOptions& o) {
   set_num_threads(o.threads);
   CompiledForest cf = load_compiled_forest(o.model);
-  Rows rows = read_rows(o.csv, o.label, cf.num_features());
+  FeatureRows rows = read_feature_rows(o.csv, o.label, cf.num_features());
   const int W = o.margin ? int(cf.num_groups()) : cf.output_width();
   std::vector<float> out(size_t(rows.n) * size_t(W));
   cf.predict(rows.x.data(), rows.n, out.data(), o.margin, &default_thread_pool());
@@ -224,7 +186,7 @@ void bench_cmd(const BenchOptions& o) {
   std::vector<float> x;
   int64_t n = o.rows;
   if (!o.csv.empty()) {
-    Rows r = read_rows(o.csv, o.label, F);
+    FeatureRows r = read_feature_rows(o.csv, o.label, F);
     x = std::move(r.x);
     n = r.n;
     slim::check(n > 0, ErrorCode::invalid_argument, o.csv + ": no rows");
@@ -335,9 +297,9 @@ void prune_forest_model(const PruneArgs& a) {
     f = prune_forest(f, {a.prune_gain, 0}, &ps);
     report["splits_merged"] = ps.splits_merged;
   }
-  Rows calib;
+  FeatureRows calib;
   if (!a.calib.empty()) {
-    calib = read_rows(a.calib, a.label, f.num_features, true);
+    calib = read_feature_rows(a.calib, a.label, f.num_features, true);
     slim::check(calib.n > 0, ErrorCode::invalid_argument, a.calib + ": no rows");
   }
   if (a.target_params < 1 || a.max_margin_change > 0) {
@@ -351,7 +313,7 @@ void prune_forest_model(const PruneArgs& a) {
   const CompiledForest before = compile_forest(original), after = compile_forest(f);
   save_slimf(after, a.output, SlimfEncoding::plain);
 
-  const Rows eval = a.eval.empty() ? calib : read_rows(a.eval, a.label, f.num_features);
+  const FeatureRows eval = a.eval.empty() ? calib : read_feature_rows(a.eval, a.label, f.num_features);
   auto side = [&](const CompiledForest& cf, const std::string& path, std::vector<float>* out) {
     nlohmann::json j = {{"trees", cf.num_trees()}, {"nodes", cf.num_nodes()}, {"file_bytes", file_size(path)},
                         {"compiled_bytes", cf.payload_size()}};
