@@ -53,23 +53,6 @@ SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, b
   *nan = *nan || any_nan;
 }
 
-// Clamping to [qlo - zp, qhi - zp] before rounding equals saturating after it (the bounds
-// are integers); adding and subtracting 1.5 * 2^23 rounds half to even in the FPU's
-// default mode, exactly for the clamped range. `v` is x / scale, or a stand-in for it.
-template <int W>
-SLIM_INLINE typename Vec<W>::I round_clamped(typename Vec<W>::F v, int32_t zp, float lo, float hi) {
-  using F = typename Vec<W>::F;
-  using I = typename Vec<W>::I;
-  const I nan = v != v;
-  v = v < splat<W>(lo) ? splat<W>(lo) : v;
-  v = v > splat<W>(hi) ? splat<W>(hi) : v;
-  const F magic = splat<W>(12582912.f);
-  v = (v + magic) - magic;
-  v = nan ? splat<W>(0.f) : v;
-  const I q = __builtin_convertvector(v, I) + zp;
-  return nan ? I{} : q;
-}
-
 // Whether any lane of a comparison result is set: narrowed to bytes and tested 8 at a time.
 template <int W>
 SLIM_INLINE bool any_lane(typename Vec<W>::I m) {
@@ -138,16 +121,7 @@ SLIM_INLINE void dequantize_loop(const void* x, bool is_signed, float* y, int64_
   using I = typename Vec<W>::I;
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    I v;
-    if (is_signed) {
-      typename Bytes<W>::S b;
-      std::memcpy(&b, static_cast<const int8_t*>(x) + i, W);
-      v = __builtin_convertvector(b, I);
-    } else {
-      typename Bytes<W>::U b;
-      std::memcpy(&b, static_cast<const uint8_t*>(x) + i, W);
-      v = __builtin_convertvector(b, I);
-    }
+    const I v = widen_bytes<W>(static_cast<const uint8_t*>(x) + i, is_signed);
     store<W>(y + i, __builtin_convertvector(v - zp, F) * splat<W>(scale));
   }
   for (; i < n; ++i) {
