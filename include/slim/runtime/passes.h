@@ -107,6 +107,14 @@ int64_t fuse_dynamic_quantize_conv(PassGraph& g);
 // something else reads them.
 int64_t fuse_qdq(PassGraph& g);
 
+// When g.int8_kernels: DequantizeLinear (per tensor) -> one elementwise op (scalar
+// constants aside) -> QuantizeLinear stays on bytes. When every dequantized input is the
+// same 8-bit tensor, or a slim:QLookup of it, the chain becomes slim:QLookup of that
+// tensor with a 256-entry table computed by ref's kernels of the nodes it replaces (so
+// it is exact); otherwise an Add or Mul of two dequantized tensors becomes
+// slim:QLinearAdd / slim:QLinearMul (fused_ops.h).
+int64_t fuse_qdq_elementwise(PassGraph& g);
+
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites
   int64_t total() const;

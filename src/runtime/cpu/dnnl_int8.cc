@@ -689,14 +689,6 @@ int32_t zero_point_at(const KernelContext& ctx, int i) {
   return z->dtype() == DType::u8 ? int32_t(z->data<uint8_t>()[0]) : int32_t(z->data<int8_t>()[0]);
 }
 
-void check_input(const KernelContext& ctx, int i, DType dtype, const Shape& shape) {
-  const Tensor& t = ctx.required_input(i);
-  if (t.dtype() != dtype || t.shape() != shape)
-    ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) + " " +
-                                      std::string(dtype_name(dtype)) + shape_str(shape) +
-                                      " but got " + t.describe());
-}
-
 // ConvInteger and slim:DynamicQuantizeConv: a 2-D convolution of an 8-bit (or, fused, f32)
 // source by constant 8-bit weights.
 std::optional<std::string> int8_conv_geometry(const KernelBuildInfo& info, bool fused,
@@ -726,7 +718,7 @@ class ConvIntegerKernel final : public OpKernel {
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
-    check_input(ctx, 0, x_dtype_, conv_.geometry().x);
+    check_input_shape(ctx, 0, conv_.geometry().x, x_dtype_);
     Int8Output out;
     out.sums = ctx.output(0, DType::i32, conv_.geometry().y).data<int32_t>();
     conv_.run(ctx, ctx.required_input(0).raw_data(), false, zero_point_at(ctx, 2), out,
@@ -774,7 +766,7 @@ class MatMulIntegerKernel final : public OpKernel {
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
-    check_input(ctx, 0, a_dtype_, a_shape_);
+    check_input_shape(ctx, 0, a_shape_, a_dtype_);
     Int8Output out;
     out.sums = ctx.output(0, DType::i32, y_shape_).data<int32_t>();
     mm_.run(ctx, ctx.required_input(0).raw_data(), zero_point_at(ctx, 2), out,
@@ -858,7 +850,7 @@ class DynamicQuantizeConvKernel final : public OpKernel {
 
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
-    check_input(ctx, 0, DType::f32, g.x);
+    check_input_shape(ctx, 0, g.x);
     uint8_t* q = static_cast<uint8_t*>(thread_scratch(q_bytes_ + conv_.scratch_bytes()));
     const ref::DynamicQuantParams p =
         dynamic_quantize(ctx, ctx.required_input(0).data<float>(), shape_numel(g.x), q);
@@ -997,6 +989,14 @@ memory::desc bytes_md(const Shape& s, DType t, memory::format_tag f) {
                       t == DType::i8 ? memory::data_type::s8 : memory::data_type::u8, f);
 }
 
+}  // namespace
+
+uint64_t int8_nhwc_layout(const Shape& nchw, DType t) {
+  return layout_tag(bytes_md(nchw, t, memory::format_tag::nhwc));
+}
+
+namespace {
+
 // Reads and writes NCHW, or NHWC where its neighbours agree: a chain of them (and
 // 8-bit MaxPool and Concat between) hands bytes on channels-last, as oneDNN computes them.
 class QLinearConvKernel final : public OpKernel {
@@ -1004,8 +1004,8 @@ class QLinearConvKernel final : public OpKernel {
   QLinearConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, Requant r)
       : conv_(info.node, g, *info.input(3).constant, info.input(5).constant, r.x == DType::i8, r.y),
         r_(std::move(r)),
-        nhwc_x_(layout_tag(bytes_md(g.x, r_.x, memory::format_tag::nhwc))),
-        nhwc_y_(layout_tag(bytes_md(g.y, r_.y, memory::format_tag::nhwc))) {}
+        nhwc_x_(int8_nhwc_layout(g.x, r_.x)),
+        nhwc_y_(int8_nhwc_layout(g.y, r_.y)) {}
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = r_.y;
     *shape = conv_.geometry().y;
@@ -1023,7 +1023,7 @@ class QLinearConvKernel final : public OpKernel {
   void use_private_input(int i, uint64_t) override { x_channels_last_ = x_channels_last_ || i == 0; }
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
-    check_input(ctx, 0, r_.x, g.x);
+    check_input_shape(ctx, 0, g.x, r_.x);
     Int8Output out = requantized(r_, ctx.output(0, r_.y, g.y).raw_data());
     out.channels_last = y_channels_last_;
     conv_.run(ctx, ctx.required_input(0).raw_data(), x_channels_last_, r_.x_zp, out,
@@ -1084,7 +1084,7 @@ class QLinearMatMulKernel final : public OpKernel {
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
-    check_input(ctx, 0, r_.x, a_shape_);
+    check_input_shape(ctx, 0, a_shape_, r_.x);
     mm_.run(ctx, ctx.required_input(0).raw_data(), r_.x_zp,
             requantized(r_, ctx.output(0, r_.y, y_shape_).raw_data()),
             thread_scratch(mm_.scratch_bytes()));

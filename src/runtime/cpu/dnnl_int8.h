@@ -46,6 +46,10 @@ struct Int8Output {
   bool channels_last = false;  // values in NHWC instead of NCHW (convolutions)
 };
 
+// The private layout tag of 8-bit NHWC bytes of a 4-D NCHW shape: what QLinearConv hands
+// on to its neighbours (and slim:QLookup passes through).
+uint64_t int8_nhwc_layout(const Shape& nchw, DType t);
+
 // A 2-D convolution (4-D tensors) with 8-bit weights [OC, IC / group, kh, kw], constant.
 class Int8Conv {
  public:
