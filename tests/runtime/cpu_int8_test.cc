@@ -350,7 +350,13 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
   b.node("DequantizeLinear", {"b1", "b1_s"}, {"b1_dq"}).attrs["axis"] = attr_int(0);
   Node& c1 = b.node("Conv", {x, w1, "b1_dq"}, {"c1"}, "conv1");
   c1.attrs["pads"] = attr_ints({1, 1, 1, 1});
-  const std::string h = qdq("c1", 0.05f, 3, DType::i8);
+  const std::string c1q = qdq("c1", 0.05f, 3, DType::i8);
+  // Between them a Relu on bytes (a slim:QLookup reading channels-last bytes), whose result
+  // a second graph output also reads (so it writes plain NCHW bytes).
+  b.node("Relu", {c1q}, {"r1"});
+  const std::string h = qdq("r1", 0.05f, -128, DType::i8);
+  b.output("h");
+  b.node("Identity", {h}, {"h"});
   Node& c2 = b.node("Conv", {h, weights("w2", {16, 1, 3, 3}, 0, 21)}, {"c2"}, "conv2");
   c2.attrs["group"] = attr_int(16);
   c2.attrs["strides"] = attr_ints({2, 2});
@@ -369,6 +375,7 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
   }
   EXPECT_EQ(ops["QLinearConv"], 2);
   EXPECT_EQ(ops["QLinearMatMul"], 1);
+  EXPECT_EQ(ops["slim:QLookup"], 1);
   SessionOptions r;
   r.providers = {"ref"};
   r.optimize = false;
@@ -381,6 +388,59 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
     moved += d > 0;
   }
   EXPECT_LT(moved, got.numel() / 4);
+}
+
+// DequantizeLinear -> elementwise op -> QuantizeLinear stays on bytes (fuse_qdq_elementwise):
+// HardSwish written out (Add, Mul, Div, as PaddleOCR exports it) becomes one slim:QLookup,
+// the squeeze-excitation product with its [N, C, 1, 1] gate slim:QLinearMul, the residual
+// slim:QLinearAdd; every byte equals the unfused nodes' on ref.
+TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
+  for (DType t : {DType::u8, DType::i8}) {
+    ModelBuilder b(13);
+    b.input("x", DType::f32, spec({2, 8, 9, 13})).output("y");
+    const int z0 = t == DType::u8 ? 128 : 0;
+    auto qdq = [&](const std::string& v, float s, int z) {
+      b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+      b.initializer(v + "_z", scalar_8bit(t, z));
+      b.node("QuantizeLinear", {v, v + "_s", v + "_z"}, {v + "_q"});
+      b.node("DequantizeLinear", {v + "_q", v + "_s", v + "_z"}, {v + "_dq"});
+      return v + "_dq";
+    };
+    b.initializer("three", Tensor::from_vector<float>({}, {3.f}));
+    b.initializer("six", Tensor::from_vector<float>({}, {6.f}));
+    const std::string x = qdq("x", 0.031f, z0);
+    b.node("Add", {x, "three"}, {"a"});
+    b.node("Mul", {x, qdq("a", 0.027f, z0 - 100)}, {"m"});
+    b.node("Div", {qdq("m", 0.07f, z0 - 20), "six"}, {"hs"});
+    const std::string hs = qdq("hs", 0.013f, z0 - 30);
+    b.node("GlobalAveragePool", {hs}, {"pool"});
+    b.node("HardSigmoid", {qdq("pool", 0.01f, z0)}, {"gate"}).attrs["alpha"] =
+        testing::attr_float(0.2f);
+    b.node("Mul", {hs, qdq("gate", 1.f / 255, z0 - 128)}, {"se"});
+    b.node("Add", {qdq("se", 0.011f, z0 + 5), x}, {"res"});
+    b.node("Identity", {qdq("res", 0.04f, z0 - 7)}, {"y"});
+    const Model m = b.build();
+    const TensorMap in = {{"x", random_f32({2, 8, 9, 13}, 5, -5.f, 5.f)}};
+    SessionOptions o;
+    o.providers = {"cpu", "ref"};
+    auto fast = Session::compile(m, o);
+    std::map<std::string, int> ops;
+    for (const auto& a : fast->partition()) {
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+      ++ops[a.op];
+    }
+    EXPECT_EQ(ops["slim:QLookup"], 2);  // HardSwish; HardSigmoid
+    EXPECT_EQ(ops["slim:QLinearMul"], 1);
+    EXPECT_EQ(ops["slim:QLinearAdd"], 1);
+    EXPECT_EQ(ops["Mul"] + ops["Add"] + ops["Div"] + ops["HardSigmoid"], 0);
+    SessionOptions r;
+    r.providers = {"ref"};
+    r.optimize = false;
+    const Tensor got = fast->run(in).at("y"), want = Session::compile(m, r)->run(in).at("y");
+    ASSERT_EQ(got.shape(), want.shape());
+    for (int64_t i = 0; i < got.numel(); ++i)
+      ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+  }
 }
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {

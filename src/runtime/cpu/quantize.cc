@@ -571,11 +571,19 @@ class QLookupKernel final : public OpKernel {
   uint64_t private_output_layout(int i) const override {
     return i == 0 && channels_last_ ? nhwc_y_ : 0;
   }
-  void use_private_output(int, uint64_t) override {}
+  void use_private_output(int i, uint64_t) override { y_channels_last_ = i == 0; }
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, shape_, x_);
     const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
     auto* y = static_cast<uint8_t*>(ctx.output(0, y_, shape_).raw_data());
+    if (channels_last_ && !y_channels_last_) {
+      // NHWC in, NCHW out (a reader that takes plain bytes): looked up and transposed.
+      const int64_t c = shape_[1], pixels = shape_[2] * shape_[3];
+      for (int64_t img = 0; img < shape_[0]; ++img, x += c * pixels, y += c * pixels)
+        for (int64_t p = 0; p < pixels; ++p)
+          for (int64_t k = 0; k < c; ++k) y[k * pixels + p] = table_[x[p * c + k]];
+      return;
+    }
     parallel_items(ctx, shape_numel(shape_), 1, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) y[i] = table_[x[i]];
     });
@@ -586,7 +594,7 @@ class QLookupKernel final : public OpKernel {
   DType x_, y_;
   uint8_t table_[256];
   uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
-  bool channels_last_ = false;
+  bool channels_last_ = false, y_channels_last_ = false;
 };
 
 KernelDef qlookup_def() {
