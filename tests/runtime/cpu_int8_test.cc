@@ -106,6 +106,9 @@ TEST(CpuInt8, ConvIntegerGivesRefsSumsExactly) {
        -7});
   add({{1, 5, 6, 7}, 9, 1, 1, 1, {1, 1}, {1, 1}, {0, 0, 0, 0}, DType::i8, DType::i8, -1, false, 3});
   add({{1, 4, 8, 8}, 4, 5, 3, 2, {2, 1}, {1, 1}, {2, 1, 2, 1}, DType::u8, DType::i8, 0, true});
+  // Depthwise: never split (oneDNN's depthwise kernels widen to 32 bits before multiplying).
+  add({{1, 24, 7, 9}, 24, 3, 3, 24, {1, 1}, {1, 1}, {1, 1, 1, 1}, DType::u8, DType::u8, 131});
+  add({{1, 20, 6, 11}, 20, 5, 5, 20, {2, 2}, {1, 1}, {2, 2, 2, 2}, DType::i8, DType::i8, 0, true, -9});
   ConvCase runtime_zp{{1, 32, 10, 10}, 64};
   runtime_zp.w_zp = 121;
   runtime_zp.x_zp_input = true;
