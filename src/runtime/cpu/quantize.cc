@@ -1,6 +1,7 @@
 // The cpu provider's element-type conversions: Cast between f32 and f16 and from 8- and
 // 32-bit integers to f32, QuantizeLinear and DequantizeLinear (per tensor and per axis,
-// 8-bit, scales and zero points constant or not) and DynamicQuantizeLinear. Loops are
+// 8-bit, scales and zero points constant or not), DynamicQuantizeLinear, and the byte-level
+// slim:QLookup / slim:QLinearAdd / slim:QLinearMul of QDQ models. Loops are
 // written once over simd.h's vector types (AVX-512, AVX2, NEON, scalar; F16C / AVX-512
 // conversions for f16) and give ref's results to the bit: quantization rounds x / scale
 // half to even, as ONNX defines it (runtime/ref/quant_params.h).
