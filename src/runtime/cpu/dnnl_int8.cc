@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "runtime/cpu/quantize.h"
 #include "runtime/cpu/simd.h"
@@ -204,9 +205,9 @@ SLIM_INLINE void requantize_row(const int32_t* acc, int64_t n, int32_t add, cons
   const float lo = float(qlo - zp), hi = float(qhi - zp);
   int64_t k = 0;
   for (; k + W <= n; k += W) {
-    I a, c, b{};
+    I a, c{}, b{};
     std::memcpy(&a, acc + k, sizeof a);
-    std::memcpy(&c, comp + k, sizeof c);
+    if (comp) std::memcpy(&c, comp + k, sizeof c);
     if (qbias) std::memcpy(&b, qbias + k, sizeof b);
     const I q = round_clamped<W>(__builtin_convertvector(a + c * add + b, typename Vec<W>::F) *
                                      load<W>(scale + k),
@@ -220,7 +221,7 @@ SLIM_INLINE void requantize_row(const int32_t* acc, int64_t n, int32_t add, cons
     }
   }
   for (; k < n; ++k) {
-    const int32_t a = acc[k] + comp[k] * add + (qbias ? qbias[k] : 0);
+    const int32_t a = acc[k] + (comp ? comp[k] * add : 0) + (qbias ? qbias[k] : 0);
     const float q = std::nearbyint(std::clamp(float(a) * scale[k], lo, hi));
     out[k] = uint8_t(int32_t(q) + zp);
   }
@@ -246,6 +247,14 @@ void finish_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
     for (int64_t k = 0; k < n; ++k) sums[k] = acc[k] + comp[k] * add;
 }
 
+// Requantized rows without compensation, n elements from a row's start: runs of
+// out.period elements, so the vector loop covers rows of any width.
+void requantize_rows(const int32_t* acc, int64_t n, const Int8Output& out, uint8_t* bytes) {
+  for (int64_t s = 0; s < n; s += out.period)
+    requantize_row_any(acc + s, std::min(out.period, n - s), 0, nullptr, out.qbias, out.scale,
+                       out.zero_point, out.bytes_signed, bytes + s);
+}
+
 // Rows [p0, p1) of one image's sums acc [pixels, oc] (NHWC), plus comp[oc] * box[g][p]
 // (box may be null), into `sums`, `values` or `bytes` (NHWC, row p at p * oc; sums or
 // values may be acc itself: each row is read before it is written).
@@ -253,6 +262,8 @@ void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t
                  const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
                  float* values, uint8_t* bytes, int64_t p0, int64_t p1) {
   // Without compensation the groups of a pixel are one row (depthwise: 1 channel each).
+  if (!box && bytes && out.period)
+    return requantize_rows(acc + p0 * oc, (p1 - p0) * oc, out, bytes + p0 * oc);
   const int64_t ocg = box ? oc / group : oc;
   if (!box) group = 1;
   for (int64_t p = p0; p < p1; ++p)
@@ -639,6 +650,9 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
   });
   if (out.sums && !s.pw.any_comp) return;
   parallel_items(ctx, rows_, n_, 1 << 15, [&](int64_t b, int64_t e) {
+    if (out.bytes && out.period && !s.pw.any_comp)
+      return requantize_rows(sums + b * n_, (e - b) * n_, out,
+                             static_cast<uint8_t*>(out.bytes) + b * n_);
     for (int64_t r = b; r < e; ++r)
       finish_row(sums + r * n_, n_, s.pw.any_comp ? row_sums[r] : 0, s.pw.comp.data(), out, 0,
                  out.sums ? sums + r * n_ : nullptr, out.values ? out.values + r * n_ : nullptr,
@@ -925,8 +939,10 @@ KernelDef dynamic_quantize_conv_def() {
 // fixed at build: ref's and ONNX Runtime's float(sum + bias) * (x_scale * w_scale / y_scale).
 
 struct Requant {
-  std::vector<float> scale;  // per output channel
+  // Per output channel, repeated to `period` elements (Int8Output::period).
+  std::vector<float> scale;
   std::vector<int32_t> bias;
+  int64_t period = 0;
   int32_t x_zp = 0, y_zp = 0;
   DType x = DType::u8, y = DType::u8;
 };
@@ -967,12 +983,13 @@ std::optional<std::string> qlinear_params(const KernelBuildInfo& info, int64_t c
   r->y_zp = zero_point(7);
   const float xs = value(1).data<float>()[0], ys = value(6).data<float>()[0];
   const Tensor ws = value(4);
-  r->scale.resize(size_t(channels));
-  for (int64_t c = 0; c < channels; ++c)
-    r->scale[size_t(c)] = xs * ws.data<float>()[ws.numel() == 1 ? 0 : c] / ys;
+  r->period = std::lcm(channels, int64_t(16));
+  r->scale.resize(size_t(r->period));
+  for (int64_t c = 0; c < r->period; ++c)
+    r->scale[size_t(c)] = xs * ws.data<float>()[ws.numel() == 1 ? 0 : c % channels] / ys;
   if (info.has_input(8)) {
     const Tensor b = value(8);
-    r->bias.assign(b.data<int32_t>(), b.data<int32_t>() + channels);
+    for (int64_t c = 0; c < r->period; ++c) r->bias.push_back(b.data<int32_t>()[c % channels]);
   }
   return std::nullopt;
 }
@@ -983,6 +1000,7 @@ Int8Output requantized(const Requant& r, void* bytes) {
   out.scale = r.scale.data();
   out.qbias = r.bias.empty() ? nullptr : r.bias.data();
   out.zero_point = r.y_zp;
+  out.period = r.period;
   out.bytes_signed = r.y == DType::i8;
   return out;
 }

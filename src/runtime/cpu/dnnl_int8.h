@@ -40,6 +40,9 @@ struct Int8Output {
   const float* scale = nullptr;  // one per output channel
   const float* bias = nullptr;   // one per output channel, or none
   const int32_t* qbias = nullptr;  // requantized: one per output channel, or none
+  // Requantized: scale and qbias repeat with this period (a multiple of the channels and
+  // of 16, so rows of fewer channels than vector lanes run as one vectorized run), or 0.
+  int64_t period = 0;
   int32_t zero_point = 0;
   bool bytes_signed = false;
   bool relu = false;
