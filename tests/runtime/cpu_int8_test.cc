@@ -287,6 +287,9 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       {{2, 16, 6, 5}, 16, 3, 16, DType::u8, DType::i8, DType::u8, true, true},  // depthwise
       {{1, 17, 7, 8}, 33, 1, 1, DType::i8, DType::i8, DType::i8, false, false},
       {{1, 12, 6, 6}, 6, 3, 3, DType::u8, DType::u8, DType::i8, true, true},
+      // fewer output channels than vector lanes: requantized in runs of lcm(oc, 16)
+      {{1, 8, 5, 9}, 8, 3, 8, DType::u8, DType::i8, DType::u8, true, true},
+      {{1, 5, 4, 7}, 3, 1, 1, DType::i8, DType::i8, DType::i8, true, false},
   };
   for (const QConvCase& c : cases) {
     SCOPED_TRACE("x " + shape_str(c.x) + " group " + std::to_string(c.group));
