@@ -26,6 +26,11 @@
 //       DequantizeLinear(A) op DequantizeLinear(B)), each step rounded to f32 as the
 //       nodes it replaces (ONNX Runtime's com.microsoft ops of these names requantize in
 //       their own way); A and B broadcast.
+//   slim:QLinearGlobalAveragePool inputs X (u8/i8, [N, C, spatial...]), X_scale,
+//       X_zero_point, Y_scale, Y_zero_point (scalars): ONNX Runtime's com.microsoft op of
+//       this name (what its QDQ transformer makes of DequantizeLinear -> GlobalAveragePool
+//       -> QuantizeLinear), Y [N, C, 1...] = saturate(round_half_even(float(sum(X) -
+//       n * X_zero_point) * (X_scale / (Y_scale * float(n)))) + Y_zero_point), n pixels.
 //
 // Attributes: `activation` (string, absent or "" for none) and `activation_params`
 // (floats): Relu; Clip [min, max]; Sigmoid; HardSwish; SiLU (x * sigmoid(x));

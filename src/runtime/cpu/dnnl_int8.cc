@@ -7,6 +7,7 @@
 #include "runtime/cpu/dnnl_int8.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 
@@ -158,6 +159,14 @@ SLIM_DISPATCH3(sum_pixels,
                (const uint8_t* x, bool is_signed, int64_t c, int64_t cg, int64_t group,
                 int32_t base, int64_t pixels, int64_t p0, int64_t p1, int32_t* sums),
                (x, is_signed, c, cg, group, base, pixels, p0, p1, sums))
+
+// s[k] = the sum of plane k (n bytes each) over `planes` planes.
+template <int W>
+SLIM_INLINE void sum_planes(const uint8_t* x, bool is_signed, int64_t planes, int64_t n, int32_t* s) {
+  for (int64_t k = 0; k < planes; ++k) s[k] = sum_bytes<W>(x + k * n, is_signed, n);
+}
+SLIM_DISPATCH3(sum_planes, (const uint8_t* x, bool is_signed, int64_t planes, int64_t n, int32_t* s),
+               (x, is_signed, planes, n, s))
 
 // ---------------------------------------------------------------------------------------
 // The epilogue: sums (NHWC int32) + comp[oc] * box[g][p] to the output.
@@ -1149,9 +1158,102 @@ KernelDef qlinear_matmul_def() {
   return def;
 }
 
+// slim:QLinearGlobalAveragePool (fused_ops.h): the channel sums of NCHW bytes, or of NHWC
+// bytes from a QLinearConv or QLookup, requantized as QLinearConv's sums (bias -n * x_zp,
+// scale x_scale / (y_scale * n)). A [N, C, 1, 1] output is the same bytes in either layout.
+class QLinearGlobalAveragePoolKernel final : public OpKernel {
+ public:
+  explicit QLinearGlobalAveragePoolKernel(const KernelBuildInfo& info)
+      : x_shape_(*info.input(0).shape), x_(*info.input(0).dtype) {
+    y_shape_ = x_shape_;
+    std::fill(y_shape_.begin() + 2, y_shape_.end(), 1);
+    auto value = [&](int i) { return info.input(i).constant->contiguous(); };
+    auto zero_point = [&](int i) {
+      const Tensor z = value(i);
+      return z.dtype() == DType::u8 ? int32_t(z.data<uint8_t>()[0]) : int32_t(z.data<int8_t>()[0]);
+    };
+    y_ = value(4).dtype();
+    const int64_t n = shape_numel(x_shape_) / (x_shape_[0] * x_shape_[1]);
+    scale_.fill(value(1).data<float>()[0] / (value(3).data<float>()[0] * float(n)));
+    bias_.fill(-int32_t(n) * zero_point(2));
+    out_.scale = scale_.data();
+    out_.qbias = bias_.data();
+    out_.period = 16;
+    out_.zero_point = zero_point(4);
+    out_.bytes_signed = y_ == DType::i8;
+    if (x_shape_.size() == 4) {
+      nhwc_x_ = int8_nhwc_layout(x_shape_, x_);
+      nhwc_y_ = int8_nhwc_layout(y_shape_, y_);
+    }
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = y_;
+    *shape = y_shape_;
+    return i == 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout != 0 && layout == nhwc_x_;
+  }
+  void use_private_input(int i, uint64_t) override { channels_last_ = i == 0; }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, x_shape_, x_);
+    const int64_t c = x_shape_[1], pixels = shape_numel(x_shape_) / (x_shape_[0] * c);
+    const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
+    auto* y = static_cast<uint8_t*>(ctx.output(0, y_, y_shape_).raw_data());
+    auto* sums = static_cast<int32_t*>(thread_scratch(size_t(c) * 4));
+    const bool is_signed = x_ == DType::i8;
+    for (int64_t img = 0; img < x_shape_[0]; ++img, x += c * pixels, y += c) {
+      if (channels_last_) {
+        std::fill_n(sums, c, 0);
+        for (int64_t p = 0; p < pixels; ++p) add_bytes_any(sums, x + p * c, is_signed, c);
+      } else {
+        sum_planes_any(x, is_signed, c, pixels, sums);
+      }
+      requantize_rows(sums, c, out_, y);
+    }
+  }
+
+ private:
+  Shape x_shape_, y_shape_;
+  DType x_, y_ = DType::u8;
+  std::array<float, 16> scale_;
+  std::array<int32_t, 16> bias_;
+  Int8Output out_;
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool channels_last_ = false;
+};
+
+KernelDef qlinear_global_average_pool_def() {
+  KernelDef def;
+  def.op_type = "QLinearGlobalAveragePool";
+  def.domain = kFusedDomain;
+  def.since_version = kFusedOpset;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.inputs.size() != 5) return Claim::no("takes 5 inputs");
+    if (auto e = need_8bit(info, 0)) return Claim::no(*e);
+    if (auto e = need_static(info, 0)) return Claim::no(*e);
+    if (info.input(0).shape->size() < 3) return Claim::no("X is not [N, C, spatial...]");
+    for (int i : {1, 2, 3, 4}) {
+      const Tensor* t = info.input(i).constant;
+      const bool scale = i == 1 || i == 3;
+      if (!t || t->numel() != 1 || (scale ? t->dtype() != DType::f32 : !is_8bit(t->dtype())))
+        return Claim::no("scales and zero points must be constant scalars");
+    }
+    if (info.input(2).constant->dtype() != *info.input(0).dtype)
+      return Claim::no("x_zero_point differs in type from X");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<QLinearGlobalAveragePoolKernel>(info);
+  };
+  return def;
+}
+
 }  // namespace
 
 void register_dnnl_int8_kernels(KernelRegistry& r) {
+  r.add(qlinear_global_average_pool_def());
   r.add(conv_integer_def());
   r.add(matmul_integer_def());
   r.add(dynamic_quantize_conv_def());

@@ -6,7 +6,8 @@
 // Then the elementwise ops between them stay on bytes: DequantizeLinear -> op ->
 // QuantizeLinear whose dequantized inputs all derive from one 8-bit tensor becomes a
 // 256-entry slim:QLookup (HardSwish written out as Add, Clip, Mul, Div collapses into
-// one), and an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul.
+// one), an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul, and a
+// GlobalAveragePool slim:QLinearGlobalAveragePool (ONNX Runtime's QDQ transformer's).
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -138,81 +139,91 @@ int64_t fuse_qdq_elementwise(PassGraph& g) {
     Node* q = g.nodes[i].get();
     if (!is_op(q, "QuantizeLinear") || !per_tensor(g, q)) continue;
     Node* op = made_by(q->inputs[0]);
-    if (!elementwise_op(op) || index.sole_reader(op->outputs[0]) != q) continue;
-    // Each input: a scalar constant, or a per-tensor DequantizeLinear of bytes that are a
-    // table of a root tensor (the bytes themselves, or a QLookup's source).
+    if (!op || index.sole_reader(op->outputs[0]) != q) continue;
     std::vector<Node*> dqs;
-    std::string root;
-    bool one_root = true, ok = true, ranked_constant = false;
-    for (const auto& in : op->inputs) {
-      if (in.empty()) continue;
-      if (const Tensor* c = g.constant(in)) {
-        ok = ok && c->numel() == 1;
-        ranked_constant = ranked_constant || c->rank() > 0;
-        continue;
-      }
-      Node* dq = made_by(in);
-      if (!is_op(dq, "DequantizeLinear") || !per_tensor(g, dq)) {
-        ok = false;
-        break;
-      }
-      dqs.push_back(dq);
-      Node* l = made_by(dq->inputs[0]);
-      const std::string& r = is_lookup(l) ? l->inputs[0] : dq->inputs[0];
-      one_root = one_root && (root.empty() || r == root);
-      root = r;
-    }
-    if (!ok || dqs.empty()) continue;
     auto fused = std::make_unique<Node>();
     fused->domain = kFusedDomain;
     fused->name = op->name;
     fused->outputs = q->outputs;
-    if (one_root) {
-      // The table: the ref kernels of DequantizeLinear, op and QuantizeLinear over every
-      // byte value of the root, through the tables of QLookups on the way.
-      // (A one-element constant of higher rank than the root would broadcast its shape.)
-      const auto rs = g.shape_of(root), ys = g.shape_of(q->outputs[0]);
-      if (ranked_constant && (!rs || !ys || *rs != *ys)) continue;
-      const auto bt = byte_type.find(root);
-      const auto rt = bt != byte_type.end() ? std::optional<DType>(bt->second) : g.dtype_of(root);
-      if (!rt) continue;
-      std::array<uint8_t, 256> all;
-      for (int b = 0; b < 256; ++b) all[size_t(b)] = uint8_t(b);
-      std::unordered_map<std::string, Tensor> floats;
-      try {
-        for (Node* dq : dqs) {
-          Node* l = made_by(dq->inputs[0]);
-          Tensor bytes = byte_values(*rt, all.data());
-          if (is_lookup(l)) {
-            const Tensor& t = *g.constant(l->inputs[1]);
-            std::array<uint8_t, 256> mapped;
-            for (int b = 0; b < 256; ++b)
-              mapped[size_t(b)] = static_cast<const uint8_t*>(t.raw_data())[b];
-            bytes = byte_values(t.dtype(), mapped.data());
-          }
-          floats[dq->outputs[0]] =
-              run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
-
-        }
-        std::vector<const Tensor*> ins;
-        for (const auto& in : op->inputs)
-          ins.push_back(in.empty() ? nullptr : floats.count(in) ? &floats[in] : g.constant(in));
-        const Tensor y = run_ref(g, *op, ins);
-        if (y.numel() != 256) continue;
-        const Tensor t = run_ref(g, *q, {&y, g.constant(q->inputs[1]), g.constant(q->inputs[2])});
-        fused->op_type = "QLookup";
-        fused->inputs = {root, g.add_constant(q->outputs[0] + "_table", t.clone())};
-      } catch (const Error&) {
-        continue;  // the node fails at run time too, with its own message
-      }
-    } else if ((op->op_type == "Add" || op->op_type == "Mul") && dqs.size() == 2 &&
-               op->inputs.size() == 2) {
-      fused->op_type = "QLinear" + op->op_type;
-      fused->inputs = {dqs[0]->inputs[0], dqs[0]->inputs[1], dqs[0]->inputs[2],
-                       dqs[1]->inputs[0], dqs[1]->inputs[1], dqs[1]->inputs[2],
-                       q->inputs[1],      q->inputs[2]};
+    if (is_op(op, "GlobalAveragePool")) {
+      // ONNX Runtime's QLinearGlobalAveragePool: the sums of the bytes requantized once.
+      Node* dq = made_by(op->inputs[0]);
+      if (!is_op(dq, "DequantizeLinear") || !per_tensor(g, dq)) continue;
+      dqs = {dq};
+      fused->op_type = "QLinearGlobalAveragePool";
+      fused->inputs = {dq->inputs[0], dq->inputs[1], dq->inputs[2], q->inputs[1], q->inputs[2]};
     } else {
-      continue;
+      if (!elementwise_op(op)) continue;
+      // Each input: a scalar constant, or a per-tensor DequantizeLinear of bytes that are a
+      // table of a root tensor (the bytes themselves, or a QLookup's source).
+      std::string root;
+      bool one_root = true, ok = true, ranked_constant = false;
+      for (const auto& in : op->inputs) {
+        if (in.empty()) continue;
+        if (const Tensor* c = g.constant(in)) {
+          ok = ok && c->numel() == 1;
+          ranked_constant = ranked_constant || c->rank() > 0;
+          continue;
+        }
+        Node* dq = made_by(in);
+        if (!is_op(dq, "DequantizeLinear") || !per_tensor(g, dq)) {
+          ok = false;
+          break;
+        }
+        dqs.push_back(dq);
+        Node* l = made_by(dq->inputs[0]);
+        const std::string& r = is_lookup(l) ? l->inputs[0] : dq->inputs[0];
+        one_root = one_root && (root.empty() || r == root);
+        root = r;
+      }
+      if (!ok || dqs.empty()) continue;
+      if (one_root) {
+        // The table: the ref kernels of DequantizeLinear, op and QuantizeLinear over every
+        // byte value of the root, through the tables of QLookups on the way.
+        // (A one-element constant of higher rank than the root would broadcast its shape.)
+        const auto rs = g.shape_of(root), ys = g.shape_of(q->outputs[0]);
+        if (ranked_constant && (!rs || !ys || *rs != *ys)) continue;
+        const auto bt = byte_type.find(root);
+        const auto rt = bt != byte_type.end() ? std::optional<DType>(bt->second) : g.dtype_of(root);
+        if (!rt) continue;
+        std::array<uint8_t, 256> all;
+        for (int b = 0; b < 256; ++b) all[size_t(b)] = uint8_t(b);
+        std::unordered_map<std::string, Tensor> floats;
+        try {
+          for (Node* dq : dqs) {
+            Node* l = made_by(dq->inputs[0]);
+            Tensor bytes = byte_values(*rt, all.data());
+            if (is_lookup(l)) {
+              const Tensor& t = *g.constant(l->inputs[1]);
+              std::array<uint8_t, 256> mapped;
+              for (int b = 0; b < 256; ++b)
+                mapped[size_t(b)] = static_cast<const uint8_t*>(t.raw_data())[b];
+              bytes = byte_values(t.dtype(), mapped.data());
+            }
+            floats[dq->outputs[0]] =
+                run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
+
+          }
+          std::vector<const Tensor*> ins;
+          for (const auto& in : op->inputs)
+            ins.push_back(in.empty() ? nullptr : floats.count(in) ? &floats[in] : g.constant(in));
+          const Tensor y = run_ref(g, *op, ins);
+          if (y.numel() != 256) continue;
+          const Tensor t = run_ref(g, *q, {&y, g.constant(q->inputs[1]), g.constant(q->inputs[2])});
+          fused->op_type = "QLookup";
+          fused->inputs = {root, g.add_constant(q->outputs[0] + "_table", t.clone())};
+        } catch (const Error&) {
+          continue;  // the node fails at run time too, with its own message
+        }
+      } else if ((op->op_type == "Add" || op->op_type == "Mul") && dqs.size() == 2 &&
+                 op->inputs.size() == 2) {
+        fused->op_type = "QLinear" + op->op_type;
+        fused->inputs = {dqs[0]->inputs[0], dqs[0]->inputs[1], dqs[0]->inputs[2],
+                         dqs[1]->inputs[0], dqs[1]->inputs[1], dqs[1]->inputs[2],
+                         q->inputs[1],      q->inputs[2]};
+      } else {
+        continue;
+      }
     }
     const size_t at = pos.at(q);
     drop(op);

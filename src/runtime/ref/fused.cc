@@ -3,6 +3,7 @@
 // compute exactly what the unfused chain does: the base op by its own ref kernel, then each elementwise step rounded to
 // f32 in the order the graph had them (bias, residual, activation, output scale and shift).
 #include "runtime/ref/ref_kernels.h"
+#include "slim/core/convert.h"
 #include "slim/core/error.h"
 #include "slim/runtime/fused_ops.h"
 #include "slim/runtime/provider.h"
@@ -263,6 +264,39 @@ class QLinearBinaryKernel final : public OpKernel {
   std::unique_ptr<OpKernel> dq_[2], op_, q_;
 };
 
+// slim:QLinearGlobalAveragePool (fused_ops.h): int32 sums per channel, requantized once.
+class QLinearGlobalAveragePoolKernel final : public OpKernel {
+ public:
+  void compute(KernelContext& ctx) const override {
+    const Tensor x = ctx.required_input(0).contiguous();
+    if ((x.dtype() != DType::u8 && x.dtype() != DType::i8) || x.rank() < 3)
+      ctx.fail(ErrorCode::invalid_argument, "takes 8-bit X [N, C, spatial...], got " + x.describe());
+    auto scale_at = [&](int i) {
+      const Tensor s = ctx.required_input(i).contiguous();
+      if (s.dtype() != DType::f32 || s.numel() != 1)
+        ctx.fail(ErrorCode::invalid_argument, "scales are f32 scalars, got " + s.describe());
+      return s.data<float>()[0];
+    };
+    auto zero_at = [&](int i) { return ctx.input(i) ? tensor_to_int64s(*ctx.input(i)).at(0) : 0; };
+    const Tensor* yz = ctx.input(4);
+    const DType yt = yz ? yz->dtype() : DType::u8;
+    Shape ys = x.shape();
+    std::fill(ys.begin() + 2, ys.end(), 1);
+    uint8_t* y = static_cast<uint8_t*>(ctx.output(0, yt, ys).raw_data());
+    const int64_t rows = ys[0] * ys[1], n = rows ? x.numel() / rows : 0;
+    const float scale = scale_at(1) / (scale_at(3) * float(n));
+    const int64_t xz = zero_at(2), z = zero_at(4);
+    const int64_t lo = yt == DType::i8 ? -128 : 0, hi = yt == DType::i8 ? 127 : 255;
+    const auto* in = static_cast<const uint8_t*>(x.raw_data());
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t sum = -n * xz;
+      for (int64_t i = 0; i < n; ++i)
+        sum += x.dtype() == DType::i8 ? int64_t(int8_t(in[r * n + i])) : int64_t(in[r * n + i]);
+      y[r] = uint8_t(std::clamp<int64_t>(int64_t(std::nearbyint(float(sum) * scale)) + z, lo, hi));
+    }
+  }
+};
+
 KernelDef simple_fused_def(const char* op, std::function<std::unique_ptr<OpKernel>(const Node&)> make) {
   return KernelDef{op, kFusedDomain, kFusedOpset, INT_MAX,
                    [make](const Node& n, int64_t) -> std::unique_ptr<OpKernel> { return make(n); },
@@ -278,6 +312,8 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(fused_def("FusedMatMul", "MatMul", 2, 13));
   r.add(dynamic_quantize_conv_def());
   r.add(simple_fused_def("QLookup", [](const Node&) { return std::make_unique<QLookupKernel>(); }));
+  r.add(simple_fused_def("QLinearGlobalAveragePool",
+                         [](const Node&) { return std::make_unique<QLinearGlobalAveragePoolKernel>(); }));
   for (const char* op : {"QLinearAdd", "QLinearMul"})
     r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearBinaryKernel>(n); }));
 }
