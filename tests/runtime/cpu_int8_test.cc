@@ -12,6 +12,7 @@
 
 #include "runtime/cpu_test_util.h"
 #include "slim/core/convert.h"
+#include "slim/runtime/fused_ops.h"
 
 namespace slim {
 namespace {
@@ -438,7 +439,8 @@ TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
     EXPECT_EQ(ops["slim:QLookup"], 2);  // HardSwish; HardSigmoid
     EXPECT_EQ(ops["slim:QLinearMul"], 1);
     EXPECT_EQ(ops["slim:QLinearAdd"], 1);
-    EXPECT_EQ(ops["Mul"] + ops["Add"] + ops["Div"] + ops["HardSigmoid"], 0);
+    EXPECT_EQ(ops["slim:QLinearGlobalAveragePool"], 1);
+    EXPECT_EQ(ops["Mul"] + ops["Add"] + ops["Div"] + ops["HardSigmoid"] + ops["GlobalAveragePool"], 0);
     SessionOptions r;
     r.providers = {"ref"};
     r.optimize = false;
@@ -447,6 +449,34 @@ TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
     for (int64_t i = 0; i < got.numel(); ++i)
       ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
   }
+}
+
+// slim:QLinearGlobalAveragePool on NCHW bytes and on a QLinearConv's channels-last bytes
+// (the sums of 8-bit extremes, requantized once) equals ref's to the byte.
+TEST(CpuInt8, QLinearGlobalAveragePoolGivesRefsBytesExactly) {
+  for (DType t : {DType::u8, DType::i8})
+    for (bool after_conv : {false, true}) {
+      SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " after a conv" : ""));
+      const Shape s = {2, 21, 7, 9};
+      ModelBuilder b(13);
+      b.opset(kFusedDomain, kFusedOpset);
+      b.input("x", t, spec(s)).output("y");
+      std::string x = "x";
+      if (after_conv) {
+        add_qlinear_params(b, "", t, t, 21, DType::i8, true, 3);
+        b.initializer("w", extreme_8bit(DType::i8, {21, 1, 3, 3}, 8));
+        Node& c = b.node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"c"});
+        c.attrs["pads"] = attr_ints({1, 1, 1, 1});
+        c.attrs["group"] = attr_int(21);
+        x = "c";
+      }
+      b.initializer("ps", Tensor::from_vector<float>({}, {0.037f}));
+      b.initializer("pz", scalar_8bit(t, t == DType::u8 ? 131 : -5));
+      b.initializer("gs", Tensor::from_vector<float>({}, {0.021f}));
+      b.initializer("gz", scalar_8bit(t, t == DType::u8 ? 120 : 9));
+      b.node("QLinearGlobalAveragePool", {x, "ps", "pz", "gs", "gz"}, {"y"}, "gap", kFusedDomain);
+      expect_matches_ref(b.build(), {{"x", extreme_8bit(t, s, 12)}}, "gap", "cpu", 0, 0);
+    }
 }
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {
