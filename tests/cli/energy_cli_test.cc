@@ -217,7 +217,8 @@ TEST_F(EnergyCli, ReportRefusalsNameTheProblem) {
                   " line 1 is not Prometheus text: give a /metrics scrape of `slim serve --energy` or a bench JSON "
                   "(`slim bench --energy --json`)"},
       {dump + " --by expert", "slim: error [invalid_argument]: --by expert: " + dump +
-                                  " has no per-expert energy series (Mixture-of-Experts language models report them)"},
+                                  " has no slim_llm_expert_* series (`slim serve` writes them for "
+                                  "Mixture-of-Experts language models)"},
       {bench + " --by priority", "slim: error [invalid_argument]: --by priority needs a /metrics scrape of `slim "
                                  "serve --energy`; " + bench + " is a bench JSON"},
       {dump + " --region Atlantis", "slim: error [invalid_argument]: unknown region 'ATLANTIS'"},
