@@ -11,7 +11,7 @@ answered, for SECONDS after a second of warm-up). The table gives the median and
 throughput of each side and their ratio, and the server's CPU time per request (utime +
 stime from /proc over the load): on a shared machine other processes move throughput by far
 more than metering costs, while CPU time per request moves less, and its difference is the
-cost (two meter readings, a CpuTimeScope and the counters' atomic adds per batch).
+cost (a CpuTimeScope and the counters' atomic adds per batch, two meter readings every 10 ms).
 
 Models (bench/serve/make_models.py writes them into the work folder): the digits MLP (a
 ~10 us model behind a ~100 us request: the worst case, where a fixed cost per batch shows
@@ -167,7 +167,8 @@ def main():
         rows.append("| %s%s | %d | %.0f | %.0f | %.4f | %.0f | %.0f | %.4f | %.1f | %.1f | %+.1f (%+.2f %%) |" % (
             name, " (tokens)" if llm else "", clients, off, on, on / off, max(rps[False]), max(rps[True]), max(rps[True]) / max(rps[False]),
             c_off, c_on, c_on - c_off, 100 * (c_on - c_off) / c_off))
-    head = ["Metering overhead of `slim serve --energy` (every batch and step; the meter read at most every 10 ms per model), %d rounds alternating on/off, "
+    head = ["Metering overhead of `slim serve --energy` (every batch and step; the meter read at most every 10 ms "
+            "per model), %d rounds alternating on/off, "
             "%g s of closed-loop load each (gRPC; llm: OpenAI completions, tokens/s and CPU us per token); %d "
             "threads; meter: %s" % (args.rounds, args.seconds, args.threads,
                                                                           source),
