@@ -118,7 +118,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", default=",".join(m[0] for m in MODELS), help="comma-separated, of digits,cnn,forest,llm")
+    ap.add_argument("--models", default=",".join(m[0] for m in MODELS),
+                    help="comma-separated, of digits,cnn,forest,llm")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     slim = os.environ.get("SLIM") or os.path.join(ROOT, "build", "tools", "slim")

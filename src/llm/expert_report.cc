@@ -14,9 +14,9 @@ nlohmann::json expert_usage_json(const ExpertUsage& u, const WorkEnergy* energy)
   std::vector<double> expert_flops(size_t(u.n_expert), 0.0);
   for (int e = 0; e < u.n_expert; ++e)
     for (int l = 0; l < u.n_layer; ++l) expert_flops[size_t(e)] += u.expert_flops(l, e);
-  nlohmann::json j = {{"evaluated_tokens", u.tokens},       {"routed", routed},
-                      {"expert_flops", expert_flops},       {"shared_flops", u.shared_flops()},
-                      {"other_flops", u.other_flops},       {"total_flops", u.total_flops()}};
+  nlohmann::json j = {{"evaluated_tokens", u.tokens}, {"routed", routed},
+                      {"expert_flops", expert_flops}, {"shared_flops", u.shared_flops()},
+                      {"other_flops", u.other_flops}, {"total_flops", u.total_flops()}};
   if (energy && u.total_flops() > 0) {
     nlohmann::json ej = nlohmann::json::array(), eg = nlohmann::json::array();
     for (double f : expert_flops) {

@@ -300,12 +300,15 @@ void LlmService::Impl::make_expert_series() {
       s.routed = &metrics->counter("slim_llm_expert_routed_tokens_total",
                                    "Tokens routed to a Mixture-of-Experts model's expert (shared: every token).", l);
     s.flops = &metrics->counter("slim_llm_expert_flops_total",
-                                "FLOPs of an expert, counted from the routing (other: attention, routers, output head).",
+                                "FLOPs of an expert, counted from the routing (other: attention, "
+                                "routers, output head).",
                                 l);
     if (energy) {
       l.emplace_back("source", energy->source());
       s.joules = &metrics->counter("slim_llm_expert_joules_total",
-                                   "The steps' energy above idle attributed to an expert by its share of their FLOPs.", l);
+                                   "The steps' energy above idle attributed to an expert by its "
+                                   "share of their FLOPs.",
+                                   l);
       l.emplace_back("region", energy->region());
       s.grams = &metrics->counter("slim_llm_expert_carbon_grams_total", "Carbon of an expert's energy (gCO2e).", l);
     }
