@@ -351,6 +351,8 @@ PruneResult prune_model(const std::string& in_path, const std::string& out_path,
         for (int b = 0; b < blocks; ++b) {
           Unit u{0, 3 * int64_t(wm) * d, l, true, {}};
           for (int i = b * wm; i < (b + 1) * wm; ++i) u.cost += s1 * fi[size_t(fo[size_t(i)])], u.idx.push_back(fo[size_t(i)]);
+          // Past the probed fraction the linear share underestimates the loss: grow it quadratically.
+          u.cost *= std::pow(std::max(1.0, double(b + 1) / probe_blocks), 2);
           units.push_back(std::move(u));
         }
       }
