@@ -17,6 +17,7 @@
 #include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
+#include "slim/llm/expert_report.h"
 #include "slim/llm/gguf_tokenizer.h"
 #include "slim/llm/model.h"
 #include "slim/llm/perplexity.h"
@@ -85,7 +86,7 @@ void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int
                joules ? energy::basis_name(basis) : "", "routed per layer");
   const double slots = double(u.tokens) * u.n_layer * k, total = u.total_flops();
   auto energy_of = [&](double flops) {
-    return joules && total > 0 ? energy::si(*joules * flops / total, "J") : std::string();
+    return joules && total > 0 ? energy::si(llm::flops_share(u, flops, *joules), "J") : std::string();
   };
   for (int e = 0; e < u.n_expert; ++e) {
     int64_t n = 0;
@@ -104,39 +105,6 @@ void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int
   std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s  (attention, routers, output head)\n", "other", "", "",
                u.other_flops / 1e9, energy_of(u.other_flops).c_str());
   std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s\n", "total", "", "", total / 1e9, energy_of(total).c_str());
-}
-
-// The same as JSON; with `work` (a request's energy report) each part's share of its
-// energy and carbon, by FLOPs.
-nlohmann::json expert_usage_json(const llm::ExpertUsage& u, const energy::EnergyReport* work) {
-  nlohmann::json routed = nlohmann::json::array(), flops = nlohmann::json::array();
-  for (int l = 0; l < u.n_layer; ++l) {
-    nlohmann::json row = nlohmann::json::array();
-    for (int e = 0; e < u.n_expert; ++e) row.push_back(u.count(l, e));
-    routed.push_back(row);
-  }
-  std::vector<double> expert_flops(size_t(u.n_expert), 0.0);
-  for (int e = 0; e < u.n_expert; ++e)
-    for (int l = 0; l < u.n_layer; ++l) expert_flops[size_t(e)] += u.expert_flops(l, e);
-  const double total = u.total_flops();
-  nlohmann::json j = {{"evaluated_tokens", u.tokens}, {"routed", routed},           {"expert_flops", expert_flops},
-                      {"shared_flops", u.shared_flops()}, {"other_flops", u.other_flops}, {"total_flops", total}};
-  if (work && total > 0) {
-    auto share = [&](double f, double of) { return of * f / total; };
-    nlohmann::json ej = nlohmann::json::array(), eg = nlohmann::json::array();
-    for (double f : expert_flops) {
-      ej.push_back(share(f, work->work_joules));
-      eg.push_back(share(f, work->work_grams));
-    }
-    j["energy_basis"] = energy::basis_name(work->basis);
-    j["expert_j"] = ej;
-    j["expert_gco2e"] = eg;
-    j["shared_j"] = share(u.shared_flops(), work->work_joules);
-    j["shared_gco2e"] = share(u.shared_flops(), work->work_grams);
-    j["other_j"] = share(u.other_flops, work->work_joules);
-    j["other_gco2e"] = share(u.other_flops, work->work_grams);
-  }
-  return j;
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -229,7 +197,9 @@ void run_generate(const GenerateArgs& a) {
       if (a.expert_stats)
         print_expert_usage("experts, request " + std::to_string(i + 1), res.experts, cfg.n_expert_used,
                            work ? std::optional<double>(work->work_joules) : std::nullopt, basis);
-      j["experts"] = expert_usage_json(res.experts, work ? &*work : nullptr);
+      const llm::WorkEnergy we = work ? llm::WorkEnergy{work->work_joules, work->work_grams, energy::basis_name(work->basis)}
+                                      : llm::WorkEnergy{};
+      j["experts"] = llm::expert_usage_json(res.experts, work ? &we : nullptr);
     }
     requests.push_back(std::move(j));
   }
@@ -250,7 +220,7 @@ void run_generate(const GenerateArgs& a) {
                   {"n_expert_used", cfg.n_expert_used},
                   {"expert_token_flops", total.expert_token_flops},
                   {"shared_token_flops", total.shared_token_flops},
-                  {"cumulative", expert_usage_json(total, nullptr)}};
+                  {"cumulative", llm::expert_usage_json(total)}};
     std::ofstream f(a.json);
     if (!(f << j.dump() << "\n")) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + a.json + "'");
   }
