@@ -394,6 +394,14 @@ void GgufWriter::set_string(const std::string& key, const std::string& v) {
   put_string(s, v);
   set_raw(key, std::move(s));
 }
+void GgufWriter::set_u32_array(const std::string& key, const std::vector<uint32_t>& v) {
+  std::string s;
+  put<uint32_t>(s, uint32_t(GgufValueType::array));
+  put<uint32_t>(s, uint32_t(GgufValueType::u32));
+  put<uint64_t>(s, v.size());
+  for (uint32_t x : v) put(s, x);
+  set_raw(key, std::move(s));
+}
 void GgufWriter::copy_value(const std::string& key, const GgufFile& src, const GgufValue& value) {
   set_raw(key, std::string(reinterpret_cast<const char*>(src.file().data() + value.raw_offset),
                            size_t(value.raw_size)));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "slim/llm/kernels.h"
@@ -49,12 +50,38 @@ class ModelLoader {
     };
     c.n_layer = positive(a + "block_count", g.get_int(a + "block_count"), 1024);
     c.n_embd = positive(a + "embedding_length", g.get_int(a + "embedding_length"), 1 << 16);
-    c.n_ff = positive(a + "feed_forward_length", g.get_int(a + "feed_forward_length"), 1 << 18);
-    c.n_head = positive(a + "attention.head_count", g.get_int(a + "attention.head_count"), 1024);
-    c.n_head_kv = positive(a + "attention.head_count_kv",
-                           g.get_int(a + "attention.head_count_kv", c.n_head), 1024);
+    // Head counts and the FFN width: a number, or one per layer (an array, as llama.cpp
+    // reads variable-width models); the config holds the widest.
+    auto per_layer = [&](const std::string& key, std::optional<std::vector<int>> fallback, int64_t max) {
+      const GgufValue* v = g.find(key);
+      if (!v && fallback) return *fallback;
+      std::vector<int64_t> vals;
+      if (v && v->type == GgufValueType::array) {
+        if (v->integers.size() != size_t(c.n_layer) || v->array_size != uint64_t(c.n_layer))
+          throw Error(ErrorCode::invalid_model, path + ": metadata '" + key + "' has " + std::to_string(v->array_size) +
+                                                    " entries for " + std::to_string(c.n_layer) + " layers");
+        vals = v->integers;
+      } else {
+        vals.assign(size_t(c.n_layer), g.get_int(key));
+      }
+      std::vector<int> out;
+      for (int64_t x : vals) out.push_back(positive(key, x, max));
+      return out;
+    };
+    const std::vector<int> ff = per_layer(a + "feed_forward_length", std::nullopt, 1 << 18);
+    const std::vector<int> heads = per_layer(a + "attention.head_count", std::nullopt, 1024);
+    const std::vector<int> heads_kv = per_layer(a + "attention.head_count_kv", heads, 1024);
+    c.n_ff = *std::max_element(ff.begin(), ff.end());
+    c.n_head = *std::max_element(heads.begin(), heads.end());
+    c.n_head_kv = *std::max_element(heads_kv.begin(), heads_kv.end());
+    for (int l = 0; l < c.n_layer; ++l)
+      if (int64_t(heads[size_t(l)]) * c.n_head_kv != int64_t(heads_kv[size_t(l)]) * c.n_head)
+        throw Error(ErrorCode::unsupported, path + ": layer " + std::to_string(l) + " has " +
+                                                std::to_string(heads[size_t(l)]) + " heads for " +
+                                                std::to_string(heads_kv[size_t(l)]) +
+                                                " KV heads; slim needs the same query heads per KV head in every layer");
     c.n_ctx_train = positive(a + "context_length", g.get_int(a + "context_length", 2048), 1 << 24);
-    if (c.n_embd % c.n_head != 0)
+    if (!g.has(a + "attention.key_length") && c.n_embd % c.n_head != 0)
       throw Error(ErrorCode::invalid_model, path + ": embedding length " + std::to_string(c.n_embd) +
                                                 " is not a multiple of the head count " + std::to_string(c.n_head));
     c.head_dim = positive(a + "attention.key_length", g.get_int(a + "attention.key_length", c.n_embd / c.n_head), 4096);
@@ -109,11 +136,13 @@ class ModelLoader {
       m->output_ = m->token_embd_;
     }
     m->output_norm_ = vec(g, "output_norm.weight", c.n_embd);
-    const int q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
     m->layers_.resize(size_t(c.n_layer));
     for (int i = 0; i < c.n_layer; ++i) {
       const std::string p = "blk." + std::to_string(i) + ".";
       LayerWeights& L = m->layers_[size_t(i)];
+      L.n_head_kv = heads_kv[size_t(i)];
+      L.n_ff = ff[size_t(i)];
+      const int q_dim = heads[size_t(i)] * c.head_dim, kv_dim = L.n_head_kv * c.head_dim;
       L.attn_norm = m->store(vec(g, p + "attn_norm.weight", c.n_embd));
       L.ffn_norm = m->store(vec(g, p + "ffn_norm.weight", c.n_embd));
       L.wq = matrix(g, p + "attn_q.weight", q_dim, c.n_embd, repacked);
@@ -121,9 +150,9 @@ class ModelLoader {
       L.wv = matrix(g, p + "attn_v.weight", kv_dim, c.n_embd, repacked);
       L.wo = matrix(g, p + "attn_output.weight", c.n_embd, q_dim, repacked);
       if (c.n_expert == 0) {
-        L.w_gate = matrix(g, p + "ffn_gate.weight", c.n_ff, c.n_embd, repacked);
-        L.w_up = matrix(g, p + "ffn_up.weight", c.n_ff, c.n_embd, repacked);
-        L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, c.n_ff, repacked);
+        L.w_gate = matrix(g, p + "ffn_gate.weight", L.n_ff, c.n_embd, repacked);
+        L.w_up = matrix(g, p + "ffn_up.weight", L.n_ff, c.n_embd, repacked);
+        L.w_down = matrix(g, p + "ffn_down.weight", c.n_embd, L.n_ff, repacked);
       } else {
         L.router = matrix(g, p + "ffn_gate_inp.weight", c.n_expert, c.n_embd, repacked);
         L.gate_exps = experts(g, p + "ffn_gate_exps.weight", c.n_expert, c.n_ff_exp, c.n_embd, repacked);
@@ -884,12 +913,12 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
   // sequence's prefill over more threads than it has KV heads.
   const bool observing = policy && policy->observe_window() != 0;
   const KvObserver observer = policy ? policy->observer() : KvObserver{};
-  auto attend_paged = [&](int l) {
-    const int base_items = int(entries.size()) * c.n_head_kv;
+  auto attend_paged = [&](int l, int n_head_kv) {
+    const int base_items = int(entries.size()) * n_head_kv;
     const int chunks = observing ? 1 : std::max(1, (2 * T + base_items - 1) / base_items);
     s.attn_items.clear();
     for (int ei = 0; ei < int(entries.size()); ++ei)
-      for (int kvh = 0; kvh < c.n_head_kv; ++kvh) {
+      for (int kvh = 0; kvh < n_head_kv; ++kvh) {
         const int ce = std::min(chunks, entries[size_t(ei)].n);
         for (int ch = 0; ch < ce; ++ch) s.attn_items.push_back({ei, kvh, ch, ce});
       }
@@ -916,6 +945,8 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
 
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = m.layer(l);
+    // A pruned layer fills the first q_dim and kv_dim values of the widest layer's rows.
+    const int64_t q_dim = L.wq.rows, kv_dim = L.wk.rows, n_ff = L.n_ff;
     rms_norm_rows(s.x.data(), L.attn_norm, s.xn.data(), n, d, c.rms_eps);
     matmul(s.xn.data(), d, n, {{L.wq, s.q.data(), s.q_dim}, {L.wk, s.kbuf.data(), s.kv_dim}, {L.wv, s.vbuf.data(), s.kv_dim}});
     for (int t = 0; t < n; ++t) {
@@ -923,22 +954,22 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       float* k = s.kbuf.data() + t * s.kv_dim;
       float* v = s.vbuf.data() + t * s.kv_dim;
       if (c.qkv_bias) {
-        for (int64_t i = 0; i < s.q_dim; ++i) q[i] += L.bq[i];
-        for (int64_t i = 0; i < s.kv_dim; ++i) k[i] += L.bk[i];
-        for (int64_t i = 0; i < s.kv_dim; ++i) v[i] += L.bv[i];
+        for (int64_t i = 0; i < q_dim; ++i) q[i] += L.bq[i];
+        for (int64_t i = 0; i < kv_dim; ++i) k[i] += L.bk[i];
+        for (int64_t i = 0; i < kv_dim; ++i) v[i] += L.bv[i];
       }
       const int pos = cache ? s.row_pos[size_t(t)] : p0 + t;
-      rope(q, c.n_head, pos);
-      rope(k, c.n_head_kv, pos);
+      rope(q, int(q_dim / c.head_dim), pos);
+      rope(k, L.n_head_kv, pos);
       if (cache) continue;
       uint8_t* kc = s.k_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
       uint8_t* vc = s.v_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
       if (s.kv_elem == 2) {
-        s.k->f32_to_f16_row(k, reinterpret_cast<uint16_t*>(kc), s.kv_dim);
-        s.k->f32_to_f16_row(v, reinterpret_cast<uint16_t*>(vc), s.kv_dim);
+        s.k->f32_to_f16_row(k, reinterpret_cast<uint16_t*>(kc), kv_dim);
+        s.k->f32_to_f16_row(v, reinterpret_cast<uint16_t*>(vc), kv_dim);
       } else {
-        std::memcpy(kc, k, size_t(s.kv_dim) * 4);
-        std::memcpy(vc, v, size_t(s.kv_dim) * 4);
+        std::memcpy(kc, k, size_t(kv_dim) * 4);
+        std::memcpy(vc, v, size_t(kv_dim) * 4);
       }
     }
 
@@ -946,7 +977,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       for (const Entry& e : entries)
         for (int t = e.row0; t < e.row0 + e.n; ++t)
           cache->append(e.seq, l, s.row_pos[size_t(t)], s.kbuf.data() + t * s.kv_dim, s.vbuf.data() + t * s.kv_dim);
-      attend_paged(l);
+      attend_paged(l, L.n_head_kv);
     } else {
     // Causal attention, one (token, KV head) pair per item with the query heads that
     // share the KV head (grouped-query attention), so each key and value row is read and
@@ -955,9 +986,9 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     struct AttnJob {
       LlamaContext::State* s;
       const LlamaConfig* c;
-      int layer, n, p0, group, T;
+      int layer, n, p0, group, T, n_head_kv;
       float scale;
-    } aj{&s, &c, l, n, p0, group, T, kq_scale};
+    } aj{&s, &c, l, n, p0, group, T, L.n_head_kv, kq_scale};
     const AttnJob* ap = &aj;
     pool.parallel_for(T, [ap](int64_t b, int64_t e) {
       const AttnJob& j = *ap;
@@ -966,9 +997,9 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       const int64_t ls = st.scores_stride;
       for (int64_t slot = b; slot < e; ++slot) {
         float* scores = st.scores.data() + slot * ls * g;
-        const int items = j.n * j.c->n_head_kv;
+        const int items = j.n * j.n_head_kv;
         for (int it = int(slot); it < items; it += j.T) {
-          const int t = it / j.c->n_head_kv, kvh = it % j.c->n_head_kv;
+          const int t = it / j.n_head_kv, kvh = it % j.n_head_kv;
           const int len = j.p0 + t + 1;
           const float* q = st.q.data() + t * st.q_dim + int64_t(kvh) * g * hd;
           float* out = st.attn.data() + t * st.q_dim + int64_t(kvh) * g * hd;
@@ -1004,6 +1035,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
     });
     }
 
+    if (options_.observe) options_.observe(l, false, s.attn.data(), n, s.q_dim, q_dim);
     matmul(s.attn.data(), s.q_dim, n, {{L.wo, s.xn.data(), d}});
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
     rms_norm_rows(s.x.data(), L.ffn_norm, s.xn.data(), n, d, c.rms_eps);
@@ -1011,9 +1043,10 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       moe_ffn(L, l);
       continue;
     }
-    matmul(s.xn.data(), d, n, {{L.w_gate, s.gate.data(), c.n_ff}, {L.w_up, s.up.data(), c.n_ff}});
-    s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * c.n_ff);
-    matmul(s.gate.data(), c.n_ff, n, {{L.w_down, s.xn.data(), d}});
+    matmul(s.xn.data(), d, n, {{L.w_gate, s.gate.data(), n_ff}, {L.w_up, s.up.data(), n_ff}});
+    s.k->silu_mul(s.gate.data(), s.up.data(), int64_t(n) * n_ff);
+    if (options_.observe) options_.observe(l, true, s.gate.data(), n, n_ff, n_ff);
+    matmul(s.gate.data(), n_ff, n, {{L.w_down, s.xn.data(), d}});
     for (int64_t i = 0; i < int64_t(n) * d; ++i) s.x.data()[i] += s.xn.data()[i];
   }
 

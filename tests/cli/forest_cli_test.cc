@@ -132,6 +132,10 @@ TEST_F(ForestCli, PruneDropsTreesToTheBudgetAndReports) {
   std::ofstream(out("m.gguf"), std::ios::binary) << "GGUF....";
   r = run_slim("prune " + out("m.gguf") + " -o " + out("x.gguf") + " --target-params 0.5");
   EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("a GGUF model needs --calib TEXT"), std::string::npos) << r.err;
+  std::ofstream(out("m.onnx"), std::ios::binary) << "onnx";
+  r = run_slim("prune " + out("m.onnx") + " -o " + out("x.onnx") + " --target-params 0.5");
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("not available yet"), std::string::npos) << r.err;
 }
 

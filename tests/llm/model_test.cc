@@ -52,6 +52,7 @@ INSTANTIATE_TEST_SUITE_P(
     Models, ForwardTest,
     ::testing::Values(Case{"llama_f32", 1e-4, 1e-4}, Case{"llama_mha_f32", 1e-4, 1e-4},
                       Case{"llama_rot32_f32", 1e-4, 1e-4}, Case{"qwen2_f32", 1e-4, 1e-4},
+                      Case{"llama_varwidth_f32", 1e-4, 1e-4},  // per-layer head counts and FFN widths
                       Case{"llama_f16", 2e-3, 3e-3}, Case{"llama_bf16", 1.5e-2, 2e-2},
                       Case{"llama_q8_0", 1e-2, 5e-2}, Case{"llama_q4_0", 1e-2, 5e-2},
                       Case{"llama_q4_k", 1e-2, 5e-2}, Case{"llama_q6_k", 1e-2, 5e-2},

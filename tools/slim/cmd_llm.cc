@@ -1,7 +1,9 @@
 // slim generate / perplexity: the language-model engine's front door (quantize is in
 // cmd_quantize.cc). Also registers GGUF as a tokenizer source so `slim tokenize
 // MODEL.gguf` works.
+#include <array>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "prune.h"
 #include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
@@ -18,6 +21,7 @@
 #include "slim/llm/gguf_tokenizer.h"
 #include "slim/llm/model.h"
 #include "slim/llm/perplexity.h"
+#include "slim/llm/prune.h"
 #include "slim/llm/sampler.h"
 #include "slim/llm/text_generator.h"
 #include "slim/text/tokenizer_loader.h"
@@ -309,6 +313,120 @@ void add_perplexity(CLI::App& app) {
   cmd->callback([a] { run_perplexity(*a); });
 }
 
+
+// Prefill (one pass over n_ctx tokens) and decode (64 tokens one by one) tokens/s of two
+// models measured side by side: rounds alternate between them, medians are reported.
+std::pair<std::array<double, 2>, std::array<double, 2>> llm_speeds(
+    const std::array<std::shared_ptr<const llm::LlamaModel>, 2>& models, int n_ctx, int threads) {
+  llm::ContextOptions co;
+  co.n_ctx = n_ctx + 64;
+  co.n_batch = n_ctx;
+  co.n_threads = threads;
+  std::vector<std::unique_ptr<llm::LlamaContext>> ctx;
+  for (const auto& m : models) ctx.push_back(std::make_unique<llm::LlamaContext>(m, co));
+  std::vector<int32_t> prompt(static_cast<size_t>(n_ctx));
+  for (int i = 0; i < n_ctx; ++i) prompt[size_t(i)] = (i * 7919 + 13) % models[0]->config().n_vocab;
+  std::array<std::vector<double>, 2> pre, dec;
+  for (int round = 0; round < 7; ++round)
+    for (int k = 0; k < 2; ++k) {
+      llm::LlamaContext& c = *ctx[size_t(k)];
+      c.reset();
+      auto t0 = std::chrono::steady_clock::now();
+      c.eval(prompt);
+      auto t1 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 64; ++i) {
+        const int32_t t = prompt[size_t(i)];
+        c.eval(std::span<const int32_t>(&t, 1));
+      }
+      auto t2 = std::chrono::steady_clock::now();
+      pre[size_t(k)].push_back(n_ctx / std::chrono::duration<double>(t1 - t0).count());
+      dec[size_t(k)].push_back(64 / std::chrono::duration<double>(t2 - t1).count());
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {{median(pre[0]), median(pre[1])}, {median(dec[0]), median(dec[1])}};
+}
+
+}  // namespace
+
+void prune_llm_model(const PruneArgs& a) {
+  check(!a.calib.empty(), ErrorCode::invalid_argument, "prune: a GGUF model needs --calib TEXT (calibration text)");
+  check(a.target_params < 1, ErrorCode::invalid_argument, "prune: nothing to do: give --target-params below 1");
+  check(a.prune_gain == 0 && a.max_margin_change == 0 && a.label.empty(), ErrorCode::invalid_argument,
+        "prune: --prune-gain, --max-margin-change and --label-column are for tree ensembles");
+  llm::PruneOptions o;
+  o.target_params = a.target_params;
+  o.criterion = a.criterion == "magnitude" ? llm::PruneCriterion::magnitude : llm::PruneCriterion::activation;
+  o.n_ctx = a.ctx;
+  o.calib_chunks = a.chunks;
+  o.expert_seed = a.random_experts;
+  o.threads = a.threads;
+  std::unique_ptr<Progress> progress;
+  std::string stage;
+  o.progress = [&](const std::string& st, int done, int total) {
+    if (st != stage) progress = std::make_unique<Progress>("prune: " + st, total), stage = st;
+    progress->update(done);
+  };
+  const std::string calib = read_text_file(a.calib);
+  const llm::PruneResult r = llm::prune_model(a.model, a.output, calib, o);
+  progress.reset();
+  auto before = llm::LlamaModel::load(a.model), after = llm::LlamaModel::load(a.output);
+  llm::PerplexityOptions po;
+  po.n_ctx = a.ctx;
+  po.chunks = a.chunks;
+  po.threads = a.threads;
+  const std::string eval_file = a.eval.empty() ? a.calib : a.eval;
+  const llm::PerplexityResult p = llm::perplexity(after, before, read_text_file(eval_file), eval_file, po);
+  const auto [prefill, decode] = llm_speeds({before, after}, a.ctx, a.threads);
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t l = 0; l < r.keep.size(); ++l) {
+    const llm::LayerWeights& L = after->layer(int(l));
+    nlohmann::json j = {{"kv_heads", L.n_head_kv}, {"n_ff", L.n_ff}};
+    if (after->config().n_expert) j = {{"experts", r.keep[l].experts}};
+    if (!r.attn_sensitivity.empty())
+      j["attn_sensitivity"] = r.attn_sensitivity[l], j["ffn_sensitivity"] = r.ffn_sensitivity[l];
+    layers.push_back(j);
+  }
+  auto side = [&](const std::string& path, int64_t params, double ppl, int k) {
+    return nlohmann::json{{"params", params}, {"file_bytes", std::filesystem::file_size(path)}, {"ppl", ppl},
+                          {"prefill_tok_s", prefill[size_t(k)]}, {"decode_tok_s", decode[size_t(k)]}};
+  };
+  nlohmann::json report = {
+      {"kind", "gguf"}, {"model", a.model}, {"output", a.output}, {"criterion", a.criterion},
+      {"isa", llm::LlamaContext(before, {}).kernel_isa()},
+      {"before", side(a.model, r.params_before, p.base_ppl(), 0)},
+      {"after", side(a.output, r.params_after, p.ppl(), 1)},
+      {"eval", {{"file", eval_file}, {"tokens", p.scored}, {"mean_kl", p.mean_kl()}, {"top1_agreement", p.top1_agreement()}}},
+      {"layers", layers}};
+  const auto& b = report["before"];
+  const auto& c = report["after"];
+  std::printf("%-16s %12s %12s\n", "", "before", "after");
+  std::printf("%-16s %12lld %12lld  (%.1f%% kept)\n", "parameters", (long long)r.params_before,
+              (long long)r.params_after, 100.0 * double(r.params_after) / double(r.params_before));
+  std::printf("%-16s %9.2f MiB %8.2f MiB\n", "file", b["file_bytes"].get<double>() / 1048576,
+              c["file_bytes"].get<double>() / 1048576);
+  std::printf("%-16s %12.4f %12.4f  (%+.1f%%)\n", "perplexity", p.base_ppl(), p.ppl(), 100.0 * (p.ppl() / p.base_ppl() - 1));
+  std::printf("%-16s %12.1f %12.1f  (%.2fx)\n", "prefill tok/s", prefill[0], prefill[1], prefill[1] / prefill[0]);
+  std::printf("%-16s %12.1f %12.1f  (%.2fx)\n", "decode tok/s", decode[0], decode[1], decode[1] / decode[0]);
+  std::printf("on %lld tokens of %s: mean KL %.5f, same top-1 %.2f%% (kernels: %s)\n", (long long)p.scored,
+              eval_file.c_str(), p.mean_kl(), 100.0 * p.top1_agreement(), report["isa"].get<std::string>().c_str());
+  std::printf("per layer (KV heads, FFN width%s):", r.attn_sensitivity.empty() ? "" : ", sensitivity");
+  for (size_t l = 0; l < r.keep.size(); ++l) {
+    const llm::LayerWeights& L = after->layer(int(l));
+    if (after->config().n_expert) std::printf(" %zu experts", r.keep[l].experts.size());
+    else std::printf(" %d/%d", L.n_head_kv, L.n_ff);
+  }
+  std::printf("\n");
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    f << report.dump(2) << "\n";
+    check(bool(f), ErrorCode::invalid_argument, a.json + ": cannot write");
+  }
+}
+
+namespace {
 }  // namespace
 
 SLIM_COMMAND(40, add_generate);

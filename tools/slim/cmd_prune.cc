@@ -24,9 +24,10 @@ std::string model_kind(const std::string& path) {
 
 void prune_cmd(const PruneArgs& a) {
   const std::string kind = model_kind(a.model);
-  if (kind != "forest")
-    throw Error(ErrorCode::unsupported, a.model + ": pruning " + (kind == "gguf" ? "GGUF language" : "ONNX") +
-                                            " models is not available yet; slim prune takes tree ensembles");
+  if (kind == "onnx")
+    throw Error(ErrorCode::unsupported,
+                a.model + ": pruning ONNX models is not available yet; slim prune takes tree ensembles and GGUF");
+  if (kind == "gguf") return prune_llm_model(a);
   prune_forest_model(a);
 }
 
@@ -35,22 +36,31 @@ void prune_cmd(const PruneArgs& a) {
 SLIM_COMMAND(45, [](CLI::App& app) {
   auto* c = app.add_subcommand(
       "prune", "Structured pruning: make a model smaller and faster, and report what it costs (tree ensembles: "
-               "weak splits merged, trees dropped by their contribution on calibration data)");
+               "weak splits merged, trees dropped by their contribution on calibration data; GGUF language "
+               "models: attention KV groups and FFN units by calibration activations, MoE experts by routing)");
   auto a = std::make_shared<PruneArgs>();
-  c->add_option("MODEL", a->model, "XGBoost .json/.ubj, LightGBM .txt or .slimf")->required()->check(CLI::ExistingFile);
-  c->add_option("-o,--output", a->output, "Pruned model (.slimf for tree ensembles)")->required();
-  c->add_option("--calib", a->calib, "CSV of calibration rows: tree contributions are measured on them")
+  c->add_option("MODEL", a->model, "XGBoost .json/.ubj, LightGBM .txt, .slimf or GGUF")->required()->check(CLI::ExistingFile);
+  c->add_option("-o,--output", a->output, "Pruned model (.slimf for tree ensembles, .gguf for GGUF)")->required();
+  c->add_option("--calib", a->calib, "Calibration data: CSV rows for trees, a text file for GGUF")
       ->check(CLI::ExistingFile);
-  c->add_option("--eval", a->eval, "CSV of held-out rows for the report (default: the calibration rows)")
+  c->add_option("--eval", a->eval, "Held-out rows (CSV) or text (GGUF) for the report (default: the calibration data)")
       ->check(CLI::ExistingFile);
   c->add_option("--label-column", a->label, "Name or index of the label column in the CSVs (AUC when binary)");
   c->add_option("--target-params", a->target_params,
-                "Keep at most this fraction of the parameters (tree nodes): lowest-contribution trees go first")
+                "Keep at most this fraction of the parameters (tree nodes; GGUF weights): least important go first")
       ->check(CLI::Range(0.0, 1.0).description("in (0, 1]"));
   c->add_option("--max-margin-change", a->max_margin_change,
                 "Never drop a tree that would move a calibration row's margin by more than this")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--prune-gain", a->prune_gain, "Merge splits whose gain is below this into leaves (source models)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--criterion", a->criterion, "GGUF: unit importance, activation (calibration) or magnitude (weights)")
+      ->check(CLI::IsMember({"activation", "magnitude"}));
+  c->add_option("--ctx", a->ctx, "GGUF: tokens per calibration and evaluation chunk")->check(CLI::Range(8, 1 << 16));
+  c->add_option("--chunks", a->chunks, "GGUF: chunks of calibration and of evaluation text used")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--random-experts", a->random_experts,
+                "GGUF MoE: drop random experts with this seed instead of the least routed (for comparison)")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--json", a->json, "Also write the report as JSON to this file");
   add_threads_option(c, &a->threads);

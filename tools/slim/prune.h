@@ -13,9 +13,15 @@ struct PruneArgs {
   // calibration row may see from dropped trees.
   double prune_gain = 0, max_margin_change = 0;
   int threads = 0;
+  // GGUF: importance criterion ("activation" or "magnitude"), calibration/evaluation chunk
+  // length and count, and a seed to drop random experts instead of the least routed (MoE).
+  std::string criterion = "activation";
+  int ctx = 256, chunks = 8, random_experts = -1;
 };
 
 // Forest pruning (cmd_forest.cc): tree nodes are the parameters.
 void prune_forest_model(const PruneArgs& args);
+// Language-model pruning (cmd_llm.cc): KV groups, FFN units, MoE experts (llm/prune.h).
+void prune_llm_model(const PruneArgs& args);
 
 }  // namespace slim::cli

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,6 +19,8 @@ namespace slim::llm {
 
 struct LlamaConfig {
   std::string arch;  // "llama", "mistral", "qwen2" or "qwen2moe"
+  // n_head, n_head_kv and n_ff are the widest layer's; a pruned model's layers may be
+  // narrower (LayerWeights::n_head_kv, n_ff), with the same query heads per KV head.
   int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
   // Mixture of Experts (n_expert > 0): every layer routes each token to n_expert_used of
   // n_expert experts of n_ff_exp hidden units; n_ff_shexp > 0 adds a shared expert that
@@ -44,6 +47,9 @@ struct WeightMatrix {
 };
 
 struct LayerWeights {
+  // This layer's KV heads (query heads: n_head_kv * n_head / n_head_kv of the config) and
+  // dense feed-forward width: GGUF's per-layer arrays (`head_count_kv`, `feed_forward_length`).
+  int n_head_kv = 0, n_ff = 0;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   // w_gate, w_up and w_down: the dense feed-forward network, or a MoE layer's shared
@@ -137,6 +143,10 @@ struct ContextOptions {
   bool f16_kv = true;   // f16 KV cache (as llama.cpp); false keeps f32 for exact checks
   int n_threads = 0;    // 0: all hardware threads
   bool all_logits = false;  // keep logits of every token of a batch (perplexity)
+  // Called in every forward pass with each dense layer's attention output before its output
+  // projection (ffn = false) and its feed-forward hidden units after SwiGLU (ffn = true):
+  // n rows of `cols` values, `ld` apart. Pruning's calibration statistics (llm/prune.h).
+  std::function<void(int layer, bool ffn, const float* x, int n, int64_t ld, int64_t cols)> observe;
   KvOptions kv;
 };
 
