@@ -22,7 +22,6 @@
 #include "slim/core/error.h"
 #include "slim/core/npy.h"
 #include "slim/core/progress.h"
-#include "slim/core/thread_pool.h"
 #include "slim/onnx/importer.h"
 #include "slim/runtime/model_summary.h"
 #include "slim/runtime/session.h"
@@ -290,23 +289,20 @@ void bench(const BenchOptions& o) {
   // Latency from runs without the profiler (its two clock reads and callback per node
   // cost as much as a small node itself), then as many profiled runs for the table.
   std::vector<double> ms;
-  // With --energy the timed runs are metered as slim serve meters batches: one CpuTimeScope
-  // over them (the pool workers' CPU time included) and a meter reading at the start, after
-  // the first run that ends 10 ms or more after the last reading, and at the end. A reading
-  // per run would cost a run of a micro-model a quarter of its time (system calls).
+  // With --energy the timed runs are metered in windows: a meter reading at the start,
+  // after the first run that ends 10 ms or more after the last reading, and at the end.
+  // One model runs, so the process's CPU time (every thread's, oneDNN's team too) is its
+  // own and no CpuTimeScope is needed: with one open, every pool job reads its workers'
+  // thread clocks, system calls that cost a micro-model's run several percent. A reading
+  // per run would cost it a quarter of its time.
   struct Window {
     int runs = 0;
     energy::Reading end;
   };
   std::vector<Window> windows;
   energy::Reading start;
-  CpuTimeAccount pool_cpu;
   {
-    std::optional<CpuTimeScope> scope;
-    if (energy) {
-      energy->meter().read(start);
-      scope.emplace(pool_cpu);
-    }
+    if (energy) energy->meter().read(start);
     Progress progress("bench", o.iters);
     auto last = Clock::now();
     int runs = 0;
@@ -386,8 +382,6 @@ void bench(const BenchOptions& o) {
     energy_json.update(energy::to_json(r, inferences, "inference"));
     energy_json["flops_per_run"] = summary.flops;
     energy_json["tops_per_w"] = tops_per_w;
-    // What the pool hook saw of the process's CPU time (oneDNN's OpenMP threads are not in it).
-    energy_json["pool_cpu_seconds"] = pool_cpu.seconds();
     // Each metered window: its runs and their work energy.
     nlohmann::json windows_json = nlohmann::json::array();
     for (size_t i = 0; i < windows.size(); ++i)
