@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Metering overhead: `slim bench` with --energy against without, side by side.
 
-With --energy every run is metered inside its timed span as a served request would be (a
-meter reading and a CpuTimeScope around it), so the latency percentiles carry the cost.
+With --energy the timed runs are metered as slim serve meters batches (a CpuTimeScope over
+them and a meter reading every 10 ms or more), so the latency percentiles carry the cost.
 For each model the two are alternated ROUNDS times (fresh processes, same seed, threads
 and iterations); the table gives the medians and the best of the p50 latencies, the
 throughput ratio (1/p50, on/off) of each, and the overhead in microseconds per run. On a
@@ -66,7 +66,7 @@ def main():
     lines = ["| %s | %d | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %+.2f | %.3f %% |" % (
         name, iters, off, on, off / on, best_off, best_on, best_off / best_on, 1000 * (on - off), 100 * cost_ms / off)
         for name, iters, off, on, best_off, best_on in rows]
-    head = ["Metering overhead of `slim bench --energy` (every run metered inside its timed span), %d rounds "
+    head = ["Metering overhead of `slim bench --energy` (runs metered as slim serve meters batches), %d rounds "
             "alternating on/off; %d threads, kernels %s; meter: %s" % (args.rounds, args.threads, kernels, source),
             "",
             "| model | runs | p50 off (ms, median) | p50 on | throughput on/off | p50 off (best) | p50 on (best) | "

@@ -11,13 +11,17 @@ answered, for SECONDS after a second of warm-up). The table gives the median and
 throughput of each side and their ratio, and the server's CPU time per request (utime +
 stime from /proc over the load): on a shared machine other processes move throughput by far
 more than metering costs, while CPU time per request moves less, and its difference is the
-cost (two meter readings, a CpuTimeScope and the counters' atomic adds per batch).
+cost (a CpuTimeScope and the counters' atomic adds per batch, two meter readings every 10 ms).
 
 Models (bench/serve/make_models.py writes them into the work folder): the digits MLP (a
 ~10 us model behind a ~100 us request: the worst case, where a fixed cost per batch shows
-most) and ResNet-18 at 32x32 with dynamic batching up to 16 (batches of milliseconds).
+most), ResNet-18 at 32x32 with dynamic batching up to 16 (batches of milliseconds), an
+XGBoost forest (tests/serve/make_repository.py's: 20 trees of depth 4 on 8 features, one
+row a request) and a language model over the OpenAI API (tests/serve/make_llm.py --moe: a
+tiny Mixture-of-Experts model, so the per-expert accounting runs too; CLIENTS threads each
+sending completions of 32 tokens; throughput in generated tokens per second).
 
-Usage: bench/energy/serve_overhead.py [--rounds 5] [--seconds 4] [--threads 2] [--models digits,cnn]
+Usage: bench/energy/serve_overhead.py [--rounds 5] [--seconds 4] [--threads 2] [--models digits,cnn,forest,llm]
 [--out bench/energy/results]; SLIM and LOADGEN override the binaries (default build/)."""
 import argparse
 import json
@@ -26,6 +30,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import urllib.request
 
 import numpy as np
 
@@ -33,6 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "serve"))
 import run as serve_bench  # noqa: E402  (bench/serve/run.py: the repository and the server)
+sys.path.insert(0, os.path.join(ROOT, "tests", "serve"))
+import make_repository  # noqa: E402  (the forest model and its config)
 
 WORK = os.path.join(ROOT, "bench", ".work", "energy_overhead")
 # name, model file, config lines, input name, its .npy (one row), clients, max batch
@@ -40,6 +49,8 @@ MODELS = [
     ("digits", "digits/digits_mlp.onnx", serve_bench.DIGITS, "pixels", "digit1.npy", 8, 32),
     ("cnn", "resnet18_32.onnx", "max_batch_size: 16\n" + serve_bench.MODELS["cnn"][3] + serve_bench.BATCHING_ON,
      "input", "image1.npy", 32, 16),
+    ("forest", None, make_repository.FOREST_CONFIG, "input", "forest1.npy", 8, 256),
+    ("llm", "chat-moe.gguf", None, None, None, 4, None),
 ]
 
 
@@ -56,6 +67,32 @@ def load(loadgen, server, model, inp, stream, seconds, warmup=1):
     if r["ok"] != r["sent"]:
         raise RuntimeError("%d of %d requests failed" % (r["sent"] - r["ok"], r["sent"]))
     return r["throughput_rps"], (server.cpu_s() - cpu0) / max(1, j["requests_total"]) * 1e6
+
+
+def llm_load(server, clients, seconds):
+    """(generated tokens per second, server CPU microseconds per token) of CLIENTS threads
+    sending completions of up to 32 tokens for SECONDS."""
+    url = "http://127.0.0.1:%d/v1/completions" % server.ports["HTTP"]
+    end = time.monotonic() + seconds
+    tokens = [0] * clients
+
+    def client(i):
+        n = 0
+        while time.monotonic() < end:
+            body = {"model": "llm", "prompt": "Once upon a time %d %d" % (i, n), "max_tokens": 32, "temperature": 0}
+            req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                tokens[i] += json.load(r)["usage"]["completion_tokens"]
+            n += 1
+
+    cpu0, t0 = server.cpu_s(), time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    return sum(tokens) / elapsed, (server.cpu_s() - cpu0) / max(1, sum(tokens)) * 1e6
 
 
 def warm(loadgen, server, model, in_name, npy, max_batch):
@@ -81,26 +118,46 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", default=",".join(m[0] for m in MODELS), help="comma-separated, of digits,cnn")
+    ap.add_argument("--models", default=",".join(m[0] for m in MODELS),
+                    help="comma-separated, of digits,cnn,forest,llm")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     slim = os.environ.get("SLIM") or os.path.join(ROOT, "build", "tools", "slim")
     loadgen = os.environ.get("LOADGEN") or os.path.join(ROOT, "build", "bench", "serve", "serve_loadgen")
     subprocess.run([sys.executable, os.path.join(ROOT, "bench", "serve", "make_models.py"), WORK], check=True,
                    stdout=subprocess.DEVNULL)
+    np.save(os.path.join(WORK, "forest1.npy"), np.random.default_rng(1).normal(size=(1, 8)).astype(np.float32))
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "serve", "make_llm.py"), WORK, "--moe"], check=True)
     rows, source = [], ""
     for name, file, config, in_name, npy, clients, max_batch in (m for m in MODELS if m[0] in args.models.split(",")):
-        repo = serve_bench.write_repo(os.path.join(WORK, "repo_" + name), {name: (os.path.join(WORK, file), config)})
-        servers = {e: serve_bench.Server(slim, repo, args.threads, ["--energy"] if e else []) for e in (False, True)}
+        llm = config is None
+        if llm:
+            repo = os.path.join(WORK, "repo_empty")
+            os.makedirs(repo, exist_ok=True)
+            extra = ["--model", os.path.join(WORK, file), "--model-name", name]
+        elif file is None:  # the forest: its own config and model.json
+            repo = os.path.join(WORK, "repo_" + name)
+            make_repository.write(os.path.join(repo, name, "config.pbtxt"), config)
+            make_repository.forest_model(os.path.join(repo, name, "1", "model.json"))
+            extra = []
+        else:
+            repo = serve_bench.write_repo(os.path.join(WORK, "repo_" + name), {name: (os.path.join(WORK, file), config)})
+            extra = []
+        servers = {e: serve_bench.Server(slim, repo, args.threads, extra + (["--energy"] if e else []))
+                   for e in (False, True)}
         for s in servers.values():
-            warm(loadgen, s, name, in_name, npy, max_batch)
+            if llm:
+                llm_load(s, clients, 1)
+            else:
+                warm(loadgen, s, name, in_name, npy, max_batch)
         source = next((line.split("energy: ", 1)[1].strip() for line in servers[True].stderr
                        if line.startswith("slim serve: energy: ")), source)
-        inp = "%s=%s" % (in_name, os.path.join(WORK, npy))
+        inp = "%s=%s" % (in_name, os.path.join(WORK, npy or ""))
         rps, cpu = {False: [], True: []}, {False: [], True: []}
         for r in range(args.rounds):
             for energy in ((False, True) if r % 2 == 0 else (True, False)):
-                t, c = load(loadgen, servers[energy], name, inp, "clients=%d" % clients, args.seconds)
+                t, c = (llm_load(servers[energy], clients, args.seconds) if llm else
+                        load(loadgen, servers[energy], name, inp, "clients=%d" % clients, args.seconds))
                 rps[energy].append(t)
                 cpu[energy].append(c)
             print("%s: round %d of %d" % (name, r + 1, args.rounds), file=sys.stderr, flush=True)
@@ -108,11 +165,13 @@ def main():
             s.stop()
         off, on = statistics.median(rps[False]), statistics.median(rps[True])
         c_off, c_on = statistics.median(cpu[False]), statistics.median(cpu[True])
-        rows.append("| %s | %d | %.0f | %.0f | %.4f | %.0f | %.0f | %.4f | %.1f | %.1f | %+.1f (%+.2f %%) |" % (
-            name, clients, off, on, on / off, max(rps[False]), max(rps[True]), max(rps[True]) / max(rps[False]),
+        rows.append("| %s%s | %d | %.0f | %.0f | %.4f | %.0f | %.0f | %.4f | %.1f | %.1f | %+.1f (%+.2f %%) |" % (
+            name, " (tokens)" if llm else "", clients, off, on, on / off, max(rps[False]), max(rps[True]), max(rps[True]) / max(rps[False]),
             c_off, c_on, c_on - c_off, 100 * (c_on - c_off) / c_off))
-    head = ["Metering overhead of `slim serve --energy` (every batch metered), %d rounds alternating on/off, "
-            "%g s of closed-loop gRPC load each; %d threads; meter: %s" % (args.rounds, args.seconds, args.threads,
+    head = ["Metering overhead of `slim serve --energy` (every batch and step; the meter read at most every 10 ms "
+            "per model), %d rounds alternating on/off, "
+            "%g s of closed-loop load each (gRPC; llm: OpenAI completions, tokens/s and CPU us per token); %d "
+            "threads; meter: %s" % (args.rounds, args.seconds, args.threads,
                                                                           source),
             "",
             "| model | clients | req/s off (median) | req/s on | on/off | req/s off (best) | req/s on (best) | "

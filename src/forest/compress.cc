@@ -134,6 +134,83 @@ Forest prune_forest(const Forest& forest, const PruneOptions& opt, PruneStats* s
   return out;
 }
 
+Forest drop_trees(const Forest& forest, const float* calib, int64_t rows, const TreeDropOptions& opt,
+                  TreeDropStats* stats) {
+  slim::check(opt.keep_nodes > 0 && opt.keep_nodes <= 1, ErrorCode::invalid_argument,
+              "prune: the kept fraction of nodes must be in (0, 1]");
+  slim::check(opt.max_margin_change >= 0, ErrorCode::invalid_argument,
+              "prune: the largest margin change must be non-negative");
+  slim::check(rows > 0, ErrorCode::invalid_argument, "prune: tree contributions need calibration rows");
+  const size_t nt = forest.trees.size(), n = size_t(std::min<int64_t>(rows, kDropRows));
+  const size_t step = size_t(rows) / n;  // evenly spread rows when there are more
+  // Each tree's leaf values on the rows minus their mean (what dropping it changes, once
+  // the mean is in the base margin), and the products of those deviations.
+  std::vector<double> dev(nt * n), mean(nt, 0);
+  for (size_t t = 0; t < nt; ++t) {
+    double* d = dev.data() + t * n;
+    for (size_t r = 0; r < n; ++r)
+      mean[t] += d[r] = tree_leaf_value(forest, forest.trees[t], calib + r * step * forest.num_features);
+    mean[t] /= double(n);
+    for (size_t r = 0; r < n; ++r) d[r] -= mean[t];
+  }
+  auto dot = [&](size_t a, size_t b) {
+    if (forest.trees[a].group != forest.trees[b].group) return 0.0;
+    double s = 0;
+    for (size_t r = 0; r < n; ++r) s += dev[a * n + r] * dev[b * n + r];
+    return s;
+  };
+  // cross[t] = (change so far) . dev[t]: dropping t makes the squared change grow by
+  // 2 cross[t] + dev[t] . dev[t].
+  std::vector<double> cross(nt, 0), self(nt);
+  for (size_t t = 0; t < nt; ++t) self[t] = dot(t, t);
+
+  TreeDropStats st;
+  st.nodes_before = forest.num_nodes();
+  const double budget = opt.keep_nodes * double(st.nodes_before);
+  const bool limited = opt.max_margin_change > 0, budgeted = opt.keep_nodes < 1;
+  std::vector<double> change(size_t(forest.num_groups) * n, 0);  // per (group, row)
+  std::vector<bool> drop(nt, false), blocked(nt, false);
+  double nodes = double(st.nodes_before);
+  for (size_t left = nt; left > 1 && (budgeted ? nodes > budget : limited);) {
+    size_t best = nt;
+    for (size_t t = 0; t < nt; ++t)
+      if (!drop[t] && !blocked[t] && (best == nt || 2 * cross[t] + self[t] < 2 * cross[best] + self[best]))
+        best = t;
+    if (best == nt) break;
+    double* c = change.data() + size_t(forest.trees[best].group) * n;
+    const double* d = dev.data() + best * n;
+    bool fits = true;
+    for (size_t r = 0; r < n && fits; ++r)
+      fits = !limited || std::fabs(c[r] + d[r]) / forest.average_divisor <= opt.max_margin_change;
+    if (!fits) {
+      blocked[best] = true;  // the change only grows
+      continue;
+    }
+    for (size_t r = 0; r < n; ++r) c[r] += d[r];
+    for (size_t t = 0; t < nt; ++t)
+      if (!drop[t]) cross[t] += dot(best, t);
+    drop[best] = true;
+    --left;
+    nodes -= double(forest.trees[best].nodes.size());
+  }
+  st.budget_met = nodes <= budget;
+  Forest out = forest;
+  out.trees.clear();
+  for (size_t t = 0; t < nt; ++t) {
+    if (!drop[t]) {
+      out.trees.push_back(forest.trees[t]);
+      continue;
+    }
+    out.base_margin[forest.trees[t].group] += mean[t];
+    ++st.trees_dropped;
+  }
+  for (double c : change) st.max_margin_change = std::max(st.max_margin_change, std::fabs(c) / forest.average_divisor);
+  st.nodes_after = out.num_nodes();
+  out.validate("prune");
+  if (stats) *stats = st;
+  return out;
+}
+
 double roc_auc(const std::vector<float>& scores, const std::vector<float>& labels) {
   slim::check(scores.size() == labels.size() && !scores.empty(), ErrorCode::invalid_argument,
               "auc: scores and labels differ in length or are empty");

@@ -104,6 +104,15 @@ bool goes_left(const Forest& f, const TreeNode& node, float x) {
 
 }  // namespace
 
+double tree_leaf_value(const Forest& forest, const Tree& tree, const float* row) {
+  int32_t id = 0;
+  while (!tree.nodes[size_t(id)].is_leaf) {
+    const TreeNode& node = tree.nodes[size_t(id)];
+    id = goes_left(forest, node, row[node.feature]) ? node.left : node.right;
+  }
+  return tree.nodes[size_t(id)].leaf_value;
+}
+
 void reference_margin(const Forest& forest, const float* row, double* out) {
   if (forest.accumulate_double) {
     for (uint32_t g = 0; g < forest.num_groups; ++g) out[g] = forest.base_margin[g];
@@ -112,12 +121,7 @@ void reference_margin(const Forest& forest, const float* row, double* out) {
     for (uint32_t g = 0; g < forest.num_groups; ++g) out[g] = float(forest.base_margin[g]);
   }
   for (const Tree& tree : forest.trees) {
-    int32_t id = 0;
-    while (!tree.nodes[size_t(id)].is_leaf) {
-      const TreeNode& node = tree.nodes[size_t(id)];
-      id = goes_left(forest, node, row[node.feature]) ? node.left : node.right;
-    }
-    const double leaf = tree.nodes[size_t(id)].leaf_value;
+    const double leaf = tree_leaf_value(forest, tree, row);
     double& acc = out[tree.group];
     acc = forest.accumulate_double ? acc + leaf : double(float(acc) + float(leaf));
   }

@@ -3,10 +3,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <limits>
 
 #include "slim/core/error.h"
+#include "slim/core/convert.h"
 #include "slim/core/mapped_file.h"
+#include "slim/core/npy.h"
 #include "slim/core/thread_pool.h"
 
 namespace slim::forest {
@@ -105,6 +108,47 @@ CsvTable read_csv(const std::string& path) {
     p = eol + 1;
   }
   return t;
+}
+
+FeatureRows read_feature_rows(const std::string& path, const std::string& label_column, uint32_t features,
+                              bool label_optional) {
+  CsvTable t;
+  if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) {
+    const Tensor a = read_npy(path);
+    check(a.rank() == 2 && (a.dtype() == DType::f32 || a.dtype() == DType::f64), ErrorCode::invalid_argument,
+          path + ": expected a 2-D f32 or f64 array of rows, got " + a.describe());
+    const Tensor f = convert_dtype(a, DType::f32).contiguous();
+    t.rows = a.shape()[0];
+    t.cols = a.shape()[1];
+    t.values.assign(f.data<float>(), f.data<float>() + f.numel());
+  } else {
+    t = read_csv(path);
+  }
+  int64_t label = -1;
+  if (!label_column.empty()) {
+    auto it = std::find(t.columns.begin(), t.columns.end(), label_column);
+    if (it != t.columns.end()) {
+      label = it - t.columns.begin();
+    } else if (!(label_optional && int64_t(t.columns.size()) == int64_t(features))) {
+      char* e = nullptr;
+      label = std::strtoll(label_column.c_str(), &e, 10);
+      check(*e == '\0' && label >= 0 && label < t.cols, ErrorCode::invalid_argument,
+            path + ": no label column '" + label_column + "'");
+    }
+  }
+  FeatureRows r;
+  r.n = t.rows;
+  r.f = t.cols - (label >= 0 ? 1 : 0);
+  check(r.f == int64_t(features), ErrorCode::invalid_argument,
+        path + ": has " + std::to_string(r.f) + " feature columns, the model expects " + std::to_string(features));
+  r.x.reserve(size_t(r.n * r.f));
+  for (int64_t i = 0; i < t.rows; ++i)
+    for (int64_t c = 0; c < t.cols; ++c) {
+      const float v = t.values[size_t(i * t.cols + c)];
+      if (c == label) r.labels.push_back(v);
+      else r.x.push_back(v);
+    }
+  return r;
 }
 
 }  // namespace slim::forest

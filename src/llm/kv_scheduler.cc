@@ -306,7 +306,7 @@ bool KvBatchScheduler::step() {
     j.n_eval += n;
     const bool decode = n == 1 && !j.res.tokens.empty();
     (decode ? stats_.decode_tokens : stats_.prefill_tokens) += n;
-    last_step_.push_back({j.id, n, !decode});
+    last_step_.push_back({j.id, n, !decode, batch[e].seq});
     if (j.n_eval < int(j.history.size())) continue;  // more to feed: no token yet
     const float* logits = ctx_.sequence_logits(int(e));
     const int32_t tok = j.sampler->sample(logits, j.history);

@@ -66,6 +66,8 @@ EvalReport evaluate_quantized(const std::string& float_path, const std::string& 
     auto p = producers.find(v.name);
     if (p != producers.end())
       a.kind = p->second == "Softmax" ? Kind::probabilities : Kind::log_probabilities;
+    else if (options.outputs_as_logits)
+      a.kind = Kind::logits;
     acc.push_back(a);
   }
   if (labels.defined()) {
@@ -90,7 +92,16 @@ EvalReport evaluate_quantized(const std::string& float_path, const std::string& 
   for (int64_t begin = 0; begin < total; begin += per_run) {
     const int64_t end = std::min(total, begin + per_run);
     const TensorMap feeds = data.batch(begin, end);
-    const TensorMap fo = float_runner.run(feeds, outputs), qo = quant_runner.run(feeds, outputs);
+    TensorMap fo, qo;
+    const auto run = [&](bool quantized) {
+      const auto work = [&] {
+        (quantized ? qo : fo) = (quantized ? quant_runner : float_runner).run(feeds, outputs);
+      };
+      if (options.around_run) options.around_run(quantized, end - begin, work);
+      else work();
+    };
+    run(false);
+    run(true);
     for (size_t k = 0; k < outputs.size(); ++k) {
       const Tensor& ft = fo.at(outputs[k]);
       const Tensor& qt = qo.at(outputs[k]);
@@ -109,6 +120,7 @@ EvalReport evaluate_quantized(const std::string& float_path, const std::string& 
       }
       if (a.kind == Kind::values || fc.rank() == 0) continue;
       const int64_t c = fc.shape().back(), rows = c ? fc.numel() / c : 0;
+      if (c < 2 && a.kind == Kind::logits) continue;  // one logit is no distribution
       const bool per_sample = labels.defined() && rows == end - begin;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t af = argmax(x + r * c, c), aq = argmax(y + r * c, c);
@@ -137,7 +149,7 @@ EvalReport evaluate_quantized(const std::string& float_path, const std::string& 
     const Accumulator& a = acc[k];
     OutputAgreement o;
     o.name = outputs[k];
-    o.classifier = a.kind != Kind::values;
+    o.classifier = a.kind != Kind::values && a.rows > 0;
     o.rows = a.rows;
     o.top1_agree = a.agree;
     o.kl_mean = a.rows ? a.kl / double(a.rows) : 0;

@@ -298,6 +298,16 @@ SampleSet SampleSet::open(const std::string& path, const std::vector<ValueInfo>&
       }
       set.samples_ = int64_t(images.size());
     }
+  } else if (lower(fs::path(path).extension().string()) == ".npy") {
+    kind = "npy";
+    check(inputs.size() == 1, ErrorCode::invalid_argument,
+          path + ": one .npy file feeds a one-input model; this one has " + std::to_string(inputs.size()) +
+              " (" + input_list(inputs) + "): give a folder of INPUT.npy or an .npz");
+    const trust::Digest d = trust::hash_file(trust::HashAlg::sha256, path);
+    hash.update(inputs[0].name);
+    hash.update(d.data(), d.size());
+    where[inputs[0].name] = path;
+    arrays.emplace_back(inputs[0].name, read_npy(path));
   } else {
     kind = "npz";
     const trust::Digest d = trust::hash_file(trust::HashAlg::sha256, path);

@@ -1070,6 +1070,7 @@ void Session::Impl::optimize(const std::vector<const KernelRegistry*>& registrie
   for (const auto& vi : graph.outputs) g.graph_outputs.insert(vi.name);
   g.opsets = model.opsets;
   g.float16_in_float32 = registries.front() == &cpu_kernel_registry();
+  g.int8_kernels = g.float16_in_float32;
   // Fuse only where the provider that would run the base op also runs the fused one.
   g.can_fuse = [&](const std::string& base, const std::string& fused) {
     for (const auto* r : registries)

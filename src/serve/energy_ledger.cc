@@ -1,6 +1,7 @@
 #include "slim/serve/energy_ledger.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 
 #include "slim/core/error.h"
@@ -8,6 +9,17 @@
 
 namespace slim::serve {
 namespace {
+
+template <typename Clock>
+double now_seconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// An exponential moving average; 0 means none yet.
+void average_in(std::atomic<double>& avg, double x) {
+  const double r = avg.load(std::memory_order_relaxed);
+  avg.store(r == 0 ? x : 0.8 * r + 0.2 * x, std::memory_order_relaxed);
+}
 
 std::string source_label(const energy::EnergyMeter& meter) {
   if (meter.basis() == energy::Basis::estimated) return "estimated";
@@ -102,7 +114,13 @@ EnergyLedger::Span::Span(EnergyLedger& ledger, Kind& kind) : ledger_(ledger), ki
   scope_.emplace(account_);  // first: it throws when this thread has a scope open already
   ticket_ = ledger_.started_.fetch_add(1, std::memory_order_acq_rel);
   alone_ = ledger_.running_.fetch_add(1, std::memory_order_acq_rel) == 0;
-  ledger_.meter_.read(start_);
+  const double now = now_seconds<std::chrono::steady_clock>();
+  metered_ = kind_.rate_.load(std::memory_order_relaxed) == 0 ||
+             now - kind_.metered_at_.load(std::memory_order_relaxed) >= kSampleSeconds;
+  if (metered_) {
+    kind_.metered_at_.store(now, std::memory_order_relaxed);
+    ledger_.meter_.read(start_);
+  }
 }
 
 EnergyLedger::Span::~Span() {
@@ -111,26 +129,30 @@ EnergyLedger::Span::~Span() {
 
 EnergyCost EnergyLedger::Span::finish() {
   scope_.reset();
-  energy::Reading end;
-  ledger_.meter_.read(end);
   open_ = false;
   ledger_.running_.fetch_sub(1, std::memory_order_acq_rel);
+  const double seen = account_.seconds();
+  if (!metered_) {
+    const double joules = seen * std::max(1.0, kind_.ratio_.load(std::memory_order_relaxed)) *
+                          kind_.rate_.load(std::memory_order_relaxed);
+    const double now = now_seconds<std::chrono::system_clock>();
+    return {joules, ledger_.grams(joules, now, now)};
+  }
+  energy::Reading end;
+  ledger_.meter_.read(end);
   const bool alone = alone_ && ledger_.started_.load(std::memory_order_acquire) == ticket_ + 1;
   const energy::Energy w = ledger_.meter_.between(start_, end);
-  const double seen = account_.seconds();
   double cpu;
   if (alone) {
     cpu = std::max(seen, w.cpu_seconds);
     // Spans of a few microseconds say little about the ratio (clock granularity).
-    if (seen > 20e-6) {
-      const double r = kind_.ratio_.load(std::memory_order_relaxed);
-      kind_.ratio_.store(r == 0 ? cpu / seen : 0.8 * r + 0.2 * (cpu / seen), std::memory_order_relaxed);
-    }
+    if (seen > 20e-6) average_in(kind_.ratio_, cpu / seen);
   } else {
     const double r = kind_.ratio_.load(std::memory_order_relaxed);
     cpu = std::min(seen * std::max(1.0, r), std::max(seen, w.cpu_seconds));
   }
   const energy::Attribution a = energy::attribute(w, std::span<const double>(&cpu, 1));
+  if (cpu > 0 && a.joules[0] > 0) average_in(kind_.rate_, a.joules[0] / cpu);
   return {a.joules[0], ledger_.grams(a.joules[0], w.start_unix, w.end_unix)};
 }
 

@@ -44,6 +44,11 @@ size_t stop_prefix_tail(const std::string& s, const std::vector<std::string>& st
   return best;
 }
 
+// Expert counters of one model version: a (layer, expert) slot each up to this many, else one
+// per expert summed over layers, so a model with hundreds of experts in dozens of layers
+// stays a bounded label set.
+constexpr int kMaxExpertSeries = 1024;
+
 const std::vector<double> kLatencyBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
 }  // namespace
@@ -128,6 +133,15 @@ struct LlmService::Impl {
   };
   std::vector<Finished> finishing;
   bool in_step = false;
+  // Mixture-of-Experts models: counters per (layer, expert), the shared expert at index
+  // n_expert of each layer, then one for the rest of the forward pass ("other"; no routed
+  // counter). Layers share one slot ("all") when a slot each would make too many series.
+  struct ExpertSeries {
+    Counter *routed = nullptr, *flops = nullptr, *joules = nullptr, *grams = nullptr;
+  };
+  std::vector<ExpertSeries> expert_series;
+  int expert_layers = 0;
+  llm::ExpertUsage zero_usage, step_usage;  // the model's shape with no work; one step's work
   std::atomic<int> status_running{0}, status_waiting{0}, status_cached{0};
   std::atomic<int64_t> status_used{0};
   int64_t last_preemptions = 0;
@@ -141,6 +155,9 @@ struct LlmService::Impl {
   void on_finish(Choice& c, const llm::KvBatchResult& r);
   bool step();  // sched->step(), metered when `energy` is set
   void share_energy(const EnergyCost& cost);
+  void make_expert_series();
+  void account_experts(const EnergyCost* cost);
+  LlmGeneration* generation(int id, int* priority);
   const EnergyLedger::Series& series(int priority) {
     auto it = energy_series.find(priority);
     if (it == energy_series.end())
@@ -235,21 +252,28 @@ void LlmService::Impl::on_finish(Choice& c, const llm::KvBatchResult& r) {
     c.gen->push(std::move(e));
 }
 
+// The generation of a scheduler id in the last step: running, or finished in it.
+LlmGeneration* LlmService::Impl::generation(int id, int* priority) {
+  if (auto it = active.find(id); it != active.end()) {
+    *priority = it->second->priority;
+    return it->second->gen.get();
+  }
+  for (const Finished& f : finishing)
+    if (f.id == id) {
+      *priority = f.priority;
+      return f.gen.get();
+    }
+  return nullptr;
+}
+
 // A step's energy goes to its sequences by their tokens; a request's final event waits for
 // its share.
 void LlmService::Impl::share_energy(const EnergyCost& cost) {
   int64_t tokens = 0;
   for (const llm::KvStepShare& s : sched->last_step()) tokens += s.tokens;
   for (const llm::KvStepShare& s : sched->last_step()) {
-    LlmGeneration* gen = nullptr;
     int priority = 0;
-    if (auto it = active.find(s.id); it != active.end()) {
-      gen = it->second->gen.get();
-      priority = it->second->priority;
-    } else {
-      for (const Finished& f : finishing)
-        if (f.id == s.id) gen = f.gen.get(), priority = f.priority;
-    }
+    LlmGeneration* gen = generation(s.id, &priority);
     if (!gen) continue;
     const double share = double(s.tokens) / double(tokens);
     const EnergyCost c{cost.joules * share, cost.grams * share};
@@ -266,8 +290,83 @@ void LlmService::Impl::share_energy(const EnergyCost& cost) {
   finishing.clear();
 }
 
+void LlmService::Impl::make_expert_series() {
+  const int L = zero_usage.n_layer, E = zero_usage.n_expert;
+  expert_layers = L * (E + 1) <= kMaxExpertSeries ? L : 1;
+  auto make = [&](const std::string& layer, const std::string& expert, bool routed) {
+    Labels l = {{"model", model_name}, {"version", version}, {"layer", layer}, {"expert", expert}};
+    ExpertSeries s;
+    if (routed)
+      s.routed = &metrics->counter("slim_llm_expert_routed_tokens_total",
+                                   "Tokens routed to a Mixture-of-Experts model's expert (shared: every token).", l);
+    s.flops = &metrics->counter("slim_llm_expert_flops_total",
+                                "FLOPs of an expert, counted from the routing (other: attention, "
+                                "routers, output head).",
+                                l);
+    if (energy) {
+      l.emplace_back("source", energy->source());
+      s.joules = &metrics->counter("slim_llm_expert_joules_total",
+                                   "The steps' energy above idle attributed to an expert by its "
+                                   "share of their FLOPs.",
+                                   l);
+      l.emplace_back("region", energy->region());
+      s.grams = &metrics->counter("slim_llm_expert_carbon_grams_total", "Carbon of an expert's energy (gCO2e).", l);
+    }
+    expert_series.push_back(s);
+  };
+  for (int l = 0; l < expert_layers; ++l) {
+    const std::string layer = expert_layers == L ? std::to_string(l) : "all";
+    for (int e = 0; e < E; ++e) make(layer, std::to_string(e), true);
+    if (zero_usage.shared_token_flops > 0)
+      make(layer, "shared", true);
+    else
+      expert_series.emplace_back();
+  }
+  make("all", "other", false);
+}
+
+// The step's expert work, read off the context's per-sequence accounting (then cleared, so
+// that each step reads only its own): to the counters and, metered, to each request, with
+// the step's energy split by FLOPs.
+void LlmService::Impl::account_experts(const EnergyCost* cost) {
+  llm::ExpertUsage& step = step_usage;
+  step.clear();
+  for (const llm::KvStepShare& s : sched->last_step()) {
+    const llm::ExpertUsage& u = ctx->expert_usage(s.seq);
+    step.add(u);
+    int priority = 0;
+    if (LlmGeneration* g = cost ? generation(s.id, &priority) : nullptr) {
+      if (g->experts_.routed.empty()) g->experts_ = zero_usage;
+      g->experts_.add(u);
+    }
+    ctx->clear_expert_usage(s.seq);
+  }
+  const double total = step.total_flops();
+  if (expert_series.empty() || total <= 0) return;
+  auto put = [&](const ExpertSeries& s, double routed, double flops) {
+    if (!s.flops || flops == 0) return;
+    if (s.routed) s.routed->inc(routed);
+    s.flops->inc(flops);
+    if (cost && s.joules) {
+      s.joules->inc(cost->joules * flops / total);
+      s.grams->inc(cost->grams * flops / total);
+    }
+  };
+  const size_t E = size_t(step.n_expert);
+  for (int l = 0; l < step.n_layer; ++l) {
+    const ExpertSeries* layer = expert_series.data() + size_t(expert_layers == step.n_layer ? l : 0) * (E + 1);
+    for (size_t e = 0; e < E; ++e) put(layer[e], double(step.count(l, int(e))), step.expert_flops(l, int(e)));
+    put(layer[E], double(step.tokens), double(step.tokens) * step.shared_token_flops);
+  }
+  put(expert_series.back(), 0, step.other_flops);
+}
+
 bool LlmService::Impl::step() {
-  if (!energy) return sched->step();
+  if (!energy) {
+    const bool busy = sched->step();
+    if (!zero_usage.routed.empty()) account_experts(nullptr);
+    return busy;
+  }
   EnergyLedger::Span span(*energy, energy_kind);
   in_step = true;
   bool busy = false;
@@ -279,7 +378,9 @@ bool LlmService::Impl::step() {
     throw;
   }
   in_step = false;
-  share_energy(span.finish());
+  const EnergyCost cost = span.finish();
+  if (!zero_usage.routed.empty()) account_experts(&cost);
+  share_energy(cost);
   return busy;
 }
 
@@ -453,6 +554,12 @@ LlmService::LlmService(std::string name, const std::string& gguf_path, LlmOption
     metrics->gauge("slim_llm_kv_block_bytes", "Bytes of one KV pool block.", l)
         .set(double(m.ctx->kv_cache().pool().block_bytes()));
     m.publish();
+  }
+  if (m.model->config().n_expert > 0) {
+    m.zero_usage = m.ctx->expert_usage_total();
+    m.zero_usage.clear();
+    m.step_usage = m.zero_usage;
+    if (metrics) m.make_expert_series();
   }
   m.loop = std::thread([&m] { m.run(); });
   std::cerr << "slim serve: language model '" << name_ << "' (" << m.model->config().arch << ", "

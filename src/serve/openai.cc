@@ -7,6 +7,7 @@
 
 #include "http_routes.h"
 #include "slim/core/error.h"
+#include "slim/llm/expert_report.h"
 #include "slim/serve/energy_ledger.h"
 #include "slim/serve/inference.h"
 #include "slim/serve/openai.h"
@@ -96,6 +97,10 @@ ojson usage_json(const LlmGeneration& g, const EnergyLedger* energy) {
                    {"source", energy->source()},
                    {"carbon_grams", g.carbon_grams()},
                    {"region", energy->region()}};
+  if (energy && g.experts().n_expert > 0) {
+    const llm::WorkEnergy work{g.prefill_joules() + g.decode_joules(), g.carbon_grams(), energy->source()};
+    u["experts"] = ojson(llm::expert_usage_json(g.experts(), &work));
+  }
   return u;
 }
 

@@ -44,7 +44,9 @@ TEST_F(EnergyCli, BenchReportsWorkIdleAndCarbonPerInference) {
   EXPECT_EQ(e["g_per_kwh"], 44.18);
   EXPECT_EQ(e["pue"], 1.1);
   EXPECT_EQ(e["inferences"], 80);  // 40 runs of batch 2
-  ASSERT_EQ(e["runs_j"].size(), 40u);
+  int runs = 0;
+  for (const auto& w : e["windows"]) runs += w["runs"].get<int>();
+  EXPECT_EQ(runs, 40);  // metered in windows of 10 ms or more
   const double work = e["work_j"], idle = e["idle_j"];
   EXPECT_GT(work, 0);
   EXPECT_GT(idle, 0);
@@ -56,9 +58,9 @@ TEST_F(EnergyCli, BenchReportsWorkIdleAndCarbonPerInference) {
   EXPECT_DOUBLE_EQ(e["tops_per_w"].get<double>(),
                    e["flops_per_run"].get<double>() * 40 / work / 1e12);
   if (e["basis"] == "estimated") {
-    double runs = 0;
-    for (double j : e["runs_j"]) runs += j;
-    EXPECT_NEAR(runs, work, 1e-9 * work);  // the runs' readings add up to the window
+    double windows = 0;
+    for (const auto& w : e["windows"]) windows += w["j"].get<double>();
+    EXPECT_NEAR(windows, work, 1e-9 * work);  // the windows' readings add up to the whole
     EXPECT_NE(e["source"].get<std::string>().find("Cascade Lake 0.64-3.97 W per vCPU"),
               std::string::npos)
         << e["source"];
@@ -215,7 +217,8 @@ TEST_F(EnergyCli, ReportRefusalsNameTheProblem) {
                   " line 1 is not Prometheus text: give a /metrics scrape of `slim serve --energy` or a bench JSON "
                   "(`slim bench --energy --json`)"},
       {dump + " --by expert", "slim: error [invalid_argument]: --by expert: " + dump +
-                                  " has no per-expert energy series (Mixture-of-Experts language models report them)"},
+                                  " has no slim_llm_expert_* series (`slim serve` writes them for "
+                                  "Mixture-of-Experts language models)"},
       {bench + " --by priority", "slim: error [invalid_argument]: --by priority needs a /metrics scrape of `slim "
                                  "serve --energy`; " + bench + " is a bench JSON"},
       {dump + " --region Atlantis", "slim: error [invalid_argument]: unknown region 'ATLANTIS'"},

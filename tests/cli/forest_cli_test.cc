@@ -1,11 +1,15 @@
 // `slim forest` end to end: compile (plain, lossless ranked, compact, 6-bit), predict
-// from the source model and from each .slimf, inspect, and the errors of bad options.
+// from the source model and from each .slimf, inspect, `slim prune` on a forest, and the
+// errors of bad options.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/cli_helpers.h"
 #include "forest/forest_fixtures.h"
@@ -96,6 +100,39 @@ TEST_F(ForestCli, CategoricalModelKeepsThePlainLayoutAndSaysWhy) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("kept the plain node layout"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("categorical splits"), std::string::npos) << r.err;
+}
+
+TEST_F(ForestCli, PruneDropsTreesToTheBudgetAndReports) {
+  auto r = run_slim("prune " + model() + " -o " + out("p.slimf") + " --calib " + out("rows.csv") +
+                    " --target-params 0.5 --json " + out("p.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(read_file(out("p.json")));
+  EXPECT_EQ(j["kind"], "forest");
+  EXPECT_GT(j["trees_dropped"].get<int>(), 0);
+  EXPECT_LE(j["after"]["nodes"].get<double>(), 0.5 * j["before"]["nodes"].get<double>());
+  EXPECT_EQ(j["eval"]["rows"].get<size_t>(), expected_.size());
+  // The report's differences are those of the two models' own predictions.
+  ASSERT_EQ(run_slim("forest predict " + out("p.slimf") + " --csv " + out("rows.csv") + " --output " +
+                     out("p.csv")).exit_code, 0);
+  const std::vector<float> pruned = read_predictions(out("p.csv"));
+  ASSERT_EQ(pruned.size(), expected_.size());
+  double max_diff = 0;
+  for (size_t i = 0; i < pruned.size(); ++i) max_diff = std::max(max_diff, std::fabs(double(pruned[i]) - expected_[i]));
+  EXPECT_NEAR(j["eval"]["max_abs_diff"].get<double>(), max_diff, 1e-6);
+  // Errors: nothing to do, a budget without calibration rows, gains from a .slimf, a GGUF.
+  r = run_slim("prune " + model() + " -o " + out("x.slimf"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("nothing to do"), std::string::npos) << r.err;
+  r = run_slim("prune " + model() + " -o " + out("x.slimf") + " --target-params 0.5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("need --calib"), std::string::npos) << r.err;
+  r = run_slim("prune " + out("p.slimf") + " -o " + out("x.slimf") + " --prune-gain 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("needs the source model"), std::string::npos) << r.err;
+  std::ofstream(out("m.gguf"), std::ios::binary) << "GGUF....";
+  r = run_slim("prune " + out("m.gguf") + " -o " + out("x.gguf") + " --target-params 0.5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not available yet"), std::string::npos) << r.err;
 }
 
 TEST_F(ForestCli, BadOptionsAndInputsAreClearErrors) {

@@ -79,7 +79,7 @@ TEST_F(QuantCli, BadInputIsNamed) {
       {"--calib " + dir_ + "/calib", "quantize: give the output file (-o OUTPUT)"},
       {"-o " + model() + " --calib " + dir_ + "/calib",
        "quantize: the output would overwrite the input"},
-      {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/held/pixels.npy", "not an .npz file"},
+      {"-o " + dir_ + "/x.onnx --calib " + model(), "not an .npz file"},
       {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/nothing",
        dir_ + "/nothing: no such file or folder"},
       {"-o " + dir_ + "/x.onnx --calib " + dir_ + "/calib --calibrator kl",

@@ -265,6 +265,75 @@ TEST(ForestCompress, PruningMergesWeakSplitsWithCoverWeights) {
   EXPECT_TRUE(gone.trees.empty());
 }
 
+// Three trees on one feature: a strong split (leaves -1 / +1 at x < 0), a constant 0.5
+// and a weak split (-0.1 / +0.1 at x < 0.5). On rows {-1, 0.25, 1} dropping them alone
+// changes the margins by squared sums 24/9, 0 and 6/225.
+Forest three_trees() {
+  Forest f;
+  f.num_features = 1;
+  f.base_margin = {0.25};
+  f.accumulate_double = true;
+  auto split = [](float thr, double lo, double hi) {
+    Tree t;
+    TreeNode root;
+    root.is_leaf = false;
+    root.left = 1;
+    root.right = 2;
+    root.threshold = thr;
+    TreeNode l, r;
+    l.leaf_value = lo;
+    r.leaf_value = hi;
+    t.nodes = {root, l, r};
+    return t;
+  };
+  Tree constant;
+  constant.nodes.resize(1);
+  constant.nodes[0].leaf_value = 0.5;
+  f.trees = {split(0.f, -1, 1), constant, split(0.5f, -0.1, 0.1)};
+  f.validate("three_trees");
+  return f;
+}
+
+TEST(ForestCompress, TreeDropsGrowTheMarginChangeLeastAndFoldTheirMeans) {
+  const Forest f = three_trees();
+  const std::vector<float> rows = {-1.f, 0.25f, 1.f};
+  auto margins = [&](const Forest& g) {
+    std::vector<double> m(3);
+    for (size_t r = 0; r < 3; ++r) reference_margin(g, &rows[r], &m[r]);
+    return m;
+  };
+  const std::vector<double> m0 = margins(f);
+  // A margin limit only: the constant goes (its 0.5 joins the base, margins unchanged);
+  // the weak split would move row 3 by 2/15 > 0.1 and stays.
+  TreeDropStats st;
+  Forest a = drop_trees(f, rows.data(), 3, {1, 0.1}, &st);
+  EXPECT_EQ(st.trees_dropped, 1u);
+  ASSERT_EQ(a.trees.size(), 2u);
+  EXPECT_EQ(a.trees[1].nodes[2].leaf_value, 0.1);
+  EXPECT_DOUBLE_EQ(a.base_margin[0], 0.75);
+  EXPECT_EQ(margins(a), m0);
+  // A budget of 4 of 7 nodes: the constant and then the weak split go; the weak split's
+  // mean (-1/30) joins the base, and the margins move by its deviations.
+  Forest b = drop_trees(f, rows.data(), 3, {4.0 / 7, 0}, &st);
+  EXPECT_EQ(st.trees_dropped, 2u);
+  EXPECT_EQ(st.nodes_before, 7u);
+  EXPECT_EQ(st.nodes_after, 3u);
+  EXPECT_TRUE(st.budget_met);
+  EXPECT_NEAR(b.base_margin[0], 0.75 - 1.0 / 30, 1e-15);
+  EXPECT_NEAR(st.max_margin_change, 2.0 / 15, 1e-15);
+  const std::vector<double> mb = margins(b);
+  const double want[3] = {-1.0 / 15, -1.0 / 15, 2.0 / 15};
+  for (size_t r = 0; r < 3; ++r) EXPECT_NEAR(m0[r] - mb[r], want[r], 1e-12) << r;
+  // The last tree always stays; a budget it cannot meet says so.
+  Forest c = drop_trees(f, rows.data(), 3, {1.0 / 7, 0}, &st);
+  EXPECT_EQ(c.trees.size(), 1u);
+  EXPECT_FALSE(st.budget_met);
+  // Nothing to limit: nothing dropped. Bad options are errors.
+  EXPECT_EQ(drop_trees(f, rows.data(), 3, {1, 0}, &st).trees.size(), 3u);
+  EXPECT_EQ(expect_error([&] { drop_trees(f, rows.data(), 3, {0, 0}); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(expect_error([&] { drop_trees(f, rows.data(), 0, {0.5, 0}); }).code(), ErrorCode::invalid_argument);
+}
+
 TEST(ForestCompress, AucMatchesHandComputedValues) {
   EXPECT_DOUBLE_EQ(roc_auc({0.1f, 0.4f, 0.35f, 0.8f}, {0, 0, 1, 1}), 0.75);
   EXPECT_DOUBLE_EQ(roc_auc({0.5f, 0.5f}, {0, 1}), 0.5);

@@ -106,6 +106,9 @@ TEST(CpuInt8, ConvIntegerGivesRefsSumsExactly) {
        -7});
   add({{1, 5, 6, 7}, 9, 1, 1, 1, {1, 1}, {1, 1}, {0, 0, 0, 0}, DType::i8, DType::i8, -1, false, 3});
   add({{1, 4, 8, 8}, 4, 5, 3, 2, {2, 1}, {1, 1}, {2, 1, 2, 1}, DType::u8, DType::i8, 0, true});
+  // Depthwise: never split (oneDNN's depthwise kernels widen to 32 bits before multiplying).
+  add({{1, 24, 7, 9}, 24, 3, 3, 24, {1, 1}, {1, 1}, {1, 1, 1, 1}, DType::u8, DType::u8, 131});
+  add({{1, 20, 6, 11}, 20, 5, 5, 20, {2, 2}, {1, 1}, {2, 2, 2, 2}, DType::i8, DType::i8, 0, true, -9});
   ConvCase runtime_zp{{1, 32, 10, 10}, 64};
   runtime_zp.w_zp = 121;
   runtime_zp.x_zp_input = true;
@@ -251,6 +254,196 @@ TEST(CpuInt8, DynamicQuantizeConvOfAnAllZeroSourceIsTheBias) {
               Session::compile(b.build(), o)->run({{"x", nan}});
             }),
             "DynamicQuantizeConv node 'y_conv': input contains NaN");
+}
+
+// QLinearConv (x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias) with per-channel
+// or per-tensor weights, as QOperator files and fuse_qdq write it.
+struct QConvCase {
+  Shape x;
+  int64_t oc, k, group;
+  DType xt, wt, yt;
+  bool per_channel, bias;
+};
+
+void add_qlinear_params(ModelBuilder& b, const std::string& p, DType xt, DType yt, int64_t oc,
+                        DType wt, bool per_channel, uint64_t seed) {
+  b.initializer(p + "xs", Tensor::from_vector<float>({}, {0.031f}));
+  b.initializer(p + "xz", scalar_8bit(xt, xt == DType::u8 ? 121 : -9));
+  b.initializer(p + "ws", per_channel ? random_f32({oc}, seed, 0.002f, 0.02f)
+                                      : Tensor::from_vector<float>({}, {0.0071f}));
+  // Symmetric int8 weights (zero point 0) as quantizers write them; uint8 ones with 128.
+  Tensor wz = wt == DType::u8 ? Tensor(DType::u8, {per_channel ? oc : 1})
+                              : Tensor(DType::i8, {per_channel ? oc : 1});
+  if (wt == DType::u8) std::fill_n(wz.data<uint8_t>(), wz.numel(), uint8_t(128));
+  if (!per_channel) wz = wz.reshape({});
+  b.initializer(p + "wz", wz);
+  b.initializer(p + "ys", Tensor::from_vector<float>({}, {0.55f}));
+  b.initializer(p + "yz", scalar_8bit(yt, yt == DType::u8 ? 97 : 3));
+}
+
+TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
+  const std::vector<QConvCase> cases = {
+      {{1, 3, 9, 7}, 16, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
+      {{2, 16, 6, 5}, 16, 3, 16, DType::u8, DType::i8, DType::u8, true, true},  // depthwise
+      {{1, 17, 7, 8}, 33, 1, 1, DType::i8, DType::i8, DType::i8, false, false},
+      {{1, 12, 6, 6}, 6, 3, 3, DType::u8, DType::u8, DType::i8, true, true},
+  };
+  for (const QConvCase& c : cases) {
+    SCOPED_TRACE("x " + shape_str(c.x) + " group " + std::to_string(c.group));
+    ModelBuilder b(13);
+    b.input("x", c.xt, spec(c.x)).output("y");
+    add_qlinear_params(b, "", c.xt, c.yt, c.oc, c.wt, c.per_channel, 7);
+    b.initializer("w", extreme_8bit(c.wt, {c.oc, c.x[1] / c.group, c.k, c.k}, 3));
+    std::vector<std::string> in = {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz"};
+    if (c.bias) {
+      Tensor bias(DType::i32, {c.oc});
+      for (int64_t i = 0; i < c.oc; ++i) bias.data<int32_t>()[i] = int32_t(i * 977 - 9000);
+      b.initializer("b", bias);
+      in.push_back("b");
+    }
+    Node& n = b.node("QLinearConv", in, {"y"}, "conv");
+    n.attrs["pads"] = attr_ints({c.k / 2, c.k / 2, c.k / 2, c.k / 2});
+    n.attrs["group"] = attr_int(c.group);
+    expect_matches_ref(b.build(), {{"x", extreme_8bit(c.xt, c.x, 5)}}, "conv", "cpu", 0, 0);
+  }
+  for (DType at : {DType::u8, DType::i8})
+    for (bool per_channel : {false, true}) {
+      ModelBuilder b(13);
+      b.input("a", at, spec({2, 5, 37})).output("y");
+      add_qlinear_params(b, "", at, DType::u8, 19, DType::i8, per_channel, 9);
+      b.initializer("w", extreme_8bit(DType::i8, {37, 19}, 4));
+      b.node("QLinearMatMul", {"a", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"y"}, "mm");
+      expect_matches_ref(b.build(), {{"a", extreme_8bit(at, {2, 5, 37}, 6)}}, "mm", "cpu", 0, 0);
+    }
+}
+
+// Q(x) -> DQ -> Conv(DQ(w), DQ(int32 bias)) -> Q -> DQ -> depthwise Conv -> Q -> DQ ->
+// MatMul(DQ(w)) -> Q -> DQ: fuse_qdq makes three QLinear nodes of it, computed as ref's
+// QLinear kernels compute them (ONNX Runtime's optimized run). The file as written (ref,
+// no passes) rounds the f32 products once more: the bytes may differ by one step there.
+TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
+  ModelBuilder b(13);
+  b.input("x", DType::f32, spec({1, 8, 10, 12})).output("y");
+  auto qdq = [&](const std::string& v, float s, int z, DType t) {
+    b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+    b.initializer(v + "_z", scalar_8bit(t, z));
+    b.node("QuantizeLinear", {v, v + "_s", v + "_z"}, {v + "_q"});
+    b.node("DequantizeLinear", {v + "_q", v + "_s", v + "_z"}, {v + "_dq"});
+    return v + "_dq";
+  };
+  auto weights = [&](const std::string& w, const Shape& shape, int64_t axis, uint64_t seed) {
+    const int64_t ch = shape[size_t(axis)];
+    b.initializer(w, extreme_8bit(DType::i8, shape, seed));
+    b.initializer(w + "_s", random_f32({ch}, seed + 1, 0.001f, 0.01f));
+    b.initializer(w + "_z", Tensor(DType::i8, {ch}));
+    b.node("DequantizeLinear", {w, w + "_s", w + "_z"}, {w + "_dq"}).attrs["axis"] = attr_int(axis);
+    return w + "_dq";
+  };
+  const std::string x = qdq("x", 0.02f, 128, DType::u8);
+  const std::string w1 = weights("w1", {16, 8, 3, 3}, 0, 11);
+  // The bias at scale x_scale * w_scale, as quantizers write it.
+  const Tensor s1 = b.model().graph.initializers.at("w1_s");
+  Tensor bs(DType::f32, {16});
+  Tensor bq(DType::i32, {16});
+  for (int64_t c = 0; c < 16; ++c) {
+    bs.data<float>()[c] = 0.02f * s1.data<float>()[c];
+    bq.data<int32_t>()[c] = int32_t(c * 311 - 2500);
+  }
+  b.initializer("b1", bq).initializer("b1_s", bs);
+  b.node("DequantizeLinear", {"b1", "b1_s"}, {"b1_dq"}).attrs["axis"] = attr_int(0);
+  Node& c1 = b.node("Conv", {x, w1, "b1_dq"}, {"c1"}, "conv1");
+  c1.attrs["pads"] = attr_ints({1, 1, 1, 1});
+  const std::string c1q = qdq("c1", 0.05f, 3, DType::i8);
+  // Between them a Relu on bytes (a slim:QLookup reading channels-last bytes), whose result
+  // a second graph output also reads (so it writes plain NCHW bytes).
+  b.node("Relu", {c1q}, {"r1"});
+  const std::string h = qdq("r1", 0.05f, -128, DType::i8);
+  b.output("h");
+  b.node("Identity", {h}, {"h"});
+  Node& c2 = b.node("Conv", {h, weights("w2", {16, 1, 3, 3}, 0, 21)}, {"c2"}, "conv2");
+  c2.attrs["group"] = attr_int(16);
+  c2.attrs["strides"] = attr_ints({2, 2});
+  const std::string h2 = qdq("c2", 0.04f, 100, DType::u8);
+  b.node("MatMul", {h2, weights("w3", {5, 7}, 1, 31)}, {"m"}, "mm");
+  b.node("Identity", {qdq("m", 0.01f, 128, DType::u8)}, {"y"});
+  const Model m = b.build();
+  const TensorMap in = {{"x", random_f32({1, 8, 10, 12}, 3, -2.f, 2.f)}};
+  SessionOptions o;
+  o.providers = {"cpu", "ref"};
+  auto fast = Session::compile(m, o);
+  std::map<std::string, int> ops;
+  for (const auto& a : fast->partition()) {
+    EXPECT_EQ(a.provider, "cpu") << a.node;
+    ++ops[a.op];
+  }
+  EXPECT_EQ(ops["QLinearConv"], 2);
+  EXPECT_EQ(ops["QLinearMatMul"], 1);
+  EXPECT_EQ(ops["slim:QLookup"], 1);
+  SessionOptions r;
+  r.providers = {"ref"};
+  r.optimize = false;
+  const Tensor got = fast->run(in).at("y"), want = Session::compile(m, r)->run(in).at("y");
+  ASSERT_EQ(got.shape(), want.shape());
+  int64_t moved = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float d = std::fabs(got.data<float>()[i] - want.data<float>()[i]);
+    EXPECT_LE(d, 0.01f * 2.5f) << i;  // the last layer's step plus what one step before moves
+    moved += d > 0;
+  }
+  EXPECT_LT(moved, got.numel() / 4);
+}
+
+// DequantizeLinear -> elementwise op -> QuantizeLinear stays on bytes (fuse_qdq_elementwise):
+// HardSwish written out (Add, Mul, Div, as PaddleOCR exports it) becomes one slim:QLookup,
+// the squeeze-excitation product with its [N, C, 1, 1] gate slim:QLinearMul, the residual
+// slim:QLinearAdd; every byte equals the unfused nodes' on ref.
+TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
+  for (DType t : {DType::u8, DType::i8}) {
+    ModelBuilder b(13);
+    b.input("x", DType::f32, spec({2, 8, 9, 13})).output("y");
+    const int z0 = t == DType::u8 ? 128 : 0;
+    auto qdq = [&](const std::string& v, float s, int z) {
+      b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+      b.initializer(v + "_z", scalar_8bit(t, z));
+      b.node("QuantizeLinear", {v, v + "_s", v + "_z"}, {v + "_q"});
+      b.node("DequantizeLinear", {v + "_q", v + "_s", v + "_z"}, {v + "_dq"});
+      return v + "_dq";
+    };
+    b.initializer("three", Tensor::from_vector<float>({}, {3.f}));
+    b.initializer("six", Tensor::from_vector<float>({}, {6.f}));
+    const std::string x = qdq("x", 0.031f, z0);
+    b.node("Add", {x, "three"}, {"a"});
+    b.node("Mul", {x, qdq("a", 0.027f, z0 - 100)}, {"m"});
+    b.node("Div", {qdq("m", 0.07f, z0 - 20), "six"}, {"hs"});
+    const std::string hs = qdq("hs", 0.013f, z0 - 30);
+    b.node("GlobalAveragePool", {hs}, {"pool"});
+    b.node("HardSigmoid", {qdq("pool", 0.01f, z0)}, {"gate"}).attrs["alpha"] =
+        testing::attr_float(0.2f);
+    b.node("Mul", {hs, qdq("gate", 1.f / 255, z0 - 128)}, {"se"});
+    b.node("Add", {qdq("se", 0.011f, z0 + 5), x}, {"res"});
+    b.node("Identity", {qdq("res", 0.04f, z0 - 7)}, {"y"});
+    const Model m = b.build();
+    const TensorMap in = {{"x", random_f32({2, 8, 9, 13}, 5, -5.f, 5.f)}};
+    SessionOptions o;
+    o.providers = {"cpu", "ref"};
+    auto fast = Session::compile(m, o);
+    std::map<std::string, int> ops;
+    for (const auto& a : fast->partition()) {
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+      ++ops[a.op];
+    }
+    EXPECT_EQ(ops["slim:QLookup"], 2);  // HardSwish; HardSigmoid
+    EXPECT_EQ(ops["slim:QLinearMul"], 1);
+    EXPECT_EQ(ops["slim:QLinearAdd"], 1);
+    EXPECT_EQ(ops["Mul"] + ops["Add"] + ops["Div"] + ops["HardSigmoid"], 0);
+    SessionOptions r;
+    r.providers = {"ref"};
+    r.optimize = false;
+    const Tensor got = fast->run(in).at("y"), want = Session::compile(m, r)->run(in).at("y");
+    ASSERT_EQ(got.shape(), want.shape());
+    for (int64_t i = 0; i < got.numel(); ++i)
+      ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+  }
 }
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {

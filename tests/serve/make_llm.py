@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes chat.gguf, a small random-weight Llama with a real byte-level BPE tokenizer (every
 byte has a token, a few merges, ChatML's special tokens) and a ChatML chat template, for the
-language-model serving tests. Usage: make_llm.py OUT_DIR"""
+language-model serving tests; with --moe, chat-moe.gguf instead: the same tokenizer on a
+qwen2moe model (3 layers, 4 experts of 64 hidden units, 2 per token, a shared expert of 96).
+Usage: make_llm.py OUT_DIR [--moe]"""
 import os
 import sys
 
@@ -48,10 +50,15 @@ def main():
     # greedy output is readable text (stop strings can be picked from it) and seldom ends.
     scale = [4.0 if (len(t) > 1 and not t.startswith("<|")) or (len(t) == 1 and " " < t <= "~") else 0.0
              for t in tokens]
-    make_gguf.make_model(out, "chat", "llama", "F32", 2, False, 77, n_embd=128, n_head=4, n_ff=256, n_layer=2,
-                         vocab=len(tokens), tokenizer=tokenizer, n_ctx=512, output_scale=scale)
-    for extra in ("tokens", "logits", "emul", "deq"):  # make_model's checks for the llm tests
-        os.remove(os.path.join(out, "chat.%s.npy" % extra))
+    if "--moe" in sys.argv[2:]:
+        make_gguf.make_model(out, "chat-moe", "qwen2moe", "F32", 2, False, 78, n_embd=128, n_head=4, n_ff=64,
+                             n_layer=3, vocab=len(tokens), tokenizer=tokenizer, n_ctx=512, output_scale=scale,
+                             moe=dict(n_expert=4, k=2, n_ff_sh=96), reference=False)
+    else:
+        make_gguf.make_model(out, "chat", "llama", "F32", 2, False, 77, n_embd=128, n_head=4, n_ff=256, n_layer=2,
+                             vocab=len(tokens), tokenizer=tokenizer, n_ctx=512, output_scale=scale)
+        for extra in ("tokens", "logits", "emul", "deq"):  # make_model's checks for the llm tests
+            os.remove(os.path.join(out, "chat.%s.npy" % extra))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 // The official `openai` npm client against a running `slim serve`:
-//   node openai_client.mjs OPENAI_MODULE_DIR BASE_URL MODEL
+//   node openai_client.mjs OPENAI_MODULE_DIR BASE_URL MODEL [EXPERTS_PER_TOKEN]
 // Non-streaming chat, streaming chat (must equal the non-streaming text), completions
 // with stop sequences (the text must end right before the stop string), the model list
-// and the client's typed errors. Prints one line per check; exits 1 on the first failure.
+// and the client's typed errors; for a Mixture-of-Experts model (EXPERTS_PER_TOKEN given)
+// the experts' work and energy in usage. Prints one line per check; exits 1 on the first failure.
 import assert from "node:assert/strict";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
-const [moduleDir, baseURL, model] = process.argv.slice(2);
+const [moduleDir, baseURL, model, expertsPerToken] = process.argv.slice(2);
 const { default: OpenAI, NotFoundError, BadRequestError } = await import(
   pathToFileURL(path.join(moduleDir, "node_modules", "openai", "index.mjs")).href);
 const client = new OpenAI({ baseURL: baseURL + "/v1", apiKey: "not-needed", maxRetries: 0, timeout: 120000 });
@@ -71,6 +72,17 @@ await check("slim_energy: energy in usage only when asked", async () => {
   assert.ok(e.source === "estimated" || e.source.startsWith("measured:"), e.source);
   assert.equal(plain.usage.energy, undefined);
 });
+
+if (expertsPerToken)
+  await check("slim_energy: usage.experts of a Mixture-of-Experts model", async () => {
+    const r = await client.completions.create({ model, prompt: "The cat", max_tokens: 6, temperature: 0, slim_energy: true });
+    const x = r.usage.experts;
+    assert.equal(x.evaluated_tokens, r.usage.prompt_tokens + r.usage.completion_tokens - 1);
+    for (const layer of x.routed) assert.equal(layer.reduce((a, b) => a + b, 0), x.evaluated_tokens * Number(expertsPerToken));
+    const parts = x.expert_j.reduce((a, b) => a + b, 0) + x.shared_j + x.other_j;
+    assert.ok(Math.abs(parts / r.usage.energy.joules - 1) < 1e-9, JSON.stringify(x));
+    assert.equal(x.energy_basis, r.usage.energy.source);
+  });
 
 await check("completions with stop sequences", async () => {
   const prompt = "The PostgreSQL server";

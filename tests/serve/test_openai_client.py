@@ -2,7 +2,7 @@
 """The official `openai` npm package (a pinned version, installed by this test into the
 build folder) against `slim serve` on the shared slimlm model when ../shared/models has it,
 else on the generated chat model of make_llm.py, with --energy (usage.energy when a request
-sends `slim_energy`). Run by ctest with SLIM_BINARY_DIR set."""
+sends `slim_energy`); then on make_llm.py's Mixture-of-Experts model (usage.experts). Run by ctest with SLIM_BINARY_DIR set."""
 import os
 import shutil
 import subprocess
@@ -33,13 +33,24 @@ def main():
         tmp = tempfile.mkdtemp(prefix="slim_openai_")
         subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_llm.py"), tmp], check=True)
         model, name = os.path.join(tmp, "chat.gguf"), "chat"
-    print("model:", model, flush=True)
-    with Server(["--model", model, "--model-name", name, "--host", "127.0.0.1", "--http-port", "0",
-                 "--allow-grpc", "false", "--allow-metrics", "false", "--threads", "2", "--energy"]) as srv:
-        p = subprocess.run(["node", os.path.join(HERE, "openai_client.mjs"), npm_dir, srv.url(), name])
-        code = srv.stop()
-    if p.returncode != 0 or code != 0:
-        sys.exit("openai client checks failed (node exit %d, server exit %d)" % (p.returncode, code))
+    moe_dir = tempfile.mkdtemp(prefix="slim_openai_moe_")
+    subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_llm.py"), moe_dir, "--moe"], check=True)
+    runs = ((model, name, []), (os.path.join(moe_dir, "chat-moe.gguf"), "moe", ["2"]))
+    try:
+        check_all(npm_dir, runs)
+    finally:
+        shutil.rmtree(moe_dir, ignore_errors=True)
+
+
+def check_all(npm_dir, runs):
+    for model, name, extra in runs:
+        print("model:", model, flush=True)
+        with Server(["--model", model, "--model-name", name, "--host", "127.0.0.1", "--http-port", "0",
+                     "--allow-grpc", "false", "--allow-metrics", "false", "--threads", "2", "--energy"]) as srv:
+            p = subprocess.run(["node", os.path.join(HERE, "openai_client.mjs"), npm_dir, srv.url(), name] + extra)
+            code = srv.stop()
+        if p.returncode != 0 or code != 0:
+            sys.exit("openai client checks failed (node exit %d, server exit %d)" % (p.returncode, code))
 
 
 if __name__ == "__main__":

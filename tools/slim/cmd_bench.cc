@@ -290,26 +290,37 @@ void bench(const BenchOptions& o) {
   // Latency from runs without the profiler (its two clock reads and callback per node
   // cost as much as a small node itself), then as many profiled runs for the table.
   std::vector<double> ms;
-  // With --energy every run is metered as a served request would be, inside its timed span:
-  // a meter reading after it and its CPU time (pool workers' included) charged to an account.
-  std::vector<energy::Reading> readings(energy ? size_t(o.iters) + 1 : 0);
-  for (auto& r : readings) r.joules.resize(energy->meter().channels().size());
+  // With --energy the timed runs are metered as slim serve meters batches: one CpuTimeScope
+  // over them (the pool workers' CPU time included) and a meter reading at the start, after
+  // the first run that ends 10 ms or more after the last reading, and at the end. A reading
+  // per run would cost a run of a micro-model a quarter of its time (system calls).
+  struct Window {
+    int runs = 0;
+    energy::Reading end;
+  };
+  std::vector<Window> windows;
+  energy::Reading start;
   CpuTimeAccount pool_cpu;
-  if (energy) energy->meter().read(readings[0]);
   {
+    std::optional<CpuTimeScope> scope;
+    if (energy) {
+      energy->meter().read(start);
+      scope.emplace(pool_cpu);
+    }
     Progress progress("bench", o.iters);
+    auto last = Clock::now();
+    int runs = 0;
     for (int i = 0; i < o.iters; ++i) {
       const auto t0 = Clock::now();
-      if (energy) {
-        {
-          CpuTimeScope scope(pool_cpu);
-          outs = session->run(feeds);
-        }
-        energy->meter().read(readings[size_t(i) + 1]);
-      } else {
-        outs = session->run(feeds);
+      outs = session->run(feeds);
+      const auto t1 = Clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      ++runs;
+      if (energy && (t1 - last >= std::chrono::milliseconds(10) || i + 1 == o.iters)) {
+        windows.push_back({runs, energy->meter().read()});
+        last = t1;
+        runs = 0;
       }
-      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       progress.update(i + 1);
     }
   }
@@ -362,7 +373,7 @@ void bench(const BenchOptions& o) {
   nlohmann::json energy_json;
   if (energy) {
     const ModelSummary summary = summarize_model_shapes(session->model(), so.providers);
-    const energy::EnergyReport r = energy->report(readings.front(), readings.back());
+    const energy::EnergyReport r = energy->report(start, windows.back().end);
     const double inferences = double(o.iters) * double(o.batch);
     const double tops_per_w = r.work_joules > 0 ? summary.flops * o.iters / r.work_joules / 1e12 : 0;
     energy->print_setup(stdout, 14);
@@ -377,10 +388,13 @@ void bench(const BenchOptions& o) {
     energy_json["tops_per_w"] = tops_per_w;
     // What the pool hook saw of the process's CPU time (oneDNN's OpenMP threads are not in it).
     energy_json["pool_cpu_seconds"] = pool_cpu.seconds();
-    std::vector<double> runs_j;
-    for (size_t i = 0; i + 1 < readings.size(); ++i)
-      runs_j.push_back(energy->report(readings[i], readings[i + 1]).work_joules);
-    energy_json["runs_j"] = runs_j;
+    // Each metered window: its runs and their work energy.
+    nlohmann::json windows_json = nlohmann::json::array();
+    for (size_t i = 0; i < windows.size(); ++i)
+      windows_json.push_back(
+          {{"runs", windows[i].runs},
+           {"j", energy->report(i ? windows[i - 1].end : start, windows[i].end).work_joules}});
+    energy_json["windows"] = windows_json;
   }
 
   // Time per op type and the slowest nodes, averaged over the profiled runs.

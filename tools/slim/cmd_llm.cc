@@ -14,16 +14,16 @@
 #include "energy_cli.h"
 #include "slim/core/error.h"
 #include "slim/core/progress.h"
+#include "slim/llm/expert_report.h"
 #include "slim/llm/gguf_tokenizer.h"
 #include "slim/llm/model.h"
+#include "slim/llm/perplexity.h"
 #include "slim/llm/sampler.h"
 #include "slim/llm/text_generator.h"
 #include "slim/text/tokenizer_loader.h"
 
 namespace slim::cli {
 namespace {
-
-using llm::log_softmax;
 
 struct GgufTokenizerRegistrar {
   GgufTokenizerRegistrar() {
@@ -82,7 +82,7 @@ void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int
                joules ? energy::basis_name(basis) : "", "routed per layer");
   const double slots = double(u.tokens) * u.n_layer * k, total = u.total_flops();
   auto energy_of = [&](double flops) {
-    return joules && total > 0 ? energy::si(*joules * flops / total, "J") : std::string();
+    return joules && total > 0 ? energy::si(llm::flops_share(u, flops, *joules), "J") : std::string();
   };
   for (int e = 0; e < u.n_expert; ++e) {
     int64_t n = 0;
@@ -101,39 +101,6 @@ void print_expert_usage(const std::string& title, const llm::ExpertUsage& u, int
   std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s  (attention, routers, output head)\n", "other", "", "",
                u.other_flops / 1e9, energy_of(u.other_flops).c_str());
   std::fprintf(stderr, "  %-8s %10s %7s %10.4f %10s\n", "total", "", "", total / 1e9, energy_of(total).c_str());
-}
-
-// The same as JSON; with `work` (a request's energy report) each part's share of its
-// energy and carbon, by FLOPs.
-nlohmann::json expert_usage_json(const llm::ExpertUsage& u, const energy::EnergyReport* work) {
-  nlohmann::json routed = nlohmann::json::array(), flops = nlohmann::json::array();
-  for (int l = 0; l < u.n_layer; ++l) {
-    nlohmann::json row = nlohmann::json::array();
-    for (int e = 0; e < u.n_expert; ++e) row.push_back(u.count(l, e));
-    routed.push_back(row);
-  }
-  std::vector<double> expert_flops(size_t(u.n_expert), 0.0);
-  for (int e = 0; e < u.n_expert; ++e)
-    for (int l = 0; l < u.n_layer; ++l) expert_flops[size_t(e)] += u.expert_flops(l, e);
-  const double total = u.total_flops();
-  nlohmann::json j = {{"evaluated_tokens", u.tokens}, {"routed", routed},           {"expert_flops", expert_flops},
-                      {"shared_flops", u.shared_flops()}, {"other_flops", u.other_flops}, {"total_flops", total}};
-  if (work && total > 0) {
-    auto share = [&](double f, double of) { return of * f / total; };
-    nlohmann::json ej = nlohmann::json::array(), eg = nlohmann::json::array();
-    for (double f : expert_flops) {
-      ej.push_back(share(f, work->work_joules));
-      eg.push_back(share(f, work->work_grams));
-    }
-    j["energy_basis"] = energy::basis_name(work->basis);
-    j["expert_j"] = ej;
-    j["expert_gco2e"] = eg;
-    j["shared_j"] = share(u.shared_flops(), work->work_joules);
-    j["shared_gco2e"] = share(u.shared_flops(), work->work_grams);
-    j["other_j"] = share(u.other_flops, work->work_joules);
-    j["other_gco2e"] = share(u.other_flops, work->work_grams);
-  }
-  return j;
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -226,7 +193,9 @@ void run_generate(const GenerateArgs& a) {
       if (a.expert_stats)
         print_expert_usage("experts, request " + std::to_string(i + 1), res.experts, cfg.n_expert_used,
                            work ? std::optional<double>(work->work_joules) : std::nullopt, basis);
-      j["experts"] = expert_usage_json(res.experts, work ? &*work : nullptr);
+      const llm::WorkEnergy we = work ? llm::WorkEnergy{work->work_joules, work->work_grams, energy::basis_name(work->basis)}
+                                      : llm::WorkEnergy{};
+      j["experts"] = llm::expert_usage_json(res.experts, work ? &we : nullptr);
     }
     requests.push_back(std::move(j));
   }
@@ -247,7 +216,7 @@ void run_generate(const GenerateArgs& a) {
                   {"n_expert_used", cfg.n_expert_used},
                   {"expert_token_flops", total.expert_token_flops},
                   {"shared_token_flops", total.shared_token_flops},
-                  {"cumulative", expert_usage_json(total, nullptr)}};
+                  {"cumulative", llm::expert_usage_json(total)}};
     std::ofstream f(a.json);
     if (!(f << j.dump() << "\n")) throw Error(ErrorCode::invalid_argument, "--json: cannot write '" + a.json + "'");
   }
@@ -298,82 +267,30 @@ struct PerplexityArgs {
 
 void run_perplexity(const PerplexityArgs& a) {
   auto model = llm::LlamaModel::load(a.model, a.mmap);
-  auto tok = llm::load_gguf_tokenizer(model->gguf());
-  const std::string textdata = read_text_file(a.file);
-  text::EncodeOptions eo;
-  eo.add_special = false;
-  const std::vector<int32_t> tokens = tok->encode(textdata, eo);
-  const int n_ctx = a.ctx;
-  if (n_ctx < 8) throw Error(ErrorCode::invalid_argument, "perplexity: --ctx must be at least 8");
-  int n_chunks = int(tokens.size() / size_t(n_ctx));
-  if (a.chunks > 0) n_chunks = std::min(n_chunks, a.chunks);
-  if (n_chunks == 0)
-    throw Error(ErrorCode::invalid_argument, a.file + ": " + std::to_string(tokens.size()) +
-                                                 " tokens, fewer than one chunk of --ctx " + std::to_string(n_ctx));
-  llm::ContextOptions co;
-  co.n_ctx = n_ctx;
-  co.n_batch = n_ctx;
-  co.n_threads = a.threads;
-  co.all_logits = true;
-  llm::LlamaContext ctx(model, co);
-  std::unique_ptr<llm::LlamaContext> base_ctx;
   std::shared_ptr<const llm::LlamaModel> base;
-  if (!a.kl_base.empty()) {
-    base = llm::LlamaModel::load(a.kl_base, a.mmap);
-    if (base->config().n_vocab != model->config().n_vocab)
-      throw Error(ErrorCode::invalid_argument, "perplexity: --kl-base has a different vocabulary");
-    base_ctx = std::make_unique<llm::LlamaContext>(base, co);
-  }
-  const bool add_bos = tok->spec().add_bos && tok->bos_id() >= 0;
-  const int first = n_ctx / 2;
-  double nll = 0, nll_base = 0, kl = 0;
-  int64_t count = 0, top1_same = 0;
-  std::vector<double> lp, lq;
-  std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
-  Progress progress("perplexity", n_chunks);
+  if (!a.kl_base.empty()) base = llm::LlamaModel::load(a.kl_base, a.mmap);
+  llm::PerplexityOptions o;
+  o.n_ctx = a.ctx;
+  o.chunks = a.chunks;
+  o.threads = a.threads;
+  std::unique_ptr<Progress> progress;
+  o.progress = [&](int done, int chunks, double ppl) {
+    if (!progress) progress = std::make_unique<Progress>("perplexity", chunks);
+    progress->update(done, "ppl " + std::to_string(ppl));
+  };
   auto t0 = std::chrono::steady_clock::now();
-  for (int c = 0; c < n_chunks; ++c) {
-    std::copy(tokens.begin() + int64_t(c) * n_ctx, tokens.begin() + int64_t(c + 1) * n_ctx, chunk.begin());
-    if (add_bos) chunk[0] = tok->bos_id();  // as llama-perplexity does
-    ctx.reset();
-    ctx.eval(chunk);
-    if (base_ctx) {
-      base_ctx->reset();
-      base_ctx->eval(chunk);
-    }
-    const int nv = model->config().n_vocab;
-    for (int j = first; j < n_ctx - 1; ++j) {
-      const int32_t next = tokens[size_t(int64_t(c) * n_ctx + j + 1)];
-      log_softmax(ctx.logits(j), nv, lq);
-      nll -= lq[size_t(next)];
-      if (base_ctx) {
-        log_softmax(base_ctx->logits(j), nv, lp);
-        nll_base -= lp[size_t(next)];
-        double k = 0;
-        size_t am_p = 0, am_q = 0;
-        for (size_t i = 0; i < size_t(nv); ++i) {
-          k += std::exp(lp[i]) * (lp[i] - lq[i]);
-          if (lp[i] > lp[am_p]) am_p = i;
-          if (lq[i] > lq[am_q]) am_q = i;
-        }
-        kl += k;
-        top1_same += am_p == am_q;
-      }
-      ++count;
-    }
-    progress.update(c + 1, "ppl " + std::to_string(std::exp(nll / double(count))));
-  }
-  progress.finish();
+  const llm::PerplexityResult r = llm::perplexity(model, base, read_text_file(a.file), a.file, o);
+  if (progress) progress->finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("model: %s\n", a.model.c_str());
-  std::printf("tokens: %zu, chunks: %d of %d, scored: %lld\n", tokens.size(), n_chunks, n_ctx, (long long)count);
-  std::printf("perplexity: %.4f\n", std::exp(nll / double(count)));
-  if (base_ctx) {
-    std::printf("base perplexity: %.4f (%s)\n", std::exp(nll_base / double(count)), a.kl_base.c_str());
-    std::printf("mean KL(base || model): %.6f\n", kl / double(count));
-    std::printf("top-1 agreement: %.2f%%\n", 100.0 * double(top1_same) / double(count));
+  std::printf("tokens: %zu, chunks: %d of %d, scored: %lld\n", r.tokens, r.chunks, a.ctx, (long long)r.scored);
+  std::printf("perplexity: %.4f\n", r.ppl());
+  if (base) {
+    std::printf("base perplexity: %.4f (%s)\n", r.base_ppl(), a.kl_base.c_str());
+    std::printf("mean KL(base || model): %.6f\n", r.mean_kl());
+    std::printf("top-1 agreement: %.2f%%\n", 100.0 * r.top1_agreement());
   }
-  std::printf("time: %.1f s (%.1f tok/s)\n", secs, double(n_chunks) * n_ctx * (base_ctx ? 2 : 1) / secs);
+  std::printf("time: %.1f s (%.1f tok/s)\n", secs, double(r.chunks) * a.ctx * (base ? 2 : 1) / secs);
 }
 
 void add_perplexity(CLI::App& app) {

@@ -1,7 +1,8 @@
 // `slim report energy FILE`: the energy and carbon of served models from a /metrics scrape
 // of `slim serve --energy` saved to a file, or of benchmark runs from the JSON that
 // `slim bench|forest bench|generate|kv-bench --energy --json` write: a table, JSON and a
-// PNG chart, grouped by model (version, priority), carbon priced again for another region
+// PNG chart, grouped by model (version, priority, or per expert of a Mixture-of-Experts
+// model), carbon priced again for another region
 // when asked.
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +31,7 @@ struct Row {
   std::vector<std::string> keys;  // model, then the --by label (metrics) or the run (bench)
   std::string region, unit, source;
   double count = 0, joules = 0, grams = 0;
+  double flops = 0;  // --by expert
 };
 
 struct Report {
@@ -98,17 +100,66 @@ void regrid(Row& row, const std::string& region, double pue) {
   row.grams = m.grams(row.joules, 0, 0);
 }
 
+// Experts in the table's order: by number, then the shared expert, then the rest ("other").
+bool expert_before(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  auto rank = [](const std::vector<std::string>& k) {
+    const std::string& e = k.back();
+    const bool number = !e.empty() && std::all_of(e.begin(), e.end(), [](char c) { return std::isdigit(uint8_t(c)); });
+    return std::make_tuple(k.front(), number ? 0 : e == "shared" ? 1 : 2, number ? std::stoll(e) : 0LL);
+  };
+  return rank(a) < rank(b);
+}
+
+// --by expert on a scrape: the slim_llm_expert_* series per model and expert, summed over
+// layers and versions.
+Report experts_from_metrics(const std::vector<Sample>& samples, const ReportArgs& a, double pue) {
+  Report r;
+  r.kind = "metrics";
+  r.columns = {"model", "expert"};
+  std::map<std::vector<std::string>, Row> groups;
+  bool energy = false;
+  for (const Sample& s : samples) {
+    const bool routed = s.name == "slim_llm_expert_routed_tokens_total", flops = s.name == "slim_llm_expert_flops_total",
+               joules = s.name == "slim_llm_expert_joules_total", grams = s.name == "slim_llm_expert_carbon_grams_total";
+    if (!(routed || flops || joules || grams)) continue;
+    std::vector<std::string> keys;
+    for (const std::string& c : r.columns) {
+      auto it = s.labels.find(c);
+      if (it == s.labels.end()) fail(a.input + ": a " + s.name + " series has no '" + c + "' label");
+      keys.push_back(it->second);
+    }
+    Row& row = groups[keys];
+    row.keys = keys;
+    if (auto it = s.labels.find("source"); it != s.labels.end()) row.source = it->second;
+    if (auto it = s.labels.find("region"); it != s.labels.end()) row.region = it->second;
+    if (routed) row.unit = "token";
+    energy |= joules;
+    (routed ? row.count : flops ? row.flops : joules ? row.joules : row.grams) += s.value;
+  }
+  if (groups.empty())
+    fail("--by expert: " + a.input +
+         " has no slim_llm_expert_* series (`slim serve` writes them for Mixture-of-Experts language models)");
+  if (!energy)
+    fail("--by expert: " + a.input + " has no slim_llm_expert_joules_total series: the server ran without --energy");
+  std::vector<std::vector<std::string>> order;
+  for (auto& [k, row] : groups) order.push_back(k);
+  std::sort(order.begin(), order.end(), expert_before);
+  for (const auto& k : order) r.rows.push_back(groups[k]);
+  if (!a.region.empty())
+    for (Row& row : r.rows) regrid(row, a.region, pue);
+  return r;
+}
+
 Report from_metrics(const std::vector<Sample>& samples, const ReportArgs& a) {
   Report r;
   r.kind = "metrics";
-  if (a.by == "expert")
-    fail("--by expert: " + a.input +
-         " has no per-expert energy series (Mixture-of-Experts language models report them)");
+  for (const Sample& s : samples)
+    if (s.name == "slim_carbon_pue") r.pue = s.value;
+  if (a.by == "expert") return experts_from_metrics(samples, a, r.pue);
   r.columns = {"model"};
   if (a.by != "model") r.columns.push_back(a.by);
   std::map<std::vector<std::string>, Row> groups;
   for (const Sample& s : samples) {
-    if (s.name == "slim_carbon_pue") r.pue = s.value;
     const bool joules = s.name == "slim_energy_joules_total", grams = s.name == "slim_carbon_grams_total",
                requests = s.name == "slim_energy_requests_total";
     if (!(joules || grams || requests)) continue;
@@ -172,13 +223,88 @@ void walk(const nlohmann::json& j, const std::string& where, Report& r, const st
   }
 }
 
+// Every "experts" object (slim generate --json, a slim serve OpenAI response's usage) with
+// their energy ("expert_j"), added up; the first "region" and "pue" in the file price them.
+void walk_experts(const nlohmann::json& j, std::vector<const nlohmann::json*>& found, const nlohmann::json*& region,
+                  double& pue) {
+  if (j.is_array())
+    for (const auto& v : j) walk_experts(v, found, region, pue);
+  if (!j.is_object()) return;
+  for (const auto& [k, v] : j.items()) {
+    if (k == "experts" && v.is_object() && v.contains("routed")) found.push_back(&v);
+    if (k == "region" && v.is_string() && !region) region = &v;
+    if (k == "pue" && v.is_number()) pue = v.get<double>();
+    walk_experts(v, found, region, pue);
+  }
+}
+
+Report experts_from_json(const nlohmann::json& j, const ReportArgs& a, const std::string& model) {
+  std::vector<const nlohmann::json*> found;
+  const nlohmann::json* region = nullptr;
+  double pue = 1;
+  walk_experts(j, found, region, pue);
+  if (found.empty())
+    fail("--by expert: " + a.input +
+         " has no expert statistics: write it with `slim generate --energy --json` on a Mixture-of-Experts model");
+  Report r;
+  r.kind = "bench";
+  r.columns = {"model", "expert"};
+  std::vector<Row> experts, tail(2);
+  tail[0].keys = {model, "shared"};
+  tail[1].keys = {model, "other"};
+  try {
+    for (const nlohmann::json* e : found) {
+      if (!e->contains("expert_j"))
+        fail("--by expert: " + a.input + " has expert statistics without energy: write it with --energy");
+      const auto& routed = e->at("routed");
+      const size_t n = e->at("expert_flops").size();
+      if (experts.empty()) {
+        experts.resize(n);
+        for (size_t x = 0; x < n; ++x) experts[x].keys = {model, std::to_string(x)};
+      }
+      if (experts.size() != n) fail("--by expert: " + a.input + " has expert statistics of different models");
+      for (size_t x = 0; x < n; ++x) {
+        Row& row = experts[x];
+        row.unit = "token";
+        for (const auto& layer : routed) row.count += layer.at(x).get<double>();
+        row.flops += e->at("expert_flops").at(x).get<double>();
+        row.joules += e->at("expert_j").at(x).get<double>();
+        row.grams += e->at("expert_gco2e").at(x).get<double>();
+      }
+      const double tokens = e->at("evaluated_tokens").get<double>();
+      for (Row* row : {&tail[0], &tail[1]}) {
+        const std::string part = row == &tail[0] ? "shared" : "other";
+        row->flops += e->at(part + "_flops").get<double>();
+        row->joules += e->at(part + "_j").get<double>();
+        row->grams += e->at(part + "_gco2e").get<double>();
+      }
+      if (e->at("shared_flops").get<double>() > 0) {
+        tail[0].unit = "token";
+        tail[0].count += tokens * double(routed.size());  // every token passes every layer's shared expert
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("--by expert: " + a.input + ": malformed expert statistics: " + e.what());
+  }
+  if (tail[0].flops == 0) tail.erase(tail.begin());
+  experts.insert(experts.end(), tail.begin(), tail.end());
+  for (Row& row : experts) {
+    row.source = found.front()->value("energy_basis", "");
+    row.region = region ? region->get<std::string>() : "";
+    if (!a.region.empty()) regrid(row, a.region, pue);
+    r.rows.push_back(row);
+  }
+  return r;
+}
+
 Report from_bench(const nlohmann::json& j, const ReportArgs& a) {
+  const std::string model = std::filesystem::path(j.value("model", a.input)).filename().string();
+  if (a.by == "expert") return experts_from_json(j, a, model);
   if (a.by != "model")
     fail("--by " + a.by + " needs a /metrics scrape of `slim serve --energy`; " + a.input + " is a bench JSON");
   Report r;
   r.kind = "bench";
   r.columns = {"model", "run"};
-  const std::string model = std::filesystem::path(j.value("model", a.input)).filename().string();
   walk(j, "", r, model, a);
   if (r.rows.empty())
     fail(a.input + " has no energy results: write it with `slim bench|forest bench|generate|kv-bench --energy --json`");
@@ -227,14 +353,18 @@ std::string per(double value, double count, const std::string& unit) {
   return count > 0 ? energy::si(value / count, unit) : "-";
 }
 
+bool by_expert(const Report& r) { return r.columns.back() == "expert"; }
+
 void print_table(const Report& r) {
   std::vector<std::string> head = r.columns;
   for (const char* h : {"region", "count", "energy", "per unit", "carbon", "per unit", "source"}) head.push_back(h);
+  if (by_expert(r)) head.insert(head.begin() + long(r.columns.size()) + 2, "compute");
   std::vector<std::vector<std::string>> cells;
   for (const Row& row : r.rows) {
     std::vector<std::string> c = row.keys;
     c.insert(c.end(), {row.region, count_text(row), energy::si(row.joules, "J"), per(row.joules, row.count, "J"),
                        energy::si(row.grams, "gCO2e"), per(row.grams, row.count, "gCO2e"), row.source});
+    if (by_expert(r)) c.insert(c.begin() + long(r.columns.size()) + 2, energy::si(row.flops, "FLOP"));
     cells.push_back(c);
   }
   std::vector<size_t> width(head.size());
@@ -268,6 +398,7 @@ nlohmann::json to_json(const Report& r, const ReportArgs& a) {
     for (size_t i = 0; i < r.columns.size(); ++i) j[r.columns[i]] = row.keys[i];
     j.update({{"region", row.region}, {"unit", row.unit}, {"count", row.count}, {"joules", row.joules},
               {"gco2e", row.grams}, {"source", row.source}});
+    if (by_expert(r)) j["flops"] = row.flops;
     if (row.count > 0) {
       j["j_per_" + row.unit] = row.joules / row.count;
       j["gco2e_per_" + row.unit] = row.grams / row.count;
@@ -283,9 +414,10 @@ nlohmann::json to_json(const Report& r, const ReportArgs& a) {
 void chart(const Report& r, const std::string& path) {
   plot::Chart c;
   const Row& first = r.rows.front();
-  const bool per_unit = std::all_of(r.rows.begin(), r.rows.end(),
+  const bool per_unit = !by_expert(r) && std::all_of(r.rows.begin(), r.rows.end(),
                                     [&](const Row& x) { return x.count > 0 && x.unit == first.unit; });
-  c.title = "Energy " + std::string(per_unit ? "per " + first.unit : "") + " (" + first.source +
+  c.title = (by_expert(r) ? "Energy per expert" : "Energy " + std::string(per_unit ? "per " + first.unit : "")) + " (" +
+            first.source +
             (first.region.empty() ? "" : ", " + first.region) + ")";
   c.y_label = per_unit ? "joules per " + first.unit : "joules";
   for (const Row& row : r.rows) {
@@ -315,10 +447,14 @@ SLIM_COMMAND(61, [](CLI::App& app) {
   cmd->require_subcommand(1);
   auto a = std::make_shared<ReportArgs>();
   auto* e = cmd->add_subcommand("energy",
-                                "Energy and gCO2e per model (version, priority) from a saved /metrics scrape of "
-                                "`slim serve --energy`, or per run from a bench JSON written with --energy --json");
+                                "Energy and gCO2e per model (version, priority, expert) from a saved /metrics scrape "
+                                "of `slim serve --energy`, or per run (per expert) from a JSON written with --energy "
+                                "--json");
   e->add_option("input", a->input, "METRICS_DUMP (Prometheus text) or BENCH.json")->required();
-  e->add_option("--by", a->by, "Group a metrics dump by model, version, priority or expert (default model)")
+  e->add_option("--by", a->by,
+                "Group by model, version, priority (a metrics dump) or expert (a metrics dump of a Mixture-of-Experts "
+                "model, or `slim generate --energy --json`: tokens routed, FLOPs, J and gCO2e per expert) "
+                "(default model)")
       ->check(CLI::IsMember({"model", "version", "priority", "expert"}));
   e->add_option("--region", a->region,
                 "Price the energy in this grid region instead (the bundled table's intensity; `slim energy regions`)");

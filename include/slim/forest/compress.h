@@ -40,6 +40,32 @@ struct PruneStats {
 // Merged leaves take the cover-weighted mean of their children (plain mean without cover).
 Forest prune_forest(const Forest& forest, const PruneOptions& options, PruneStats* stats = nullptr);
 
+// Tree-level pruning on calibration data. Dropping a tree and folding its mean leaf value
+// over the rows into the base margin changes each row's margin by the tree's deviation
+// from that mean; trees go one at a time, each time the one that makes the squared margin
+// change over the rows (all trees dropped so far together) grow least, so trees that
+// cancel each other go together and a tree that only adds a near-constant costs nothing.
+// Drops go on while the budget asks for them, and never past max_margin_change on any row
+// (in any group). At most kDropRows rows, evenly spread, are used.
+inline constexpr int64_t kDropRows = 4096;
+struct TreeDropOptions {
+  double keep_nodes = 1;          // keep at most this fraction of the nodes (1: no budget)
+  double max_margin_change = 0;   // largest margin change allowed on a calibration row (0: none)
+};
+
+struct TreeDropStats {
+  uint64_t trees_dropped = 0;
+  uint64_t nodes_before = 0, nodes_after = 0;
+  double max_margin_change = 0;  // on the calibration rows, after folding the means
+  bool budget_met = true;        // false when max_margin_change stopped drops short of keep_nodes
+};
+
+// calib: rows x num_features floats (at least one row). A 0 < keep_nodes <= 1 budget, a
+// max_margin_change >= 0; with neither limiting (keep_nodes 1 and no margin limit) nothing
+// is dropped. The last tree always stays.
+Forest drop_trees(const Forest& forest, const float* calib, int64_t rows, const TreeDropOptions& options,
+                  TreeDropStats* stats = nullptr);
+
 // Area under the ROC curve of scores against 0/1 labels (ties get half credit).
 double roc_auc(const std::vector<float>& scores, const std::vector<float>& labels);
 // Mean binary log loss of probabilities (clamped to [1e-15, 1 - 1e-15]).

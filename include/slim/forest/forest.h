@@ -89,6 +89,8 @@ Forest load_forest_source(const std::string& path);
 // lists. Slow; it is the oracle the compiled plan is tested against. out has
 // num_groups values (margins, before the transform).
 void reference_margin(const Forest& forest, const float* row, double* out);
+// The leaf value one tree of the forest gives a row (the same walk).
+double tree_leaf_value(const Forest& forest, const Tree& tree, const float* row);
 
 // Applies the forest's transform to num_groups margins: float32 math for XGBoost (its
 // margins are float32 values), double for LightGBM, rounded to float32 at the end.

@@ -36,4 +36,17 @@ struct CsvTable {
 };
 CsvTable read_csv(const std::string& path);
 
+// Feature rows to predict: a CSV (read_csv) or a 2-D .npy array (f32 or f64), every column
+// but the label column (a CSV header name, or a column index; "" for none). With
+// `label_optional` a label column named but absent is fine when the columns are exactly
+// the features (calibration rows). Errors
+// (invalid_argument, naming the file): no such label column, a feature count other than
+// `features`, an .npy that is not 2-D numbers.
+struct FeatureRows {
+  int64_t n = 0, f = 0;
+  std::vector<float> x, labels;  // n x f; n labels, or none
+};
+FeatureRows read_feature_rows(const std::string& path, const std::string& label_column, uint32_t features,
+                              bool label_optional = false);
+
 }  // namespace slim::forest

@@ -82,6 +82,7 @@ struct KvStepShare {
   int id = 0;
   int tokens = 0;
   bool prefill = false;
+  int seq = -1;  // the context's sequence slot that ran them (its ExpertUsage has their routing)
 };
 
 class KvBatchScheduler {

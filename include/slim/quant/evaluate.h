@@ -19,12 +19,18 @@ struct EvalOptions {
   int num_threads = 0;
   std::vector<std::string> providers = {"cpu", "ref"};
   std::function<void(int64_t, int64_t)> progress;
+  // Wraps each batch's run (of `samples` samples) of one model (`quantized`: the second),
+  // so a caller can time and meter the two apart.
+  std::function<void(bool quantized, int64_t samples, const std::function<void()>& run)> around_run;
+  // Read every f32 output that is not a Softmax/LogSoftmax's as logits over its last axis
+  // (when that has at least 2 entries): top-1 agreement and KL of their softmax.
+  bool outputs_as_logits = false;
 };
 
 struct OutputAgreement {
   std::string name;
   // A class distribution along the last axis: the output of a Softmax or LogSoftmax, or
-  // (with labels) the first output. Rows: every position before the last axis.
+  // (with labels) the first output, or any with EvalOptions::outputs_as_logits. Rows: every position before the last axis.
   bool classifier = false;
   int64_t rows = 0, top1_agree = 0;
   double kl_mean = 0;  // mean over rows of KL(float || quantized), in nats

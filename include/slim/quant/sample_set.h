@@ -1,6 +1,6 @@
 // Calibration and evaluation data for `slim quantize`: a folder of NAME.npy files (one
 // per model input, samples stacked along the first axis), an .npz archive with those
-// keys, or a folder of images (PNG, JPEG) with a preprocessing spec. Each source is
+// keys, one .npy file for a one-input model, or a folder of images (PNG, JPEG) with a preprocessing spec. Each source is
 // checked against the model's inputs before anything runs.
 #pragma once
 
@@ -36,8 +36,9 @@ struct ImagePreprocess {
 
 class SampleSet {
  public:
-  // `path`: a folder of .npy files, an .npz file, or a folder of images; for images the
-  // spec is `preprocess_file` or, when that is "", PATH/preprocess.json (else defaults).
+  // `path`: a folder of .npy files, an .npz file, an .npy file (one-input models), or a
+  // folder of images; for images the spec is `preprocess_file` or, when that is "",
+  // PATH/preprocess.json (else defaults).
   // Errors (invalid_argument, naming the file and input): no such path, an empty folder,
   // a name that is not a model input, a missing input, a dtype or shape that differs from
   // the model's, inputs with different sample counts, an image that does not decode.

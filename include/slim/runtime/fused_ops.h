@@ -18,6 +18,15 @@
 //   where (q, x_scale, x_zero_point) = DynamicQuantizeLinear(X); W_zero_point (may be
 //   absent, "") and W_scale hold one value or one per output channel m.
 //
+//   slim:QLookup inputs X (u8/i8), T (u8/i8 constant [256]): Y[i] = T[X[i]'s byte], of T's
+//       dtype: a DequantizeLinear -> elementwise ops -> QuantizeLinear chain on one
+//       per-tensor quantized tensor, tabulated (passes: fuse_qdq_elementwise).
+//   slim:QLinearAdd / slim:QLinearMul inputs A, A_scale, A_zero_point, B, B_scale,
+//       B_zero_point, C_scale, C_zero_point (scalars): C = QuantizeLinear(
+//       DequantizeLinear(A) op DequantizeLinear(B)), each step rounded to f32 as the
+//       nodes it replaces (ONNX Runtime's com.microsoft ops of these names requantize in
+//       their own way); A and B broadcast.
+//
 // Attributes: `activation` (string, absent or "" for none) and `activation_params`
 // (floats): Relu; Clip [min, max]; Sigmoid; HardSwish; SiLU (x * sigmoid(x));
 // Gelu (erf form); GeluTanh (tanh approximation); LeakyRelu [alpha]; Tanh. Then

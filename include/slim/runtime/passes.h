@@ -40,6 +40,10 @@ struct PassGraph {
   // The provider that runs a node first computes in float32 only (the cpu provider):
   // run_float16_in_float32 moves float16 computation to float32 for it.
   bool float16_in_float32 = false;
+  // The provider that runs nodes first has 8-bit kernels (the cpu provider): fuse_qdq
+  // turns QDQ patterns into QLinearConv/QLinearMatMul for it. Without it (ref alone) a
+  // QDQ model runs as written.
+  bool int8_kernels = false;
   // Nodes the passes replaced or removed. They are kept alive (not destroyed) so a caller
   // that keyed state by node address never sees that address reused by a new node.
   std::vector<std::unique_ptr<Node>> removed;
@@ -94,6 +98,22 @@ int64_t fuse_bias_activation(PassGraph& g);
 // and bias of one value or one per output channel). The DynamicQuantizeLinear's outputs
 // must feed only this chain.
 int64_t fuse_dynamic_quantize_conv(PassGraph& g);
+
+// When g.int8_kernels: DequantizeLinear(x) and DequantizeLinear(w) [and DequantizeLinear
+// of an int32 bias at scale x_scale * w_scale, zero point 0] -> Conv or MatMul ->
+// QuantizeLinear(y), with per-tensor x and y parameters and constant weights quantized
+// per tensor or per output channel, becomes QLinearConv / QLinearMatMul (ONNX Runtime's
+// QDQ fusion, so results equal its optimized run). The DequantizeLinear nodes stay while
+// something else reads them.
+int64_t fuse_qdq(PassGraph& g);
+
+// When g.int8_kernels: DequantizeLinear (per tensor) -> one elementwise op (scalar
+// constants aside) -> QuantizeLinear stays on bytes. When every dequantized input is the
+// same 8-bit tensor, or a slim:QLookup of it, the chain becomes slim:QLookup of that
+// tensor with a 256-entry table computed by ref's kernels of the nodes it replaces (so
+// it is exact); otherwise an Add or Mul of two dequantized tensors becomes
+// slim:QLinearAdd / slim:QLinearMul (fused_ops.h).
+int64_t fuse_qdq_elementwise(PassGraph& g);
 
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites

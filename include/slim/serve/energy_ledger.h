@@ -10,6 +10,12 @@
 // overlapped others is charged what its scopes saw times the ratio of process CPU to scope
 // CPU learnt from its kind's spans that ran alone, at most the process's CPU over the span.
 // So two models running at once each get their own share, not half of the sum.
+//
+// Reading the meter costs several microseconds (the process CPU clock sums every thread of
+// the server), too much for a batch of a micro-model, so a kind's spans are metered this
+// way at most every kSampleSeconds (and until one has taught it its rate): the others
+// read only their thread clocks and are charged their CPU time (times the kind's ratio)
+// at the joules per CPU second its last metered spans showed (a moving average).
 #pragma once
 
 #include <atomic>
@@ -55,7 +61,10 @@ class EnergyLedger {
    private:
     friend class EnergyLedger;
     std::atomic<double> ratio_{0};  // 0: no span of this kind ran alone yet
+    std::atomic<double> rate_{0};   // J per charged CPU second of metered spans; 0: none yet
+    std::atomic<double> metered_at_{-1e9};  // steady seconds of the last metered span's start
   };
+  static constexpr double kSampleSeconds = 0.01;
 
   // One batch or step on the calling thread: reads the meter and opens a CpuTimeScope at
   // construction; finish() closes both and returns the span's cost. A span dropped without
@@ -75,7 +84,7 @@ class EnergyLedger {
     std::optional<CpuTimeScope> scope_;
     energy::Reading start_;
     uint64_t ticket_ = 0;
-    bool alone_ = false, open_ = true;
+    bool alone_ = false, open_ = true, metered_ = false;
   };
 
  private:

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "slim/llm/model.h"
 #include "slim/llm/sampler.h"
 #include "slim/text/chat_template.h"
 
@@ -88,6 +89,9 @@ class LlmGeneration {
   double prefill_joules() const { return prefill_joules_.load(); }
   double decode_joules() const { return decode_joules_.load(); }
   double carbon_grams() const { return grams_.load(); }
+  // Mixture-of-Experts models, metered: what each expert computed for it (all choices;
+  // complete when finished(); n_expert 0 otherwise).
+  const llm::ExpertUsage& experts() const { return experts_; }
 
  private:
   friend class LlmService;
@@ -100,6 +104,7 @@ class LlmGeneration {
   std::atomic<int> completion_tokens_{0}, reused_tokens_{0}, preemptions_{0};
   std::atomic<int64_t> kv_bytes_{0};
   std::atomic<double> prefill_joules_{0}, decode_joules_{0}, grams_{0};
+  llm::ExpertUsage experts_;  // written by the loop thread before the final events
   std::atomic<bool> cancelled_{false};
 };
 

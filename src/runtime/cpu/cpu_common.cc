@@ -114,11 +114,12 @@ std::optional<std::string> need_all_f32_static(const KernelBuildInfo& info) {
   return std::nullopt;
 }
 
-void check_input_shape(const KernelContext& ctx, int i, const Shape& expected) {
+void check_input_shape(const KernelContext& ctx, int i, const Shape& expected, DType dtype) {
   const Tensor& t = ctx.required_input(i);
-  if (t.dtype() != DType::f32 || t.shape() != expected)
-    ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) +
-                                      " f32" + shape_str(expected) + " but got " + t.describe());
+  if (t.dtype() != dtype || t.shape() != expected)
+    ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) + " " +
+                                      std::string(dtype_name(dtype)) + shape_str(expected) +
+                                      " but got " + t.describe());
 }
 
 // Names a oneDNN memory layout: a hash of its descriptor (shape, strides, blocking).

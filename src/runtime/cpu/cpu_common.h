@@ -168,6 +168,7 @@ auto dnnl_call(const Node& node, const char* what, Fn&& fn) -> decltype(fn()) {
 
 // The output shape the kernel was built for; a different one at run time means compile
 // and run disagree, which is slim's bug, not the caller's.
-void check_input_shape(const KernelContext& ctx, int i, const Shape& expected);
+void check_input_shape(const KernelContext& ctx, int i, const Shape& expected,
+                       DType dtype = DType::f32);
 
 }  // namespace slim::cpu

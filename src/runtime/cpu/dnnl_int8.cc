@@ -1,7 +1,9 @@
 // 8-bit convolutions and matrix products on oneDNN (dnnl_int8.h), and the cpu kernels on
-// them: ConvInteger, MatMulInteger and slim:DynamicQuantizeConv, the DynamicQuantizeLinear
-// -> ConvInteger -> Cast -> Mul(scale) -> Add(bias) -> Relu chain of dynamically
-// quantized models as one node (passes: fuse_dynamic_quantize_conv).
+// them: ConvInteger, MatMulInteger, QLinearConv, QLinearMatMul (also what QDQ models'
+// DequantizeLinear -> Conv/MatMul -> QuantizeLinear become: passes, fuse_qdq) and
+// slim:DynamicQuantizeConv, the DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul(scale)
+// -> Add(bias) -> Relu chain of dynamically quantized models as one node (passes:
+// fuse_dynamic_quantize_conv).
 #include "runtime/cpu/dnnl_int8.h"
 
 #include <algorithm>
@@ -100,20 +102,6 @@ void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t
   }
 }
 
-// Sums of 8-bit values (uint8, or int8 when is_signed) into int32, W at a time.
-template <int W>
-SLIM_INLINE typename Vec<W>::I widen(const uint8_t* x, bool is_signed) {
-  using I = typename Vec<W>::I;
-  if (is_signed) {
-    typename Bytes<W>::S b;
-    std::memcpy(&b, x, W);
-    return __builtin_convertvector(b, I);
-  }
-  typename Bytes<W>::U b;
-  std::memcpy(&b, x, W);
-  return __builtin_convertvector(b, I);
-}
-
 // s[i] += x[i] over n elements.
 template <int W>
 SLIM_INLINE void add_bytes(int32_t* s, const uint8_t* x, bool is_signed, int64_t n) {
@@ -122,7 +110,7 @@ SLIM_INLINE void add_bytes(int32_t* s, const uint8_t* x, bool is_signed, int64_t
   for (; i + W <= n; i += W) {
     I v;
     std::memcpy(&v, s + i, sizeof v);
-    v += widen<W>(x + i, is_signed);
+    v += widen_bytes<W>(x + i, is_signed);
     std::memcpy(s + i, &v, sizeof v);
   }
   for (; i < n; ++i) s[i] += is_signed ? int32_t(int8_t(x[i])) : int32_t(x[i]);
@@ -133,7 +121,7 @@ template <int W>
 SLIM_INLINE int32_t sum_bytes(const uint8_t* x, bool is_signed, int64_t n) {
   typename Vec<W>::I acc{};
   int64_t i = 0;
-  for (; i + W <= n; i += W) acc += widen<W>(x + i, is_signed);
+  for (; i + W <= n; i += W) acc += widen_bytes<W>(x + i, is_signed);
   int32_t sum = 0;
   for (int k = 0; k < W; ++k) sum += acc[k];
   for (; i < n; ++i) sum += is_signed ? int32_t(int8_t(x[i])) : int32_t(x[i]);
@@ -206,23 +194,73 @@ SLIM_DISPATCH3(dequantize_row,
                (acc, n, add, comp, scale, bias, relu, out))
 #pragma GCC pop_options
 
+// QLinearConv's and QLinearMatMul's requantization (Int8Output) of one row.
+template <int W>
+SLIM_INLINE void requantize_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
+                                const int32_t* qbias, const float* scale, int32_t zp,
+                                bool is_signed, uint8_t* out) {
+  using I = typename Vec<W>::I;
+  const int32_t qlo = is_signed ? -128 : 0, qhi = is_signed ? 127 : 255;
+  const float lo = float(qlo - zp), hi = float(qhi - zp);
+  int64_t k = 0;
+  for (; k + W <= n; k += W) {
+    I a, c, b{};
+    std::memcpy(&a, acc + k, sizeof a);
+    std::memcpy(&c, comp + k, sizeof c);
+    if (qbias) std::memcpy(&b, qbias + k, sizeof b);
+    const I q = round_clamped<W>(__builtin_convertvector(a + c * add + b, typename Vec<W>::F) *
+                                     load<W>(scale + k),
+                                 zp, lo, hi);
+    if (is_signed) {
+      const auto v = __builtin_convertvector(q, typename Bytes<W>::S);
+      std::memcpy(out + k, &v, W);
+    } else {
+      const auto v = __builtin_convertvector(q, typename Bytes<W>::U);
+      std::memcpy(out + k, &v, W);
+    }
+  }
+  for (; k < n; ++k) {
+    const int32_t a = acc[k] + comp[k] * add + (qbias ? qbias[k] : 0);
+    const float q = std::nearbyint(std::clamp(float(a) * scale[k], lo, hi));
+    out[k] = uint8_t(int32_t(q) + zp);
+  }
+}
+
+SLIM_DISPATCH3(requantize_row,
+               (const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
+                const int32_t* qbias, const float* scale, int32_t zp, bool is_signed,
+                uint8_t* out),
+               (acc, n, add, comp, qbias, scale, zp, is_signed, out))
+
+// One row of sums (plus comp[k] * add) to where `out` wants them: `sums` or `values` or
+// `bytes` (one of them set; rows of values or sums may be acc itself).
+void finish_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
+                const Int8Output& out, int64_t c0, int32_t* sums, float* values, uint8_t* bytes) {
+  if (values)
+    dequantize_row_any(acc, n, add, comp, out.scale + c0, out.bias ? out.bias + c0 : nullptr,
+                       out.relu, values);
+  else if (bytes)
+    requantize_row_any(acc, n, add, comp, out.qbias ? out.qbias + c0 : nullptr, out.scale + c0,
+                       out.zero_point, out.bytes_signed, bytes);
+  else
+    for (int64_t k = 0; k < n; ++k) sums[k] = acc[k] + comp[k] * add;
+}
+
 // Rows [p0, p1) of one image's sums acc [pixels, oc] (NHWC), plus comp[oc] * box[g][p]
-// (box may be null), into `sums` or dequantized into `values` (NHWC, row p at p * oc;
-// either may be acc itself: each row is read before it is written).
+// (box may be null), into `sums`, `values` or `bytes` (NHWC, row p at p * oc; sums or
+// values may be acc itself: each row is read before it is written).
 void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t oc, int64_t group,
                  const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
-                 float* values, int64_t p0, int64_t p1) {
-  const int64_t ocg = oc / group;
+                 float* values, uint8_t* bytes, int64_t p0, int64_t p1) {
+  // Without compensation the groups of a pixel are one row (depthwise: 1 channel each).
+  const int64_t ocg = box ? oc / group : oc;
+  if (!box) group = 1;
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t g = 0; g < group; ++g) {
-      const int32_t add = box ? box[g * pixels + p] : 0;
       const int64_t o0 = p * oc + g * ocg, c0 = g * ocg;
-      if (values) {
-        dequantize_row_any(acc + o0, ocg, add, comp.data() + c0, out.scale + c0,
-                           out.bias ? out.bias + c0 : nullptr, out.relu, values + o0);
-      } else {
-        for (int64_t k = 0; k < ocg; ++k) sums[o0 + k] = acc[o0 + k] + comp[size_t(c0 + k)] * add;
-      }
+      finish_row(acc + o0, ocg, box ? box[g * pixels + p] : 0, comp.data() + c0, out, c0,
+                 sums ? sums + o0 : nullptr, values ? values + o0 : nullptr,
+                 bytes ? bytes + o0 : nullptr);
     }
 }
 
@@ -287,7 +325,8 @@ struct Int8Conv::State {
   // Scratch: the source in NHWC (unless used as it is), the sums (NHWC), the channel sums
   // [group, H*W] and window sums [group, OH*OW] of the compensation, oneDNN's scratchpad.
   ScratchLayout layout;
-  size_t src_at = 0, dst_at = 0, sums_at = 0, box_at = 0, pad_at = 0;
+  // Requantized bytes in NHWC on their way to an NCHW output.
+  size_t src_at = 0, dst_at = 0, bytes_at = 0, sums_at = 0, box_at = 0, pad_at = 0;
   mutable int32_t zp_value = 0;
   mutable dnnl::stream stream;
 };
@@ -296,9 +335,12 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
                    const Tensor* w_zero_point, bool signed_source, DType out)
     : g_(g), s_(std::make_unique<State>()) {
   State& s = *s_;
-  s.split = !int8_products_exact();
-  s.signed_source = signed_source;
   const int64_t c = g.x[1], oc = g.y[1], group = g.group;
+  // Depthwise kernels widen each byte to 32 bits (no pair sums to saturate), and split
+  // weights (two channels per group) would send them to oneDNN's reference kernel:
+  // 57-190 ms instead of 2-8 for PP-OCR's classifier at SLIM_ISA=avx2.
+  s.split = !int8_products_exact() && !(group == c && group == oc);
+  s.signed_source = signed_source;
   const int64_t cg = c / group, ocg = oc / group, k = cg * g.w[2] * g.w[3];
   s.cs = s.split ? 2 * c : c;
   s.pw = prepare_weights(w, w_zero_point, oc);
@@ -346,13 +388,17 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
       s.src_plain = memory(u8_md(src_dims, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
       s.src_reorder = dnnl::reorder(s.src_plain, s.src);
     }
-    const auto t = out == DType::f32 ? memory::data_type::f32 : memory::data_type::s32;
+    const auto t = out == DType::f32  ? memory::data_type::f32
+                   : out == DType::u8 ? memory::data_type::u8
+                   : out == DType::i8 ? memory::data_type::s8
+                                      : memory::data_type::s32;
     s.out_nhwc = memory(memory::desc(dst_dims, t, memory::format_tag::nhwc), eng, DNNL_MEMORY_NONE);
     s.out_plain =
         memory(memory::desc(dst_dims, t, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
     s.out_reorder = dnnl::reorder(s.out_nhwc, s.out_plain);
     s.src_at = s.layout.add(size_t(s.cs * g.x[2] * g.x[3]));
     s.dst_at = s.layout.add(size_t(shape_numel(dst_dims)) * 4);
+    if (out == DType::u8 || out == DType::i8) s.bytes_at = s.layout.add(size_t(shape_numel(dst_dims)));
     if (s.pw.any_comp) {
       s.sums_at = s.layout.add(size_t(group * g.x[2] * g.x[3]) * 4);
       s.box_at = s.layout.add(size_t(group * g.y[2] * g.y[3]) * 4);
@@ -452,21 +498,26 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
       s.stream.wait();
       return 0;
     });
-    // The results in NHWC: into the output, or over the sums and then reordered into it.
-    int32_t* sums_to =
-        out.sums ? (out.channels_last ? out.sums + img * oc * opixels : acc) : nullptr;
-    float* values_to = out.values ? (out.channels_last ? out.values + img * oc * opixels
-                                                       : reinterpret_cast<float*>(acc))
-                                  : nullptr;
+    // The results in NHWC: into the output, or over the sums (bytes: into their own
+    // buffer) and then reordered into it.
+    const int64_t at = img * oc * opixels;
+    int32_t* sums_to = out.sums ? (out.channels_last ? out.sums + at : acc) : nullptr;
+    float* values_to =
+        out.values ? (out.channels_last ? out.values + at : reinterpret_cast<float*>(acc)) : nullptr;
+    uint8_t* bytes_to =
+        out.bytes ? (out.channels_last ? static_cast<uint8_t*>(out.bytes) + at
+                                       : piece<uint8_t>(scratch, s.bytes_at))
+                  : nullptr;
     parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
-      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, b, e);
+      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, bytes_to, b, e);
     });
     if (out.channels_last) continue;
     dnnl_call(ctx.node(), "reorder to NCHW", [&] {
       limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
-      s.out_nhwc.set_data_handle(acc);
-      s.out_plain.set_data_handle(out.values ? static_cast<void*>(out.values + img * oc * opixels)
-                                             : static_cast<void*>(out.sums + img * oc * opixels));
+      s.out_nhwc.set_data_handle(bytes_to ? static_cast<void*>(bytes_to) : acc);
+      s.out_plain.set_data_handle(out.values  ? static_cast<void*>(out.values + at)
+                                  : out.bytes ? static_cast<void*>(static_cast<uint8_t*>(out.bytes) + at)
+                                              : static_cast<void*>(out.sums + at));
       s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
       s.stream.wait();
       return 0;
@@ -586,17 +637,12 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
     s.stream.wait();
     return 0;
   });
-  if (!out.values && !s.pw.any_comp) return;
+  if (out.sums && !s.pw.any_comp) return;
   parallel_items(ctx, rows_, n_, 1 << 15, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const int32_t add = s.pw.any_comp ? row_sums[r] : 0;
-      int32_t* row = sums + r * n_;
-      if (out.values)
-        dequantize_row_any(row, n_, add, s.pw.comp.data(), out.scale, out.bias, out.relu,
-                           out.values + r * n_);
-      else
-        for (int64_t k = 0; k < n_; ++k) row[k] += s.pw.comp[size_t(k)] * add;
-    }
+    for (int64_t r = b; r < e; ++r)
+      finish_row(sums + r * n_, n_, s.pw.any_comp ? row_sums[r] : 0, s.pw.comp.data(), out, 0,
+                 out.sums ? sums + r * n_ : nullptr, out.values ? out.values + r * n_ : nullptr,
+                 out.bytes ? static_cast<uint8_t*>(out.bytes) + r * n_ : nullptr);
   });
 }
 
@@ -646,14 +692,6 @@ int32_t zero_point_at(const KernelContext& ctx, int i) {
   return z->dtype() == DType::u8 ? int32_t(z->data<uint8_t>()[0]) : int32_t(z->data<int8_t>()[0]);
 }
 
-void check_input(const KernelContext& ctx, int i, DType dtype, const Shape& shape) {
-  const Tensor& t = ctx.required_input(i);
-  if (t.dtype() != dtype || t.shape() != shape)
-    ctx.fail(ErrorCode::internal, "cpu kernel was compiled for input " + std::to_string(i) + " " +
-                                      std::string(dtype_name(dtype)) + shape_str(shape) +
-                                      " but got " + t.describe());
-}
-
 // ConvInteger and slim:DynamicQuantizeConv: a 2-D convolution of an 8-bit (or, fused, f32)
 // source by constant 8-bit weights.
 std::optional<std::string> int8_conv_geometry(const KernelBuildInfo& info, bool fused,
@@ -683,7 +721,7 @@ class ConvIntegerKernel final : public OpKernel {
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
-    check_input(ctx, 0, x_dtype_, conv_.geometry().x);
+    check_input_shape(ctx, 0, conv_.geometry().x, x_dtype_);
     Int8Output out;
     out.sums = ctx.output(0, DType::i32, conv_.geometry().y).data<int32_t>();
     conv_.run(ctx, ctx.required_input(0).raw_data(), false, zero_point_at(ctx, 2), out,
@@ -731,7 +769,7 @@ class MatMulIntegerKernel final : public OpKernel {
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
-    check_input(ctx, 0, a_dtype_, a_shape_);
+    check_input_shape(ctx, 0, a_shape_, a_dtype_);
     Int8Output out;
     out.sums = ctx.output(0, DType::i32, y_shape_).data<int32_t>();
     mm_.run(ctx, ctx.required_input(0).raw_data(), zero_point_at(ctx, 2), out,
@@ -815,7 +853,7 @@ class DynamicQuantizeConvKernel final : public OpKernel {
 
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
-    check_input(ctx, 0, DType::f32, g.x);
+    check_input_shape(ctx, 0, g.x);
     uint8_t* q = static_cast<uint8_t*>(thread_scratch(q_bytes_ + conv_.scratch_bytes()));
     const ref::DynamicQuantParams p =
         dynamic_quantize(ctx, ctx.required_input(0).data<float>(), shape_numel(g.x), q);
@@ -880,12 +918,227 @@ KernelDef dynamic_quantize_conv_def() {
   return def;
 }
 
+// ---------------------------------------------------------------------------------------
+// QLinearConv and QLinearMatMul (x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp[, bias]):
+// what fuse_qdq makes of DequantizeLinear -> Conv/MatMul -> QuantizeLinear, and what
+// QOperator files hold. Scales and zero points are constants, so the requantization is
+// fixed at build: ref's and ONNX Runtime's float(sum + bias) * (x_scale * w_scale / y_scale).
+
+struct Requant {
+  std::vector<float> scale;  // per output channel
+  std::vector<int32_t> bias;
+  int32_t x_zp = 0, y_zp = 0;
+  DType x = DType::u8, y = DType::u8;
+};
+
+// Checks the parameters of a QLinear node with `channels` outputs and fills *r.
+std::optional<std::string> qlinear_params(const KernelBuildInfo& info, int64_t channels,
+                                          Requant* r) {
+  if (info.node.outputs.size() != 1) return std::string("expects one output");
+  for (int i : {0, 3})
+    if (auto e = need_8bit(info, i)) return e;
+  if (auto e = need_static(info, 0)) return e;
+  if (!info.input(3).constant) return std::string("the weights are not constant");
+  for (int i : {1, 6})
+    if (!info.has_input(i)) return "input " + std::to_string(i) + " is missing";
+  if (auto e = need_constant_per_channel(info, 1, DType::f32, 1)) return e;
+  if (auto e = need_constant_per_channel(info, 2, info.input(0).dtype, 1)) return e;
+  if (auto e = need_constant_per_channel(info, 4, DType::f32, channels)) return e;
+  if (auto e = need_constant_per_channel(info, 5, info.input(3).dtype, channels)) return e;
+  if (auto e = need_constant_per_channel(info, 6, DType::f32, 1)) return e;
+  if (info.has_input(7) && !is_8bit(info.input(7).dtype))
+    return std::string("y_zero_point is not 8-bit");
+  if (auto e = need_constant_per_channel(info, 7, info.input(7).dtype, 1)) return e;
+  if (info.has_input(8)) {
+    if (auto e = need_constant_per_channel(info, 8, DType::i32, channels)) return e;
+    if (info.input(8).constant->numel() != channels)
+      return std::string("the bias is not one value per output channel");
+  }
+  if (info.inputs.size() > 9) return std::string("too many inputs");
+  auto value = [&](int i) { return info.input(i).constant->contiguous(); };
+  auto zero_point = [&](int i) {
+    if (!info.has_input(i)) return int32_t(0);
+    const Tensor z = value(i);
+    return z.dtype() == DType::u8 ? int32_t(z.data<uint8_t>()[0]) : int32_t(z.data<int8_t>()[0]);
+  };
+  r->x = *info.input(0).dtype;
+  r->y = info.has_input(7) ? *info.input(7).dtype : DType::u8;
+  r->x_zp = zero_point(2);
+  r->y_zp = zero_point(7);
+  const float xs = value(1).data<float>()[0], ys = value(6).data<float>()[0];
+  const Tensor ws = value(4);
+  r->scale.resize(size_t(channels));
+  for (int64_t c = 0; c < channels; ++c)
+    r->scale[size_t(c)] = xs * ws.data<float>()[ws.numel() == 1 ? 0 : c] / ys;
+  if (info.has_input(8)) {
+    const Tensor b = value(8);
+    r->bias.assign(b.data<int32_t>(), b.data<int32_t>() + channels);
+  }
+  return std::nullopt;
+}
+
+Int8Output requantized(const Requant& r, void* bytes) {
+  Int8Output out;
+  out.bytes = bytes;
+  out.scale = r.scale.data();
+  out.qbias = r.bias.empty() ? nullptr : r.bias.data();
+  out.zero_point = r.y_zp;
+  out.bytes_signed = r.y == DType::i8;
+  return out;
+}
+
+memory::desc bytes_md(const Shape& s, DType t, memory::format_tag f) {
+  return memory::desc(memory::dims(s.begin(), s.end()),
+                      t == DType::i8 ? memory::data_type::s8 : memory::data_type::u8, f);
+}
+
+}  // namespace
+
+uint64_t int8_nhwc_layout(const Shape& nchw, DType t) {
+  return layout_tag(bytes_md(nchw, t, memory::format_tag::nhwc));
+}
+
+namespace {
+
+// Reads and writes NCHW, or NHWC where its neighbours agree: a chain of them (and
+// 8-bit MaxPool and Concat between) hands bytes on channels-last, as oneDNN computes them.
+class QLinearConvKernel final : public OpKernel {
+ public:
+  QLinearConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, Requant r)
+      : conv_(info.node, g, *info.input(3).constant, info.input(5).constant, r.x == DType::i8, r.y),
+        r_(std::move(r)),
+        nhwc_x_(int8_nhwc_layout(g.x, r_.x)),
+        nhwc_y_(int8_nhwc_layout(g.y, r_.y)) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = r_.y;
+    *shape = conv_.geometry().y;
+    return i == 0;
+  }
+  uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
+  uint64_t wanted_input_layout(int i) const override { return i == 0 ? nhwc_x_ : 0; }
+  bool can_write_output_in(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_y_;
+  }
+  void use_private_output(int i, uint64_t) override { y_channels_last_ = i == 0; }
+  void use_private_input(int i, uint64_t) override { x_channels_last_ = x_channels_last_ || i == 0; }
+  void compute(KernelContext& ctx) const override {
+    const ConvGeometry& g = conv_.geometry();
+    check_input_shape(ctx, 0, g.x, r_.x);
+    Int8Output out = requantized(r_, ctx.output(0, r_.y, g.y).raw_data());
+    out.channels_last = y_channels_last_;
+    conv_.run(ctx, ctx.required_input(0).raw_data(), x_channels_last_, r_.x_zp, out,
+              thread_scratch(conv_.scratch_bytes()));
+  }
+
+ private:
+  Int8Conv conv_;
+  Requant r_;
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool x_channels_last_ = false, y_channels_last_ = false;
+};
+
+std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,
+                                              Requant* r) {
+  if (auto e = need_8bit(info, 0)) return e;
+  if (auto e = need_static(info, 0)) return e;
+  const Tensor* w = info.input(3).constant;
+  if (!w || !is_8bit(w->dtype())) return std::string("the weights are not 8-bit constants");
+  if (info.input(0).shape->size() != 4 || w->rank() != 4)
+    return std::string("2-D convolutions (4-D tensors) only");
+  if (auto e = conv_geometry(info.node, *info.input(0).shape, w->shape(), false, g)) return e;
+  return qlinear_params(info, g->y[1], r);
+}
+
+KernelDef qlinear_conv_def() {
+  KernelDef def;
+  def.op_type = "QLinearConv";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    ConvGeometry g;
+    Requant r;
+    if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ConvGeometry g;
+    Requant r;
+    qlinear_conv_setup(info, &g, &r);
+    return std::make_unique<QLinearConvKernel>(info, g, std::move(r));
+  };
+  return def;
+}
+
+class QLinearMatMulKernel final : public OpKernel {
+ public:
+  QLinearMatMulKernel(const KernelBuildInfo& info, Requant r)
+      : a_shape_(*info.input(0).shape),
+        r_(std::move(r)),
+        mm_(info.node, shape_numel(a_shape_) / a_shape_.back(), *info.input(3).constant,
+            info.input(5).constant, r_.x == DType::i8) {
+    y_shape_ = a_shape_;
+    y_shape_.back() = info.input(3).constant->shape()[1];
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = r_.y;
+    *shape = y_shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, a_shape_, r_.x);
+    mm_.run(ctx, ctx.required_input(0).raw_data(), r_.x_zp,
+            requantized(r_, ctx.output(0, r_.y, y_shape_).raw_data()),
+            thread_scratch(mm_.scratch_bytes()));
+  }
+
+ private:
+  Shape a_shape_, y_shape_;
+  Requant r_;
+  Int8MatMul mm_;
+};
+
+std::optional<std::string> qlinear_matmul_setup(const KernelBuildInfo& info, Requant* r) {
+  if (auto e = need_8bit(info, 0)) return e;
+  if (auto e = need_static(info, 0)) return e;
+  const Tensor* b = info.input(3).constant;
+  if (!b || b->rank() != 2) return std::string("B is not a constant matrix");
+  const Shape& a = *info.input(0).shape;
+  if (a.size() < 2 || a.back() != b->shape()[0])
+    return std::string("A is not a [..., M, K] matrix for B");
+  for (int i : {4, 5})
+    if (info.input(i).constant && info.input(i).constant->rank() > 1)
+      return "input " + std::to_string(i) + " is not 1-D";
+  if (info.has_input(8)) return std::string("takes 8 inputs");
+  return qlinear_params(info, b->shape()[1], r);
+}
+
+KernelDef qlinear_matmul_def() {
+  KernelDef def;
+  def.op_type = "QLinearMatMul";
+  def.since_version = 10;
+  def.claim = [](const KernelBuildInfo& info) {
+    Requant r;
+    if (auto e = qlinear_matmul_setup(info, &r)) return Claim::no(*e);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    Requant r;
+    qlinear_matmul_setup(info, &r);
+    return std::make_unique<QLinearMatMulKernel>(info, std::move(r));
+  };
+  return def;
+}
+
 }  // namespace
 
 void register_dnnl_int8_kernels(KernelRegistry& r) {
   r.add(conv_integer_def());
   r.add(matmul_integer_def());
   r.add(dynamic_quantize_conv_def());
+  r.add(qlinear_conv_def());
+  r.add(qlinear_matmul_def());
 }
 
 }  // namespace slim::cpu

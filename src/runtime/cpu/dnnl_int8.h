@@ -28,22 +28,33 @@ bool int8_products_exact();
 
 // Where the int32 sums of an 8-bit product go, in the layout ONNX gives the output (NCHW
 // for a convolution, row-major [rows, N] for a matrix product): as they are (ConvInteger,
-// MatMulInteger), or dequantized in the order of the Cast, Mul, Add and Relu nodes this
-// replaces: y = relu(float(sum) * scale[c] + bias[c]), each step rounded to f32.
+// MatMulInteger), dequantized in the order of the Cast, Mul, Add and Relu nodes this
+// replaces: y = relu(float(sum) * scale[c] + bias[c]), each step rounded to f32, or
+// requantized as QLinearConv/QLinearMatMul (ref and ONNX Runtime):
+// q = saturate(round_half_even(float(sum + qbias[c]) * scale[c]) + zero_point), with
+// scale[c] = x_scale * w_scale[c] / y_scale.
 struct Int8Output {
   int32_t* sums = nullptr;
   float* values = nullptr;
+  void* bytes = nullptr;         // requantized: uint8, or int8 when bytes_signed
   const float* scale = nullptr;  // one per output channel
   const float* bias = nullptr;   // one per output channel, or none
+  const int32_t* qbias = nullptr;  // requantized: one per output channel, or none
+  int32_t zero_point = 0;
+  bool bytes_signed = false;
   bool relu = false;
   bool channels_last = false;  // values in NHWC instead of NCHW (convolutions)
 };
+
+// The private layout tag of 8-bit NHWC bytes of a 4-D NCHW shape: what QLinearConv hands
+// on to its neighbours (and slim:QLookup passes through).
+uint64_t int8_nhwc_layout(const Shape& nchw, DType t);
 
 // A 2-D convolution (4-D tensors) with 8-bit weights [OC, IC / group, kh, kw], constant.
 class Int8Conv {
  public:
   // w_zero_point: none, one value, or one per output channel, of w's type; `out`: what
-  // run() writes, i32 sums or f32 values.
+  // run() writes, i32 sums, f32 values or u8/i8 requantized bytes.
   Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w, const Tensor* w_zero_point,
            bool signed_source, DType out);
   ~Int8Conv();

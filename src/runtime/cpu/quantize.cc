@@ -1,6 +1,7 @@
 // The cpu provider's element-type conversions: Cast between f32 and f16 and from 8- and
 // 32-bit integers to f32, QuantizeLinear and DequantizeLinear (per tensor and per axis,
-// 8-bit, scales and zero points constant or not) and DynamicQuantizeLinear. Loops are
+// 8-bit, scales and zero points constant or not), DynamicQuantizeLinear, and the byte-level
+// slim:QLookup / slim:QLinearAdd / slim:QLinearMul of QDQ models. Loops are
 // written once over simd.h's vector types (AVX-512, AVX2, NEON, scalar; F16C / AVX-512
 // conversions for f16) and give ref's results to the bit: quantization rounds x / scale
 // half to even, as ONNX defines it (runtime/ref/quant_params.h).
@@ -17,7 +18,9 @@
 #include "runtime/cpu/simd.h"
 #include "runtime/ref/math_common.h"
 #include "runtime/ref/quant_params.h"
+#include "runtime/cpu/dnnl_int8.h"
 #include "slim/core/half.h"
+#include "slim/runtime/fused_ops.h"
 
 namespace slim::cpu {
 
@@ -51,23 +54,6 @@ SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, b
   *lo = l;
   *hi = h;
   *nan = *nan || any_nan;
-}
-
-// Clamping to [qlo - zp, qhi - zp] before rounding equals saturating after it (the bounds
-// are integers); adding and subtracting 1.5 * 2^23 rounds half to even in the FPU's
-// default mode, exactly for the clamped range. `v` is x / scale, or a stand-in for it.
-template <int W>
-SLIM_INLINE typename Vec<W>::I round_clamped(typename Vec<W>::F v, int32_t zp, float lo, float hi) {
-  using F = typename Vec<W>::F;
-  using I = typename Vec<W>::I;
-  const I nan = v != v;
-  v = v < splat<W>(lo) ? splat<W>(lo) : v;
-  v = v > splat<W>(hi) ? splat<W>(hi) : v;
-  const F magic = splat<W>(12582912.f);
-  v = (v + magic) - magic;
-  v = nan ? splat<W>(0.f) : v;
-  const I q = __builtin_convertvector(v, I) + zp;
-  return nan ? I{} : q;
 }
 
 // Whether any lane of a comparison result is set: narrowed to bytes and tested 8 at a time.
@@ -138,16 +124,7 @@ SLIM_INLINE void dequantize_loop(const void* x, bool is_signed, float* y, int64_
   using I = typename Vec<W>::I;
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    I v;
-    if (is_signed) {
-      typename Bytes<W>::S b;
-      std::memcpy(&b, static_cast<const int8_t*>(x) + i, W);
-      v = __builtin_convertvector(b, I);
-    } else {
-      typename Bytes<W>::U b;
-      std::memcpy(&b, static_cast<const uint8_t*>(x) + i, W);
-      v = __builtin_convertvector(b, I);
-    }
+    const I v = widen_bytes<W>(static_cast<const uint8_t*>(x) + i, is_signed);
     store<W>(y + i, __builtin_convertvector(v - zp, F) * splat<W>(scale));
   }
   for (; i < n; ++i) {
@@ -566,6 +543,260 @@ KernelDef dynamic_quantize_def() {
   return def;
 }
 
+// ---------------------------------------------------------------------------------------
+// slim:QLookup and slim:QLinearAdd / slim:QLinearMul (fused_ops.h): what fuse_qdq_elementwise
+// makes of DequantizeLinear -> elementwise op -> QuantizeLinear on per-tensor bytes.
+
+#if defined(__x86_64__)
+// 64 lookups per step where the CPU has AVX-512 VBMI: two two-register byte permutes
+// cover the table's halves and the index's top bit picks one. Scalar elsewhere.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t lookup_vbmi(
+    const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) {
+  const __m512i t0 = _mm512_loadu_si512(table), t1 = _mm512_loadu_si512(table + 64);
+  const __m512i t2 = _mm512_loadu_si512(table + 128), t3 = _mm512_loadu_si512(table + 192);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m512i v = _mm512_loadu_si512(x + i);
+    const __m512i lo = _mm512_permutex2var_epi8(t0, v, t1), hi = _mm512_permutex2var_epi8(t2, v, t3);
+    _mm512_storeu_si512(y + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), lo, hi));
+  }
+  return i;
+}
+#endif
+
+void lookup(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  if (vbmi && detected_isa() == Isa::avx512) i = lookup_vbmi(table, x, y, n);
+#endif
+  for (; i < n; ++i) y[i] = table[x[i]];
+}
+
+// A table lookup per byte; the bytes may arrive channels-last from a QLinearConv (the op
+// is elementwise), and then leave so for the next one.
+class QLookupKernel final : public OpKernel {
+ public:
+  QLookupKernel(const KernelBuildInfo& info)
+      : shape_(*info.input(0).shape), x_(*info.input(0).dtype), y_(info.input(1).constant->dtype()) {
+    const Tensor t = info.input(1).constant->contiguous();
+    std::memcpy(table_, t.raw_data(), 256);
+    if (shape_.size() == 4) {
+      nhwc_x_ = int8_nhwc_layout(shape_, *info.input(0).dtype);
+      nhwc_y_ = int8_nhwc_layout(shape_, y_);
+    }
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = y_;
+    *shape = shape_;
+    return i == 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout != 0 && layout == nhwc_x_;
+  }
+  void use_private_input(int i, uint64_t) override { channels_last_ = i == 0; }
+  uint64_t private_output_layout(int i) const override {
+    return i == 0 && channels_last_ ? nhwc_y_ : 0;
+  }
+  void use_private_output(int i, uint64_t) override { y_channels_last_ = i == 0; }
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, shape_, x_);
+    const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
+    auto* y = static_cast<uint8_t*>(ctx.output(0, y_, shape_).raw_data());
+    if (channels_last_ && !y_channels_last_) {
+      // NHWC in, NCHW out (a reader that takes plain bytes): looked up and transposed.
+      const int64_t c = shape_[1], pixels = shape_[2] * shape_[3];
+      for (int64_t img = 0; img < shape_[0]; ++img, x += c * pixels, y += c * pixels)
+        for (int64_t p = 0; p < pixels; ++p)
+          for (int64_t k = 0; k < c; ++k) y[k * pixels + p] = table_[x[p * c + k]];
+      return;
+    }
+    parallel_items(ctx, shape_numel(shape_), 1, kGrain,
+                   [&](int64_t b, int64_t e) { lookup(table_, x + b, y + b, e - b); });
+  }
+
+ private:
+  Shape shape_;
+  DType x_, y_;
+  uint8_t table_[256];
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool channels_last_ = false, y_channels_last_ = false;
+};
+
+KernelDef qlookup_def() {
+  KernelDef def;
+  def.op_type = "QLookup";
+  def.domain = kFusedDomain;
+  def.since_version = kFusedOpset;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (!is_8bit(info.input(0).dtype)) return Claim::no("8-bit inputs only");
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    const Tensor* t = info.input(1).constant;
+    if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
+      return Claim::no("the table is not 256 constant 8-bit values");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<QLookupKernel>(info);
+  };
+  return def;
+}
+
+struct QParams {
+  float scale = 1.f;
+  int32_t zp = 0;
+  bool is_signed = false;
+};
+
+// Rounded as the DequantizeLinear nodes, the Add or Mul and the QuantizeLinear they
+// replace: GCC would otherwise contract a dequantizing multiply and the Add into an FMA.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+// c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null.
+template <int W>
+SLIM_INLINE void qbinary_loop(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n,
+                              bool mul, QParams pa, QParams pb, QParams pc) {
+  using F = typename Vec<W>::F;
+  const int32_t qlo = pc.is_signed ? -128 : 0, qhi = pc.is_signed ? 127 : 255;
+  const float lo = float(qlo - pc.zp), hi = float(qhi - pc.zp);
+  const float inv = std::isnormal(1.f / pc.scale) ? 1.f / pc.scale : 0.f;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const F fa = __builtin_convertvector(widen_bytes<W>(a + i, pa.is_signed) - pa.zp, F) *
+                 splat<W>(pa.scale);
+    const F fb = b ? __builtin_convertvector(widen_bytes<W>(b + i, pb.is_signed) - pb.zp, F) *
+                         splat<W>(pb.scale)
+                   : splat<W>(bv);
+    const auto q = quantize_vec<W>(mul ? fa * fb : fa + fb, pc.scale, inv, pc.zp, lo, hi);
+    if (pc.is_signed) {
+      const auto v = __builtin_convertvector(q, typename Bytes<W>::S);
+      std::memcpy(c + i, &v, W);
+    } else {
+      const auto v = __builtin_convertvector(q, typename Bytes<W>::U);
+      std::memcpy(c + i, &v, W);
+    }
+  }
+  auto value = [](const uint8_t* p, int64_t k, QParams q) {
+    return float((q.is_signed ? int32_t(int8_t(p[k])) : int32_t(p[k])) - q.zp) * q.scale;
+  };
+  for (; i < n; ++i) {
+    const float fa = value(a, i, pa), fb = b ? value(b, i, pb) : bv;
+    c[i] = uint8_t(ref::quantize_value(mul ? fa * fb : fa + fb, pc.scale, pc.zp, qlo, qhi));
+  }
+}
+SLIM_DISPATCH3(qbinary_loop,
+               (const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul,
+                QParams pa, QParams pb, QParams pc),
+               (a, b, bv, c, n, mul, pa, pb, pc))
+#pragma GCC pop_options
+
+// Both inputs of the output's shape, or one of them constant over a trailing block of it
+// (SE's x * gate [N, C, 1, 1], a scalar): Add and Mul commute exactly, so that one is B.
+class QLinearBinaryKernel final : public OpKernel {
+ public:
+  QLinearBinaryKernel(const KernelBuildInfo& info, bool swap, int64_t inner)
+      : mul_(info.node.op_type == "QLinearMul"), swap_(swap), inner_(inner) {
+    const int a = swap ? 3 : 0, b = swap ? 0 : 3;
+    y_shape_ = *info.input(a).shape;
+    pa_ = params(info, a + 1);
+    pb_ = params(info, b + 1);
+    pc_ = params(info, 6);
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = pc_.is_signed ? DType::i8 : DType::u8;
+    *shape = y_shape_;
+    return i == 0;
+  }
+  void compute(KernelContext& ctx) const override {
+    const auto* a = static_cast<const uint8_t*>(ctx.required_input(swap_ ? 3 : 0).raw_data());
+    const auto* b = static_cast<const uint8_t*>(ctx.required_input(swap_ ? 0 : 3).raw_data());
+    auto* c = static_cast<uint8_t*>(
+        ctx.output(0, pc_.is_signed ? DType::i8 : DType::u8, y_shape_).raw_data());
+    const int64_t n = shape_numel(y_shape_);
+    if (inner_ == 0) {
+      parallel_items(ctx, n, 1, kGrain, [&](int64_t s, int64_t e) {
+        qbinary_loop_any(a + s, b + s, 0.f, c + s, e - s, mul_, pa_, pb_, pc_);
+      });
+      return;
+    }
+    parallel_items(ctx, n / inner_, inner_, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t o = s; o < e; ++o) {
+        const int32_t v = pb_.is_signed ? int32_t(int8_t(b[o])) : int32_t(b[o]);
+        qbinary_loop_any(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, c + o * inner_,
+                         inner_, mul_, pa_, pb_, pc_);
+      }
+    });
+  }
+
+ private:
+  // The scale at input i, the zero point at i + 1.
+  static QParams params(const KernelBuildInfo& info, int i) {
+    QParams p;
+    p.scale = info.input(i).constant->contiguous().data<float>()[0];
+    const Tensor z = info.input(i + 1).constant->contiguous();
+    p.is_signed = z.dtype() == DType::i8;
+    p.zp = p.is_signed ? int32_t(z.data<int8_t>()[0]) : int32_t(z.data<uint8_t>()[0]);
+    return p;
+  }
+  bool mul_, swap_;
+  int64_t inner_;  // 0: both full; else B holds one value per run of inner_ elements
+  Shape y_shape_;
+  QParams pa_, pb_, pc_;
+};
+
+// Which input is full (swap: the second) and B's run length (0: B full too), or why not.
+std::optional<std::string> qbinary_setup(const KernelBuildInfo& info, bool* swap, int64_t* inner) {
+  if (info.inputs.size() != 8) return std::string("takes 8 inputs");
+  for (int i : {0, 3}) {
+    if (!is_8bit(info.input(i).dtype)) return std::string("8-bit inputs only");
+    if (auto r = need_static(info, i)) return r;
+  }
+  for (int i : {1, 2, 4, 5, 6, 7}) {
+    const Tensor* t = info.input(i).constant;
+    const bool scale = i == 1 || i == 4 || i == 6;
+    if (!t || t->numel() != 1 || (scale ? t->dtype() != DType::f32 : !is_8bit(t->dtype())))
+      return std::string("scales and zero points must be constant scalars");
+  }
+  Shape a = *info.input(0).shape, b = *info.input(3).shape;
+  *swap = shape_numel(b) > shape_numel(a);
+  if (*swap) std::swap(a, b);
+  if (a == b) {
+    *inner = 0;
+    return std::nullopt;
+  }
+  if (b.size() > a.size()) return std::string("B has a higher rank than A");
+  b.insert(b.begin(), a.size() - b.size(), 1);
+  // B = A's shape up to axis k, then ones.
+  size_t k = b.size();
+  while (k > 0 && b[k - 1] == 1) --k;
+  for (size_t d = 0; d < k; ++d)
+    if (b[d] != a[d]) return std::string("broadcasts other than over trailing axes");
+  *inner = 1;
+  for (size_t d = k; d < a.size(); ++d) *inner *= a[d];
+  if (*inner == 0) return std::string("empty");
+  return std::nullopt;
+}
+
+KernelDef qbinary_def(const char* op) {
+  KernelDef def;
+  def.op_type = op;
+  def.domain = kFusedDomain;
+  def.since_version = kFusedOpset;
+  def.claim = [](const KernelBuildInfo& info) {
+    bool swap;
+    int64_t inner;
+    if (auto r = qbinary_setup(info, &swap, &inner)) return Claim::no(*r);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    bool swap = false;
+    int64_t inner = 0;
+    qbinary_setup(info, &swap, &inner);
+    return std::make_unique<QLinearBinaryKernel>(info, swap, inner);
+  };
+  return def;
+}
+
 }  // namespace
 
 void register_quantize_kernels(KernelRegistry& r) {
@@ -573,6 +804,9 @@ void register_quantize_kernels(KernelRegistry& r) {
   r.add(quantize_def());
   r.add(dequantize_def());
   r.add(dynamic_quantize_def());
+  r.add(qlookup_def());
+  r.add(qbinary_def("QLinearAdd"));
+  r.add(qbinary_def("QLinearMul"));
 }
 
 }  // namespace slim::cpu

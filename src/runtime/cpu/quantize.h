@@ -5,10 +5,28 @@
 
 #include <cstdint>
 
+#include "runtime/cpu/simd.h"
 #include "runtime/ref/quant_params.h"
 #include "slim/runtime/kernel.h"
 
 namespace slim::cpu {
+
+// Clamping to [qlo - zp, qhi - zp] before rounding equals saturating after it (the bounds
+// are integers); adding and subtracting 1.5 * 2^23 rounds half to even in the FPU's
+// default mode, exactly for the clamped range. `v` is x / scale, or a stand-in for it.
+template <int W>
+SLIM_INLINE typename Vec<W>::I round_clamped(typename Vec<W>::F v, int32_t zp, float lo, float hi) {
+  using F = typename Vec<W>::F;
+  using I = typename Vec<W>::I;
+  const I nan = v != v;
+  v = v < splat<W>(lo) ? splat<W>(lo) : v;
+  v = v > splat<W>(hi) ? splat<W>(hi) : v;
+  const F magic = splat<W>(12582912.f);
+  v = (v + magic) - magic;
+  v = nan ? splat<W>(0.f) : v;
+  const I q = __builtin_convertvector(v, I) + zp;
+  return nan ? I{} : q;
+}
 
 // Running minimum and maximum of x[0..n) folded into *lo / *hi; *nan set when x holds a NaN.
 void min_max(const float* x, int64_t n, float* lo, float* hi, bool* nan);

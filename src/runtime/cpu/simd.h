@@ -48,11 +48,33 @@ template <int W>
 SLIM_INLINE void store(float* p, typename Vec<W>::F v) {
   std::memcpy(p, &v, sizeof v);
 }
+// Broadcast through the integer bits (a float vector + scalar would turn -0 into +0). A
+// loop assigning lanes one by one was compiled, where a constant could not be hoisted,
+// into 16 masked broadcasts per vector: QuantizeLinear ran at scalar speed.
 template <int W>
 SLIM_INLINE typename Vec<W>::F splat(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const typename Vec<W>::I i = typename Vec<W>::I{} + bits;
   typename Vec<W>::F v;
-  for (int i = 0; i < W; ++i) v[i] = x;
+  std::memcpy(&v, &i, sizeof v);
   return v;
+}
+// W 8-bit values (uint8, or int8 when is_signed) widened to int32 lanes. Through 16 bits:
+// GCC 12 compiles the direct byte -> int32 conversion into one scalar insert per lane.
+template <int W>
+SLIM_INLINE typename Vec<W>::I widen_bytes(const uint8_t* x, bool is_signed) {
+  using I = typename Vec<W>::I;
+  if (is_signed) {
+    typedef int16_t H __attribute__((vector_size(W * 2)));
+    typename Bytes<W>::S b;
+    std::memcpy(&b, x, W);
+    return __builtin_convertvector(__builtin_convertvector(b, H), I);
+  }
+  typedef uint16_t H __attribute__((vector_size(W * 2)));
+  typename Bytes<W>::U b;
+  std::memcpy(&b, x, W);
+  return __builtin_convertvector(__builtin_convertvector(b, H), I);
 }
 template <int W>
 SLIM_INLINE typename Vec<W>::F vmax(typename Vec<W>::F a, typename Vec<W>::F b) {

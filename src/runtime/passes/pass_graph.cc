@@ -100,6 +100,8 @@ PassStats optimize_graph(PassGraph& g) {
     run("fold_batch_norm", fold_batch_norm);
     run("fuse_bias_activation", fuse_bias_activation);
     run("fuse_dynamic_quantize_conv", fuse_dynamic_quantize_conv);
+    run("fuse_qdq", fuse_qdq);
+    run("fuse_qdq_elementwise", fuse_qdq_elementwise);
     if (changed == 0) break;
   }
   return stats;

@@ -199,6 +199,76 @@ KernelDef dynamic_quantize_conv_def() {
   return def;
 }
 
+// slim:QLookup: Y[i] = T[X[i]'s byte].
+class QLookupKernel final : public OpKernel {
+ public:
+  void compute(KernelContext& ctx) const override {
+    const Tensor x = ctx.required_input(0).contiguous();
+    const Tensor& t = ctx.required_input(1);
+    if ((x.dtype() != DType::u8 && x.dtype() != DType::i8) ||
+        (t.dtype() != DType::u8 && t.dtype() != DType::i8) || t.numel() != 256)
+      ctx.fail(ErrorCode::invalid_argument, "takes 8-bit X and a table of 256 8-bit values, got " +
+                                                x.describe() + " and " + t.describe());
+    const Tensor tc = t.contiguous();
+    const auto* table = static_cast<const uint8_t*>(tc.raw_data());
+    const auto* in = static_cast<const uint8_t*>(x.raw_data());
+    auto* out = static_cast<uint8_t*>(ctx.output(0, t.dtype(), x.shape()).raw_data());
+    for (int64_t i = 0; i < x.numel(); ++i) out[i] = table[in[i]];
+  }
+};
+
+// slim:QLinearAdd / slim:QLinearMul: ref's DequantizeLinear of A and B, the Add or Mul,
+// and QuantizeLinear, as the nodes they replace.
+class QLinearBinaryKernel final : public OpKernel {
+ public:
+  explicit QLinearBinaryKernel(const Node& node) {
+    if (node.inputs.size() != 8)
+      throw Error(ErrorCode::invalid_model, node.describe() + ": takes 8 inputs (A, A_scale, A_zero_point, "
+                                                              "B, B_scale, B_zero_point, C_scale, C_zero_point)");
+    const auto& r = ref_kernel_registry();
+    for (int k = 0; k < 2; ++k) {
+      dq_node_[k].op_type = "DequantizeLinear";
+      dq_node_[k].inputs = {"x", "s", "z"};
+      dq_node_[k].outputs = {"y"};
+      dq_[k] = r.find("DequantizeLinear", "", 19)->factory(dq_node_[k], 19);
+    }
+    op_node_.op_type = node.op_type == "QLinearAdd" ? "Add" : "Mul";
+    op_node_.inputs = {"a", "b"};
+    op_node_.outputs = {"c"};
+    op_ = r.find(op_node_.op_type, "", 14)->factory(op_node_, 14);
+    q_node_.op_type = "QuantizeLinear";
+    q_node_.inputs = {"x", "s", "z"};
+    q_node_.outputs = {"y"};
+    q_ = r.find("QuantizeLinear", "", 19)->factory(q_node_, 19);
+  }
+  void compute(KernelContext& ctx) const override {
+    std::vector<Tensor> f(2), c(1), y(1);
+    for (int k = 0; k < 2; ++k) {
+      std::vector<Tensor> out(1);
+      const std::vector<const Tensor*> in{ctx.input(3 * k), ctx.input(3 * k + 1), ctx.input(3 * k + 2)};
+      KernelContext dq(dq_node_[k], in, &out, nullptr, &ctx.pool());
+      dq_[k]->compute(dq);
+      f[size_t(k)] = out[0];
+    }
+    const std::vector<const Tensor*> op_in{&f[0], &f[1]}, q_in{&c[0], ctx.input(6), ctx.input(7)};
+    KernelContext op(op_node_, op_in, &c, nullptr, &ctx.pool());
+    op_->compute(op);
+    KernelContext q(q_node_, q_in, &y, nullptr, &ctx.pool());
+    q_->compute(q);
+    ctx.set_output(0, y[0]);
+  }
+
+ private:
+  Node dq_node_[2], op_node_, q_node_;
+  std::unique_ptr<OpKernel> dq_[2], op_, q_;
+};
+
+KernelDef simple_fused_def(const char* op, std::function<std::unique_ptr<OpKernel>(const Node&)> make) {
+  return KernelDef{op, kFusedDomain, kFusedOpset, INT_MAX,
+                   [make](const Node& n, int64_t) -> std::unique_ptr<OpKernel> { return make(n); },
+                   {}};
+}
+
 }  // namespace
 
 void register_fused_kernels(KernelRegistry& r) {
@@ -207,6 +277,9 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(fused_def("FusedGemm", "Gemm", 3, 13));
   r.add(fused_def("FusedMatMul", "MatMul", 2, 13));
   r.add(dynamic_quantize_conv_def());
+  r.add(simple_fused_def("QLookup", [](const Node&) { return std::make_unique<QLookupKernel>(); }));
+  for (const char* op : {"QLinearAdd", "QLinearMul"})
+    r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearBinaryKernel>(n); }));
 }
 
 }  // namespace slim::ref

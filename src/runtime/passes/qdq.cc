@@ -1,0 +1,305 @@
+// fuse_qdq: a QDQ model's DequantizeLinear(x), DequantizeLinear(w) [, DequantizeLinear(bias)]
+// -> Conv or MatMul -> QuantizeLinear(y) becomes QLinearConv / QLinearMatMul, the form
+// ONNX Runtime's QDQ transformer gives it: the 8-bit source and weights go to an integer
+// product and its int32 sums (plus the int32 bias) are requantized to y's scale once,
+// instead of dequantizing both sides, multiplying in f32 and quantizing the result.
+// Then the elementwise ops between them stay on bytes: DequantizeLinear -> op ->
+// QuantizeLinear whose dequantized inputs all derive from one 8-bit tensor becomes a
+// 256-entry slim:QLookup (HardSwish written out as Add, Clip, Mul, Div collapses into
+// one), and an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul.
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "runtime/passes/pass_util.h"
+#include "slim/core/thread_pool.h"
+#include "slim/runtime/fused_ops.h"
+#include "slim/runtime/kernel.h"
+
+namespace slim {
+
+using namespace passes;
+
+namespace {
+
+bool is_op(const Node* n, const char* op) {
+  return n && n->domain.empty() && n->op_type == op;
+}
+
+bool is_8bit(const Tensor* t) {
+  return t && (t->dtype() == DType::u8 || t->dtype() == DType::i8);
+}
+
+// A DequantizeLinear or QuantizeLinear whose scale is one constant f32 and whose zero
+// point is one constant 8-bit value: the parameters of an activation.
+bool per_tensor(const PassGraph& g, const Node* n) {
+  if (!n || n->inputs.size() != 3 || n->attr_int("block_size", 0) != 0) return false;
+  const Tensor* s = g.constant(n->inputs[1]);
+  const Tensor* z = g.constant(n->inputs[2]);
+  return s && s->dtype() == DType::f32 && s->numel() == 1 && is_8bit(z) && z->numel() == 1;
+}
+
+// A DequantizeLinear of constant 8-bit weights with one scale and zero point, or one per
+// index of `axis` (`channels` of them).
+bool weight_dq(const PassGraph& g, const Node* n, int64_t axis, int64_t channels) {
+  if (!is_op(n, "DequantizeLinear") || n->inputs.size() != 3 || n->attr_int("block_size", 0) != 0)
+    return false;
+  const Tensor* w = g.constant(n->inputs[0]);
+  const Tensor* s = g.constant(n->inputs[1]);
+  const Tensor* z = g.constant(n->inputs[2]);
+  if (!is_8bit(w) || !s || s->dtype() != DType::f32 || !z || z->dtype() != w->dtype() ||
+      z->numel() != s->numel())
+    return false;
+  if (s->numel() == 1) return true;
+  const int64_t a = n->attr_int("axis", 1);
+  return s->rank() == 1 && s->numel() == channels && (a < 0 ? a + w->rank() : a) == axis;
+}
+
+// A DequantizeLinear of a constant int32 bias [channels] at scale x_scale * w_scale[c]
+// with zero point 0: QLinearConv adds it to the sums as it is.
+bool bias_dq(const PassGraph& g, const Node* n, int64_t channels, float x_scale, const Tensor& ws) {
+  if (!is_op(n, "DequantizeLinear") || n->inputs.size() < 2) return false;
+  const Tensor* b = g.constant(n->inputs[0]);
+  const Tensor* s = g.constant(n->inputs[1]);
+  const Tensor* z = n->inputs.size() > 2 ? g.constant(n->inputs[2]) : nullptr;
+  if (!b || b->dtype() != DType::i32 || b->numel() != channels || !s ||
+      s->dtype() != DType::f32 || (s->numel() != 1 && s->numel() != channels))
+    return false;
+  if (n->inputs.size() > 2 && (!z || z->dtype() != DType::i32)) return false;
+  const Tensor sc = s->contiguous(), wc = ws.contiguous();
+  for (int64_t c = 0; c < channels; ++c) {
+    if (z && z->contiguous().data<int32_t>()[z->numel() == 1 ? 0 : c] != 0) return false;
+    const double want = double(x_scale) * wc.data<float>()[wc.numel() == 1 ? 0 : c];
+    const double have = sc.data<float>()[sc.numel() == 1 ? 0 : c];
+    if (std::fabs(have - want) > 1e-6 * std::fabs(want)) return false;
+  }
+  return true;
+}
+
+// Elementwise ops whose output has the shape of their one non-scalar input: on per-tensor
+// quantized bytes each is a function of the byte alone.
+bool elementwise_op(const Node* n) {
+  static const char* const kOps[] = {"Add",  "Sub",         "Mul",       "Div",     "Max",
+                                     "Min",  "Relu",        "Clip",      "LeakyRelu", "HardSigmoid",
+                                     "HardSwish", "Sigmoid", "Tanh",     "Neg",     "Abs"};
+  if (!n || !n->domain.empty() || n->outputs.size() != 1) return false;
+  for (const char* op : kOps)
+    if (n->op_type == op) return true;
+  return false;
+}
+
+// Runs one node on ref's kernel (the oracle every fused kernel equals).
+Tensor run_ref(const PassGraph& g, const Node& n, const std::vector<const Tensor*>& ins) {
+  const auto opset = g.opsets.find(n.domain);
+  const KernelDef* def =
+      opset == g.opsets.end() ? nullptr : ref_kernel_registry().find(n.op_type, n.domain, opset->second);
+  if (!def) throw Error(ErrorCode::unsupported, n.describe() + ": no ref kernel");
+  std::vector<Tensor> outs(n.outputs.size());
+  KernelContext ctx(n, ins, &outs, nullptr, &default_thread_pool());
+  def->factory(n, opset->second)->compute(ctx);
+  return outs[0];
+}
+
+// 256 bytes of `t` (u8 or i8): the table index is the byte's bit pattern.
+Tensor byte_values(DType t, const uint8_t* bytes) {
+  Tensor v(t, {256});
+  std::memcpy(v.raw_data(), bytes, 256);
+  return v;
+}
+
+}  // namespace
+
+int64_t fuse_qdq_elementwise(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  std::unordered_map<std::string, Node*> producer;
+  for (const auto& n : g.nodes)
+    if (n)
+      for (const auto& o : n->outputs) producer[o] = n.get();
+  auto made_by = [&](const std::string& v) -> Node* {
+    auto it = producer.find(v);
+    return it == producer.end() ? nullptr : it->second;
+  };
+  auto is_lookup = [](const Node* n) {
+    return n && n->domain == kFusedDomain && n->op_type == "QLookup";
+  };
+  auto drop = [&](Node* n) {
+    index.remove(n);
+    remove_at(g, pos.at(n));
+  };
+  // The dtype of each root: its DequantizeLinear's zero point's (the first one reads it).
+  std::unordered_map<std::string, DType> byte_type;
+  for (const auto& n : g.nodes)
+    if (is_op(n.get(), "DequantizeLinear") && per_tensor(g, n.get()))
+      byte_type[n->inputs[0]] = g.constant(n->inputs[2])->dtype();
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* q = g.nodes[i].get();
+    if (!is_op(q, "QuantizeLinear") || !per_tensor(g, q)) continue;
+    Node* op = made_by(q->inputs[0]);
+    if (!elementwise_op(op) || index.sole_reader(op->outputs[0]) != q) continue;
+    // Each input: a scalar constant, or a per-tensor DequantizeLinear of bytes that are a
+    // table of a root tensor (the bytes themselves, or a QLookup's source).
+    std::vector<Node*> dqs;
+    std::string root;
+    bool one_root = true, ok = true, ranked_constant = false;
+    for (const auto& in : op->inputs) {
+      if (in.empty()) continue;
+      if (const Tensor* c = g.constant(in)) {
+        ok = ok && c->numel() == 1;
+        ranked_constant = ranked_constant || c->rank() > 0;
+        continue;
+      }
+      Node* dq = made_by(in);
+      if (!is_op(dq, "DequantizeLinear") || !per_tensor(g, dq)) {
+        ok = false;
+        break;
+      }
+      dqs.push_back(dq);
+      Node* l = made_by(dq->inputs[0]);
+      const std::string& r = is_lookup(l) ? l->inputs[0] : dq->inputs[0];
+      one_root = one_root && (root.empty() || r == root);
+      root = r;
+    }
+    if (!ok || dqs.empty()) continue;
+    auto fused = std::make_unique<Node>();
+    fused->domain = kFusedDomain;
+    fused->name = op->name;
+    fused->outputs = q->outputs;
+    if (one_root) {
+      // The table: the ref kernels of DequantizeLinear, op and QuantizeLinear over every
+      // byte value of the root, through the tables of QLookups on the way.
+      // (A one-element constant of higher rank than the root would broadcast its shape.)
+      const auto rs = g.shape_of(root), ys = g.shape_of(q->outputs[0]);
+      if (ranked_constant && (!rs || !ys || *rs != *ys)) continue;
+      const auto bt = byte_type.find(root);
+      const auto rt = bt != byte_type.end() ? std::optional<DType>(bt->second) : g.dtype_of(root);
+      if (!rt) continue;
+      std::array<uint8_t, 256> all;
+      for (int b = 0; b < 256; ++b) all[size_t(b)] = uint8_t(b);
+      std::unordered_map<std::string, Tensor> floats;
+      try {
+        for (Node* dq : dqs) {
+          Node* l = made_by(dq->inputs[0]);
+          Tensor bytes = byte_values(*rt, all.data());
+          if (is_lookup(l)) {
+            const Tensor& t = *g.constant(l->inputs[1]);
+            std::array<uint8_t, 256> mapped;
+            for (int b = 0; b < 256; ++b)
+              mapped[size_t(b)] = static_cast<const uint8_t*>(t.raw_data())[b];
+            bytes = byte_values(t.dtype(), mapped.data());
+          }
+          floats[dq->outputs[0]] =
+              run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
+
+        }
+        std::vector<const Tensor*> ins;
+        for (const auto& in : op->inputs)
+          ins.push_back(in.empty() ? nullptr : floats.count(in) ? &floats[in] : g.constant(in));
+        const Tensor y = run_ref(g, *op, ins);
+        if (y.numel() != 256) continue;
+        const Tensor t = run_ref(g, *q, {&y, g.constant(q->inputs[1]), g.constant(q->inputs[2])});
+        fused->op_type = "QLookup";
+        fused->inputs = {root, g.add_constant(q->outputs[0] + "_table", t.clone())};
+      } catch (const Error&) {
+        continue;  // the node fails at run time too, with its own message
+      }
+    } else if ((op->op_type == "Add" || op->op_type == "Mul") && dqs.size() == 2 &&
+               op->inputs.size() == 2) {
+      fused->op_type = "QLinear" + op->op_type;
+      fused->inputs = {dqs[0]->inputs[0], dqs[0]->inputs[1], dqs[0]->inputs[2],
+                       dqs[1]->inputs[0], dqs[1]->inputs[1], dqs[1]->inputs[2],
+                       q->inputs[1],      q->inputs[2]};
+    } else {
+      continue;
+    }
+    const size_t at = pos.at(q);
+    drop(op);
+    index.remove(q);
+    g.removed.push_back(std::move(g.nodes[at]));
+    index.add(fused.get());
+    pos[fused.get()] = at;
+    producer[fused->outputs[0]] = fused.get();
+    g.nodes[at] = std::move(fused);
+    // The DequantizeLinear nodes, and QLookups that only fed them, when nothing else reads them.
+    for (Node* dq : dqs) {
+      if (!pos.count(dq) || !g.nodes[pos.at(dq)] || !index.readers(dq->outputs[0]).empty() ||
+          index.pinned(dq->outputs[0]))
+        continue;
+      Node* l = made_by(dq->inputs[0]);
+      drop(dq);
+      if (is_lookup(l) && g.nodes[pos.at(l)] && index.readers(l->outputs[0]).empty() &&
+          !index.pinned(l->outputs[0]))
+        drop(l);
+    }
+    g.opsets[kFusedDomain] = kFusedOpset;
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
+int64_t fuse_qdq(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  std::unordered_map<std::string, Node*> producer;
+  for (const auto& n : g.nodes)
+    if (n)
+      for (const auto& o : n->outputs) producer[o] = n.get();
+  auto made_by = [&](const std::string& v) -> Node* {
+    auto it = producer.find(v);
+    return it == producer.end() ? nullptr : it->second;
+  };
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* op = g.nodes[i].get();
+    const bool conv = is_op(op, "Conv");
+    if (!(conv || is_op(op, "MatMul")) || op->outputs.size() != 1) continue;
+    if (op->inputs.size() < 2 || op->inputs.size() > (conv ? 3u : 2u)) continue;
+    Node* dx = made_by(op->inputs[0]);
+    Node* dw = made_by(op->inputs[1]);
+    Node* q = index.sole_reader(op->outputs[0]);
+    if (!is_op(dx, "DequantizeLinear") || !per_tensor(g, dx) || !is_op(q, "QuantizeLinear") ||
+        !per_tensor(g, q) || !dw)
+      continue;
+    const Tensor* w = g.constant(dw->inputs[0]);
+    if (!w || w->rank() < 2 || (!conv && w->rank() != 2)) continue;
+    // Conv weights [M, C/group, k...] scale along M; MatMul's B [K, N] along N.
+    const int64_t axis = conv ? 0 : 1, channels = w->shape()[size_t(axis)];
+    if (!weight_dq(g, dw, axis, channels)) continue;
+    Node* db = conv && op->inputs.size() == 3 ? made_by(op->inputs[2]) : nullptr;
+    if (conv && op->inputs.size() == 3 &&
+        !bias_dq(g, db, channels, g.constant(dx->inputs[1])->data<float>()[0],
+                 *g.constant(dw->inputs[1])))
+      continue;
+    auto fused = std::make_unique<Node>();
+    fused->op_type = conv ? "QLinearConv" : "QLinearMatMul";
+    fused->name = op->name;
+    fused->attrs = op->attrs;
+    fused->inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2], dw->inputs[0],
+                     dw->inputs[1], dw->inputs[2], q->inputs[1],  q->inputs[2]};
+    if (db) fused->inputs.push_back(db->inputs[0]);
+    fused->outputs = q->outputs;
+    // In the QuantizeLinear's place: the inputs are ready there and its readers follow.
+    const size_t at = pos.at(q);
+    index.remove(op);
+    remove_at(g, pos.at(op));
+    index.remove(q);
+    g.removed.push_back(std::move(g.nodes[at]));
+    for (Node* d : {dx, dw, db})
+      if (d && index.readers(d->outputs[0]).empty() && !index.pinned(d->outputs[0])) {
+        index.remove(d);
+        remove_at(g, pos.at(d));
+      }
+    index.add(fused.get());
+    pos[fused.get()] = at;
+    g.nodes[at] = std::move(fused);
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
+}  // namespace slim
