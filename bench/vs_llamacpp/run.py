@@ -22,7 +22,8 @@ quantized from the Q8_0 file by slim quantize). The greedy comparison runs on th
 two split models.
 
 Usage: bench/vs_llamacpp/run.py [--slim BUILD/tools/slim] [--isa native|avx2|avx512] [--repeats 3]
-                                [--layers 22] [--skip-1b] [--moe] [--model FILE.gguf ...]
+                                [--layers 22] [--skip-1b] [--moe] [--moe-types q8_0,q4_0,q4_k_m]
+                                [--model FILE.gguf ...]
 Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/node_modules.
 
 --isa avx2 holds both engines to AVX2: slim through SLIM_ISA=avx2, and llama.cpp through a
