@@ -17,11 +17,13 @@ splits) with flash attention off.
 shared/models/heldout-long.txt): Mixtral's layout with 4 experts, 2 per token, and qwen2moe
 with 4 experts, 2 per token, and a shared expert; and random-weight Mixtral-layout and
 qwen2moe models of 1.9 B and 2.3 B parameters (0.66 B and 1.1 B active per token;
-make_random_llama.py --moe, 12 layers) at Q8_0 and Q4_0. The greedy comparison runs on the
+make_random_llama.py --moe, 12 layers) at Q8_0, Q4_0 and Q4_K_M (--moe-types; Q4_K_M
+quantized from the Q8_0 file by slim quantize). The greedy comparison runs on the
 two split models.
 
 Usage: bench/vs_llamacpp/run.py [--slim BUILD/tools/slim] [--isa native|avx2|avx512] [--repeats 3]
-                                [--layers 22] [--skip-1b] [--moe] [--model FILE.gguf ...]
+                                [--layers 22] [--skip-1b] [--moe] [--moe-types q8_0,q4_0,q4_k_m]
+                                [--model FILE.gguf ...]
 Installs node-llama-cpp@3.21.1 (npm --ignore-scripts) into bench/vs_llamacpp/node_modules.
 
 --isa avx2 holds both engines to AVX2: slim through SLIM_ISA=avx2, and llama.cpp through a
@@ -106,6 +108,19 @@ def slimlm_moe(slim, shared, arch):
     return path
 
 
+def random_moe(slim, qtype, layers, kind):
+    """The random MoE model of make_random_llama.py at qtype; q4_k_m is `slim quantize`d from
+    its Q8_0 file (llama-quantize's mix: Q4_K, Q6_K for the output, attn_v and ffn_down_exps of
+    some layers), made if missing."""
+    if qtype != "q4_k_m":
+        return llamacpp.random_llama(qtype, layers, kind)
+    path = os.path.join(WORK, "random-moe-%s-q4_k_m-L%d.gguf" % (kind, layers))
+    if not os.path.exists(path):
+        sh([slim, "quantize", llamacpp.random_llama("q8_0", layers, kind), path + ".tmp", "--type", "q4_k_m"])
+        os.rename(path + ".tmp", path)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--slim", default=os.path.join(ROOT, "build", "tools", "slim"))
@@ -124,6 +139,7 @@ def main():
     ap.add_argument("--skip-greedy", action="store_true", help="skip the greedy-decoding comparison")
     ap.add_argument("--moe", action="store_true", help="Mixture-of-Experts models instead (see the docstring)")
     ap.add_argument("--moe-layers", type=int, default=12)
+    ap.add_argument("--moe-types", default="q8_0,q4_0,q4_k_m", help="weight types of the random MoE rows")
     a = ap.parse_args()
     llamacpp.ensure_node_llama_cpp(HERE)
     os.makedirs(WORK, exist_ok=True)
@@ -156,8 +172,8 @@ def main():
         models = [(os.path.basename(m), m) for m in a.model]
     elif a.moe:
         for kind, size in (("mixtral", "1.9B"), ("qwen2moe", "2.3B")):
-            for q in ("q8_0", "q4_0"):
-                models.append(("%s-%s %s" % (kind, size, q.upper()), llamacpp.random_llama(q, a.moe_layers, kind)))
+            for q in a.moe_types.split(","):
+                models.append(("%s-%s %s" % (kind, size, q.upper()), random_moe(a.slim, q, a.moe_layers, kind)))
     elif not a.skip_1b:
         for q in ("q8_0", "q4_0"):
             path = llamacpp.random_llama(q, a.layers)

@@ -37,7 +37,8 @@ int64_t f16_copy_offset(int64_t n) { return (n * 2 + 63) / 64 * 64; }
 int64_t q8_0_aux_offset(int64_t n) { return (n / 32 * int64_t(sizeof(BlockQ8_0)) + n / 128 * 192 + 7) / 8 * 8; }
 
 bool repackable_x16(GgmlType type) {
-  return type == GgmlType::f16 || type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_k;
+  return type == GgmlType::f16 || type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_k ||
+         type == GgmlType::q6_k;
 }
 
 namespace {
@@ -69,6 +70,24 @@ void repack_q4_k_x16(uint8_t* rows16, int64_t n) {
   }
 }
 
+// Q6_K: per column of super-blocks, the 16 rows' d (32 bytes), their 16 scales byte-major
+// (scale k of row r at 32 + 16k + r), the 128 ql bytes as 32 vectors and the 64 qh bytes
+// as 16 (vector v holds bytes 4v..4v+3 of every row, row r at 4r): 3,360 bytes.
+void repack_q6_k_x16(uint8_t* rows16, int64_t n) {
+  const int64_t nb = n / 256, row_bytes = nb * int64_t(sizeof(BlockQ6K));
+  std::vector<uint8_t> src(rows16, rows16 + 16 * row_bytes);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* o = rows16 + b * 16 * int64_t(sizeof(BlockQ6K));
+    for (int r = 0; r < 16; ++r) {
+      const auto* blk = reinterpret_cast<const BlockQ6K*>(src.data() + r * row_bytes) + b;
+      std::memcpy(o + 2 * r, &blk->d, 2);
+      for (int k = 0; k < 16; ++k) o[32 + 16 * k + r] = uint8_t(blk->scales[k]);
+      for (int v = 0; v < 32; ++v) std::memcpy(o + 288 + 64 * v + 4 * r, blk->ql + 4 * v, 4);
+      for (int v = 0; v < 16; ++v) std::memcpy(o + 2336 + 64 * v + 4 * r, blk->qh + 4 * v, 4);
+    }
+  }
+}
+
 // F16: column c holds the 16 rows' values (value of row r at 16c + r).
 void repack_f16_x16(uint8_t* rows16, int64_t n) {
   std::vector<uint16_t> src(size_t(16 * n));
@@ -83,6 +102,7 @@ void repack_f16_x16(uint8_t* rows16, int64_t n) {
 void repack_x16(GgmlType type, uint8_t* rows16, int64_t n) {
   if (!repackable_x16(type)) throw Error(ErrorCode::unsupported, "no 16-row layout for " + ggml_type_name(uint32_t(type)));
   if (type == GgmlType::q4_k) return repack_q4_k_x16(rows16, n);
+  if (type == GgmlType::q6_k) return repack_q6_k_x16(rows16, n);
   if (type == GgmlType::f16) return repack_f16_x16(rows16, n);
   const bool q8 = type == GgmlType::q8_0;
   const int64_t nb = n / 32, block = q8 ? int64_t(sizeof(BlockQ8_0)) : int64_t(sizeof(BlockQ4_0));
@@ -299,6 +319,39 @@ void tile_q4_k_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x,
         }
         acc = std::fma(float(sumi), f16_to_f32(d) * xb[b].d, acc);
         acc = std::fma(-float(summ), f16_to_f32(dmin) * xb[b].d, acc);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
+// Repacked Q6_K against Q8_K activations: per (row, token), block by block,
+// acc = fma(float(sum over the 16 sub-blocks of sc_j x (codes . x_j - 32 bsum_j)), d x dx, acc).
+// Element e = 128h + 32k + l (l < 32) has the low nibble of ql byte 64h + 32(k & 1) + l
+// (the high one for k >= 2) and bits 2k, 2k + 1 of qh byte 32h + l, as in ggml.
+void tile_q6_k_x16_scalar(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                          int64_t ldy) {
+  const int64_t nb = n / 256, column = 16 * int64_t(sizeof(BlockQ6K));
+  for (int t = 0; t < nt; ++t) {
+    const auto* xb = reinterpret_cast<const BlockQ8K*>(x + t * xs);
+    for (int r = 0; r < nr; ++r) {
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* col = w + b * column;
+        uint16_t d;
+        std::memcpy(&d, col + 2 * r, 2);
+        int32_t sumi = 0;
+        for (int j = 0; j < 16; ++j) {
+          int32_t dot = -32 * xb[b].bsums[j];
+          for (int e = 16 * j; e < 16 * j + 16; ++e) {
+            const int h = e / 128, k = e % 128 / 32, l = e % 32;
+            const int ql = 64 * h + 32 * (k & 1) + l, qh = 32 * h + l;
+            const uint8_t lo = col[288 + 64 * (ql / 4) + 4 * r + ql % 4], hi = col[2336 + 64 * (qh / 4) + 4 * r + qh % 4];
+            dot += int(((k >= 2 ? lo >> 4 : lo) & 0xF) | ((hi >> 2 * k) & 3) << 4) * xb[b].qs[e];
+          }
+          sumi += int32_t(int8_t(col[32 + 16 * j + r])) * dot;
+        }
+        acc = std::fma(float(sumi), f16_to_f32(d) * xb[b].d, acc);
       }
       y[t * ldy + r] = acc;
     }
@@ -1281,6 +1334,77 @@ void tile_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_
   with_token_count<8>(nt, [&](auto NT) { tile_x16_vnni_t<NT.value, Q8>(n, w, nr, x, xs, y, ldy); });
 }
 
+// Repacked Q6_K (repack_x16): lane r is row r. A column goes in four chunks of 16 code
+// vectors (4 consecutive codes of each row), built once for all NT tokens from 8 ql and 4 qh
+// vectors; each token's sub-block dot is 4 dpbusd started at -32 x the activations' sum
+// (the codes are stored +32), weighted by the rows' scale.
+template <int NT>
+void tile_q6_k_x16_vnni_t(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, float* y,
+                          int64_t ldy) {
+  constexpr int64_t kColumn = 16 * int64_t(sizeof(BlockQ6K));
+  const int64_t nb = n / 256;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* col = w + b * kColumn;
+    for (int64_t o = 0; o < kColumn; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(col + 2 * kColumn + o), _MM_HINT_T0);
+    __m512i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h)
+      for (int g = 0; g < 2; ++g) {
+        // c[k][i]: elements 128h + 32k + 16g + 4i .. +3, sub-block 8h + 2k + g.
+        __m512i c[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512i l1 = _mm512_loadu_si512(col + 288 + 64 * (16 * h + 4 * g + i));
+          const __m512i l2 = _mm512_loadu_si512(col + 288 + 64 * (16 * h + 4 * g + i + 8));
+          const __m512i qh = _mm512_loadu_si512(col + 2336 + 64 * (8 * h + 4 * g + i));
+          c[0][i] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+          c[1][i] = _mm512_or_si512(_mm512_and_si512(l2, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+          c[2][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(qh, m30));
+          c[3][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l2, 4), m4),
+                                    _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+        }
+        __m512i sc[4];
+        for (int k = 0; k < 4; ++k)
+          sc[k] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 32 + 16 * (8 * h + 2 * k + g))));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          const BlockQ8K& xb = reinterpret_cast<const BlockQ8K*>(x + t * xs)[b];
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            const int8_t* qx = xb.qs + 128 * h + 32 * k + 16 * g;
+            __m512i dk = _mm512_set1_epi32(-32 * xb.bsums[8 * h + 2 * k + g]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) {
+              int32_t a;
+              std::memcpy(&a, qx + 4 * i, 4);
+              dk = _mm512_dpbusd_epi32(dk, c[k][i], _mm512_set1_epi32(a));
+            }
+            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(dk, sc[k]));
+          }
+        }
+      }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+    for (int t = 0; t < NT; ++t) {
+      const __m512 dx = _mm512_set1_ps(reinterpret_cast<const BlockQ8K*>(x + t * xs)[b].d);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(dw, dx), acc[t]);
+    }
+  }
+  const __mmask16 m = __mmask16((1u << nr) - 1);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, acc[t]);
+}
+
+void tile_q6_k_x16_vnni(int64_t n, const uint8_t* w, int nr, const uint8_t* x, int64_t xs, int nt, float* y,
+                        int64_t ldy) {
+  for (int t0 = 0; t0 < nt; t0 += 4)
+    with_token_count<4>(std::min(4, nt - t0), [&](auto NT) {
+      tile_q6_k_x16_vnni_t<NT.value>(n, w, nr, x + t0 * xs, xs, y + t0 * ldy, ldy);
+    });
+}
+
 // Repacked Q4_K (repack_x16): lane r is row r. Per column the 16 rows' sub-block scales
 // and mins are unpacked once into int32 vectors; each token's sub-block dot is 4 dpbusd
 // (32 codes per row), weighted by its scale, and the mins term comes from the
@@ -1588,7 +1712,8 @@ KernelSet make_scalar() {
   return {"scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar, dot_q4_0_scalar,
           dot_q4_k_scalar, dot_q6_k_scalar, quantize_q8_0_scalar, quantize_q8_k_scalar, axpy_f16_scalar,
           f32_to_f16_row_scalar, silu_mul_scalar, argmax_scalar, nullptr, nullptr, nullptr, nullptr, nullptr,
-          tile_x16_scalar<true>, tile_x16_scalar<false>, tile_q4_k_x16_scalar, tile_f16_x16_scalar};
+          tile_x16_scalar<true>, tile_x16_scalar<false>, tile_q4_k_x16_scalar, tile_f16_x16_scalar, nullptr,
+          tile_q6_k_x16_scalar};
 }
 
 #if defined(__x86_64__)
@@ -1619,6 +1744,7 @@ KernelSet make_vnni() {
   k.tile_q8_0x16 = tile_x16_vnni<true>;
   k.tile_q4_0x16 = tile_x16_vnni<false>;
   k.tile_q4_kx16 = tile_q4_k_x16_vnni;
+  k.tile_q6_kx16 = tile_q6_k_x16_vnni;
   k.tile_f16x16 = tile_f16_x16_avx512;
   k.tile_f16x32 = tile_f16_x32_avx512;
   k.silu_mul = silu_mul_avx512;
@@ -1703,6 +1829,7 @@ Tile16Fn tile16_fn(const KernelSet& k, GgmlType weight) {
     case GgmlType::q8_0: return k.tile_q8_0x16;
     case GgmlType::q4_0: return k.tile_q4_0x16;
     case GgmlType::q4_k: return k.tile_q4_kx16;
+    case GgmlType::q6_k: return k.tile_q6_kx16;
     case GgmlType::f16: return k.tile_f16x16;
     default: return nullptr;
   }

@@ -383,6 +383,28 @@ TEST(Kernels, RepackedQ4KTilesMatchTheBlockByBlockReference) {
     });
 }
 
+// Q6_K against Q8_K activations: per super-block, the sub-block dots of the signed codes
+// weighted by their scales in one FMA.
+TEST(Kernels, RepackedQ6KTilesMatchTheBlockByBlockReference) {
+  for (const int64_t n : {int64_t(256), int64_t(256 * 3)})
+    check_repacked_tiles(GgmlType::q6_k, n, [&](const uint8_t* wr, const uint8_t* x) {
+      const auto* w = reinterpret_cast<const BlockQ6K*>(wr);
+      const auto* a = reinterpret_cast<const BlockQ8K*>(x);
+      float acc = 0;
+      for (int64_t b = 0; b < n / 256; ++b) {
+        int sumi = 0;
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, k = e % 128 / 32, l = e % 32;
+          const uint8_t lo = w[b].ql[64 * h + 32 * (k & 1) + l], hi = w[b].qh[32 * h + l];
+          const int q = int(((k >= 2 ? lo >> 4 : lo) & 0xF) | ((hi >> 2 * k) & 3) << 4) - 32;
+          sumi += w[b].scales[e / 16] * q * a[b].qs[e];
+        }
+        acc = std::fma(float(sumi), f16_to_f32(w[b].d) * a[b].d, acc);
+      }
+      return acc;
+    });
+}
+
 // F16 tiles read the f32 copy that their kernel set's quantize_act_row appends; at
 // lengths off the vector width (masked steps and scalar tails) they still give exactly
 // the single dot's bits.

@@ -37,16 +37,17 @@ struct Q8Aux {
 // Where the Q8Aux array of a q8_0 activation row of n values starts.
 int64_t q8_0_aux_offset(int64_t n);
 
-// F16, Q8_0, Q4_0 and Q4_K weights repacked 16 rows at a time, for tiles that keep one row
-// per 32-bit lane (KernelSet::tile_f16x16 / tile_q8_0x16 / tile_q4_0x16 / tile_q4_kx16).
+// F16, Q8_0, Q4_0, Q4_K and Q6_K weights repacked 16 rows at a time, for tiles that keep one row
+// per 32-bit lane (KernelSet::tile_f16x16 / tile_q8_0x16 / tile_q4_0x16 / tile_q4_kx16 / tile_q6_kx16).
 // F16: column c is the 16 rows' values (row r at 16c + r). Per column of blocks b: the 16 rows' f16
 // scales (32 bytes), then their codes as 64-byte vectors, vector k holding bytes
 // 4k..4k+3 of every row's codes (row r at bytes 4r..4r+3): eight vectors of Q8_0 codes
 // offset by 128 (unsigned), four of Q4_0 code bytes (two 4-bit codes each). A column is
 // exactly the size of the 16 GGUF blocks it replaces, so a matrix is repacked in place,
 // 16 rows of n values at a time. Q4_K columns hold 16 super-blocks: the rows' d, dmin,
-// their 12 scale bytes byte-major, then 32 code vectors (2,304 bytes). Q4_K tiles read
-// Q8_K activations, F16 tiles f16 ones (their f32 copy); the others read Q8_0.
+// their 12 scale bytes byte-major, then 32 code vectors (2,304 bytes); Q6_K columns the
+// rows' d, their 16 scales byte-major, 32 ql and 16 qh vectors (3,360 bytes). K-quant tiles
+// read Q8_K activations, F16 tiles f16 ones (their f32 copy); the others read Q8_0.
 bool repackable_x16(GgmlType type);
 void repack_x16(GgmlType type, uint8_t* rows16, int64_t n);
 
@@ -93,6 +94,8 @@ struct KernelSet {
   // F16 only: two consecutive groups of 16 repacked rows (16 < nr <= 32) against nt <= 4
   // tokens, the same bits as tile_f16x16 on each group; for batches of 4 or more tokens.
   Tile16Fn tile_f16x32 = nullptr;
+  // Q6_K (one FMA per block, as Q8_0); AVX-512 VNNI and scalar only.
+  Tile16Fn tile_q6_kx16 = nullptr;
 };
 
 // The best set at core's active_isa() (the CPU's level, lowered by SLIM_ISA / --isa).
