@@ -82,7 +82,8 @@ void ThreadPool::worker_loop() {
 void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock, bool worker) {
   // Read before the chunks: the caller clears it once the last chunk is done.
   CpuTimeAccount* const account = worker ? job_account_ : nullptr;
-  const int64_t start_ns = account ? thread_cpu_ns() : 0;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = account ? Clock::now() : Clock::time_point();
   while (next_chunk_ < num_chunks_) {
     const int64_t c = next_chunk_++;
     const auto* job = job_;
@@ -98,7 +99,8 @@ void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock, bool worker) {
     t_in_parallel = false;
     lock.lock();
     if (err && !error_) error_ = err;
-    if (account && next_chunk_ >= num_chunks_) account->add_ns(thread_cpu_ns() - start_ns);
+    if (account && next_chunk_ >= num_chunks_)
+      account->add_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
     done_.store(++chunks_done_, std::memory_order_release);
     if (chunks_done_ == num_chunks_) done_cv_.notify_all();
   }

@@ -15,9 +15,13 @@
 namespace slim {
 
 // CPU time of one piece of work (a request, a benchmark run), summed over the threads that
-// ran it: the thread that opened a CpuTimeScope on it, and the pool workers while they run
-// chunks of that thread's parallel_for calls. Energy attribution splits a window's energy
-// by these. Threads outside the pool (oneDNN's OpenMP team) are not seen.
+// ran it: the thread that opened a CpuTimeScope on it (its thread CPU clock), and the pool
+// workers while they run chunks of that thread's parallel_for calls (the steady clock over
+// the chunks: a worker runs them without blocking, so that is its CPU time unless the OS
+// takes the core away meanwhile, and it costs no system call, where a thread CPU clock
+// read costs about a microsecond on a VM, twice per job per worker). Energy attribution
+// splits a window's energy by these. Threads outside the pool (oneDNN's OpenMP team) are
+// not seen.
 class CpuTimeAccount {
  public:
   double seconds() const { return double(ns_.load(std::memory_order_relaxed)) * 1e-9; }
