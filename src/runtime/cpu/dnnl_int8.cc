@@ -839,7 +839,23 @@ KernelDef matmul_integer_def() {
 // its sums dequantized by x_scale * w_scale[oc] with the bias and Relu, as the unfused
 // nodes round them. It reads and writes f32 in NCHW or NHWC, whichever its neighbours
 // agree on (a chain of them runs channels-last throughout).
-class DynamicQuantizeConvKernel final : public OpKernel {
+// A convolution that reads x and writes y NCHW, or NHWC (layouts nhwc_x_ and nhwc_y_, set by
+// the kernel) where its neighbours agree, so chains of them hand data on channels-last.
+class ChannelsLastConv : public OpKernel {
+ public:
+  uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
+  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_x_; }
+  uint64_t wanted_input_layout(int i) const override { return i == 0 ? nhwc_x_ : 0; }
+  bool can_write_output_in(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_y_; }
+  void use_private_output(int i, uint64_t) override { y_channels_last_ = i == 0; }
+  void use_private_input(int i, uint64_t) override { x_channels_last_ = x_channels_last_ || i == 0; }
+
+ protected:
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool x_channels_last_ = false, y_channels_last_ = false;
+};
+
+class DynamicQuantizeConvKernel final : public ChannelsLastConv {
  public:
   DynamicQuantizeConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, ActivationSpec act)
       : conv_(info.node, g, *info.input(1).constant, info.input(2).constant, false, DType::f32),
@@ -860,18 +876,6 @@ class DynamicQuantizeConvKernel final : public OpKernel {
     *dtype = DType::f32;
     *shape = conv_.geometry().y;
     return i == 0;
-  }
-  uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
-  bool accepts_private_input(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_x_;
-  }
-  uint64_t wanted_input_layout(int i) const override { return i == 0 ? nhwc_x_ : 0; }
-  bool can_write_output_in(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_y_;
-  }
-  void use_private_output(int i, uint64_t layout) override { y_channels_last_ = i == 0; }
-  void use_private_input(int i, uint64_t layout) override {
-    x_channels_last_ = x_channels_last_ || i == 0;
   }
 
   void compute(KernelContext& ctx) const override {
@@ -897,8 +901,6 @@ class DynamicQuantizeConvKernel final : public OpKernel {
   std::vector<float> w_scale_, bias_;
   mutable std::vector<float> scale_;
   size_t q_bytes_ = 0;  // the quantized source, at the start of the scratch
-  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
-  bool x_channels_last_ = false, y_channels_last_ = false;
 };
 
 std::optional<std::string> dynamic_quantize_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,
@@ -1029,28 +1031,19 @@ namespace {
 
 // Reads and writes NCHW, or NHWC where its neighbours agree: a chain of them (and
 // 8-bit MaxPool and Concat between) hands bytes on channels-last, as oneDNN computes them.
-class QLinearConvKernel final : public OpKernel {
+class QLinearConvKernel final : public ChannelsLastConv {
  public:
   QLinearConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, Requant r)
       : conv_(info.node, g, *info.input(3).constant, info.input(5).constant, r.x == DType::i8, r.y),
-        r_(std::move(r)),
-        nhwc_x_(int8_nhwc_layout(g.x, r_.x)),
-        nhwc_y_(int8_nhwc_layout(g.y, r_.y)) {}
+        r_(std::move(r)) {
+    nhwc_x_ = int8_nhwc_layout(g.x, r_.x);
+    nhwc_y_ = int8_nhwc_layout(g.y, r_.y);
+  }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = r_.y;
     *shape = conv_.geometry().y;
     return i == 0;
   }
-  uint64_t private_output_layout(int i) const override { return i == 0 ? nhwc_y_ : 0; }
-  bool accepts_private_input(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_x_;
-  }
-  uint64_t wanted_input_layout(int i) const override { return i == 0 ? nhwc_x_ : 0; }
-  bool can_write_output_in(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_y_;
-  }
-  void use_private_output(int i, uint64_t) override { y_channels_last_ = i == 0; }
-  void use_private_input(int i, uint64_t) override { x_channels_last_ = x_channels_last_ || i == 0; }
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
     check_input_shape(ctx, 0, g.x, r_.x);
@@ -1063,8 +1056,6 @@ class QLinearConvKernel final : public OpKernel {
  private:
   Int8Conv conv_;
   Requant r_;
-  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
-  bool x_channels_last_ = false, y_channels_last_ = false;
 };
 
 std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,

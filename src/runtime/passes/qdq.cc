@@ -108,20 +108,27 @@ Tensor byte_values(DType t, const uint8_t* bytes) {
   return v;
 }
 
+// The node that makes each value (null for graph inputs and initializers).
+struct Producers {
+  explicit Producers(const PassGraph& g) {
+    for (const auto& n : g.nodes)
+      if (n)
+        for (const auto& o : n->outputs) of[o] = n.get();
+  }
+  Node* operator()(const std::string& v) const {
+    auto it = of.find(v);
+    return it == of.end() ? nullptr : it->second;
+  }
+  std::unordered_map<std::string, Node*> of;
+};
+
 }  // namespace
 
 int64_t fuse_qdq_elementwise(PassGraph& g) {
   if (!g.int8_kernels) return 0;
   UseIndex index(g);
   auto pos = positions(g);
-  std::unordered_map<std::string, Node*> producer;
-  for (const auto& n : g.nodes)
-    if (n)
-      for (const auto& o : n->outputs) producer[o] = n.get();
-  auto made_by = [&](const std::string& v) -> Node* {
-    auto it = producer.find(v);
-    return it == producer.end() ? nullptr : it->second;
-  };
+  Producers made_by(g);
   auto is_lookup = [](const Node* n) {
     return n && n->domain == kFusedDomain && n->op_type == "QLookup";
   };
@@ -231,7 +238,7 @@ int64_t fuse_qdq_elementwise(PassGraph& g) {
     g.removed.push_back(std::move(g.nodes[at]));
     index.add(fused.get());
     pos[fused.get()] = at;
-    producer[fused->outputs[0]] = fused.get();
+    made_by.of[fused->outputs[0]] = fused.get();
     g.nodes[at] = std::move(fused);
     // The DequantizeLinear nodes, and QLookups that only fed them, when nothing else reads them.
     for (Node* dq : dqs) {
@@ -255,14 +262,7 @@ int64_t fuse_qdq(PassGraph& g) {
   if (!g.int8_kernels) return 0;
   UseIndex index(g);
   auto pos = positions(g);
-  std::unordered_map<std::string, Node*> producer;
-  for (const auto& n : g.nodes)
-    if (n)
-      for (const auto& o : n->outputs) producer[o] = n.get();
-  auto made_by = [&](const std::string& v) -> Node* {
-    auto it = producer.find(v);
-    return it == producer.end() ? nullptr : it->second;
-  };
+  Producers made_by(g);
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* op = g.nodes[i].get();
