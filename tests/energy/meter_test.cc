@@ -278,11 +278,14 @@ TEST(Attribution, ConcurrentPoolWorkSplitsAnEstimatedWindow) {
   const Attribution at = attribute(e, cpu);
   EXPECT_GE(heavy.seconds(), 0.02);
   EXPECT_GE(light.seconds(), 0.01);
-  // The CPU channel's work is (max - min) x CPU time, so each workload gets that of its own
-  // CPU time, plus the memory's work by its CPU share.
-  const double memory_per_cpu_s = e.joules[1] / e.cpu_seconds;
-  EXPECT_NEAR(at.joules[0], (3.97 - 0.64 + memory_per_cpu_s) * heavy.seconds(), 1e-9);
-  EXPECT_NEAR(at.joules[1], (3.97 - 0.64 + memory_per_cpu_s) * light.seconds(), 1e-9);
+  // The CPU channel's work is (max - min) x CPU time; each workload gets the window's work
+  // by its share of the busy CPU seconds. Pool workers are charged the steady-clock time of
+  // their chunks, so with three busy threads on fewer cores the accounts can add up to more
+  // than the process's CPU time: then the shares are of their sum.
+  const double busy = std::max(e.busy_cpu_seconds, heavy.seconds() + light.seconds());
+  EXPECT_NEAR(e.work(), (3.97 - 0.64) * e.cpu_seconds + e.joules[1], 1e-9);
+  EXPECT_NEAR(at.joules[0], e.work() * heavy.seconds() / busy, 1e-9);
+  EXPECT_NEAR(at.joules[1], e.work() * light.seconds() / busy, 1e-9);
   EXPECT_NEAR(at.joules[0] + at.joules[1] + at.other, e.work(), 1e-9);
   EXPECT_DOUBLE_EQ(at.idle, e.idle());
 }
