@@ -325,19 +325,59 @@ dnnl::primitive_attr zero_point_attr() {
 
 }  // namespace
 
+// What an 8-bit convolution and matmul share: a oneDNN u8s8 primitive with a run-time
+// source zero point (zero_point_attr), its packed weights and its OpenMP threads.
+struct ZeroPointPrimitive {
+  dnnl::primitive prim;
+  mutable memory weights, src, dst, zp, pad;
+  mutable int32_t zp_value = 0;
+  mutable dnnl::stream stream;
+  // Multiply-adds of one call: the primitive's OpenMP threads (limit_dnnl_threads), set
+  // again before each oneDNN call since the loops between them set their own.
+  int64_t macs = 0;
+
+  // Inside the setup's dnnl_call: the primitive of `pd`, and the weights reordered once from
+  // `weights_user` into the layout it chose.
+  template <typename PrimitiveDesc>
+  void build(const PrimitiveDesc& pd, const memory::desc& weights_user, const int8_t* w) {
+    const auto& eng = dnnl_engine();
+    prim = dnnl::primitive(pd);
+    weights = memory(pd.weights_desc(), eng);
+    memory wu(weights_user, eng, const_cast<int8_t*>(w));
+    reorder_once(wu, weights);
+    src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
+    dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
+    pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    zp = memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &zp_value);
+  }
+  // int32 sums of (source - zero_point) x weights into `to` (unsigned source bytes).
+  void run(const KernelContext& ctx, const char* what, int32_t zero_point, const void* from, int32_t* to,
+           void* scratchpad) const {
+    dnnl_call(ctx.node(), what, [&] {
+      limit_dnnl_threads(ctx, macs, kMacsPerThread);
+      zp_value = zero_point;
+      src.set_data_handle(const_cast<void*>(from));
+      dst.set_data_handle(to);
+      pad.set_data_handle(scratchpad);
+      prim.execute(stream, {{DNNL_ARG_SRC, src},
+                            {DNNL_ARG_WEIGHTS, weights},
+                            {DNNL_ARG_DST, dst},
+                            {DNNL_ARG_SCRATCHPAD, pad},
+                            {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zp}});
+      stream.wait();
+      return 0;
+    });
+  }
+};
+
 // ---------------------------------------------------------------------------------------
 // Int8Conv
 
 // One image at a time: the primitive, its buffers and the compensation's sums are per image.
-struct Int8Conv::State {
+struct Int8Conv::State : ZeroPointPrimitive {
   bool split = false, signed_source = false;
   int64_t cs = 0;  // channels oneDNN reads: C, or 2C when split
-  // Multiply-adds of one image: the primitive's OpenMP threads (limit_dnnl_threads), set
-  // again before each oneDNN call since the loops between them set their own.
-  int64_t macs = 0;
   PreparedWeights pw;
-  dnnl::convolution_forward prim;
-  mutable memory weights, src, dst, zp, pad;
   // oneDNN's reorders between ONNX's NCHW and the NHWC the kernels run in: an unsigned
   // source not split, and the results (in place over the sums, then into the output).
   dnnl::reorder src_reorder, out_reorder;
@@ -347,8 +387,6 @@ struct Int8Conv::State {
   ScratchLayout layout;
   // Requantized bytes in NHWC on their way to an NCHW output.
   size_t src_at = 0, dst_at = 0, bytes_at = 0, sums_at = 0, box_at = 0, pad_at = 0;
-  mutable int32_t zp_value = 0;
-  mutable dnnl::stream stream;
 };
 
 Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
@@ -392,18 +430,11 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
         memory::desc(dst_dims, memory::data_type::s32, memory::format_tag::nhwc), to_dims(g.stride),
         to_dims(g.dil), to_dims(g.pad_l), to_dims(g.pad_r));
     const dnnl::convolution_forward::primitive_desc pd(desc, zero_point_attr(), eng);
-    s.prim = dnnl::convolution_forward(pd);
     // The weights reorder also computes what oneDNN needs for the source zero point.
-    s.weights = memory(pd.weights_desc(), eng);
-    memory wu(memory::desc(wdims, memory::data_type::s8,
-                           group > 1 ? memory::format_tag::goihw : memory::format_tag::oihw),
-              eng, wd.data());
-    reorder_once(wu, s.weights);
-    s.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
-    s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
-    s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    s.zp =
-        memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    s.build(pd,
+            memory::desc(wdims, memory::data_type::s8,
+                         group > 1 ? memory::format_tag::goihw : memory::format_tag::oihw),
+            wd.data());
     if (!s.split && !signed_source) {
       s.src_plain = memory(u8_md(src_dims, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
       s.src_reorder = dnnl::reorder(s.src_plain, s.src);
@@ -504,20 +535,8 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
         }
       }
     }
-    dnnl_call(ctx.node(), "8-bit convolution", [&] {
-      limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
-      s.zp_value = s.signed_source ? x_zero_point + 128 : x_zero_point;
-      s.src.set_data_handle(src);
-      s.dst.set_data_handle(acc);
-      s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
-      s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
-                                {DNNL_ARG_WEIGHTS, s.weights},
-                                {DNNL_ARG_DST, s.dst},
-                                {DNNL_ARG_SCRATCHPAD, s.pad},
-                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
-      s.stream.wait();
-      return 0;
-    });
+    s.run(ctx, "8-bit convolution", s.signed_source ? x_zero_point + 128 : x_zero_point, src, acc,
+          piece<char>(scratch, s.pad_at));
     // The results in NHWC: into the output, or over the sums (bytes: into their own
     // buffer) and then reordered into it.
     const int64_t at = img * oc * opixels;
@@ -548,19 +567,14 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
 // ---------------------------------------------------------------------------------------
 // Int8MatMul
 
-struct Int8MatMul::State {
+struct Int8MatMul::State : ZeroPointPrimitive {
   bool split = false, signed_a = false;
   int64_t ks = 0;  // K, or 2K when split
-  int64_t macs = 0;  // the primitive's OpenMP threads (limit_dnnl_threads)
   PreparedWeights pw;
-  dnnl::matmul prim;
-  mutable memory weights, src, dst, zp, pad;
   // Scratch: A shifted to unsigned and/or read twice, the sums (unless they are the
   // output), A's row sums for the compensation, oneDNN's scratchpad.
   ScratchLayout layout;
   size_t a_at = 0, dst_at = 0, rows_at = 0, pad_at = 0;
-  mutable int32_t zp_value = 0;
-  mutable dnnl::stream stream;
 };
 
 Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Tensor* b_zero_point,
@@ -593,16 +607,7 @@ Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Te
             memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::any),
             memory::desc({rows_, n_}, memory::data_type::s32, memory::format_tag::ab)),
         zero_point_attr(), eng);
-    s.prim = dnnl::matmul(pd);
-    s.weights = memory(pd.weights_desc(), eng);
-    memory wu(memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::ab), eng,
-              wd.data());
-    reorder_once(wu, s.weights);
-    s.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
-    s.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
-    s.pad = memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    s.zp =
-        memory(memory::desc({1}, memory::data_type::s32, memory::format_tag::x), eng, &s.zp_value);
+    s.build(pd, memory::desc({s.ks, n_}, memory::data_type::s8, memory::format_tag::ab), wd.data());
     if (s.split || s.signed_a) s.a_at = s.layout.add(size_t(rows_ * s.ks));
     s.dst_at = s.layout.add(size_t(rows_ * n_) * 4);
     s.rows_at = s.layout.add(size_t(rows_) * 4);
@@ -643,20 +648,8 @@ void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_poi
       }
     });
   int32_t* sums = out.sums ? out.sums : piece<int32_t>(scratch, s.dst_at);
-  dnnl_call(ctx.node(), "8-bit matmul", [&] {
-    limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
-    s.zp_value = s.signed_a ? a_zero_point + 128 : a_zero_point;
-    s.src.set_data_handle(convert ? a_buf : const_cast<uint8_t*>(a8));
-    s.dst.set_data_handle(sums);
-    s.pad.set_data_handle(piece<char>(scratch, s.pad_at));
-    s.prim.execute(s.stream, {{DNNL_ARG_SRC, s.src},
-                              {DNNL_ARG_WEIGHTS, s.weights},
-                              {DNNL_ARG_DST, s.dst},
-                              {DNNL_ARG_SCRATCHPAD, s.pad},
-                              {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, s.zp}});
-    s.stream.wait();
-    return 0;
-  });
+  s.run(ctx, "8-bit matmul", s.signed_a ? a_zero_point + 128 : a_zero_point,
+        convert ? static_cast<const void*>(a_buf) : a, sums, piece<char>(scratch, s.pad_at));
   if (out.sums && !s.pw.any_comp) return;
   parallel_items(ctx, rows_, n_, 1 << 15, [&](int64_t b, int64_t e) {
     if (out.bytes && out.period && !s.pw.any_comp)
