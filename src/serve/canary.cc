@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <limits>
 
-#include "slim/core/convert.h"
 #include "slim/core/npy.h"
+#include "slim/quant/evaluate.h"
 
 namespace slim::serve {
 
@@ -21,29 +21,6 @@ std::string num(double v) {
 
 Shape sample_of(const Tensor& t) {
   return Shape(t.shape().begin() + 1, t.shape().end());
-}
-
-// A classifier output's sample: C > 1 float scores (dims of 1 before them aside), or one
-// integer label.
-bool is_classifier_output(const Tensor& t) {
-  Shape s = sample_of(t);
-  if (dtype_is_integer(t.dtype())) return shape_numel(s) == 1;
-  while (s.size() > 1 && s.front() == 1) s.erase(s.begin());
-  return dtype_is_float(t.dtype()) && s.size() == 1 && s[0] > 1;
-}
-
-// Per row: the label, or the index of the first highest score.
-std::vector<int64_t> top1(const Tensor& t) {
-  const std::vector<double> v = tensor_to_doubles(t);
-  const size_t rows = size_t(t.shape()[0]), c = rows ? v.size() / rows : 0;
-  std::vector<int64_t> out(rows);
-  for (size_t r = 0; r < rows; ++r) {
-    size_t best = 0;
-    for (size_t i = 1; i < c; ++i)
-      if (v[r * c + i] > v[r * c + best]) best = i;
-    out[r] = c == 1 ? int64_t(v[r]) : int64_t(best);
-  }
-  return out;
 }
 
 }  // namespace
@@ -179,24 +156,15 @@ OutputAgreement compare_outputs(const NamedTensors& serving, const NamedTensors&
                       " in the new version, " + shape_str(old_t.shape()) + " in the serving one");
     shared = true;
     a.rows = old_t.shape()[0];
-    if (is_classifier_output(old_t)) {
-      const std::vector<int64_t> x = top1(old_t), y = top1(new_t);
-      int64_t same = 0;
-      for (size_t r = 0; r < x.size(); ++r) same += x[r] == y[r];
-      const double share = x.empty() ? 1.0 : double(same) / double(x.size());
-      if (!a.top1_agreement || share < *a.top1_agreement)
-        a.top1_agreement = share, a.top1_output = name;
-    } else {
-      const std::vector<double> x = tensor_to_doubles(old_t), y = tensor_to_doubles(new_t);
-      double worst = 0;
-      for (size_t i = 0; i < x.size(); ++i) {
-        if (std::isnan(x[i]) || std::isnan(y[i])) {
-          if (std::isnan(x[i]) != std::isnan(y[i])) worst = std::numeric_limits<double>::infinity();
-        } else {
-          worst = std::max(worst, std::abs(x[i] - y[i]));
-        }
-      }
-      if (!a.max_abs_diff || worst > *a.max_abs_diff) a.max_abs_diff = worst, a.diff_output = name;
+    // The comparison of `slim quantize --eval` and `slim certify`, one batch of all rows.
+    quant::OutputComparison c(name, quant::guess_output_kind(old_t));
+    c.add(old_t, new_t);
+    const quant::OutputAgreement r = c.result();
+    if (r.classifier) {
+      const double share = double(r.top1_agree) / double(r.rows);
+      if (!a.top1_agreement || share < *a.top1_agreement) a.top1_agreement = share, a.top1_output = name;
+    } else if (!a.max_abs_diff || r.max_abs > *a.max_abs_diff) {
+      a.max_abs_diff = r.max_abs, a.diff_output = name;
     }
   }
   check(shared, ErrorCode::invalid_argument, "the two versions have no output in common");
