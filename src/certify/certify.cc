@@ -217,14 +217,27 @@ Measured forest_domain(const std::string& ref, const std::string& comp, const Do
     m.metrics["class_agreement"] = double(same) / double(rows.n);
   }
   if (!rows.labels.empty() && w == 1) {
-    m.metrics["auc_reference"] = forest::roc_auc(ya, rows.labels);
-    m.metrics["auc_compressed"] = forest::roc_auc(yb, rows.labels);
+    const bool binary = a.transform() == forest::Transform::sigmoid &&
+                        std::all_of(rows.labels.begin(), rows.labels.end(), [](float l) { return l == 0 || l == 1; });
+    if (binary) {
+      m.metrics["auc_reference"] = forest::roc_auc(ya, rows.labels);
+      m.metrics["auc_compressed"] = forest::roc_auc(yb, rows.labels);
+    } else {  // a regression: the error of each against the labels
+      const auto rmse = [&](const std::vector<float>& y) {
+        double s = 0;
+        for (int64_t r = 0; r < rows.n; ++r) s += (double(y[size_t(r)]) - rows.labels[size_t(r)]) * (y[size_t(r)] - rows.labels[size_t(r)]);
+        return std::sqrt(s / double(rows.n));
+      };
+      m.metrics["rmse_reference"] = rmse(ya);
+      m.metrics["rmse_compressed"] = rmse(yb);
+    }
   }
   return m;
 }
 
-// The value a threshold bounds in a domain's metrics (null when not measured).
-json bounded_value(ModelKind kind, const json& m, const std::string& metric) {
+}  // namespace
+
+json domain_metric(ModelKind kind, const json& m, const std::string& metric) {
   const auto over_outputs = [&](const char* key, bool highest) {
     json best;
     for (const auto& out : m["outputs"])
@@ -249,6 +262,8 @@ json bounded_value(ModelKind kind, const json& m, const std::string& metric) {
   }
   return json();
 }
+
+namespace {
 
 struct Bound {
   const char* metric;
@@ -303,7 +318,7 @@ json certify(const std::string& reference, const std::string& compressed, const 
     for (const Bound& b : bounds()) {
       const auto& limit = o.thresholds.*b.limit;
       if (!limit) continue;
-      const json v = bounded_value(kind, m.metrics, b.metric);
+      const json v = domain_metric(kind, m.metrics, b.metric);
       const bool ok = v.is_number() && (b.upper ? v.get<double>() <= *limit : v.get<double>() >= *limit);
       checks.push_back({{"metric", b.metric}, {"limit", *limit}, {"value", v}, {"pass", ok}});
       pass &= ok;

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -142,8 +143,13 @@ class Certify(unittest.TestCase):
         x = self.xb.astype(np.float64)
         kl = np.mean(np.sum(softmax(x @ self.w + self.b) * np.log(softmax(x @ self.w + self.b) / softmax(x @ self.w2 + self.b)), 1))
         r = self.certify(f"{d}/ref.onnx", f"{d}/small.onnx", "--domain", f"a={d}/dom_a.npy", "--domain",
-                         f"b={d}/dom_b", "-o", f"{d}/th.json", "--max-kl", kl * 0.999, "--min-cosine", 0.9, expect=5)
+                         f"b={d}/dom_b", "-o", f"{d}/th.json", "--max-kl", kl * 0.999, "--min-cosine", 0.9,
+                         "--png", f"{d}/th.png", expect=5)
         self.assertIn("a domain failed its thresholds", r.stderr)
+        with open(f"{d}/th.png", "rb") as f:  # a failed report is drawn too: a PNG of the chart's size
+            head = f.read(24)
+        self.assertEqual(head[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertEqual(struct.unpack(">II", head[16:24]), (900, 520))
         rep = json.load(open(f"{d}/th.json"))
         self.assertFalse(rep["pass"])
         b = rep["domains"][1]

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "plot.h"
 #include "slim/certify/certify.h"
 #include "slim/core/error.h"
 #include "slim/trust/keys.h"
@@ -27,8 +28,37 @@ std::vector<certify::Domain> parse_domains(const std::vector<std::string>& specs
   return out;
 }
 
+// A bar per domain of how closely the compressed model agrees with the reference: top-1
+// (ONNX; cosine when no output is a classifier's), next-token (GGUF) or class (forest)
+// agreement in percent, or, for regression forests, the largest |score difference|.
+void chart(const nlohmann::json& report, const std::string& path) {
+  certify::ModelKind kind = certify::ModelKind::onnx;
+  for (auto k : {certify::ModelKind::onnx, certify::ModelKind::gguf, certify::ModelKind::forest})
+    if (report["kind"] == certify::kind_name(k)) kind = k;
+  const auto all_have = [&](const char* metric) {
+    for (const auto& d : report["domains"])
+      if (!certify::domain_metric(kind, d["metrics"], metric).is_number()) return false;
+    return true;
+  };
+  const char* metric = all_have("agreement") ? "agreement" : all_have("cosine") ? "cosine" : "max_abs";
+  const bool percent = std::string(metric) != "max_abs";
+  plot::Chart c;
+  c.title = report["compressed"]["file"].get<std::string>() + " against " +
+            report["reference"]["file"].get<std::string>() + ": " + (report["pass"].get<bool>() ? "pass" : "FAIL");
+  c.y_label = std::string(metric == std::string("agreement") ? "agreement with the reference"
+                          : percent                          ? "lowest output cosine"
+                                                             : "largest |score difference|") +
+              (percent ? ", %" : "");
+  for (const auto& d : report["domains"]) {
+    const nlohmann::json v = certify::domain_metric(kind, d["metrics"], metric);
+    c.categories.push_back(d["name"].get<std::string>() + (d["pass"].get<bool>() ? "" : " (FAIL)"));
+    c.values.push_back(v.is_number() ? v.get<double>() * (percent ? 100 : 1) : 0.0);
+  }
+  plot::write_png(c, path);
+}
+
 struct CertifyArgs {
-  std::string reference, compressed, output, markdown, sign_key, bundle, label;
+  std::string reference, compressed, output, markdown, png, sign_key, bundle, label;
   std::vector<std::string> domains;
   certify::Thresholds th;
   int64_t batch = 1;
@@ -57,6 +87,7 @@ void run_certify(const CertifyArgs& a) {
   trust::write_file_atomic(a.output, report.dump(2) + "\n");
   const std::string md = certify::report_markdown(report);
   if (!a.markdown.empty()) trust::write_file_atomic(a.markdown, md);
+  if (!a.png.empty()) chart(report, a.png);
   if (key) trust::write_file_atomic(a.bundle, certify::sign_report(report, *key));
   std::cout << md;
   std::cout.flush();
@@ -107,6 +138,7 @@ void add_certify(CLI::App& app) {
                   "GGUF a text file; forests a CSV or 2-D .npy of feature rows");
   cmd->add_option("-o,--output", a->output, "JSON report");
   cmd->add_option("--markdown", a->markdown, "Also write a short Markdown table here");
+  cmd->add_option("--png", a->png, "Also draw each domain's agreement with the reference as a bar chart (PNG)");
   cmd->add_option("--max-kl", a->th.max_kl, "ONNX/GGUF: highest mean KL(reference || compressed) in nats");
   cmd->add_option("--min-agreement", a->th.min_agreement,
                   "Lowest share of top-1 (ONNX), next-token (GGUF) or class (forest) agreement, 0-1");

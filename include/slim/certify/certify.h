@@ -54,6 +54,11 @@ struct Options {
 //  energy per model, checks, pass}], "pass"}.
 nlohmann::json certify(const std::string& reference, const std::string& compressed, const Options& options);
 
+// The value of a bounded metric in a domain's `metrics` (null when not measured):
+// "agreement" (ONNX: the lowest top-1 agreement of an output; GGUF: next token; forest:
+// class), "kl", "ppl_ratio", "max_abs", "cosine", "auc_drop"; worst over ONNX outputs.
+nlohmann::json domain_metric(ModelKind kind, const nlohmann::json& metrics, const std::string& metric);
+
 // A short Markdown table of a report, one row per domain.
 std::string report_markdown(const nlohmann::json& report);
 
