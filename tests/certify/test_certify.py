@@ -213,6 +213,30 @@ class Certify(unittest.TestCase):
         self.certify(f"{d}/trees.json", f"{d}/trees4.slimf", "--domain", f"npy={d}/rows.npy", "-o",
                      f"{d}/forest_npy.json", "--max-abs", 0.0, expect=5 if met["max_score_diff"] > 0 else 0)
 
+    def test_regression_forest_reports_rmse(self):
+        # A regressor with labels has no AUC: the RMSE of both models against the labels.
+        import xgboost as xgb
+        d = self.dir
+        rng = np.random.default_rng(3)
+        x = rng.normal(size=(200, 3)).astype(np.float32)
+        y = (2 * x[:, 0] - x[:, 1] + rng.normal(scale=0.1, size=200)).astype(np.float32)
+        bst = xgb.train({"objective": "reg:squarederror", "max_depth": 3, "eta": 0.3}, xgb.DMatrix(x, y), 15)
+        bst.save_model(f"{d}/reg.json")
+        np.savetxt(f"{d}/reg.csv", np.column_stack([x, y]), delimiter=",", header="a,b,c,label", comments="", fmt="%.9g")
+        r = slim("forest", "compile", f"{d}/reg.json", "-o", f"{d}/reg4.slimf", "--quantize", "4bit", "--calib",
+                 f"{d}/reg.csv", "--label-column", "label")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.certify(f"{d}/reg.json", f"{d}/reg4.slimf", "--domain", f"all={d}/reg.csv", "--label-column", "label",
+                     "-o", f"{d}/reg_report.json")
+        met = json.load(open(f"{d}/reg_report.json"))["domains"][0]["metrics"]
+        self.assertNotIn("auc_reference", met)
+        self.assertNotIn("class_agreement", met)
+        xs = np.loadtxt(f"{d}/reg.csv", delimiter=",", skiprows=1, dtype=np.float32)
+        p = bst.predict(xgb.DMatrix(xs[:, :3]))
+        self.assertAlmostEqual(met["rmse_reference"], float(np.sqrt(np.mean((p.astype(np.float64) - xs[:, 3]) ** 2))),
+                               places=5)
+        self.assertGreater(met["rmse_compressed"], 0)
+
     def test_signed_report_and_tampering(self):
         d = self.dir
         w = f"{d}/sig"
