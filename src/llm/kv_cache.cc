@@ -319,6 +319,17 @@ KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_byt
     throw Error(ErrorCode::invalid_argument, "KV cache: sequence count and length must be positive");
   if (L.q4_recent_blocks < 1 || L.q4_recent_blocks > 64)
     throw Error(ErrorCode::invalid_argument, "KV cache: q4 recent window must be 1..64 blocks");
+  if (!L.layer_heads.empty() && int(L.layer_heads.size()) != L.n_layer)
+    throw Error(ErrorCode::invalid_argument, "KV cache: " + std::to_string(L.layer_heads.size()) +
+                                                 " per-layer head counts for " + std::to_string(L.n_layer) + " layers");
+  for (int l = 0; l < L.n_layer; ++l) {
+    if (L.heads(l) < 1 || L.heads(l) > L.n_head_kv)
+      throw Error(ErrorCode::invalid_argument, "KV cache: layer " + std::to_string(l) + " has " +
+                                                   std::to_string(L.heads(l)) + " KV heads (1.." +
+                                                   std::to_string(L.n_head_kv) + ")");
+    first_stream_.push_back(l ? first_stream_.back() + L.heads(l - 1) : 0);
+  }
+  const int64_t streams = L.total_heads();
   int64_t block = 0;
   bool any_q4 = false;
   for (int l = 0; l < L.n_layer; ++l) {
@@ -329,20 +340,20 @@ KvCache::KvCache(KvLayout layout, int max_seqs, int max_tokens, int64_t pool_byt
   }
   const int64_t per_stream_blocks = (int64_t(max_tokens) + kKvBlockTokens - 1) / kKvBlockTokens;
   if (pool_bytes <= 0)
-    pool_bytes = ((block + 63) / 64 * 64) * per_stream_blocks * L.n_layer * L.n_head_kv *
+    pool_bytes = ((block + 63) / 64 * 64) * per_stream_blocks * streams *
                  (pool_seqs > 0 ? pool_seqs : max_seqs);
   pool_ = std::make_unique<KvBlockPool>(block, pool_bytes);
   seqs_.resize(size_t(max_seqs));
   const int64_t stage_rows = int64_t(kKvBlockTokens) * L.q4_recent_blocks;
-  if (any_q4) staging_.assign(size_t(max_seqs) * L.n_layer * L.n_head_kv * stage_rows * L.head_dim * 2, 0);
+  if (any_q4) staging_.assign(size_t(max_seqs) * size_t(streams) * stage_rows * L.head_dim * 2, 0);
   for (int s = 0; s < max_seqs; ++s) {
     auto& sq = seqs_[size_t(s)];
-    sq.streams.resize(size_t(L.n_layer) * L.n_head_kv);
+    sq.streams.resize(size_t(streams));
     for (int l = 0; l < L.n_layer; ++l)
-      for (int h = 0; h < L.n_head_kv; ++h) {
-        KvStream& st = sq.streams[size_t(l) * L.n_head_kv + h];
+      for (int h = 0; h < L.heads(l); ++h) {
+        KvStream& st = sq.streams[size_t(first_stream_[size_t(l)] + h)];
         if (L.staged(l)) {
-          const size_t idx = (size_t(s) * L.n_layer + l) * L.n_head_kv + h;
+          const size_t idx = size_t(s) * size_t(streams) + size_t(first_stream_[size_t(l)] + h);
           st.stage_k = staging_.data() + idx * stage_rows * L.head_dim * 2;
           st.stage_v = st.stage_k + stage_rows * L.head_dim;
         }
@@ -433,10 +444,10 @@ void KvCache::set_n_past(int seq, int n) {
 }
 
 KvStream& KvCache::stream(int seq, int layer, int h) {
-  return seqs_[size_t(seq)].streams[size_t(layer) * layout_.n_head_kv + h];
+  return seqs_[size_t(seq)].streams[size_t(first_stream_[size_t(layer)] + h)];
 }
 const KvStream& KvCache::stream(int seq, int layer, int h) const {
-  return seqs_[size_t(seq)].streams[size_t(layer) * layout_.n_head_kv + h];
+  return seqs_[size_t(seq)].streams[size_t(first_stream_[size_t(layer)] + h)];
 }
 
 int64_t KvCache::blocks_needed(int seq, int n) const {
@@ -444,7 +455,7 @@ int64_t KvCache::blocks_needed(int seq, int n) const {
   const int recent = kKvBlockTokens * layout_.q4_recent_blocks;
   int64_t need = 0;
   for (int l = 0; l < layout_.n_layer; ++l)
-    for (int h = 0; h < layout_.n_head_kv; ++h) {
+    for (int h = 0; h < layout_.heads(l); ++h) {
       const KvStream& s = stream(seq, l, h);
       if (layout_.staged(l)) {
         const int over = s.n_staged + n - recent;
@@ -526,7 +537,7 @@ void KvCache::append(int seq, int layer, int pos, const float* k, const float* v
   const int hd = layout_.head_dim;
   const bool staged = layout_.staged(layer);
   const int recent = kKvBlockTokens * layout_.q4_recent_blocks;
-  for (int h = 0; h < layout_.n_head_kv; ++h) {
+  for (int h = 0; h < layout_.heads(layer); ++h) {
     KvStream& s = stream(seq, layer, h);
     if (s.n >= max_tokens_) throw Error(ErrorCode::resource_exhausted, "KV cache: stream full");
     const float* kh = k + int64_t(h) * hd;
@@ -653,7 +664,7 @@ void KvCache::truncate(int seq, int n) {
   if (n < 0) throw Error(ErrorCode::invalid_argument, "KV cache: truncate to a negative position");
   std::vector<int32_t> idx;
   for (int l = 0; l < layout_.n_layer; ++l)
-    for (int h = 0; h < layout_.n_head_kv; ++h) {
+    for (int h = 0; h < layout_.heads(l); ++h) {
       KvStream& s = stream(seq, l, h);
       const int m = int(std::lower_bound(s.pos.begin(), s.pos.end(), n) - s.pos.begin());
       if (m == s.n) continue;
@@ -668,7 +679,7 @@ void KvCache::truncate(int seq, int n) {
 int64_t KvCache::fork_shared_blocks(int src, int n_tokens) const {
   int64_t shared = 0;
   for (int l = 0; l < layout_.n_layer; ++l)
-    for (int h = 0; h < layout_.n_head_kv; ++h) {
+    for (int h = 0; h < layout_.heads(l); ++h) {
       const KvStream& s = stream(src, l, h);
       const int m = int(std::lower_bound(s.pos.begin(), s.pos.end(), n_tokens) - s.pos.begin());
       shared += std::min(m, s.n - s.n_staged) / kKvBlockTokens;
@@ -684,7 +695,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
   // Partial blocks are copied: check they fit before touching anything.
   int64_t need = 0;
   for (int l = 0; l < layout_.n_layer; ++l)
-    for (int h = 0; h < layout_.n_head_kv; ++h) {
+    for (int h = 0; h < layout_.heads(l); ++h) {
       const KvStream& s = stream(src, l, h);
       const int m = int(std::lower_bound(s.pos.begin(), s.pos.end(), n_tokens) - s.pos.begin());
       if (!layout_.staged(l) && m % kKvBlockTokens != 0) ++need;
@@ -696,7 +707,7 @@ int KvCache::fork_sequence(int src, int n_tokens) {
   const int hd = layout_.head_dim;
   std::vector<float> kx(static_cast<size_t>(hd)), vx(static_cast<size_t>(hd));
   for (int l = 0; l < layout_.n_layer; ++l)
-    for (int h = 0; h < layout_.n_head_kv; ++h) {
+    for (int h = 0; h < layout_.heads(l); ++h) {
       const KvStream& s = stream(src, l, h);
       KvStream& d = stream(dst, l, h);
       const int m = int(std::lower_bound(s.pos.begin(), s.pos.end(), n_tokens) - s.pos.begin());

@@ -53,7 +53,7 @@ int64_t KvPolicy::apply(KvCache& cache, int seq, int slack) const {
   std::vector<int32_t> keep;
   int64_t evicted = 0;
   for (int l = 0; l < L.n_layer; ++l)
-    for (int h = 0; h < L.n_head_kv; ++h) {
+    for (int h = 0; h < L.heads(l); ++h) {
       const KvStream& s = cache.stream(seq, l, h);
       const int budget = std::max(1, b[size_t(l) * L.n_head_kv + h]);
       if (s.n <= budget + std::max(0, slack)) continue;
@@ -106,7 +106,7 @@ void linear_layer_budgets(const KvSelectInput& in, const KvBudget& budget, doubl
   for (int l = 0; l < L.n_layer; ++l) {
     const double f = L.n_layer > 1 ? double(l) / double(L.n_layer - 1) : 0.5;
     const double v = b * (first + (2.0 - 2.0 * first) * f);
-    for (int h = 0; h < L.n_head_kv; ++h)
+    for (int h = 0; h < L.heads(l); ++h)
       out[size_t(l) * L.n_head_kv + h] = std::max(1, int(nearest ? std::lround(v) : std::floor(v)));
   }
 }
@@ -203,16 +203,17 @@ class EntropyPolicy : public SnapPolicy {
     for (int l = 0; l < L.n_layer; ++l) {
       double total_w = 0;
       bool known = true;
-      for (int h = 0; h < L.n_head_kv; ++h) {
+      const int heads = L.heads(l);
+      for (int h = 0; h < heads; ++h) {
         const KvStream& s = in.cache->stream(in.seq, l, h);
         known = known && s.entropy_count > 0;
         w[size_t(h)] = s.entropy_count > 0 ? std::exp(s.entropy_sum / double(s.entropy_count)) : 1.0;
         total_w += w[size_t(h)];
       }
       const double floor_b = min_share_ * b;
-      const double spare = std::max(0.0, b * L.n_head_kv - floor_b * L.n_head_kv);
-      for (int h = 0; h < L.n_head_kv; ++h) {
-        const double share = known ? w[size_t(h)] / total_w : 1.0 / L.n_head_kv;
+      const double spare = std::max(0.0, b * heads - floor_b * heads);
+      for (int h = 0; h < heads; ++h) {
+        const double share = known ? w[size_t(h)] / total_w : 1.0 / heads;
         out[size_t(l) * L.n_head_kv + h] = std::max(1, int(std::floor(floor_b + spare * share)));
       }
     }

@@ -50,7 +50,7 @@ KvBatchScheduler::~KvBatchScheduler() = default;
 int64_t KvBatchScheduler::worst_case_blocks(const KvBatchRequest& r) const {
   const KvLayout& L = ctx_.kv_cache().layout();
   const int64_t tokens = int64_t(r.prompt.size()) + r.max_tokens;
-  return (tokens + kKvBlockTokens - 1) / kKvBlockTokens * L.n_layer * L.n_head_kv;
+  return (tokens + kKvBlockTokens - 1) / kKvBlockTokens * L.total_heads();
 }
 
 // What the running sequences may still allocate: their reservation less what they hold.
@@ -62,7 +62,7 @@ int64_t KvBatchScheduler::outstanding_blocks() const {
   for (const Job* j : running_) {
     int64_t held = 0;
     for (int l = 0; l < L.n_layer; ++l)
-      for (int h = 0; h < L.n_head_kv; ++h) held += int64_t(cache.stream(j->seq, l, h).blocks.size());
+      for (int h = 0; h < L.heads(l); ++h) held += int64_t(cache.stream(j->seq, l, h).blocks.size());
     total += std::max<int64_t>(0, j->reserved - held);
   }
   return total;

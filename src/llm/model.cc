@@ -429,6 +429,9 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
     lay.n_layer = c.n_layer;
     lay.n_head_kv = c.n_head_kv;
     lay.head_dim = c.head_dim;
+    for (int l = 0; l < c.n_layer; ++l) lay.layer_heads.push_back(model_->layer(l).n_head_kv);
+    if (std::all_of(lay.layer_heads.begin(), lay.layer_heads.end(), [&](int h) { return h == c.n_head_kv; }))
+      lay.layer_heads.clear();  // every layer as wide as the widest
     lay.q4_recent_blocks = options.kv.q4_recent_blocks;
     lay.q8_recent = options.kv.q8_recent;
     auto per_layer = [&](const std::vector<KvType>& v, KvType all, const char* what) {

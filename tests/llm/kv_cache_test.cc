@@ -106,6 +106,36 @@ TEST(KvCache, StatsCountBlocksAndUnusedSlots) {
   EXPECT_EQ(cache.stats().peak_blocks, 8);
 }
 
+// A structurally pruned model's layers have their own KV head counts: each layer holds
+// streams and blocks for its heads only, reads only those from the appended row, and the
+// pool is sized by their sum.
+TEST(KvCache, LayersWithFewerHeadsHoldOnlyTheirOwn) {
+  KvLayout L = layout(KvType::f32, KvType::f32, 3, 2);
+  L.layer_heads = {2, 1, 2};
+  KvCache cache(L, 1, 32, 0);
+  EXPECT_EQ(L.total_heads(), 5);
+  EXPECT_EQ(cache.pool().capacity(), 5 * 2);  // 5 streams x 2 blocks of 16 tokens
+  const int s = cache.add_sequence();
+  Tokens t = random_tokens(20, 128, 2);
+  for (int i = 0; i < 20; ++i)
+    for (int l = 0; l < 3; ++l) cache.append(s, l, i, &t.k[size_t(i) * 128], &t.v[size_t(i) * 128]);
+  EXPECT_EQ(cache.stats().blocks_used, 10);
+  EXPECT_EQ(cache.stats().tokens, 100);
+  std::vector<float> k(64), v(64);
+  for (int i : {0, 17}) {
+    cache.read_token(s, 1, 0, i, k.data(), v.data());  // layer 1's one head: the row's first
+    EXPECT_EQ(0, std::memcmp(k.data(), &t.k[size_t(i) * 128], 64 * 4));
+    cache.read_token(s, 2, 1, i, k.data(), v.data());  // layer 2's second head
+    EXPECT_EQ(0, std::memcmp(v.data(), &t.v[size_t(i) * 128 + 64], 64 * 4));
+  }
+  cache.truncate(s, 5);
+  EXPECT_EQ(cache.stats().tokens, 25);
+  L.layer_heads = {2, 3, 2};
+  EXPECT_EQ(error_of([&] { KvCache bad(L, 1, 32, 0); }), "KV cache: layer 1 has 3 KV heads (1..2)");
+  L.layer_heads = {2, 1};
+  EXPECT_EQ(error_of([&] { KvCache bad(L, 1, 32, 0); }), "KV cache: 2 per-layer head counts for 3 layers");
+}
+
 struct RoundTrip {
   KvType k, v;
   double k_tol, v_tol;  // max error relative to the row's (or channel's) range
@@ -587,7 +617,7 @@ std::vector<float> all_logits(LlamaContext& ctx, int n) {
 }
 
 TEST(KvEndToEnd, FullPagedCacheGivesExactlyTheContiguousLogits) {
-  for (const char* name : {"llama_f16", "qwen2_q4_k", "llama_mha_f32"})
+  for (const char* name : {"llama_f16", "qwen2_q4_k", "llama_mha_f32", "llama_varwidth_f32"})
     for (KvType type : {KvType::f16, KvType::f32})
       for (bool with_policy : {false, true}) {
         auto model = LlamaModel::load(fixture(std::string(name) + ".gguf"));

@@ -67,7 +67,16 @@ class KvBlockPool {
 
 // What a KV cache stores: the model's shape and a format per layer for K and V.
 struct KvLayout {
-  int n_layer = 0, n_head_kv = 0, head_dim = 0;
+  int n_layer = 0, n_head_kv = 0, head_dim = 0;  // n_head_kv: the widest layer's
+  // KV heads of each layer when they differ (structurally pruned models); empty: n_head_kv
+  // in every layer. A layer's streams, blocks and recent windows are its own heads only.
+  std::vector<int> layer_heads;
+  int heads(int layer) const { return layer_heads.empty() ? n_head_kv : layer_heads[size_t(layer)]; }
+  int64_t total_heads() const {
+    int64_t n = 0;
+    for (int l = 0; l < n_layer; ++l) n += heads(l);
+    return n;
+  }
   std::vector<KvType> k_type, v_type;  // one per layer
   int q4_recent_blocks = 2;            // f16 recent window of quantized streams, in blocks
   bool q8_recent = false;              // q8 layers keep that recent window too
@@ -143,7 +152,7 @@ class KvCache {
   int64_t blocks_needed(int seq, int n) const;
   // Throws resource_exhausted (changing nothing) unless n more tokens of seq fit.
   void check_append(int seq, int n) const;
-  // Appends one token of one layer: k and v hold all KV heads (n_head_kv * head_dim).
+  // Appends one token of one layer: k and v hold the layer's KV heads, head_dim apart.
   void append(int seq, int layer, int pos, const float* k, const float* v);
   // Keeps only the listed token indices (ascending) of one stream; frees what is left.
   void keep(int seq, int layer, int kv_head, std::span<const int32_t> keep);
@@ -170,7 +179,7 @@ class KvCache {
   struct Sequence {
     bool active = false;
     int n_past = 0;
-    std::vector<KvStream> streams;  // [layer * n_head_kv + head]
+    std::vector<KvStream> streams;  // [first_stream_[layer] + head]
   };
   int64_t k_bytes(int layer) const { return k_bytes_[size_t(layer)]; }
   int64_t v_bytes(int layer) const { return v_bytes_[size_t(layer)]; }
@@ -181,6 +190,7 @@ class KvCache {
   void clear_stream(KvStream& s);
 
   KvLayout layout_;
+  std::vector<int64_t> first_stream_;  // per layer: the index of its head 0's stream
   int max_tokens_ = 0;
   std::vector<int64_t> k_bytes_, v_bytes_;
   std::unique_ptr<KvBlockPool> pool_;
