@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <tuple>
 
 #include "slim/core/error.h"
 #include "slim/trust/digest.h"
@@ -73,6 +75,27 @@ KeyAlg classify(EVP_PKEY* pkey, const std::string& source) {
 // that a server or a test does not have.
 int no_passphrase(char*, int, int, void*) { return -1; }
 
+// The key `read` (PEM_read_bio_PUBKEY or PEM_read_bio_PrivateKey) finds in `pem`, its
+// algorithm checked; else invalid_argument naming `source` and what it is not.
+std::pair<KeyAlg, std::shared_ptr<KeyHandle>> key_from_pem(std::string_view pem, EVP_PKEY* (*read)(BIO*, EVP_PKEY**, pem_password_cb*, void*),
+                 const std::string& source, const char* not_what) {
+  Bio bio{BIO_new_mem_buf(pem.data(), int(pem.size()))};
+  if (!bio.b) throw Error(ErrorCode::resource_exhausted, "BIO_new_mem_buf failed");
+  EVP_PKEY* pkey = read(bio.b, nullptr, no_passphrase, nullptr);
+  if (!pkey) throw Error(ErrorCode::invalid_argument, source + ": " + not_what + ": " + openssl_error());
+  auto handle = std::make_shared<KeyHandle>(pkey);
+  return {classify(pkey, source), std::move(handle)};
+}
+
+// What `write` (a PEM_write_bio_* call) puts in a memory BIO.
+std::string pem_text(const std::function<int(BIO*)>& write, const char* what) {
+  Bio bio{BIO_new(BIO_s_mem())};
+  if (!bio.b || write(bio.b) != 1) throw Error(ErrorCode::internal, std::string(what) + " failed: " + openssl_error());
+  char* data = nullptr;
+  long n = BIO_get_mem_data(bio.b, &data);
+  return std::string(data, size_t(n));
+}
+
 const EVP_MD* sign_md(KeyAlg alg) {
   switch (alg) {
     case KeyAlg::ecdsa_p256: return EVP_sha256();
@@ -108,16 +131,8 @@ KeyAlg parse_key_alg(std::string_view name) {
 }
 
 PublicKey PublicKey::from_pem(std::string_view pem, const std::string& source) {
-  Bio bio{BIO_new_mem_buf(pem.data(), int(pem.size()))};
-  if (!bio.b) throw Error(ErrorCode::resource_exhausted, "BIO_new_mem_buf failed");
-  EVP_PKEY* pkey = PEM_read_bio_PUBKEY(bio.b, nullptr, no_passphrase, nullptr);
-  if (!pkey)
-    throw Error(ErrorCode::invalid_argument,
-                source + ": not a PEM public key (SubjectPublicKeyInfo): " + openssl_error());
-  auto handle = std::make_shared<KeyHandle>(pkey);
   PublicKey k;
-  k.alg_ = classify(pkey, source);
-  k.key_ = std::move(handle);
+  std::tie(k.alg_, k.key_) = key_from_pem(pem, PEM_read_bio_PUBKEY, source, "not a PEM public key (SubjectPublicKeyInfo)");
   return k;
 }
 
@@ -126,12 +141,7 @@ PublicKey PublicKey::load(const std::string& path) {
 }
 
 std::string PublicKey::to_pem() const {
-  Bio bio{BIO_new(BIO_s_mem())};
-  if (!bio.b || PEM_write_bio_PUBKEY(bio.b, key_->pkey) != 1)
-    throw Error(ErrorCode::internal, "PEM_write_bio_PUBKEY failed: " + openssl_error());
-  char* data = nullptr;
-  long n = BIO_get_mem_data(bio.b, &data);
-  return std::string(data, size_t(n));
+  return pem_text([&](BIO* b) { return PEM_write_bio_PUBKEY(b, key_->pkey); }, "PEM_write_bio_PUBKEY");
 }
 
 std::string PublicKey::hint() const {
@@ -168,16 +178,8 @@ PrivateKey PrivateKey::generate(KeyAlg alg) {
 }
 
 PrivateKey PrivateKey::from_pem(std::string_view pem, const std::string& source) {
-  Bio bio{BIO_new_mem_buf(pem.data(), int(pem.size()))};
-  if (!bio.b) throw Error(ErrorCode::resource_exhausted, "BIO_new_mem_buf failed");
-  EVP_PKEY* pkey = PEM_read_bio_PrivateKey(bio.b, nullptr, no_passphrase, nullptr);
-  if (!pkey)
-    throw Error(ErrorCode::invalid_argument,
-                source + ": not an unencrypted PEM private key: " + openssl_error());
-  auto handle = std::make_shared<KeyHandle>(pkey);
   PrivateKey k;
-  k.alg_ = classify(pkey, source);
-  k.key_ = std::move(handle);
+  std::tie(k.alg_, k.key_) = key_from_pem(pem, PEM_read_bio_PrivateKey, source, "not an unencrypted PEM private key");
   return k;
 }
 
@@ -186,13 +188,8 @@ PrivateKey PrivateKey::load(const std::string& path) {
 }
 
 std::string PrivateKey::to_pem() const {
-  Bio bio{BIO_new(BIO_s_mem())};
-  if (!bio.b ||
-      PEM_write_bio_PrivateKey(bio.b, key_->pkey, nullptr, nullptr, 0, nullptr, nullptr) != 1)
-    throw Error(ErrorCode::internal, "PEM_write_bio_PrivateKey failed: " + openssl_error());
-  char* data = nullptr;
-  long n = BIO_get_mem_data(bio.b, &data);
-  return std::string(data, size_t(n));
+  return pem_text([&](BIO* b) { return PEM_write_bio_PrivateKey(b, key_->pkey, nullptr, nullptr, 0, nullptr, nullptr); },
+                  "PEM_write_bio_PrivateKey");
 }
 
 PublicKey PrivateKey::public_key() const {
