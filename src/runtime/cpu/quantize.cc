@@ -690,8 +690,36 @@ SLIM_DISPATCH3(qbinary_loop,
                (a, b, bv, c, n, mul, pa, pb, pc))
 #pragma GCC pop_options
 
+}  // namespace
+
+// NCHW <-> NHWC bytes of n images of c channels and p pixels each, in 32 x 32 tiles.
+void bytes_to_nhwc(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p) {
+  for (int64_t img = 0; img < n; ++img, x += c * p, y += c * p)
+    for (int64_t q0 = 0; q0 < p; q0 += 32)
+      for (int64_t k0 = 0; k0 < c; k0 += 32) {
+        const int64_t q1 = std::min(p, q0 + 32), k1 = std::min(c, k0 + 32);
+        for (int64_t q = q0; q < q1; ++q)
+          for (int64_t k = k0; k < k1; ++k) y[q * c + k] = x[k * p + q];
+      }
+}
+void bytes_to_nchw(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p) {
+  for (int64_t img = 0; img < n; ++img, x += c * p, y += c * p)
+    for (int64_t k0 = 0; k0 < c; k0 += 32)
+      for (int64_t q0 = 0; q0 < p; q0 += 32) {
+        const int64_t q1 = std::min(p, q0 + 32), k1 = std::min(c, k0 + 32);
+        for (int64_t k = k0; k < k1; ++k)
+          for (int64_t q = q0; q < q1; ++q) y[k * p + q] = x[q * c + k];
+      }
+}
+
+namespace {
+
 // Both inputs of the output's shape, or one of them constant over a trailing block of it
 // (SE's x * gate [N, C, 1, 1], a scalar): Add and Mul commute exactly, so that one is B.
+// 4-D bytes may arrive channels-last from a QLinearConv or QLookup (the full inputs, and
+// a [N, C, 1, 1] B, which is the same bytes in either layout) and then leave so: the
+// residual Adds and SE's Muls of a CNN keep its 8-bit chain in NHWC. An input in the
+// other layout than the output is transposed first.
 class QLinearBinaryKernel final : public OpKernel {
  public:
   QLinearBinaryKernel(const KernelBuildInfo& info, bool swap, int64_t inner)
@@ -701,31 +729,84 @@ class QLinearBinaryKernel final : public OpKernel {
     pa_ = params(info, a + 1);
     pb_ = params(info, b + 1);
     pc_ = params(info, 6);
+    if (y_shape_.size() == 4) {
+      const Shape& bs = *info.input(b).shape;
+      nhwc_a_ = int8_nhwc_layout(y_shape_, *info.input(a).dtype);
+      nhwc_y_ = int8_nhwc_layout(y_shape_, pc_.is_signed ? DType::i8 : DType::u8);
+      // B: full, or [N, C, 1, 1] (bytes identical in both layouts).
+      if (inner_ == 0) nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype);
+      else if (bs.size() == 4 && bs[0] == y_shape_[0] && bs[1] == y_shape_[1] && bs[2] == 1 && bs[3] == 1)
+        nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype), gate_ = true;
+      else nhwc_a_ = 0;  // other broadcasts: plain NCHW only
+    }
   }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = pc_.is_signed ? DType::i8 : DType::u8;
     *shape = y_shape_;
     return i == 0;
   }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    if (layout == 0 || (i != 0 && i != 3)) return false;
+    const bool is_a = (i == 3) == swap_;
+    return layout == (is_a ? nhwc_a_ : nhwc_b_);
+  }
+  void use_private_input(int i, uint64_t) override {
+    if ((i == 3) == swap_) cl_a_ = true;
+    else if (inner_ == 0) cl_b_ = true;
+  }
+  uint64_t private_output_layout(int i) const override {
+    // Channels-last out when a full input came so (a gated A, or either of two full ones).
+    return i == 0 && (cl_a_ || cl_b_) && (inner_ == 0 || gate_) ? nhwc_y_ : 0;
+  }
+  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+
   void compute(KernelContext& ctx) const override {
     const auto* a = static_cast<const uint8_t*>(ctx.required_input(swap_ ? 3 : 0).raw_data());
     const auto* b = static_cast<const uint8_t*>(ctx.required_input(swap_ ? 0 : 3).raw_data());
     auto* c = static_cast<uint8_t*>(
         ctx.output(0, pc_.is_signed ? DType::i8 : DType::u8, y_shape_).raw_data());
     const int64_t n = shape_numel(y_shape_);
+    // The layout the results are made in: the one that needs the fewest transposes (a
+    // gated A that came channels-last stays so, and a plain output is transposed).
+    const bool work_cl = inner_ != 0 ? cl_a_ : int(cl_a_) + int(cl_b_) + int(cl_y_) >= 2;
+    const bool need_a = cl_a_ != work_cl, need_b = inner_ == 0 && cl_b_ != work_cl,
+               need_c = work_cl != cl_y_;
+    uint8_t* tmp = nullptr;
+    if (need_a || need_b || need_c)
+      tmp = static_cast<uint8_t*>(thread_scratch(size_t(n) * size_t(need_a + need_b + need_c)));
+    int64_t nb = 1, ch = 1, px = 1;
+    if (y_shape_.size() == 4) nb = y_shape_[0], ch = y_shape_[1], px = y_shape_[2] * y_shape_[3];
+    uint8_t* at = tmp;
+    auto relayout = [&](const uint8_t* x, bool to_cl) {
+      uint8_t* t = at;
+      at += n;
+      if (to_cl) bytes_to_nhwc(x, t, nb, ch, px);
+      else bytes_to_nchw(x, t, nb, ch, px);
+      return t;
+    };
+    if (need_a) a = relayout(a, work_cl);
+    if (need_b) b = relayout(b, work_cl);
+    uint8_t* out = need_c ? at : c;
     if (inner_ == 0) {
       parallel_items(ctx, n, 1, kGrain, [&](int64_t s, int64_t e) {
-        qbinary_loop_any(a + s, b + s, 0.f, c + s, e - s, mul_, pa_, pb_, pc_);
+        qbinary_loop_any(a + s, b + s, 0.f, out + s, e - s, mul_, pa_, pb_, pc_);
       });
-      return;
+    } else if (work_cl) {
+      // A [N, H, W, C] with B [N, C]: each pixel's channels against B's row.
+      parallel_items(ctx, nb * px, ch, kGrain, [&](int64_t s, int64_t e) {
+        for (int64_t r = s; r < e; ++r)
+          qbinary_loop_any(a + r * ch, b + (r / px) * ch, 0.f, out + r * ch, ch, mul_, pa_, pb_, pc_);
+      });
+    } else {
+      parallel_items(ctx, n / inner_, inner_, kGrain, [&](int64_t s, int64_t e) {
+        for (int64_t o = s; o < e; ++o) {
+          const int32_t v = pb_.is_signed ? int32_t(int8_t(b[o])) : int32_t(b[o]);
+          qbinary_loop_any(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, out + o * inner_,
+                           inner_, mul_, pa_, pb_, pc_);
+        }
+      });
     }
-    parallel_items(ctx, n / inner_, inner_, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t o = s; o < e; ++o) {
-        const int32_t v = pb_.is_signed ? int32_t(int8_t(b[o])) : int32_t(b[o]);
-        qbinary_loop_any(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, c + o * inner_,
-                         inner_, mul_, pa_, pb_, pc_);
-      }
-    });
+    if (need_c) bytes_to_nchw(out, c, nb, ch, px);
   }
 
  private:
@@ -742,6 +823,9 @@ class QLinearBinaryKernel final : public OpKernel {
   int64_t inner_;  // 0: both full; else B holds one value per run of inner_ elements
   Shape y_shape_;
   QParams pa_, pb_, pc_;
+  uint64_t nhwc_a_ = 0, nhwc_b_ = 0, nhwc_y_ = 0;
+  bool gate_ = false;                               // B is [N, C, 1, 1]
+  bool cl_a_ = false, cl_b_ = false, cl_y_ = false;  // channels-last A, B (full), output
 };
 
 // Which input is full (swap: the second) and B's run length (0: B full too), or why not.

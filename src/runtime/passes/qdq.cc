@@ -8,6 +8,7 @@
 // 256-entry slim:QLookup (HardSwish written out as Add, Clip, Mul, Div collapses into
 // one), an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul, and a
 // GlobalAveragePool slim:QLinearGlobalAveragePool (ONNX Runtime's QDQ transformer's).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -250,6 +251,146 @@ int64_t fuse_qdq_elementwise(PassGraph& g) {
       if (is_lookup(l) && g.nodes[pos.at(l)] && index.readers(l->outputs[0]).empty() &&
           !index.pinned(l->outputs[0]))
         drop(l);
+    }
+    g.opsets[kFusedDomain] = kFusedOpset;
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
+int64_t fuse_qdq_movement(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  Producers made_by(g);
+  // The bytes Q(DQ(v)) for every byte value v: a requantizing table, or null when it is
+  // the identity (same type, same values).
+  auto requantize = [&](const Node* dq, const Node* q, DType from, bool* identity) -> std::optional<Tensor> {
+    std::array<uint8_t, 256> all;
+    for (int b = 0; b < 256; ++b) all[size_t(b)] = uint8_t(b);
+    try {
+      const Tensor bytes = byte_values(from, all.data());
+      const Tensor f = run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
+      Tensor t = run_ref(g, *q, {&f, g.constant(q->inputs[1]), g.constant(q->inputs[2])});
+      if (t.numel() != 256) return std::nullopt;
+      *identity = t.dtype() == from && std::memcmp(t.raw_data(), all.data(), 256) == 0;
+      return t;
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  auto is_lookup = [](const Node* n) { return n && n->domain == kFusedDomain && n->op_type == "QLookup"; };
+  auto free_slot = [&](Node* n) {
+    index.remove(n);
+    const size_t at = pos.at(n);
+    pos.erase(n);
+    g.removed.push_back(std::move(g.nodes[at]));
+    return at;
+  };
+  auto place = [&](std::unique_ptr<Node> n, size_t at) {
+    index.add(n.get());
+    pos[n.get()] = at;
+    for (const auto& o : n->outputs) made_by.of[o] = n.get();
+    g.nodes[at] = std::move(n);
+  };
+  auto lookup_node = [&](const std::string& name, const std::string& x, const std::string& y, Tensor table) {
+    auto l = std::make_unique<Node>();
+    l->domain = kFusedDomain;
+    l->op_type = "QLookup";
+    l->name = name;
+    l->inputs = {x, g.add_constant(y + "_table", std::move(table))};
+    l->outputs = {y};
+    return l;
+  };
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* q = g.nodes[i].get();
+    if (!is_op(q, "QuantizeLinear") || !per_tensor(g, q)) continue;
+    Node* op = made_by(q->inputs[0]);
+    if (!op || op->outputs.size() != 1 || index.sole_reader(op->outputs[0]) != q) continue;
+    if (is_op(op, "Resize")) {
+      // Nearest resizing copies values: Q(Resize(DQ(x))) = Resize(T[x]), T = Q(DQ(v)),
+      // the table applied before the resize (on the smaller tensor) or not at all.
+      if (op->attr_string("mode", "nearest") != "nearest" || op->attr_int("antialias", 0) != 0 ||
+          op->attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize")
+        continue;
+      bool constant_rest = true;
+      for (size_t k = 1; k < op->inputs.size(); ++k)
+        constant_rest = constant_rest && (op->inputs[k].empty() || g.constant(op->inputs[k]));
+      Node* dq = made_by(op->inputs[0]);
+      if (!constant_rest || !is_op(dq, "DequantizeLinear") || !per_tensor(g, dq)) continue;
+      const DType from = g.constant(dq->inputs[2])->dtype();
+      bool identity = false;
+      auto t = requantize(dq, q, from, &identity);
+      if (!t) continue;
+      auto r = std::make_unique<Node>(*op);
+      r->inputs[0] = dq->inputs[0];
+      r->outputs = q->outputs;
+      const size_t op_at = free_slot(op), q_at = free_slot(q);
+      if (!identity) {
+        r->inputs[0] = g.fresh_name(q->outputs[0] + "_requantized");
+        place(lookup_node(r->name + "_requantize", dq->inputs[0], r->inputs[0], std::move(*t)), op_at);
+      }
+      place(std::move(r), q_at);
+      if (index.readers(dq->outputs[0]).empty() && !index.pinned(dq->outputs[0])) {
+        index.remove(dq);
+        remove_at(g, pos.at(dq));
+      }
+    } else if (is_op(op, "Concat")) {
+      // Q(Concat(DQ_i(x_i))) = Concat(T_i[x_i]): each input requantized by its table (folded
+      // into the table of a QLookup -> Resize that only feeds it), or as it is.
+      std::vector<Node*> dqs;
+      bool ok = !op->inputs.empty();
+      for (const auto& in : op->inputs) {
+        Node* dq = in.empty() ? nullptr : made_by(in);
+        ok = ok && is_op(dq, "DequantizeLinear") && per_tensor(g, dq) &&
+             index.readers(dq->outputs[0]).size() == 1 && !index.pinned(dq->outputs[0]) &&
+             std::find(dqs.begin(), dqs.end(), dq) == dqs.end();
+        if (!ok) break;
+        dqs.push_back(dq);
+      }
+      if (!ok) continue;
+      std::vector<std::optional<Tensor>> tables;
+      std::vector<char> same;
+      for (Node* dq : dqs) {
+        bool identity = false;
+        tables.push_back(requantize(dq, q, g.constant(dq->inputs[2])->dtype(), &identity));
+        same.push_back(identity);
+        ok = ok && tables.back().has_value();
+      }
+      if (!ok) continue;
+      auto c = std::make_unique<Node>(*op);
+      c->outputs = q->outputs;
+      free_slot(op);
+      const size_t q_at = free_slot(q);
+      for (size_t k = 0; k < dqs.size(); ++k) {
+        Node* dq = dqs[k];
+        const std::string x = dq->inputs[0];
+        const size_t dq_at = free_slot(dq);
+        c->inputs[k] = x;
+        if (same[k]) continue;
+        // A Resize of a QLookup, each the other's only reader: the table goes into that one.
+        Node* r = made_by(x);
+        Node* l = is_op(r, "Resize") ? made_by(r->inputs[0]) : nullptr;
+        if (is_lookup(l) && index.readers(x).size() == 0 && !index.pinned(x) &&
+            index.readers(l->outputs[0]).size() == 1 && !index.pinned(l->outputs[0])) {
+          const Tensor& lt = *g.constant(l->inputs[1]);
+          const auto* lb = static_cast<const uint8_t*>(lt.raw_data());
+          const auto* cb = static_cast<const uint8_t*>(tables[k]->raw_data());
+          std::array<uint8_t, 256> both;
+          for (int b = 0; b < 256; ++b) both[size_t(b)] = cb[lb[b]];
+          index.remove(l);
+          l->inputs[1] = g.add_constant(l->outputs[0] + "_table", byte_values(tables[k]->dtype(), both.data()));
+          index.add(l);
+          continue;
+        }
+        c->inputs[k] = g.fresh_name(x + "_requantized");
+        place(lookup_node(dq->name + "_requantize", x, c->inputs[k], std::move(*tables[k])), dq_at);
+      }
+      place(std::move(c), q_at);
+    } else {
+      continue;
     }
     g.opsets[kFusedDomain] = kFusedOpset;
     ++rewrites;
