@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "runtime/cpu_test_util.h"
 #include "slim/core/convert.h"
@@ -478,6 +479,105 @@ TEST(CpuInt8, QLinearGlobalAveragePoolGivesRefsBytesExactly) {
       expect_matches_ref(b.build(), {{"x", extreme_8bit(t, s, 12)}}, "gap", "cpu", 0, 0);
     }
 }
+
+// Between QLinearConvs the 8-bit chain stays channels-last and on bytes: residual Adds of
+// two channels-last inputs, an Add of a channels-last and a plain input, the SE product
+// with its [N, C, 1, 1] gate (whose result a graph output also reads: written plain),
+// nearest Resizes (one requantizing, one at its input's scale: no table) and a Concat of
+// differently scaled inputs (fuse_qdq_movement). Every byte equals the unfused nodes' on
+// ref, for uint8 and int8 activations.
+TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
+  for (DType t : {DType::u8, DType::i8}) {
+    SCOPED_TRACE(t == DType::u8 ? "u8" : "i8");
+    ModelBuilder b(13);
+    const Shape xs = {1, 8, 6, 10}, x2s = {1, 16, 6, 10};
+    b.input("x", t, spec(xs)).input("x2", t, spec(x2s)).output("y").output("se_out");
+    const int z0 = t == DType::u8 ? 128 : 0;
+    auto params = [&](const std::string& v, float s, int z) {
+      b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+      b.initializer(v + "_z", scalar_8bit(t, z));
+    };
+    std::set<std::string> dequantized;
+    auto dq = [&](const std::string& v) {
+      if (dequantized.insert(v).second) b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+      return v + "_dq";
+    };
+    auto q = [&](const std::string& f, const std::string& v) {
+      b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
+      return v;
+    };
+    auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc, int64_t k,
+                     uint64_t seed) {
+      b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
+      b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
+      b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
+      Node& c = b.node("QLinearConv",
+                       {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
+      c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+    };
+    params("x", 0.031f, z0 - 3);
+    params("x2", 0.05f, z0 + 11);
+    params("c1", 0.09f, z0 - 40);
+    params("c2", 0.07f, z0 + 20);
+    qconv("x", "c1", 8, 16, 3, 41);
+    qconv("x", "c2", 8, 16, 1, 43);
+    params("a", 0.12f, z0 - 10);
+    b.node("Add", {dq("c1"), dq("c2")}, {"a_f"});
+    q("a_f", "a");  // both inputs channels-last
+    params("m", 0.1f, z0 + 2);
+    b.node("Add", {dq("c2"), dq("x2")}, {"m_f"});
+    q("m_f", "m");  // channels-last and plain
+    params("g", 0.01f, z0);
+    b.node("GlobalAveragePool", {dq("a")}, {"g_f"});
+    q("g_f", "g");
+    params("se", 0.2f, z0 - 1);
+    b.node("Mul", {dq("a"), dq("g")}, {"se_f"});
+    q("se_f", "se");
+    b.node("Identity", {"se"}, {"se_out"});
+    b.initializer("scales", Tensor::from_vector<float>({4}, {1.f, 1.f, 2.f, 2.f}));
+    params("r1", 0.23f, z0 + 7);
+    b.node("Resize", {dq("se"), "", "scales"}, {"r1_f"}).attrs["mode"] = testing::attr_string("nearest");
+    q("r1_f", "r1");
+    b.initializer("sizes", Tensor::from_vector<int64_t>({4}, {1, 16, 12, 20}));
+    params("r2", 0.1f, z0 + 2);  // m's parameters: no table
+    b.node("Resize", {dq("m"), "", "", "sizes"}, {"r2_f"}).attrs["mode"] = testing::attr_string("nearest");
+    q("r2_f", "r2");
+    params("cat", 0.15f, z0 - 5);
+    b.node("Concat", {dq("r1"), dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
+    q("cat_f", "cat");
+    params("y", 0.3f, z0 + 1);
+    qconv("cat", "y", 32, 5, 1, 47);
+    const Model m = b.build();
+    const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}, {"x2", extreme_8bit(t, x2s, 52)}};
+    SessionOptions o;
+    o.providers = {"cpu", "ref"};
+    auto fast = Session::compile(m, o);
+    std::map<std::string, int> ops;
+    for (const auto& a : fast->partition()) {
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+      ++ops[a.op];
+    }
+    EXPECT_EQ(ops["slim:QLinearAdd"], 2);
+    EXPECT_EQ(ops["slim:QLinearMul"], 1);
+    EXPECT_EQ(ops["Resize"], 2);
+    EXPECT_EQ(ops["Concat"], 1);
+    EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+    SessionOptions r;
+    r.providers = {"ref"};
+    r.optimize = false;
+    const TensorMap got = fast->run(in), want = Session::compile(m, r)->run(in);
+    for (const char* name : {"y", "se_out"}) {
+      const Tensor& g = got.at(name);
+      const Tensor& w = want.at(name);
+      ASSERT_EQ(g.shape(), w.shape()) << name;
+      ASSERT_EQ(g.dtype(), w.dtype()) << name;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i], static_cast<const uint8_t*>(w.raw_data())[i])
+            << name << " " << i;
+    }
+  }
+}
+
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {
   const Shape s = {2, 3, 5, 7};
