@@ -881,6 +881,102 @@ KernelDef qbinary_def(const char* op) {
   return def;
 }
 
+// DepthToSpace of 4-D bytes: where a quantized ConvTranspose whose kernel equals its
+// stride goes (fuse_qdq: a 1x1 QLinearConv to kernel-area x channels, then this). It reads
+// a QLinearConv's channels-last bytes and hands them on so; in DCR mode each output pixel
+// of a channels-last output is one run of C bytes.
+class ByteDepthToSpaceKernel final : public OpKernel {
+ public:
+  ByteDepthToSpaceKernel(const KernelBuildInfo& info, int64_t bs, bool dcr)
+      : t_(*info.input(0).dtype), x_shape_(*info.input(0).shape), bs_(bs), dcr_(dcr) {
+    y_shape_ = {x_shape_[0], x_shape_[1] / (bs * bs), x_shape_[2] * bs, x_shape_[3] * bs};
+    nhwc_x_ = int8_nhwc_layout(x_shape_, t_);
+    nhwc_y_ = int8_nhwc_layout(y_shape_, t_);
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = t_;
+    *shape = y_shape_;
+    return i == 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_x_; }
+  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
+  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
+  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, x_shape_, t_);
+    const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
+    auto* y = static_cast<uint8_t*>(ctx.output(0, t_, y_shape_).raw_data());
+    const int64_t n = x_shape_[0], xc = x_shape_[1], h = x_shape_[2], w = x_shape_[3], c = y_shape_[1];
+    const int64_t oh = y_shape_[2], ow = y_shape_[3], bs = bs_;
+    // The input channel of output channel k at block offset (a, b).
+    auto in_channel = [&](int64_t k, int64_t a, int64_t b) {
+      return dcr_ ? (a * bs + b) * c + k : k * bs * bs + a * bs + b;
+    };
+    parallel_items(ctx, n * oh, ow * c, 1 << 15, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t img = r / oh, i = (r % oh) / bs, a = (r % oh) % bs;
+        const uint8_t* xi = x + img * xc * h * w;
+        uint8_t* yi = y + img * c * oh * ow;
+        const int64_t yr = r % oh;
+        if (cl_x_ && !cl_y_ && dcr_) {
+          // Channels-last in, plain out: each output row of channel k strides through
+          // the input row's pixels.
+          for (int64_t k = 0; k < c; ++k) {
+            const uint8_t* in = xi + i * w * xc + a * bs * c + k;
+            uint8_t* d = yi + (k * oh + yr) * ow;
+            for (int64_t j = 0; j < w; ++j)
+              for (int64_t b = 0; b < bs; ++b) d[j * bs + b] = in[j * xc + b * c];
+          }
+          continue;
+        }
+        for (int64_t q = 0; q < ow; ++q) {
+          const int64_t j = q / bs, b = q % bs;
+          if (cl_x_ && cl_y_ && dcr_) {
+            std::memcpy(yi + (yr * ow + q) * c, xi + (i * w + j) * xc + in_channel(0, a, b), size_t(c));
+            continue;
+          }
+          for (int64_t k = 0; k < c; ++k) {
+            const int64_t ch = in_channel(k, a, b);
+            const uint8_t v = cl_x_ ? xi[(i * w + j) * xc + ch] : xi[(ch * h + i) * w + j];
+            if (cl_y_) yi[(yr * ow + q) * c + k] = v;
+            else yi[(k * oh + yr) * ow + q] = v;
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  DType t_;
+  Shape x_shape_, y_shape_;
+  int64_t bs_;
+  bool dcr_;
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool cl_x_ = false, cl_y_ = false;
+};
+
+KernelDef depth_to_space_def() {
+  KernelDef def;
+  def.op_type = "DepthToSpace";
+  def.since_version = 1;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (!is_8bit(info.input(0).dtype)) return Claim::no("8-bit inputs only");
+    if (auto r = need_static(info, 0)) return Claim::no(*r);
+    const Shape& s = *info.input(0).shape;
+    const int64_t bs = info.node.attr_int("blocksize", 0);
+    const std::string mode = info.node.attr_string("mode", "DCR");
+    if (s.size() != 4) return Claim::no("4-D inputs only");
+    if (bs < 1 || s[1] % (bs * bs) != 0) return Claim::no("channels not a multiple of blocksize^2");
+    if (mode != "DCR" && mode != "CRD") return Claim::no("mode must be DCR or CRD");
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<ByteDepthToSpaceKernel>(info, info.node.attr_int("blocksize", 0),
+                                                    info.node.attr_string("mode", "DCR") == "DCR");
+  };
+  return def;
+}
+
 }  // namespace
 
 void register_quantize_kernels(KernelRegistry& r) {
@@ -891,6 +987,7 @@ void register_quantize_kernels(KernelRegistry& r) {
   r.add(qlookup_def());
   r.add(qbinary_def("QLinearAdd"));
   r.add(qbinary_def("QLinearMul"));
+  r.add(depth_to_space_def());
 }
 
 }  // namespace slim::cpu

@@ -259,6 +259,128 @@ int64_t fuse_qdq_elementwise(PassGraph& g) {
   return rewrites;
 }
 
+namespace {
+
+Attribute ints_attr(std::vector<int64_t> v) {
+  Attribute a;
+  a.kind = Attribute::Kind::ints;
+  a.ints = std::move(v);
+  return a;
+}
+
+// DequantizeLinear(x), DequantizeLinear(w) [, DequantizeLinear(int32 bias)] ->
+// ConvTranspose -> QuantizeLinear(y) whose kernel equals its stride (no padding, no
+// overlap: each input pixel makes its own kh x kw block of output pixels, as the
+// upsampling ConvTransposes of PP-OCR's DB head) becomes a 1x1 QLinearConv to
+// kh * kw * M channels (weights [C, M, kh, kw] laid out [(a * kw + b) * M + m, C, 1, 1],
+// scales, zero points and bias repeated per block offset) and a DCR DepthToSpace of its
+// bytes: the same int32 sums and requantization as a QLinearConvTranspose. 1 on success.
+int64_t fuse_qdq_conv_transpose(PassGraph& g, Node* op, UseIndex& index,
+                                std::unordered_map<const Node*, size_t>& pos,
+                                std::unordered_map<std::string, Node*>& made_by) {
+  auto producer = [&](const std::string& v) -> Node* {
+    auto it = made_by.find(v);
+    return it == made_by.end() ? nullptr : it->second;
+  };
+  if (op->outputs.size() != 1 || op->inputs.size() < 2 || op->inputs.size() > 3) return 0;
+  const auto opset = g.opsets.find("");
+  if (opset == g.opsets.end() || opset->second < 11) return 0;  // DepthToSpace's DCR mode
+  if (op->attr_int("group", 1) != 1 || op->has_attr("output_shape") ||
+      op->attr_string("auto_pad", "NOTSET") != "NOTSET")
+    return 0;
+  for (int64_t v : op->attr_ints("output_padding"))
+    if (v != 0) return 0;
+  for (int64_t v : op->attr_ints("pads"))
+    if (v != 0) return 0;
+  for (int64_t v : op->attr_ints("dilations"))
+    if (v != 1) return 0;
+  Node* dx = producer(op->inputs[0]);
+  Node* dw = producer(op->inputs[1]);
+  Node* q = index.sole_reader(op->outputs[0]);
+  if (!is_op(dx, "DequantizeLinear") || !per_tensor(g, dx) || !is_op(q, "QuantizeLinear") ||
+      !per_tensor(g, q) || !dw)
+    return 0;
+  const Tensor* w = g.constant(dw->inputs[0]);
+  if (!w || w->rank() != 4) return 0;
+  const int64_t c = w->shape()[0], m = w->shape()[1], kh = w->shape()[2], kw = w->shape()[3];
+  const auto strides = op->attr_ints("strides", {1, 1});
+  const auto kernel = op->attr_ints("kernel_shape", {kh, kw});
+  if (kh != kw || strides.size() != 2 || strides[0] != kh || strides[1] != kw || kernel.size() != 2 ||
+      kernel[0] != kh || kernel[1] != kw || kh < 1)
+    return 0;
+  if (!weight_dq(g, dw, 1, m)) return 0;
+  Node* db = op->inputs.size() == 3 ? producer(op->inputs[2]) : nullptr;
+  const float x_scale = g.constant(dx->inputs[1])->contiguous().data<float>()[0];
+  if (op->inputs.size() == 3 && !bias_dq(g, db, m, x_scale, *g.constant(dw->inputs[1]))) return 0;
+  const int64_t area = kh * kw, oc = area * m;
+  // Weights [(a * kw + b) * M + m, C, 1, 1] of w[c, m, a, b].
+  const Tensor wc = w->contiguous();
+  Tensor w2(wc.dtype(), {oc, c, 1, 1});
+  const auto* src = static_cast<const uint8_t*>(wc.raw_data());
+  auto* dst = static_cast<uint8_t*>(w2.raw_data());
+  for (int64_t k = 0; k < c; ++k)
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t ab = 0; ab < area; ++ab) dst[(ab * m + o) * c + k] = src[(k * m + o) * area + ab];
+  // Per-channel parameters (and the bias) once per block offset.
+  auto repeat = [&](const Tensor& t, bool always = false) {
+    const Tensor tc = t.contiguous();
+    if (tc.numel() == 1 && !always) return tc;
+    const size_t e = dtype_size(tc.dtype());
+    Tensor r(tc.dtype(), {oc});
+    for (int64_t ab = 0; ab < area; ++ab)
+      std::memcpy(static_cast<uint8_t*>(r.raw_data()) + size_t(ab * m) * e, tc.raw_data(), size_t(m) * e);
+    return r;
+  };
+  const std::string base = op->name.empty() ? op->outputs[0] : op->name;
+  auto conv = std::make_unique<Node>();
+  conv->op_type = "QLinearConv";
+  conv->name = base + "_blocks";
+  conv->inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2],
+                  g.add_constant(base + "_w_blocks", w2),
+                  g.add_constant(base + "_ws_blocks", repeat(*g.constant(dw->inputs[1]))),
+                  g.add_constant(base + "_wz_blocks", repeat(*g.constant(dw->inputs[2]))),
+                  q->inputs[1], q->inputs[2]};
+  if (db) conv->inputs.push_back(g.add_constant(base + "_b_blocks", repeat(*g.constant(db->inputs[0]), true)));
+  conv->outputs = {g.fresh_name(q->outputs[0] + "_blocks")};
+  conv->attrs["kernel_shape"] = ints_attr({1, 1});
+  auto d2s = std::make_unique<Node>();
+  d2s->op_type = "DepthToSpace";
+  d2s->name = op->name;
+  d2s->inputs = {conv->outputs[0]};
+  d2s->outputs = q->outputs;
+  Attribute bs;
+  bs.kind = Attribute::Kind::i;
+  bs.i = kh;
+  d2s->attrs["blocksize"] = bs;
+  Attribute mode;
+  mode.kind = Attribute::Kind::s;
+  mode.s = "DCR";
+  d2s->attrs["mode"] = mode;
+  const size_t op_at = pos.at(op), q_at = pos.at(q);
+  index.remove(op);
+  index.remove(q);
+  g.removed.push_back(std::move(g.nodes[op_at]));
+  g.removed.push_back(std::move(g.nodes[q_at]));
+  pos.erase(op);
+  pos.erase(q);
+  for (Node* d : {dx, dw, db})
+    if (d && index.readers(d->outputs[0]).empty() && !index.pinned(d->outputs[0])) {
+      index.remove(d);
+      remove_at(g, pos.at(d));
+    }
+  made_by[conv->outputs[0]] = conv.get();
+  made_by[d2s->outputs[0]] = d2s.get();
+  index.add(conv.get());
+  index.add(d2s.get());
+  pos[conv.get()] = op_at;
+  pos[d2s.get()] = q_at;
+  g.nodes[op_at] = std::move(conv);
+  g.nodes[q_at] = std::move(d2s);
+  return 1;
+}
+
+}  // namespace
+
 int64_t fuse_qdq_movement(PassGraph& g) {
   if (!g.int8_kernels) return 0;
   UseIndex index(g);
@@ -407,6 +529,10 @@ int64_t fuse_qdq(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* op = g.nodes[i].get();
+    if (is_op(op, "ConvTranspose")) {
+      rewrites += fuse_qdq_conv_transpose(g, op, index, pos, made_by.of);
+      continue;
+    }
     const bool conv = is_op(op, "Conv");
     if (!(conv || is_op(op, "MatMul")) || op->outputs.size() != 1) continue;
     if (op->inputs.size() < 2 || op->inputs.size() > (conv ? 3u : 2u)) continue;
