@@ -579,6 +579,110 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
 }
 
 
+// DepthToSpace of 8-bit bytes (where fuse_qdq sends a ConvTranspose's blocks): plain bytes,
+// a QLinearConv's channels-last bytes written plain, and channels-last on to the next
+// QLinearConv, in DCR and CRD mode: ref's bytes exactly.
+TEST(CpuInt8, DepthToSpaceOfBytesGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8})
+    for (const char* mode : {"DCR", "CRD"})
+      for (int chain = 0; chain < 3; ++chain) {
+        SCOPED_TRACE(std::string(mode) + " chain " + std::to_string(chain));
+        const Shape in_shape = chain > 0 ? Shape{2, 8, 3, 5} : Shape{2, 12, 3, 5};
+        ModelBuilder b(13);
+        b.input("x", t, spec(in_shape)).output("y");
+        std::string x = "x";
+        if (chain > 0) {
+          add_qlinear_params(b, "", t, t, 12, DType::i8, true, 3);
+          b.initializer("w", extreme_8bit(DType::i8, {12, 8, 1, 1}, 8));
+          b.node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"c"});
+          x = "c";
+        }
+        const std::string d = chain == 2 ? "d" : "y";
+        Node& n = b.node("DepthToSpace", {x}, {d}, "d2s");
+        n.attrs["blocksize"] = attr_int(2);
+        n.attrs["mode"] = testing::attr_string(mode);
+        if (chain == 2) {
+          add_qlinear_params(b, "p", t, t, 4, DType::i8, true, 5);
+          b.initializer("pxs", Tensor::from_vector<float>({}, {0.55f}));  // c's scale
+          b.initializer("pxz", scalar_8bit(t, t == DType::u8 ? 97 : 3));
+          b.initializer("pw", extreme_8bit(DType::i8, {4, 3, 1, 1}, 9));
+          b.node("QLinearConv", {"d", "pxs", "pxz", "pw", "pws", "pwz", "pys", "pyz"}, {"y"});
+        }
+        expect_matches_ref(b.build(), {{"x", extreme_8bit(t, in_shape, 13)}}, "d2s", "cpu", 0, 0);
+      }
+}
+
+// DQ(x) -> ConvTranspose(DQ(w), DQ(int32 bias)) -> Q with kernel = stride (PP-OCR's DB
+// head upsampling twice, 2x2 and then 3x3 here) becomes a 1x1 QLinearConv and a
+// DepthToSpace (fuse_qdq): ONNX Runtime's QLinearConvTranspose sums, requantized once. The
+// file as written (ref, no passes) rounds the f32 products once more: a step at most.
+TEST(CpuInt8, QdqConvTransposeBecomesQLinearConvAndDepthToSpace) {
+  ModelBuilder b(13);
+  const Shape xs = {1, 8, 5, 7};
+  b.input("x", DType::f32, spec(xs)).output("y");
+  auto qdq = [&](const std::string& v, float s, int z) {
+    b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+    b.initializer(v + "_z", scalar_8bit(DType::u8, z));
+    b.node("QuantizeLinear", {v, v + "_s", v + "_z"}, {v + "_q"});
+    b.node("DequantizeLinear", {v + "_q", v + "_s", v + "_z"}, {v + "_dq"});
+    return v + "_dq";
+  };
+  auto weights = [&](const std::string& w, const Shape& shape, bool per_channel, uint64_t seed) {
+    const int64_t ch = per_channel ? shape[1] : 1;
+    b.initializer(w, extreme_8bit(DType::i8, shape, seed));
+    b.initializer(w + "_s", per_channel ? random_f32({ch}, seed + 1, 0.001f, 0.01f)
+                                        : Tensor::from_vector<float>({}, {0.004f}));
+    b.initializer(w + "_z", per_channel ? Tensor(DType::i8, {ch}) : Tensor(DType::i8, {}));
+    b.node("DequantizeLinear", {w, w + "_s", w + "_z"}, {w + "_dq"}).attrs["axis"] = attr_int(1);
+    return w + "_dq";
+  };
+  const std::string x = qdq("x", 0.02f, 128);
+  const std::string w1 = weights("w1", {8, 6, 2, 2}, true, 11);
+  const Tensor s1 = b.model().graph.initializers.at("w1_s");
+  Tensor bs(DType::f32, {6});
+  Tensor bq(DType::i32, {6});
+  for (int64_t c = 0; c < 6; ++c) {
+    bs.data<float>()[c] = 0.02f * s1.data<float>()[c];
+    bq.data<int32_t>()[c] = int32_t(c * 411 - 1200);
+  }
+  b.initializer("b1", bq).initializer("b1_s", bs);
+  b.node("DequantizeLinear", {"b1", "b1_s"}, {"b1_dq"}).attrs["axis"] = attr_int(0);
+  Node& t1 = b.node("ConvTranspose", {x, w1, "b1_dq"}, {"t1"}, "deconv1");
+  t1.attrs["strides"] = attr_ints({2, 2});
+  t1.attrs["kernel_shape"] = attr_ints({2, 2});
+  const std::string h = qdq("t1", 0.05f, 60);
+  Node& t2 = b.node("ConvTranspose", {h, weights("w2", {6, 1, 3, 3}, false, 21)}, {"t2"}, "deconv2");
+  t2.attrs["strides"] = attr_ints({3, 3});
+  b.node("Identity", {qdq("t2", 0.03f, 128)}, {"y"});
+  const Model m = b.build();
+  const TensorMap in = {{"x", random_f32(xs, 3, -2.f, 2.f)}};
+  SessionOptions o;
+  o.providers = {"cpu", "ref"};
+  auto fast = Session::compile(m, o);
+  std::map<std::string, int> ops;
+  for (const auto& a : fast->partition()) {
+    EXPECT_EQ(a.provider, "cpu") << a.node;
+    ++ops[a.op];
+  }
+  EXPECT_EQ(ops["QLinearConv"], 2);
+  EXPECT_EQ(ops["DepthToSpace"], 2);
+  EXPECT_EQ(ops["ConvTranspose"], 0);
+  SessionOptions r;
+  r.providers = {"ref"};
+  r.optimize = false;
+  const Tensor got = fast->run(in).at("y"), want = Session::compile(m, r)->run(in).at("y");
+  ASSERT_EQ(got.shape(), want.shape());
+  ASSERT_EQ(got.shape(), Shape({1, 1, 30, 42}));
+  int64_t moved = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float d = std::fabs(got.data<float>()[i] - want.data<float>()[i]);
+    EXPECT_LE(d, 0.03f * 2.5f) << i;
+    moved += d > 0;
+  }
+  EXPECT_LT(moved, got.numel() / 4);
+}
+
+
 TEST(CpuInt8, QuantizationKernelsMatchRef) {
   const Shape s = {2, 3, 5, 7};
   Tensor x = random_f32(s, 90, -4.f, 4.f);
