@@ -288,7 +288,7 @@ def markdown(results, meta):
              + (f", SLIM_ISA={meta['slim_isa']}" if meta.get("slim_isa") else "") + "), ONNX Runtime "
              f"{meta['ort_version']}, {meta['threads']} thread(s), load average {meta['load']}.", "",
              "Agreement of the quantized model with the float one on the held-out set (top-1 per row for the "
-             "classifiers, decoded text for the recognizer, cosine for the embedding):", "",
+             "classifiers, decoded text for the recognizer, cosine for the embedding, IoU of the text masks for the detector):", "",
              "| model | held-out | " + " | ".join(s[0] for s in SETTINGS) + " | other settings |",
              "|---|---|" + "---|" * (len(SETTINGS) + 1)]
     for r in results:

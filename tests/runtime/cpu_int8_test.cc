@@ -683,6 +683,23 @@ TEST(CpuInt8, QdqConvTransposeBecomesQLinearConvAndDepthToSpace) {
 }
 
 
+// A QuantizeLinear read by a QLinearConv writes its bytes channels-last (a quantized CNN's
+// input): ref's bytes exactly.
+TEST(CpuInt8, QuantizeLinearIntoQLinearConvGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8}) {
+    const Shape xs = {2, 3, 9, 11};
+    ModelBuilder b(13);
+    b.input("x", DType::f32, spec(xs)).output("y");
+    add_qlinear_params(b, "", t, t, 16, DType::i8, true, 3);
+    b.node("QuantizeLinear", {"x", "xs", "xz"}, {"xq"}, "q");
+    b.initializer("w", extreme_8bit(DType::i8, {16, 3, 3, 3}, 8));
+    Node& c = b.node("QLinearConv", {"xq", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"y"});
+    c.attrs["pads"] = attr_ints({1, 1, 1, 1});
+    expect_matches_ref(b.build(), {{"x", random_f32(xs, 4, -4.f, 4.f)}}, "q", "cpu", 0, 0);
+  }
+}
+
+
 TEST(CpuInt8, QuantizationKernelsMatchRef) {
   const Shape s = {2, 3, 5, 7};
   Tensor x = random_f32(s, 90, -4.f, 4.f);

@@ -415,30 +415,47 @@ int32_t zero_point(const Tensor* z, int64_t k) {
   return z->dtype() == DType::u8 ? int32_t(z->data<uint8_t>()[k]) : int32_t(z->data<int8_t>()[k]);
 }
 
+// A per-tensor QuantizeLinear of a 4-D tensor read by a QLinearConv (a quantized CNN's
+// input) writes its bytes channels-last, as that convolution wants them, instead of
+// oneDNN reordering them there.
 class QuantizeKernel final : public OpKernel {
  public:
   QuantizeKernel(QuantAxis a, Shape shape, DType out)
-      : a_(a), shape_(std::move(shape)), out_(out) {}
+      : a_(a), shape_(std::move(shape)), out_(out) {
+    if (shape_.size() == 4 && a_.dim == 1 && (out_ == DType::u8 || out_ == DType::i8))
+      nhwc_y_ = int8_nhwc_layout(shape_, out_);
+  }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = out_;
     *shape = shape_;
     return i == 0;
   }
+  bool can_write_output_in(int i, uint64_t layout) const override {
+    return i == 0 && layout != 0 && layout == nhwc_y_;
+  }
+  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
   void compute(KernelContext& ctx) const override {
     const float* x = ctx.required_input(0).data<float>();
     const float* scale = ctx.required_input(1).data<float>();
     const Tensor* z = ctx.input(2);
     void* y = ctx.output(0, out_, shape_).raw_data();
     const int32_t lo = out_ == DType::u8 ? 0 : -128, hi = out_ == DType::u8 ? 255 : 127;
+    void* to = y;
+    if (cl_y_) to = thread_scratch(size_t(shape_numel(shape_)));
     for_each_run(ctx, a_, [&](int64_t off, int64_t n, int64_t k) {
-      quantize(x + off, static_cast<char*>(y) + off, n, scale[k], zero_point(z, k), lo, hi);
+      quantize(x + off, static_cast<char*>(to) + off, n, scale[k], zero_point(z, k), lo, hi);
     });
+    if (cl_y_)
+      bytes_to_nhwc(static_cast<const uint8_t*>(to), static_cast<uint8_t*>(y), shape_[0], shape_[1],
+                    shape_[2] * shape_[3]);
   }
 
  private:
   QuantAxis a_;
   Shape shape_;
   DType out_;
+  uint64_t nhwc_y_ = 0;
+  bool cl_y_ = false;
 };
 
 class DequantizeKernel final : public OpKernel {
