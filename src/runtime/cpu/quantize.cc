@@ -60,7 +60,12 @@ SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, b
 template <int W>
 SLIM_INLINE bool any_lane(typename Vec<W>::I m) {
   const auto b = __builtin_convertvector(m, typename Bytes<W>::S);
-  if constexpr (W % 8 == 0) {
+  if constexpr (W == 16) {
+    // One 128-bit test (vptest) instead of two 64-bit extracts and an or.
+    unsigned __int128 all;
+    std::memcpy(&all, &b, 16);
+    return all != 0;
+  } else if constexpr (W % 8 == 0) {
     uint64_t parts[W / 8], any = 0;
     std::memcpy(parts, &b, W);
     for (int k = 0; k < W / 8; ++k) any |= parts[k];
@@ -705,6 +710,76 @@ SLIM_DISPATCH3(qbinary_loop,
                (const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul,
                 QParams pa, QParams pb, QParams pc),
                (a, b, bv, c, n, mul, pa, pb, pc))
+
+#if defined(__x86_64__)
+// qbinary_loop<16> written with AVX-512 intrinsics, the same operations in the same order
+// (so the same bytes): GCC compiled the generic vectors' widening, any-lane test and byte
+// stores through the stack, and this loop was a fifth of PP-OCR's detector's 8-bit run.
+__attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c,
+                                                       int64_t n, bool mul, QParams pa, QParams pb, QParams pc) {
+  const int32_t qlo = pc.is_signed ? -128 : 0, qhi = pc.is_signed ? 127 : 255;
+  const float inv = std::isnormal(1.f / pc.scale) ? 1.f / pc.scale : 0.f;
+  const __m512i za = _mm512_set1_epi32(pa.zp), zb = _mm512_set1_epi32(pb.zp), zc = _mm512_set1_epi32(pc.zp);
+  const __m512 sa = _mm512_set1_ps(pa.scale), sb = _mm512_set1_ps(pb.scale), sc = _mm512_set1_ps(pc.scale);
+  const __m512 vinv = _mm512_set1_ps(inv), magic = _mm512_set1_ps(12582912.f), fbv = _mm512_set1_ps(bv);
+  const __m512 lo = _mm512_set1_ps(float(qlo - pc.zp)), hi = _mm512_set1_ps(float(qhi - pc.zp));
+  const __m512 half = _mm512_set1_ps(0.5f), e21 = _mm512_set1_ps(0x1p-21f), e40 = _mm512_set1_ps(0x1p-40f);
+  const __m512i sign = _mm512_set1_epi32(0x7fffffff);
+  auto widen = [](const uint8_t* p, bool s) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return s ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x);
+  };
+  auto abs_ps = [&](__m512 v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), sign)); };
+  auto round_clamped = [&](__m512 v) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);
+    v = _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+    v = _mm512_mask_mov_ps(v, nan, _mm512_setzero_ps());
+    return _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvttps_epi32(v), zc));
+  };
+  auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp) {
+    const __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(ap, pa.is_signed), za)), sa);
+    const __m512 fb =
+        bp ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(bp, pb.is_signed), zb)), sb) : fbv;
+    const __m512 x = mul ? _mm512_mul_ps(fa, fb) : _mm512_add_ps(fa, fb);
+    __m512i q;
+    bool divide = true;
+    if (inv != 0.f) {
+      const __m512 v = _mm512_mul_ps(x, vinv);
+      const __m512 r = _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+      const __m512 d = abs_ps(_mm512_sub_ps(v, r));
+      const __m512 bound = _mm512_sub_ps(_mm512_sub_ps(half, _mm512_mul_ps(abs_ps(v), e21)), e40);
+      if (_mm512_cmp_ps_mask(d, bound, _CMP_GE_OQ) == 0) {
+        q = round_clamped(v);
+        divide = false;
+      }
+    }
+    if (divide) q = round_clamped(_mm512_div_ps(x, sc));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(cp), _mm512_cvtepi32_epi8(q));
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) step(a + i, b ? b + i : nullptr, c + i);
+  if (i < n) {
+    // The tail through 16-byte copies (24-channel rows would otherwise run a third scalar).
+    alignas(16) uint8_t ta[16] = {}, tb[16] = {}, tc[16];
+    std::memcpy(ta, a + i, size_t(n - i));
+    if (b) std::memcpy(tb, b + i, size_t(n - i));
+    step(ta, b ? tb : nullptr, tc);
+    std::memcpy(c + i, tc, size_t(n - i));
+  }
+}
+#endif
+
+// c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null, at the level
+// the kernels run at.
+void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul, QParams pa,
+             QParams pb, QParams pc) {
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512) return qbinary_avx512(a, b, bv, c, n, mul, pa, pb, pc);
+#endif
+  qbinary_loop_any(a, b, bv, c, n, mul, pa, pb, pc);
+}
 #pragma GCC pop_options
 
 }  // namespace
@@ -806,19 +881,19 @@ class QLinearBinaryKernel final : public OpKernel {
     uint8_t* out = need_c ? at : c;
     if (inner_ == 0) {
       parallel_items(ctx, n, 1, kGrain, [&](int64_t s, int64_t e) {
-        qbinary_loop_any(a + s, b + s, 0.f, out + s, e - s, mul_, pa_, pb_, pc_);
+        qbinary(a + s, b + s, 0.f, out + s, e - s, mul_, pa_, pb_, pc_);
       });
     } else if (work_cl) {
       // A [N, H, W, C] with B [N, C]: each pixel's channels against B's row.
       parallel_items(ctx, nb * px, ch, kGrain, [&](int64_t s, int64_t e) {
         for (int64_t r = s; r < e; ++r)
-          qbinary_loop_any(a + r * ch, b + (r / px) * ch, 0.f, out + r * ch, ch, mul_, pa_, pb_, pc_);
+          qbinary(a + r * ch, b + (r / px) * ch, 0.f, out + r * ch, ch, mul_, pa_, pb_, pc_);
       });
     } else {
       parallel_items(ctx, n / inner_, inner_, kGrain, [&](int64_t s, int64_t e) {
         for (int64_t o = s; o < e; ++o) {
           const int32_t v = pb_.is_signed ? int32_t(int8_t(b[o])) : int32_t(b[o]);
-          qbinary_loop_any(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, out + o * inner_,
+          qbinary(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, out + o * inner_,
                            inner_, mul_, pa_, pb_, pc_);
         }
       });
