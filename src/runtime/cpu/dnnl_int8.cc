@@ -7,6 +7,9 @@
 #include "runtime/cpu/dnnl_int8.h"
 
 #include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <array>
 #include <cstring>
 #include <numeric>
@@ -258,7 +261,40 @@ void finish_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
 
 // Requantized rows without compensation, n elements from a row's start: runs of
 // out.period elements, so the vector loop covers rows of any width.
+#if defined(__x86_64__)
+// requantize_rows at AVX-512 in intrinsics: the same operations as requantize_row<16>
+// (int32 sum plus bias, to float, times the scale, clamped, rounded half to even, plus the
+// zero point), a period's tail under a lane mask instead of scalar code and no call per
+// period (the epilogue was a sixth of PP-OCR's detector's 8-bit run).
+__attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* acc, int64_t n,
+                                                               const Int8Output& out, uint8_t* bytes) {
+  const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
+  const __m512 lo = _mm512_set1_ps(float(qlo - out.zero_point)), hi = _mm512_set1_ps(float(qhi - out.zero_point));
+  const __m512 magic = _mm512_set1_ps(12582912.f);
+  const __m512i zp = _mm512_set1_epi32(out.zero_point);
+  for (int64_t s = 0; s < n; s += out.period) {
+    const int64_t m = std::min(out.period, n - s);
+    for (int64_t k = 0; k < m; k += 16) {
+      const __mmask16 mk = m - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (m - k)) - 1);
+      __m512i a = _mm512_maskz_loadu_epi32(mk, acc + s + k);
+      if (out.qbias) a = _mm512_add_epi32(a, _mm512_maskz_loadu_epi32(mk, out.qbias + k));
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_maskz_loadu_ps(mk, out.scale + k));
+      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);
+      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);
+      v = _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+      v = _mm512_mask_mov_ps(v, nan, _mm512_setzero_ps());
+      const __m512i q = _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvttps_epi32(v), zp));
+      _mm512_mask_cvtepi32_storeu_epi8(bytes + s + k, mk, q);
+    }
+  }
+}
+#endif
+
 void requantize_rows(const int32_t* acc, int64_t n, const Int8Output& out, uint8_t* bytes) {
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512) return requantize_rows_avx512(acc, n, out, bytes);
+#endif
   for (int64_t s = 0; s < n; s += out.period)
     requantize_row_any(acc + s, std::min(out.period, n - s), 0, nullptr, out.qbias, out.scale,
                        out.zero_point, out.bytes_signed, bytes + s);
