@@ -25,8 +25,11 @@ using dnnl::memory;
 
 bool int8_products_exact() {
   dnnl_engine();  // holds oneDNN to slim's level first
-  const auto vnni = unsigned(dnnl::cpu_isa::avx512_core_vnni);
-  return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
+  // AVX-512 VNNI (and AMX above it), or AVX-VNNI at AVX2.
+  const unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
+  for (const auto vnni : {unsigned(dnnl::cpu_isa::avx512_core_vnni), unsigned(dnnl::cpu_isa::avx2_vnni)})
+    if ((isa & vnni) == vnni) return true;
+  return false;
 }
 
 namespace {
