@@ -586,11 +586,34 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t lookup_vbmi(
 }
 #endif
 
+#if defined(__x86_64__)
+// 32 bytes at a time without VBMI: the table as 16 rows of 16 bytes, each looked up by
+// the low nibble (vpshufb) and kept where the high nibble names that row.
+__attribute__((target("avx2"))) int64_t lookup_avx2(const uint8_t* table, const uint8_t* x, uint8_t* y,
+                                                    int64_t n) {
+  __m256i rows[16];
+  for (int h = 0; h < 16; ++h)
+    rows[h] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table + 16 * h)));
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    __m256i r = _mm256_setzero_si256();
+    for (int h = 0; h < 16; ++h)
+      r = _mm256_blendv_epi8(r, _mm256_shuffle_epi8(rows[h], lo), _mm256_cmpeq_epi8(hi, _mm256_set1_epi8(char(h))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), r);
+  }
+  return i;
+}
+#endif
+
 void lookup(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) {
   int64_t i = 0;
 #if defined(__x86_64__)
   static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (vbmi && detected_isa() == Isa::avx512) i = lookup_vbmi(table, x, y, n);
+  else if (detected_isa() == Isa::avx512 || detected_isa() == Isa::avx2) i = lookup_avx2(table, x, y, n);
 #endif
   for (; i < n; ++i) y[i] = table[x[i]];
 }
@@ -769,6 +792,64 @@ __attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const u
     std::memcpy(c + i, tc, size_t(n - i));
   }
 }
+
+// The same at AVX2, 8 lanes.
+__attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c,
+                                                  int64_t n, bool mul, QParams pa, QParams pb, QParams pc) {
+  const int32_t qlo = pc.is_signed ? -128 : 0, qhi = pc.is_signed ? 127 : 255;
+  const float inv = std::isnormal(1.f / pc.scale) ? 1.f / pc.scale : 0.f;
+  const __m256i za = _mm256_set1_epi32(pa.zp), zb = _mm256_set1_epi32(pb.zp), zc = _mm256_set1_epi32(pc.zp);
+  const __m256 sa = _mm256_set1_ps(pa.scale), sb = _mm256_set1_ps(pb.scale), sc = _mm256_set1_ps(pc.scale);
+  const __m256 vinv = _mm256_set1_ps(inv), magic = _mm256_set1_ps(12582912.f), fbv = _mm256_set1_ps(bv);
+  const __m256 lo = _mm256_set1_ps(float(qlo - pc.zp)), hi = _mm256_set1_ps(float(qhi - pc.zp));
+  const __m256 half = _mm256_set1_ps(0.5f), e21 = _mm256_set1_ps(0x1p-21f), e40 = _mm256_set1_ps(0x1p-40f);
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // Byte 0 of each 32-bit lane, per 128-bit half.
+  const __m128i pick = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  auto widen = [](const uint8_t* p, bool s) __attribute__((target("avx2"))) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return s ? _mm256_cvtepi8_epi32(x) : _mm256_cvtepu8_epi32(x);
+  };
+  auto round_clamped = [&](__m256 v) __attribute__((target("avx2"))) {
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
+    v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
+    v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+    v = _mm256_andnot_ps(nan, v);
+    return _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvttps_epi32(v), zc));
+  };
+  auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp) __attribute__((target("avx2"))) {
+    const __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(ap, pa.is_signed), za)), sa);
+    const __m256 fb =
+        bp ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(bp, pb.is_signed), zb)), sb) : fbv;
+    const __m256 x = mul ? _mm256_mul_ps(fa, fb) : _mm256_add_ps(fa, fb);
+    __m256i q;
+    bool divide = true;
+    if (inv != 0.f) {
+      const __m256 v = _mm256_mul_ps(x, vinv);
+      const __m256 r = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+      const __m256 d = _mm256_and_ps(_mm256_sub_ps(v, r), sign);
+      const __m256 bound = _mm256_sub_ps(_mm256_sub_ps(half, _mm256_mul_ps(_mm256_and_ps(v, sign), e21)), e40);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(d, bound, _CMP_GE_OQ)) == 0) {
+        q = round_clamped(v);
+        divide = false;
+      }
+    }
+    if (divide) q = round_clamped(_mm256_div_ps(x, sc));
+    const __m128i l = _mm_shuffle_epi8(_mm256_castsi256_si128(q), pick);
+    const __m128i h = _mm_shuffle_epi8(_mm256_extracti128_si256(q, 1), pick);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(cp), _mm_unpacklo_epi32(l, h));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) step(a + i, b ? b + i : nullptr, c + i);
+  if (i < n) {
+    alignas(16) uint8_t ta[8] = {}, tb[8] = {}, tc[8];
+    std::memcpy(ta, a + i, size_t(n - i));
+    if (b) std::memcpy(tb, b + i, size_t(n - i));
+    step(ta, b ? tb : nullptr, tc);
+    std::memcpy(c + i, tc, size_t(n - i));
+  }
+}
 #endif
 
 // c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null, at the level
@@ -777,6 +858,7 @@ void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n
              QParams pb, QParams pc) {
 #if defined(__x86_64__)
   if (detected_isa() == Isa::avx512) return qbinary_avx512(a, b, bv, c, n, mul, pa, pb, pc);
+  if (detected_isa() == Isa::avx2) return qbinary_avx2(a, b, bv, c, n, mul, pa, pb, pc);
 #endif
   qbinary_loop_any(a, b, bv, c, n, mul, pa, pb, pc);
 }
