@@ -292,6 +292,9 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // fewer output channels than vector lanes: requantized in runs of lcm(oc, 16)
       {{1, 8, 5, 9}, 8, 3, 8, DType::u8, DType::i8, DType::u8, true, true},
       {{1, 5, 4, 7}, 3, 1, 1, DType::i8, DType::i8, DType::i8, true, false},
+      // 1x1 over more sums than 512 KiB: run in bands of rows (36 of 72 here)
+      {{1, 8, 72, 64}, 40, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
+      {{1, 9, 72, 64}, 40, 1, 1, DType::i8, DType::i8, DType::i8, false, false},
   };
   for (const QConvCase& c : cases) {
     SCOPED_TRACE("x " + shape_str(c.x) + " group " + std::to_string(c.group));
