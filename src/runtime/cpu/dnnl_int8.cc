@@ -273,7 +273,6 @@ __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* ac
                                                                const Int8Output& out, uint8_t* bytes) {
   const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
   const __m512 lo = _mm512_set1_ps(float(qlo - out.zero_point)), hi = _mm512_set1_ps(float(qhi - out.zero_point));
-  const __m512 magic = _mm512_set1_ps(12582912.f);
   const __m512i zp = _mm512_set1_epi32(out.zero_point);
   for (int64_t s = 0; s < n; s += out.period) {
     const int64_t m = std::min(out.period, n - s);
@@ -282,12 +281,12 @@ __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* ac
       __m512i a = _mm512_maskz_loadu_epi32(mk, acc + s + k);
       if (out.qbias) a = _mm512_add_epi32(a, _mm512_maskz_loadu_epi32(mk, out.qbias + k));
       __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_maskz_loadu_ps(mk, out.scale + k));
+      // Clamped (min/max: a NaN lane, which ends as 0 anyway, may take either bound) and
+      // rounded half to even by the conversion itself (MXCSR's default, which the magic
+      // number of the generic code relies on too).
       const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);
-      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);
-      v = _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
-      v = _mm512_mask_mov_ps(v, nan, _mm512_setzero_ps());
-      const __m512i q = _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvttps_epi32(v), zp));
+      v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+      const __m512i q = _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvtps_epi32(v), zp));
       _mm512_mask_cvtepi32_storeu_epi8(bytes + s + k, mk, q);
     }
   }
@@ -298,7 +297,6 @@ __attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, in
                                                           uint8_t* bytes) {
   const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
   const __m256 lo = _mm256_set1_ps(float(qlo - out.zero_point)), hi = _mm256_set1_ps(float(qhi - out.zero_point));
-  const __m256 magic = _mm256_set1_ps(12582912.f);
   const __m256i zp = _mm256_set1_epi32(out.zero_point);
   const __m128i pick = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   auto step = [&](const int32_t* a32, const int32_t* b32, const float* sc, uint8_t* to) __attribute__((target("avx2"))) {
@@ -306,11 +304,8 @@ __attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, in
     if (b32) a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b32)));
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(sc));
     const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
-    v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
-    v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
-    v = _mm256_andnot_ps(nan, v);
-    const __m256i q = _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvttps_epi32(v), zp));
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    const __m256i q = _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvtps_epi32(v), zp));
     const __m128i l = _mm_shuffle_epi8(_mm256_castsi256_si128(q), pick);
     const __m128i h = _mm_shuffle_epi8(_mm256_extracti128_si256(q, 1), pick);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(to), _mm_unpacklo_epi32(l, h));

@@ -735,6 +735,10 @@ SLIM_DISPATCH3(qbinary_loop,
                (a, b, bv, c, n, mul, pa, pb, pc))
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 widening intrinsics start from _mm512_undefined_epi32 (a false
+// -Wmaybe-uninitialized, GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // qbinary_loop<16> written with AVX-512 intrinsics, the same operations in the same order
 // (so the same bytes): GCC compiled the generic vectors' widening, any-lane test and byte
 // stores through the stack, and this loop was a fifth of PP-OCR's detector's 8-bit run.
@@ -754,12 +758,11 @@ __attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const u
   };
   auto abs_ps = [&](__m512 v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), sign)); };
   auto round_clamped = [&](__m512 v) {
+    // min/max clamp (a NaN lane ends as 0 either way), rounded half to even by the
+    // conversion (MXCSR's default, as the magic number's rounding).
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);
-    v = _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
-    v = _mm512_mask_mov_ps(v, nan, _mm512_setzero_ps());
-    return _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvttps_epi32(v), zc));
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    return _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvtps_epi32(v), zc));
   };
   auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp) {
     const __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(ap, pa.is_signed), za)), sa);
@@ -793,6 +796,8 @@ __attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const u
   }
 }
 
+#pragma GCC diagnostic pop
+
 // The same at AVX2, 8 lanes.
 __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c,
                                                   int64_t n, bool mul, QParams pa, QParams pb, QParams pc) {
@@ -812,11 +817,8 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
   };
   auto round_clamped = [&](__m256 v) __attribute__((target("avx2"))) {
     const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
-    v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
-    v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
-    v = _mm256_andnot_ps(nan, v);
-    return _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvttps_epi32(v), zc));
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    return _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvtps_epi32(v), zc));
   };
   auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp) __attribute__((target("avx2"))) {
     const __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(ap, pa.is_signed), za)), sa);
