@@ -269,6 +269,8 @@ void finish_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
 // (int32 sum plus bias, to float, times the scale, clamped, rounded half to even, plus the
 // zero point), a period's tail under a lane mask instead of scalar code and no call per
 // period (the epilogue was a sixth of PP-OCR's detector's 8-bit run).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in quantize.cc
 __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* acc, int64_t n,
                                                                const Int8Output& out, uint8_t* bytes) {
   const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
@@ -291,6 +293,8 @@ __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* ac
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 // The same at AVX2, 8 lanes (a period's tail through local copies).
 __attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, int64_t n, const Int8Output& out,
