@@ -968,10 +968,18 @@ class QLinearBinaryKernel final : public OpKernel {
         qbinary(a + s, b + s, 0.f, out + s, e - s, mul_, pa_, pb_, pc_);
       });
     } else if (work_cl) {
-      // A [N, H, W, C] with B [N, C]: each pixel's channels against B's row.
+      // A [N, H, W, C] with B [N, C]: each pixel's channels against B's row, B's row
+      // repeated over runs of pixels (about 512 bytes) so one call covers several.
+      const int64_t run = std::max<int64_t>(1, 512 / ch);
+      std::vector<uint8_t> tiled(size_t(nb * run * ch));
+      for (int64_t img = 0; img < nb; ++img)
+        for (int64_t k = 0; k < run; ++k) std::memcpy(tiled.data() + (img * run + k) * ch, b + img * ch, size_t(ch));
       parallel_items(ctx, nb * px, ch, kGrain, [&](int64_t s, int64_t e) {
-        for (int64_t r = s; r < e; ++r)
-          qbinary(a + r * ch, b + (r / px) * ch, 0.f, out + r * ch, ch, mul_, pa_, pb_, pc_);
+        for (int64_t r = s; r < e;) {
+          const int64_t img = r / px, m = std::min({run, e - r, (img + 1) * px - r});
+          qbinary(a + r * ch, tiled.data() + img * run * ch, 0.f, out + r * ch, m * ch, mul_, pa_, pb_, pc_);
+          r += m;
+        }
       });
     } else {
       parallel_items(ctx, n / inner_, inner_, kGrain, [&](int64_t s, int64_t e) {
