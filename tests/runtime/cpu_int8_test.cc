@@ -362,8 +362,8 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
   Node& c1 = b.node("Conv", {x, w1, "b1_dq"}, {"c1"}, "conv1");
   c1.attrs["pads"] = attr_ints({1, 1, 1, 1});
   const std::string c1q = qdq("c1", 0.05f, 3, DType::i8);
-  // Between them a Relu on bytes (a slim:QLookup reading channels-last bytes), whose result
-  // a second graph output also reads (so it writes plain NCHW bytes).
+  // Between them a Relu on bytes (a slim:QLookup, folded into the convolution before it),
+  // whose result a second graph output also reads (so it writes plain NCHW bytes).
   b.node("Relu", {c1q}, {"r1"});
   const std::string h = qdq("r1", 0.05f, -128, DType::i8);
   b.output("h");
@@ -384,9 +384,11 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
     EXPECT_EQ(a.provider, "cpu") << a.node;
     ++ops[a.op];
   }
-  EXPECT_EQ(ops["QLinearConv"], 2);
+  // The Relu's table folded into the first convolution (fuse_qlinear_conv_lookup).
+  EXPECT_EQ(ops["QLinearConv"], 1);
+  EXPECT_EQ(ops["slim:QLinearConvLookup"], 1);
   EXPECT_EQ(ops["QLinearMatMul"], 1);
-  EXPECT_EQ(ops["slim:QLookup"], 1);
+  EXPECT_EQ(ops["slim:QLookup"], 0);
   SessionOptions r;
   r.providers = {"ref"};
   r.optimize = false;
@@ -699,6 +701,60 @@ TEST(CpuInt8, QuantizeLinearIntoQLinearConvGivesRefsBytes) {
     Node& c = b.node("QLinearConv", {"xq", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"y"});
     c.attrs["pads"] = attr_ints({1, 1, 1, 1});
     expect_matches_ref(b.build(), {{"x", random_f32(xs, 4, -4.f, 4.f)}}, "q", "cpu", 0, 0);
+  }
+}
+
+
+// A QLinearConv whose only reader is an activation's table (DQ -> HardSigmoid -> Q, a
+// slim:QLookup) becomes slim:QLinearConvLookup: the bytes mapped as they are requantized,
+// here from uint8 to int8, by a banded 1x1 convolution (also read by a graph output: written
+// plain) and a 3x3 one (channels-last into the next QLinearConv): ref's bytes.
+TEST(CpuInt8, QLinearConvWithItsActivationTableGivesRefsBytes) {
+  for (int64_t k : {1, 3}) {
+    SCOPED_TRACE("kernel " + std::to_string(k));
+    const Shape xs = {1, 8, 72, 64};
+    ModelBuilder b(13);
+    b.input("x", DType::u8, spec(xs)).output("y");
+    if (k == 1) b.output("a_out");  // then the table's bytes go out plain too
+    add_qlinear_params(b, "", DType::u8, DType::u8, 40, DType::i8, true, 3);
+    b.initializer("w", extreme_8bit(DType::i8, {40, 8, k, k}, 8));
+    Node& c = b.node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"c"});
+    c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+    b.node("DequantizeLinear", {"c", "ys", "yz"}, {"cf"});
+    b.node("HardSigmoid", {"cf"}, {"hf"});
+    b.initializer("as", Tensor::from_vector<float>({}, {1.f / 255}));
+    b.initializer("az", scalar_8bit(DType::i8, -128));
+    b.node("QuantizeLinear", {"hf", "as", "az"}, {"a"});
+    if (k == 1) b.node("Identity", {"a"}, {"a_out"});
+    add_qlinear_params(b, "p", DType::i8, DType::u8, 4, DType::i8, true, 5);
+    b.initializer("pw", extreme_8bit(DType::i8, {4, 40, 1, 1}, 9));
+    b.node("QLinearConv", {"a", "as", "az", "pw", "pws", "pwz", "pys", "pyz"}, {"y"});
+    const Model m = b.build();
+    const TensorMap in = {{"x", extreme_8bit(DType::u8, xs, 13)}};
+    SessionOptions o;
+    o.providers = {"cpu", "ref"};
+    auto fast = Session::compile(m, o);
+    std::map<std::string, int> ops;
+    for (const auto& a : fast->partition()) {
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+      ++ops[a.op];
+    }
+    EXPECT_EQ(ops["slim:QLinearConvLookup"], 1);
+    EXPECT_EQ(ops["slim:QLookup"], 0);
+    SessionOptions r;
+    r.providers = {"ref"};
+    r.optimize = false;
+    const TensorMap got = fast->run(in), want = Session::compile(m, r)->run(in);
+    for (const char* name : {"y", "a_out"}) {
+      if (!got.count(name)) continue;
+      const Tensor& g = got.at(name);
+      const Tensor& w = want.at(name);
+      ASSERT_EQ(g.shape(), w.shape()) << name;
+      ASSERT_EQ(g.dtype(), w.dtype()) << name;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i], static_cast<const uint8_t*>(w.raw_data())[i])
+            << name << " " << i;
+    }
   }
 }
 

@@ -124,6 +124,11 @@ int64_t fuse_qdq_elementwise(PassGraph& g);
 // Nearest resizing and concatenation copy values, so both are exact.
 int64_t fuse_qdq_movement(PassGraph& g);
 
+// When g.int8_kernels, once the passes above are done: a QLinearConv read only by a
+// slim:QLookup (its activation, tabulated) becomes slim:QLinearConvLookup, whose kernel
+// maps the bytes through the table as it requantizes them (no pass of its own).
+int64_t fuse_qlinear_conv_lookup(PassGraph& g);
+
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites
   int64_t total() const;

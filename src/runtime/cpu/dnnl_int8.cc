@@ -350,8 +350,11 @@ void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t
                  const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
                  float* values, uint8_t* bytes, int64_t p0, int64_t p1) {
   // Without compensation the groups of a pixel are one row (depthwise: 1 channel each).
-  if (!box && bytes && out.period)
-    return requantize_rows(acc + p0 * oc, (p1 - p0) * oc, out, bytes + p0 * oc);
+  if (!box && bytes && out.period) {
+    requantize_rows(acc + p0 * oc, (p1 - p0) * oc, out, bytes + p0 * oc);
+    if (out.table) lookup_bytes(out.table, bytes + p0 * oc, bytes + p0 * oc, (p1 - p0) * oc);
+    return;
+  }
   const int64_t ocg = box ? oc / group : oc;
   if (!box) group = 1;
   for (int64_t p = p0; p < p1; ++p)
@@ -361,6 +364,7 @@ void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t
                  sums ? sums + o0 : nullptr, values ? values + o0 : nullptr,
                  bytes ? bytes + o0 : nullptr);
     }
+  if (out.table && bytes) lookup_bytes(out.table, bytes + p0 * oc, bytes + p0 * oc, (p1 - p0) * oc);
 }
 
 memory::desc u8_md(const memory::dims& d, memory::format_tag f) {
@@ -1106,7 +1110,9 @@ std::optional<std::string> qlinear_params(const KernelBuildInfo& info, int64_t c
     if (info.input(8).constant->numel() != channels)
       return std::string("the bias is not one value per output channel");
   }
-  if (info.inputs.size() > 9) return std::string("too many inputs");
+  // (slim:QLinearConvLookup's table, input 9, is checked by its claim.)
+  const bool lookup = info.node.domain == kFusedDomain && info.node.op_type == "QLinearConvLookup";
+  if (info.inputs.size() > (lookup ? 10u : 9u)) return std::string("too many inputs");
   auto value = [&](int i) { return info.input(i).constant->contiguous(); };
   auto zero_point = [&](int i) {
     if (!info.has_input(i)) return int32_t(0);
@@ -1156,24 +1162,34 @@ namespace {
 
 // Reads and writes NCHW, or NHWC where its neighbours agree: a chain of them (and
 // 8-bit MaxPool and Concat between) hands bytes on channels-last, as oneDNN computes them.
+// QLinearConv, and slim:QLinearConvLookup (its bytes then through a 256-entry table, in
+// the table's type: the activation after it, which fuse_qlinear_conv_lookup folds in).
 class QLinearConvKernel final : public ChannelsLastConv {
  public:
   QLinearConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, Requant r)
       : conv_(info.node, g, *info.input(3).constant, info.input(5).constant, r.x == DType::i8, r.y),
-        r_(std::move(r)) {
+        r_(std::move(r)),
+        out_(r_.y) {
+    if (info.inputs.size() == 10) {
+      const Tensor t = info.input(9).constant->contiguous();
+      std::memcpy(table_.data(), t.raw_data(), 256);
+      out_ = t.dtype();
+      has_table_ = true;
+    }
     nhwc_x_ = int8_nhwc_layout(g.x, r_.x);
-    nhwc_y_ = int8_nhwc_layout(g.y, r_.y);
+    nhwc_y_ = int8_nhwc_layout(g.y, out_);
   }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = r_.y;
+    *dtype = out_;
     *shape = conv_.geometry().y;
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
     check_input_shape(ctx, 0, g.x, r_.x);
-    Int8Output out = requantized(r_, ctx.output(0, r_.y, g.y).raw_data());
+    Int8Output out = requantized(r_, ctx.output(0, out_, g.y).raw_data());
     out.channels_last = y_channels_last_;
+    if (has_table_) out.table = table_.data();
     conv_.run(ctx, ctx.required_input(0).raw_data(), x_channels_last_, r_.x_zp, out,
               thread_scratch(conv_.scratch_bytes()));
   }
@@ -1181,6 +1197,9 @@ class QLinearConvKernel final : public ChannelsLastConv {
  private:
   Int8Conv conv_;
   Requant r_;
+  DType out_;
+  std::array<uint8_t, 256> table_{};
+  bool has_table_ = false;
 };
 
 std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,
@@ -1200,6 +1219,30 @@ KernelDef qlinear_conv_def() {
   def.op_type = "QLinearConv";
   def.since_version = 10;
   def.claim = [](const KernelBuildInfo& info) {
+    ConvGeometry g;
+    Requant r;
+    if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ConvGeometry g;
+    Requant r;
+    qlinear_conv_setup(info, &g, &r);
+    return std::make_unique<QLinearConvKernel>(info, g, std::move(r));
+  };
+  return def;
+}
+
+KernelDef qlinear_conv_lookup_def() {
+  KernelDef def;
+  def.op_type = "QLinearConvLookup";
+  def.domain = kFusedDomain;
+  def.since_version = kFusedOpset;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.inputs.size() != 10) return Claim::no("takes QLinearConv's 9 inputs and a table");
+    const Tensor* t = info.input(9).constant;
+    if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
+      return Claim::no("the table is not 256 constant 8-bit values");
     ConvGeometry g;
     Requant r;
     if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
@@ -1374,6 +1417,7 @@ void register_dnnl_int8_kernels(KernelRegistry& r) {
   r.add(matmul_integer_def());
   r.add(dynamic_quantize_conv_def());
   r.add(qlinear_conv_def());
+  r.add(qlinear_conv_lookup_def());
   r.add(qlinear_matmul_def());
 }
 

@@ -1163,6 +1163,8 @@ KernelDef depth_to_space_def() {
 
 }  // namespace
 
+void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) { lookup(table, x, y, n); }
+
 void register_quantize_kernels(KernelRegistry& r) {
   r.add(cast_def());
   r.add(quantize_def());

@@ -105,6 +105,8 @@ PassStats optimize_graph(PassGraph& g) {
     run("fuse_qdq_movement", fuse_qdq_movement);
     if (changed == 0) break;
   }
+  // After the rounds: the elementwise pass composes the tables of a chain first.
+  stats.rewrites["fuse_qlinear_conv_lookup"] += fuse_qlinear_conv_lookup(g);
   return stats;
 }
 

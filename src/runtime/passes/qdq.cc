@@ -521,6 +521,41 @@ int64_t fuse_qdq_movement(PassGraph& g) {
   return rewrites;
 }
 
+int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  Producers made_by(g);
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* l = g.nodes[i].get();
+    if (!l || l->domain != kFusedDomain || l->op_type != "QLookup" || l->inputs.size() != 2) continue;
+    Node* c = made_by(l->inputs[0]);
+    if (!is_op(c, "QLinearConv") || c->outputs.size() != 1 || c->inputs.size() < 8 ||
+        index.sole_reader(c->outputs[0]) != l || index.pinned(c->outputs[0]) || !g.constant(l->inputs[1]))
+      continue;
+    auto fused = std::make_unique<Node>(*c);
+    fused->domain = kFusedDomain;
+    fused->op_type = "QLinearConvLookup";
+    fused->inputs.resize(9);
+    fused->inputs.push_back(l->inputs[1]);
+    fused->outputs = l->outputs;
+    const size_t at = pos.at(l);
+    index.remove(c);
+    remove_at(g, pos.at(c));
+    index.remove(l);
+    g.removed.push_back(std::move(g.nodes[at]));
+    index.add(fused.get());
+    pos[fused.get()] = at;
+    made_by.of[fused->outputs[0]] = fused.get();
+    g.nodes[at] = std::move(fused);
+    g.opsets[kFusedDomain] = kFusedOpset;
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
 int64_t fuse_qdq(PassGraph& g) {
   if (!g.int8_kernels) return 0;
   UseIndex index(g);
