@@ -504,7 +504,8 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     };
     std::set<std::string> dequantized;
     auto dq = [&](const std::string& v) {
-      if (dequantized.insert(v).second) b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+      if (dequantized.insert(v).second)
+        b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
       return v + "_dq";
     };
     auto q = [&](const std::string& f, const std::string& v) {
@@ -516,8 +517,9 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
       b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
       b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
       b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
-      Node& c = b.node("QLinearConv",
-                       {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
+      Node& c =
+          b.node("QLinearConv",
+                 {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
       c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
     };
     params("x", 0.031f, z0 - 3);
@@ -541,11 +543,13 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     b.node("Identity", {"se"}, {"se_out"});
     b.initializer("scales", Tensor::from_vector<float>({4}, {1.f, 1.f, 2.f, 2.f}));
     params("r1", 0.23f, z0 + 7);
-    b.node("Resize", {dq("se"), "", "scales"}, {"r1_f"}).attrs["mode"] = testing::attr_string("nearest");
+    b.node("Resize", {dq("se"), "", "scales"}, {"r1_f"}).attrs["mode"] =
+        testing::attr_string("nearest");
     q("r1_f", "r1");
     b.initializer("sizes", Tensor::from_vector<int64_t>({4}, {1, 16, 12, 20}));
     params("r2", 0.1f, z0 + 2);  // m's parameters: no table
-    b.node("Resize", {dq("m"), "", "", "sizes"}, {"r2_f"}).attrs["mode"] = testing::attr_string("nearest");
+    b.node("Resize", {dq("m"), "", "", "sizes"}, {"r2_f"}).attrs["mode"] =
+        testing::attr_string("nearest");
     q("r2_f", "r2");
     params("cat", 0.15f, z0 - 5);
     b.node("Concat", {dq("r1"), dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
@@ -577,12 +581,12 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
       ASSERT_EQ(g.shape(), w.shape()) << name;
       ASSERT_EQ(g.dtype(), w.dtype()) << name;
       for (int64_t i = 0; i < g.numel(); ++i)
-        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i], static_cast<const uint8_t*>(w.raw_data())[i])
+        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i],
+                  static_cast<const uint8_t*>(w.raw_data())[i])
             << name << " " << i;
     }
   }
 }
-
 
 // DepthToSpace of 8-bit bytes (where fuse_qdq sends a ConvTranspose's blocks): plain bytes,
 // a QLinearConv's channels-last bytes written plain, and channels-last on to the next
@@ -656,7 +660,8 @@ TEST(CpuInt8, QdqConvTransposeBecomesQLinearConvAndDepthToSpace) {
   t1.attrs["strides"] = attr_ints({2, 2});
   t1.attrs["kernel_shape"] = attr_ints({2, 2});
   const std::string h = qdq("t1", 0.05f, 60);
-  Node& t2 = b.node("ConvTranspose", {h, weights("w2", {6, 1, 3, 3}, false, 21)}, {"t2"}, "deconv2");
+  Node& t2 =
+      b.node("ConvTranspose", {h, weights("w2", {6, 1, 3, 3}, false, 21)}, {"t2"}, "deconv2");
   t2.attrs["strides"] = attr_ints({3, 3});
   b.node("Identity", {qdq("t2", 0.03f, 128)}, {"y"});
   const Model m = b.build();
@@ -687,7 +692,6 @@ TEST(CpuInt8, QdqConvTransposeBecomesQLinearConvAndDepthToSpace) {
   EXPECT_LT(moved, got.numel() / 4);
 }
 
-
 // A QuantizeLinear read by a QLinearConv writes its bytes channels-last (a quantized CNN's
 // input): ref's bytes exactly.
 TEST(CpuInt8, QuantizeLinearIntoQLinearConvGivesRefsBytes) {
@@ -703,7 +707,6 @@ TEST(CpuInt8, QuantizeLinearIntoQLinearConvGivesRefsBytes) {
     expect_matches_ref(b.build(), {{"x", random_f32(xs, 4, -4.f, 4.f)}}, "q", "cpu", 0, 0);
   }
 }
-
 
 // A QLinearConv whose only reader is an activation's table (DQ -> HardSigmoid -> Q, a
 // slim:QLookup) becomes slim:QLinearConvLookup: the bytes mapped as they are requantized,
@@ -752,12 +755,12 @@ TEST(CpuInt8, QLinearConvWithItsActivationTableGivesRefsBytes) {
       ASSERT_EQ(g.shape(), w.shape()) << name;
       ASSERT_EQ(g.dtype(), w.dtype()) << name;
       for (int64_t i = 0; i < g.numel(); ++i)
-        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i], static_cast<const uint8_t*>(w.raw_data())[i])
+        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i],
+                  static_cast<const uint8_t*>(w.raw_data())[i])
             << name << " " << i;
     }
   }
 }
-
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {
   const Shape s = {2, 3, 5, 7};

@@ -3,10 +3,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <omp.h>
+
 #include <cstdlib>
 #include <string>
-
-#include <omp.h>
 
 #include "slim/core/cpu_features.h"
 #include "slim/core/thread_pool.h"
@@ -41,9 +41,11 @@ const dnnl::engine& dnnl_engine() {
     const Isa isa = active_isa();
     if (isa != Isa::avx512) {
       const char* no_vnni = std::getenv("SLIM_AVX_VNNI");
-      const bool vnni = isa == Isa::avx2 && cpu_has_avx_vnni() && !(no_vnni && std::string(no_vnni) == "0");
-      dnnl::set_max_cpu_isa(isa == Isa::avx2 ? (vnni ? dnnl::cpu_isa::avx2_vnni : dnnl::cpu_isa::avx2)
-                                             : dnnl::cpu_isa::sse41);
+      const bool vnni =
+          isa == Isa::avx2 && cpu_has_avx_vnni() && !(no_vnni && std::string(no_vnni) == "0");
+      dnnl::set_max_cpu_isa(isa == Isa::avx2
+                                ? (vnni ? dnnl::cpu_isa::avx2_vnni : dnnl::cpu_isa::avx2)
+                                : dnnl::cpu_isa::sse41);
     }
 #endif
     return dnnl::engine(dnnl::engine::kind::cpu, 0);

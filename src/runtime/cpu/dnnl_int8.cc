@@ -27,7 +27,8 @@ bool int8_products_exact() {
   dnnl_engine();  // holds oneDNN to slim's level first
   // AVX-512 VNNI (and AMX above it), or AVX-VNNI at AVX2.
   const unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
-  for (const auto vnni : {unsigned(dnnl::cpu_isa::avx512_core_vnni), unsigned(dnnl::cpu_isa::avx2_vnni)})
+  for (const auto vnni :
+       {unsigned(dnnl::cpu_isa::avx512_core_vnni), unsigned(dnnl::cpu_isa::avx2_vnni)})
     if ((isa & vnni) == vnni) return true;
   return false;
 }
@@ -272,9 +273,11 @@ void finish_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in quantize.cc
 __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* acc, int64_t n,
-                                                               const Int8Output& out, uint8_t* bytes) {
+                                                               const Int8Output& out,
+                                                               uint8_t* bytes) {
   const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
-  const __m512 lo = _mm512_set1_ps(float(qlo - out.zero_point)), hi = _mm512_set1_ps(float(qhi - out.zero_point));
+  const __m512 lo = _mm512_set1_ps(float(qlo - out.zero_point)),
+               hi = _mm512_set1_ps(float(qhi - out.zero_point));
   const __m512i zp = _mm512_set1_epi32(out.zero_point);
   for (int64_t s = 0; s < n; s += out.period) {
     const int64_t m = std::min(out.period, n - s);
@@ -288,7 +291,8 @@ __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* ac
       // number of the generic code relies on too).
       const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
       v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-      const __m512i q = _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvtps_epi32(v), zp));
+      const __m512i q =
+          _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvtps_epi32(v), zp));
       _mm512_mask_cvtepi32_storeu_epi8(bytes + s + k, mk, q);
     }
   }
@@ -297,19 +301,22 @@ __attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* ac
 #pragma GCC diagnostic pop
 
 // The same at AVX2, 8 lanes (a period's tail through local copies).
-__attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, int64_t n, const Int8Output& out,
-                                                          uint8_t* bytes) {
+__attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, int64_t n,
+                                                          const Int8Output& out, uint8_t* bytes) {
   const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
-  const __m256 lo = _mm256_set1_ps(float(qlo - out.zero_point)), hi = _mm256_set1_ps(float(qhi - out.zero_point));
+  const __m256 lo = _mm256_set1_ps(float(qlo - out.zero_point)),
+               hi = _mm256_set1_ps(float(qhi - out.zero_point));
   const __m256i zp = _mm256_set1_epi32(out.zero_point);
   const __m128i pick = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  auto step = [&](const int32_t* a32, const int32_t* b32, const float* sc, uint8_t* to) __attribute__((target("avx2"))) {
+  auto step = [&](const int32_t* a32, const int32_t* b32, const float* sc, uint8_t* to)
+      __attribute__((target("avx2"))) {
     __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a32));
     if (b32) a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b32)));
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(sc));
     const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-    const __m256i q = _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvtps_epi32(v), zp));
+    const __m256i q =
+        _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvtps_epi32(v), zp));
     const __m128i l = _mm_shuffle_epi8(_mm256_castsi256_si128(q), pick);
     const __m128i h = _mm_shuffle_epi8(_mm256_extracti128_si256(q, 1), pick);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(to), _mm_unpacklo_epi32(l, h));
@@ -317,7 +324,8 @@ __attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, in
   for (int64_t s = 0; s < n; s += out.period) {
     const int64_t m = std::min(out.period, n - s);
     int64_t k = 0;
-    for (; k + 8 <= m; k += 8) step(acc + s + k, out.qbias ? out.qbias + k : nullptr, out.scale + k, bytes + s + k);
+    for (; k + 8 <= m; k += 8)
+      step(acc + s + k, out.qbias ? out.qbias + k : nullptr, out.scale + k, bytes + s + k);
     if (k < m) {
       alignas(32) int32_t ta[8] = {}, tb[8] = {};
       alignas(32) float ts[8] = {};
@@ -507,8 +515,9 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   // large image runs in bands of rows whose int32 sums (at most 512 KiB) are requantized
   // while still in cache, instead of writing and reading back every sum of the image
   // (PP-OCR's detector's 1x1 convolutions at 1/2 and 1/4 resolution: 5 MB of sums each).
-  const bool one_by_one = g.w[2] == 1 && g.w[3] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.pad_l[0] == 0 &&
-                          g.pad_l[1] == 0 && g.pad_r[0] == 0 && g.pad_r[1] == 0 && group == 1;
+  const bool one_by_one = g.w[2] == 1 && g.w[3] == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
+                          g.pad_l[0] == 0 && g.pad_l[1] == 0 && g.pad_r[0] == 0 &&
+                          g.pad_r[1] == 0 && group == 1;
   if (one_by_one && !s.pw.any_comp && (out == DType::u8 || out == DType::i8) && g.x[2] == g.y[2] &&
       g.x[3] == g.y[3]) {
     const int64_t row = g.y[3] * oc * 4;
@@ -519,7 +528,8 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
       }
   }
   const int64_t rows = s.band ? s.band : g.y[2];
-  const memory::dims conv_src = {1, s.cs, s.band ? s.band : g.x[2], g.x[3]}, conv_dst = {1, oc, rows, g.y[3]};
+  const memory::dims conv_src = {1, s.cs, s.band ? s.band : g.x[2], g.x[3]},
+                     conv_dst = {1, oc, rows, g.y[3]};
   s.macs = oc * rows * g.y[3] * (s.cs / group) * g.w[2] * g.w[3];
   limit_dnnl_threads_at_build(s.macs, kMacsPerThread);
   dnnl_call(node, "8-bit convolution setup", [&] {
@@ -654,13 +664,15 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
     const int64_t at = img * oc * opixels;
     if (s.band) {
       // Band by band: the sums of `band` rows, requantized while in cache.
-      uint8_t* bytes_to = out.channels_last ? static_cast<uint8_t*>(out.bytes) + at : piece<uint8_t>(scratch, s.bytes_at);
+      uint8_t* bytes_to = out.channels_last ? static_cast<uint8_t*>(out.bytes) + at
+                                            : piece<uint8_t>(scratch, s.bytes_at);
       const int64_t bp = s.band * ow;
       for (int64_t r0 = 0; r0 < oh; r0 += s.band) {
         s.run(ctx, "8-bit convolution", s.signed_source ? x_zero_point + 128 : x_zero_point,
               src + r0 * iw * s.cs, acc, piece<char>(scratch, s.pad_at));
         parallel_items(ctx, bp, oc, 1 << 15, [&](int64_t b, int64_t e) {
-          finish_rows(acc, nullptr, bp, oc, group, s.pw.comp, out, nullptr, nullptr, bytes_to + r0 * ow * oc, b, e);
+          finish_rows(acc, nullptr, bp, oc, group, s.pw.comp, out, nullptr, nullptr,
+                      bytes_to + r0 * ow * oc, b, e);
         });
       }
       if (out.channels_last) continue;

@@ -425,8 +425,7 @@ int32_t zero_point(const Tensor* z, int64_t k) {
 // oneDNN reordering them there.
 class QuantizeKernel final : public OpKernel {
  public:
-  QuantizeKernel(QuantAxis a, Shape shape, DType out)
-      : a_(a), shape_(std::move(shape)), out_(out) {
+  QuantizeKernel(QuantAxis a, Shape shape, DType out) : a_(a), shape_(std::move(shape)), out_(out) {
     if (shape_.size() == 4 && a_.dim == 1 && (out_ == DType::u8 || out_ == DType::i8))
       nhwc_y_ = int8_nhwc_layout(shape_, out_);
   }
@@ -589,19 +588,22 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t lookup_vbmi(
 #if defined(__x86_64__)
 // 32 bytes at a time without VBMI: the table as 16 rows of 16 bytes, each looked up by
 // the low nibble (vpshufb) and kept where the high nibble names that row.
-__attribute__((target("avx2"))) int64_t lookup_avx2(const uint8_t* table, const uint8_t* x, uint8_t* y,
-                                                    int64_t n) {
+__attribute__((target("avx2"))) int64_t lookup_avx2(const uint8_t* table, const uint8_t* x,
+                                                    uint8_t* y, int64_t n) {
   __m256i rows[16];
   for (int h = 0; h < 16; ++h)
-    rows[h] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table + 16 * h)));
+    rows[h] = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(table + 16 * h)));
   const __m256i low = _mm256_set1_epi8(0x0f);
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
-    const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    const __m256i lo = _mm256_and_si256(v, low),
+                  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     __m256i r = _mm256_setzero_si256();
     for (int h = 0; h < 16; ++h)
-      r = _mm256_blendv_epi8(r, _mm256_shuffle_epi8(rows[h], lo), _mm256_cmpeq_epi8(hi, _mm256_set1_epi8(char(h))));
+      r = _mm256_blendv_epi8(r, _mm256_shuffle_epi8(rows[h], lo),
+                             _mm256_cmpeq_epi8(hi, _mm256_set1_epi8(char(h))));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), r);
   }
   return i;
@@ -613,7 +615,8 @@ void lookup(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) {
 #if defined(__x86_64__)
   static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (vbmi && detected_isa() == Isa::avx512) i = lookup_vbmi(table, x, y, n);
-  else if (detected_isa() == Isa::avx512 || detected_isa() == Isa::avx2) i = lookup_avx2(table, x, y, n);
+  else if (detected_isa() == Isa::avx512 || detected_isa() == Isa::avx2)
+    i = lookup_avx2(table, x, y, n);
 #endif
   for (; i < n; ++i) y[i] = table[x[i]];
 }
@@ -742,21 +745,28 @@ SLIM_DISPATCH3(qbinary_loop,
 // qbinary_loop<16> written with AVX-512 intrinsics, the same operations in the same order
 // (so the same bytes): GCC compiled the generic vectors' widening, any-lane test and byte
 // stores through the stack, and this loop was a fifth of PP-OCR's detector's 8-bit run.
-__attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c,
-                                                       int64_t n, bool mul, QParams pa, QParams pb, QParams pc) {
+__attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const uint8_t* b, float bv,
+                                                       uint8_t* c, int64_t n, bool mul, QParams pa,
+                                                       QParams pb, QParams pc) {
   const int32_t qlo = pc.is_signed ? -128 : 0, qhi = pc.is_signed ? 127 : 255;
   const float inv = std::isnormal(1.f / pc.scale) ? 1.f / pc.scale : 0.f;
-  const __m512i za = _mm512_set1_epi32(pa.zp), zb = _mm512_set1_epi32(pb.zp), zc = _mm512_set1_epi32(pc.zp);
-  const __m512 sa = _mm512_set1_ps(pa.scale), sb = _mm512_set1_ps(pb.scale), sc = _mm512_set1_ps(pc.scale);
-  const __m512 vinv = _mm512_set1_ps(inv), magic = _mm512_set1_ps(12582912.f), fbv = _mm512_set1_ps(bv);
+  const __m512i za = _mm512_set1_epi32(pa.zp), zb = _mm512_set1_epi32(pb.zp),
+                zc = _mm512_set1_epi32(pc.zp);
+  const __m512 sa = _mm512_set1_ps(pa.scale), sb = _mm512_set1_ps(pb.scale),
+               sc = _mm512_set1_ps(pc.scale);
+  const __m512 vinv = _mm512_set1_ps(inv), magic = _mm512_set1_ps(12582912.f),
+               fbv = _mm512_set1_ps(bv);
   const __m512 lo = _mm512_set1_ps(float(qlo - pc.zp)), hi = _mm512_set1_ps(float(qhi - pc.zp));
-  const __m512 half = _mm512_set1_ps(0.5f), e21 = _mm512_set1_ps(0x1p-21f), e40 = _mm512_set1_ps(0x1p-40f);
+  const __m512 half = _mm512_set1_ps(0.5f), e21 = _mm512_set1_ps(0x1p-21f),
+               e40 = _mm512_set1_ps(0x1p-40f);
   const __m512i sign = _mm512_set1_epi32(0x7fffffff);
   auto widen = [](const uint8_t* p, bool s) {
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return s ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x);
   };
-  auto abs_ps = [&](__m512 v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), sign)); };
+  auto abs_ps = [&](__m512 v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), sign));
+  };
   auto round_clamped = [&](__m512 v) {
     // min/max clamp (a NaN lane ends as 0 either way), rounded half to even by the
     // conversion (MXCSR's default, as the magic number's rounding).
@@ -765,9 +775,11 @@ __attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const u
     return _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvtps_epi32(v), zc));
   };
   auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp) {
-    const __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(ap, pa.is_signed), za)), sa);
+    const __m512 fa =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(ap, pa.is_signed), za)), sa);
     const __m512 fb =
-        bp ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(bp, pb.is_signed), zb)), sb) : fbv;
+        bp ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(widen(bp, pb.is_signed), zb)), sb)
+           : fbv;
     const __m512 x = mul ? _mm512_mul_ps(fa, fb) : _mm512_add_ps(fa, fb);
     __m512i q;
     bool divide = true;
@@ -799,15 +811,20 @@ __attribute__((target("avx512f"))) void qbinary_avx512(const uint8_t* a, const u
 #pragma GCC diagnostic pop
 
 // The same at AVX2, 8 lanes.
-__attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c,
-                                                  int64_t n, bool mul, QParams pa, QParams pb, QParams pc) {
+__attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_t* b, float bv,
+                                                  uint8_t* c, int64_t n, bool mul, QParams pa,
+                                                  QParams pb, QParams pc) {
   const int32_t qlo = pc.is_signed ? -128 : 0, qhi = pc.is_signed ? 127 : 255;
   const float inv = std::isnormal(1.f / pc.scale) ? 1.f / pc.scale : 0.f;
-  const __m256i za = _mm256_set1_epi32(pa.zp), zb = _mm256_set1_epi32(pb.zp), zc = _mm256_set1_epi32(pc.zp);
-  const __m256 sa = _mm256_set1_ps(pa.scale), sb = _mm256_set1_ps(pb.scale), sc = _mm256_set1_ps(pc.scale);
-  const __m256 vinv = _mm256_set1_ps(inv), magic = _mm256_set1_ps(12582912.f), fbv = _mm256_set1_ps(bv);
+  const __m256i za = _mm256_set1_epi32(pa.zp), zb = _mm256_set1_epi32(pb.zp),
+                zc = _mm256_set1_epi32(pc.zp);
+  const __m256 sa = _mm256_set1_ps(pa.scale), sb = _mm256_set1_ps(pb.scale),
+               sc = _mm256_set1_ps(pc.scale);
+  const __m256 vinv = _mm256_set1_ps(inv), magic = _mm256_set1_ps(12582912.f),
+               fbv = _mm256_set1_ps(bv);
   const __m256 lo = _mm256_set1_ps(float(qlo - pc.zp)), hi = _mm256_set1_ps(float(qhi - pc.zp));
-  const __m256 half = _mm256_set1_ps(0.5f), e21 = _mm256_set1_ps(0x1p-21f), e40 = _mm256_set1_ps(0x1p-40f);
+  const __m256 half = _mm256_set1_ps(0.5f), e21 = _mm256_set1_ps(0x1p-21f),
+               e40 = _mm256_set1_ps(0x1p-40f);
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // Byte 0 of each 32-bit lane, per 128-bit half.
   const __m128i pick = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -818,12 +835,16 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
   auto round_clamped = [&](__m256 v) __attribute__((target("avx2"))) {
     const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-    return _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvtps_epi32(v), zc));
+    return _mm256_andnot_si256(_mm256_castps_si256(nan),
+                               _mm256_add_epi32(_mm256_cvtps_epi32(v), zc));
   };
-  auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp) __attribute__((target("avx2"))) {
-    const __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(ap, pa.is_signed), za)), sa);
+  auto step = [&](const uint8_t* ap, const uint8_t* bp, uint8_t* cp)
+      __attribute__((target("avx2"))) {
+    const __m256 fa =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(ap, pa.is_signed), za)), sa);
     const __m256 fb =
-        bp ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(bp, pb.is_signed), zb)), sb) : fbv;
+        bp ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(widen(bp, pb.is_signed), zb)), sb)
+           : fbv;
     const __m256 x = mul ? _mm256_mul_ps(fa, fb) : _mm256_add_ps(fa, fb);
     __m256i q;
     bool divide = true;
@@ -831,7 +852,8 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
       const __m256 v = _mm256_mul_ps(x, vinv);
       const __m256 r = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
       const __m256 d = _mm256_and_ps(_mm256_sub_ps(v, r), sign);
-      const __m256 bound = _mm256_sub_ps(_mm256_sub_ps(half, _mm256_mul_ps(_mm256_and_ps(v, sign), e21)), e40);
+      const __m256 bound =
+          _mm256_sub_ps(_mm256_sub_ps(half, _mm256_mul_ps(_mm256_and_ps(v, sign), e21)), e40);
       if (_mm256_movemask_ps(_mm256_cmp_ps(d, bound, _CMP_GE_OQ)) == 0) {
         q = round_clamped(v);
         divide = false;
@@ -856,8 +878,8 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
 
 // c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null, at the level
 // the kernels run at.
-void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul, QParams pa,
-             QParams pb, QParams pc) {
+void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul,
+             QParams pa, QParams pb, QParams pc) {
 #if defined(__x86_64__)
   if (detected_isa() == Isa::avx512) return qbinary_avx512(a, b, bv, c, n, mul, pa, pb, pc);
   if (detected_isa() == Isa::avx2) return qbinary_avx2(a, b, bv, c, n, mul, pa, pb, pc);
@@ -910,10 +932,13 @@ class QLinearBinaryKernel final : public OpKernel {
       nhwc_a_ = int8_nhwc_layout(y_shape_, *info.input(a).dtype);
       nhwc_y_ = int8_nhwc_layout(y_shape_, pc_.is_signed ? DType::i8 : DType::u8);
       // B: full, or [N, C, 1, 1] (bytes identical in both layouts).
-      if (inner_ == 0) nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype);
-      else if (bs.size() == 4 && bs[0] == y_shape_[0] && bs[1] == y_shape_[1] && bs[2] == 1 && bs[3] == 1)
+      if (inner_ == 0)
+        nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype);
+      else if (bs.size() == 4 && bs[0] == y_shape_[0] && bs[1] == y_shape_[1] && bs[2] == 1 &&
+               bs[3] == 1)
         nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype), gate_ = true;
-      else nhwc_a_ = 0;  // other broadcasts: plain NCHW only
+      else
+        nhwc_a_ = 0;  // other broadcasts: plain NCHW only
     }
   }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
@@ -927,8 +952,10 @@ class QLinearBinaryKernel final : public OpKernel {
     return layout == (is_a ? nhwc_a_ : nhwc_b_);
   }
   void use_private_input(int i, uint64_t) override {
-    if ((i == 3) == swap_) cl_a_ = true;
-    else if (inner_ == 0) cl_b_ = true;
+    if ((i == 3) == swap_)
+      cl_a_ = true;
+    else if (inner_ == 0)
+      cl_b_ = true;
   }
   uint64_t private_output_layout(int i) const override {
     // Channels-last out when a full input came so (a gated A, or either of two full ones).
@@ -956,8 +983,10 @@ class QLinearBinaryKernel final : public OpKernel {
     auto relayout = [&](const uint8_t* x, bool to_cl) {
       uint8_t* t = at;
       at += n;
-      if (to_cl) bytes_to_nhwc(x, t, nb, ch, px);
-      else bytes_to_nchw(x, t, nb, ch, px);
+      if (to_cl)
+        bytes_to_nhwc(x, t, nb, ch, px);
+      else
+        bytes_to_nchw(x, t, nb, ch, px);
       return t;
     };
     if (need_a) a = relayout(a, work_cl);
@@ -973,11 +1002,13 @@ class QLinearBinaryKernel final : public OpKernel {
       const int64_t run = std::max<int64_t>(1, 512 / ch);
       std::vector<uint8_t> tiled(size_t(nb * run * ch));
       for (int64_t img = 0; img < nb; ++img)
-        for (int64_t k = 0; k < run; ++k) std::memcpy(tiled.data() + (img * run + k) * ch, b + img * ch, size_t(ch));
+        for (int64_t k = 0; k < run; ++k)
+          std::memcpy(tiled.data() + (img * run + k) * ch, b + img * ch, size_t(ch));
       parallel_items(ctx, nb * px, ch, kGrain, [&](int64_t s, int64_t e) {
         for (int64_t r = s; r < e;) {
           const int64_t img = r / px, m = std::min({run, e - r, (img + 1) * px - r});
-          qbinary(a + r * ch, tiled.data() + img * run * ch, 0.f, out + r * ch, m * ch, mul_, pa_, pb_, pc_);
+          qbinary(a + r * ch, tiled.data() + img * run * ch, 0.f, out + r * ch, m * ch, mul_, pa_,
+                  pb_, pc_);
           r += m;
         }
       });
@@ -985,8 +1016,8 @@ class QLinearBinaryKernel final : public OpKernel {
       parallel_items(ctx, n / inner_, inner_, kGrain, [&](int64_t s, int64_t e) {
         for (int64_t o = s; o < e; ++o) {
           const int32_t v = pb_.is_signed ? int32_t(int8_t(b[o])) : int32_t(b[o]);
-          qbinary(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, out + o * inner_,
-                           inner_, mul_, pa_, pb_, pc_);
+          qbinary(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, out + o * inner_, inner_,
+                  mul_, pa_, pb_, pc_);
         }
       });
     }
@@ -1008,7 +1039,7 @@ class QLinearBinaryKernel final : public OpKernel {
   Shape y_shape_;
   QParams pa_, pb_, pc_;
   uint64_t nhwc_a_ = 0, nhwc_b_ = 0, nhwc_y_ = 0;
-  bool gate_ = false;                               // B is [N, C, 1, 1]
+  bool gate_ = false;                                // B is [N, C, 1, 1]
   bool cl_a_ = false, cl_b_ = false, cl_y_ = false;  // channels-last A, B (full), output
 };
 
@@ -1082,7 +1113,9 @@ class ByteDepthToSpaceKernel final : public OpKernel {
     *shape = y_shape_;
     return i == 0;
   }
-  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_x_; }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
   void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
   uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
   void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
@@ -1090,7 +1123,8 @@ class ByteDepthToSpaceKernel final : public OpKernel {
     check_input_shape(ctx, 0, x_shape_, t_);
     const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
     auto* y = static_cast<uint8_t*>(ctx.output(0, t_, y_shape_).raw_data());
-    const int64_t n = x_shape_[0], xc = x_shape_[1], h = x_shape_[2], w = x_shape_[3], c = y_shape_[1];
+    const int64_t n = x_shape_[0], xc = x_shape_[1], h = x_shape_[2], w = x_shape_[3],
+                  c = y_shape_[1];
     const int64_t oh = y_shape_[2], ow = y_shape_[3], bs = bs_;
     // The input channel of output channel k at block offset (a, b).
     auto in_channel = [&](int64_t k, int64_t a, int64_t b) {
@@ -1116,14 +1150,17 @@ class ByteDepthToSpaceKernel final : public OpKernel {
         for (int64_t q = 0; q < ow; ++q) {
           const int64_t j = q / bs, b = q % bs;
           if (cl_x_ && cl_y_ && dcr_) {
-            std::memcpy(yi + (yr * ow + q) * c, xi + (i * w + j) * xc + in_channel(0, a, b), size_t(c));
+            std::memcpy(yi + (yr * ow + q) * c, xi + (i * w + j) * xc + in_channel(0, a, b),
+                        size_t(c));
             continue;
           }
           for (int64_t k = 0; k < c; ++k) {
             const int64_t ch = in_channel(k, a, b);
             const uint8_t v = cl_x_ ? xi[(i * w + j) * xc + ch] : xi[(ch * h + i) * w + j];
-            if (cl_y_) yi[(yr * ow + q) * c + k] = v;
-            else yi[(k * oh + yr) * ow + q] = v;
+            if (cl_y_)
+              yi[(yr * ow + q) * c + k] = v;
+            else
+              yi[(k * oh + yr) * ow + q] = v;
           }
         }
       }
@@ -1163,7 +1200,9 @@ KernelDef depth_to_space_def() {
 
 }  // namespace
 
-void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) { lookup(table, x, y, n); }
+void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n) {
+  lookup(table, x, y, n);
+}
 
 void register_quantize_kernels(KernelRegistry& r) {
   r.add(cast_def());

@@ -500,15 +500,18 @@ class ResizeKernel final : public OpKernel {
 // copies values, so on bytes it is exact). Batch and channels unchanged, no extrapolated
 // coordinates. The bytes may arrive channels-last from a QLinearConv, QLookup or
 // QLinearAdd and then leave so (each output pixel a copy of a source pixel's channels).
-std::optional<std::string> byte_resize_check(const KernelBuildInfo& info, bool upsample, ResizePlan* plan) {
+std::optional<std::string> byte_resize_check(const KernelBuildInfo& info, bool upsample,
+                                             ResizePlan* plan) {
   if (info.node.outputs.size() != 1) return std::string("expects one output");
   if (auto r = need_static(info, 0)) return r;
   if (info.input(0).shape->size() != 4) return std::string("8-bit inputs: 4-D only");
   for (int i = 1; i < int(info.inputs.size()); ++i)
-    if (info.has_input(i) && !info.input(i).constant) return std::string("8-bit inputs: constant roi/scales/sizes only");
+    if (info.has_input(i) && !info.input(i).constant)
+      return std::string("8-bit inputs: constant roi/scales/sizes only");
   try {
     const ResizeSpec spec(info.node, info.opset, upsample);
-    if (spec.mode() != ResizeSpec::Mode::nearest) return std::string("8-bit inputs: nearest mode only");
+    if (spec.mode() != ResizeSpec::Mode::nearest)
+      return std::string("8-bit inputs: nearest mode only");
     if (spec.antialias()) return std::string("antialias is not implemented");
     *plan = make_plan(spec, *info.input(0).shape,
                       [&](int i) { return info.has_input(i) ? info.input(i).constant : nullptr; });
@@ -539,7 +542,9 @@ class ByteResizeKernel final : public OpKernel {
     *shape = p_.out;
     return i == 0;
   }
-  bool accepts_private_input(int i, uint64_t layout) const override { return i == 0 && layout == nhwc_x_; }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
   void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
   uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
   void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
@@ -547,7 +552,8 @@ class ByteResizeKernel final : public OpKernel {
   void compute(KernelContext& ctx) const override {
     const Tensor& xt = ctx.required_input(0);
     if (xt.shape() != p_.in || xt.dtype() != t_)
-      return ctx.fail(ErrorCode::invalid_argument, "input is " + shape_str(xt.shape()) + ", compiled for " + shape_str(p_.in));
+      return ctx.fail(ErrorCode::invalid_argument,
+                      "input is " + shape_str(xt.shape()) + ", compiled for " + shape_str(p_.in));
     const auto* x = static_cast<const uint8_t*>(xt.raw_data());
     auto* y = static_cast<uint8_t*>(ctx.output(0, t_, p_.out).raw_data());
     const AxisPlan &h = p_.axes[2], &w = p_.axes[3];
@@ -563,7 +569,8 @@ class ByteResizeKernel final : public OpKernel {
             continue;
           }
           const uint8_t* src = x + (img * ih + h.i0[size_t(o)]) * iw * c;
-          for (int64_t q = 0; q < ow; ++q) std::memcpy(dst + q * c, src + w.i0[size_t(q)] * c, size_t(c));
+          for (int64_t q = 0; q < ow; ++q)
+            std::memcpy(dst + q * c, src + w.i0[size_t(q)] * c, size_t(c));
         }
       });
     } else if (cl_x_) {
@@ -604,7 +611,8 @@ class ByteResizeKernel final : public OpKernel {
 };
 
 bool byte_input(const KernelBuildInfo& info) {
-  return info.input(0).dtype && (*info.input(0).dtype == DType::u8 || *info.input(0).dtype == DType::i8);
+  return info.input(0).dtype &&
+         (*info.input(0).dtype == DType::u8 || *info.input(0).dtype == DType::i8);
 }
 
 KernelDef resize_def(const std::string& op, int64_t since, int64_t until, bool upsample,
@@ -632,7 +640,8 @@ KernelDef resize_def(const std::string& op, int64_t since, int64_t until, bool u
       return std::make_unique<ByteResizeKernel>(std::move(p), *info.input(0).dtype);
     }
     std::optional<ResizePlan> p;
-    if (auto r = resize_check(info, upsample, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    if (auto r = resize_check(info, upsample, &p))
+      throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
     return std::make_unique<ResizeKernel>(ResizeSpec(info.node, info.opset, upsample), *info.input(0).shape,
                                           std::move(p));
   };

@@ -305,8 +305,8 @@ int64_t fuse_qdq_conv_transpose(PassGraph& g, Node* op, UseIndex& index,
   const int64_t c = w->shape()[0], m = w->shape()[1], kh = w->shape()[2], kw = w->shape()[3];
   const auto strides = op->attr_ints("strides", {1, 1});
   const auto kernel = op->attr_ints("kernel_shape", {kh, kw});
-  if (kh != kw || strides.size() != 2 || strides[0] != kh || strides[1] != kw || kernel.size() != 2 ||
-      kernel[0] != kh || kernel[1] != kw || kh < 1)
+  if (kh != kw || strides.size() != 2 || strides[0] != kh || strides[1] != kw ||
+      kernel.size() != 2 || kernel[0] != kh || kernel[1] != kw || kh < 1)
     return 0;
   if (!weight_dq(g, dw, 1, m)) return 0;
   Node* db = op->inputs.size() == 3 ? producer(op->inputs[2]) : nullptr;
@@ -320,7 +320,8 @@ int64_t fuse_qdq_conv_transpose(PassGraph& g, Node* op, UseIndex& index,
   auto* dst = static_cast<uint8_t*>(w2.raw_data());
   for (int64_t k = 0; k < c; ++k)
     for (int64_t o = 0; o < m; ++o)
-      for (int64_t ab = 0; ab < area; ++ab) dst[(ab * m + o) * c + k] = src[(k * m + o) * area + ab];
+      for (int64_t ab = 0; ab < area; ++ab)
+        dst[(ab * m + o) * c + k] = src[(k * m + o) * area + ab];
   // Per-channel parameters (and the bias) once per block offset.
   auto repeat = [&](const Tensor& t, bool always = false) {
     const Tensor tc = t.contiguous();
@@ -328,19 +329,25 @@ int64_t fuse_qdq_conv_transpose(PassGraph& g, Node* op, UseIndex& index,
     const size_t e = dtype_size(tc.dtype());
     Tensor r(tc.dtype(), {oc});
     for (int64_t ab = 0; ab < area; ++ab)
-      std::memcpy(static_cast<uint8_t*>(r.raw_data()) + size_t(ab * m) * e, tc.raw_data(), size_t(m) * e);
+      std::memcpy(static_cast<uint8_t*>(r.raw_data()) + size_t(ab * m) * e, tc.raw_data(),
+                  size_t(m) * e);
     return r;
   };
   const std::string base = op->name.empty() ? op->outputs[0] : op->name;
   auto conv = std::make_unique<Node>();
   conv->op_type = "QLinearConv";
   conv->name = base + "_blocks";
-  conv->inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2],
+  conv->inputs = {dx->inputs[0],
+                  dx->inputs[1],
+                  dx->inputs[2],
                   g.add_constant(base + "_w_blocks", w2),
                   g.add_constant(base + "_ws_blocks", repeat(*g.constant(dw->inputs[1]))),
                   g.add_constant(base + "_wz_blocks", repeat(*g.constant(dw->inputs[2]))),
-                  q->inputs[1], q->inputs[2]};
-  if (db) conv->inputs.push_back(g.add_constant(base + "_b_blocks", repeat(*g.constant(db->inputs[0]), true)));
+                  q->inputs[1],
+                  q->inputs[2]};
+  if (db)
+    conv->inputs.push_back(
+        g.add_constant(base + "_b_blocks", repeat(*g.constant(db->inputs[0]), true)));
   conv->outputs = {g.fresh_name(q->outputs[0] + "_blocks")};
   conv->attrs["kernel_shape"] = ints_attr({1, 1});
   auto d2s = std::make_unique<Node>();
@@ -388,12 +395,14 @@ int64_t fuse_qdq_movement(PassGraph& g) {
   Producers made_by(g);
   // The bytes Q(DQ(v)) for every byte value v: a requantizing table, or null when it is
   // the identity (same type, same values).
-  auto requantize = [&](const Node* dq, const Node* q, DType from, bool* identity) -> std::optional<Tensor> {
+  auto requantize = [&](const Node* dq, const Node* q, DType from,
+                        bool* identity) -> std::optional<Tensor> {
     std::array<uint8_t, 256> all;
     for (int b = 0; b < 256; ++b) all[size_t(b)] = uint8_t(b);
     try {
       const Tensor bytes = byte_values(from, all.data());
-      const Tensor f = run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
+      const Tensor f =
+          run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
       Tensor t = run_ref(g, *q, {&f, g.constant(q->inputs[1]), g.constant(q->inputs[2])});
       if (t.numel() != 256) return std::nullopt;
       *identity = t.dtype() == from && std::memcmp(t.raw_data(), all.data(), 256) == 0;
@@ -402,7 +411,9 @@ int64_t fuse_qdq_movement(PassGraph& g) {
       return std::nullopt;
     }
   };
-  auto is_lookup = [](const Node* n) { return n && n->domain == kFusedDomain && n->op_type == "QLookup"; };
+  auto is_lookup = [](const Node* n) {
+    return n && n->domain == kFusedDomain && n->op_type == "QLookup";
+  };
   auto free_slot = [&](Node* n) {
     index.remove(n);
     const size_t at = pos.at(n);
@@ -416,7 +427,8 @@ int64_t fuse_qdq_movement(PassGraph& g) {
     for (const auto& o : n->outputs) made_by.of[o] = n.get();
     g.nodes[at] = std::move(n);
   };
-  auto lookup_node = [&](const std::string& name, const std::string& x, const std::string& y, Tensor table) {
+  auto lookup_node = [&](const std::string& name, const std::string& x, const std::string& y,
+                         Tensor table) {
     auto l = std::make_unique<Node>();
     l->domain = kFusedDomain;
     l->op_type = "QLookup";
@@ -452,7 +464,8 @@ int64_t fuse_qdq_movement(PassGraph& g) {
       const size_t op_at = free_slot(op), q_at = free_slot(q);
       if (!identity) {
         r->inputs[0] = g.fresh_name(q->outputs[0] + "_requantized");
-        place(lookup_node(r->name + "_requantize", dq->inputs[0], r->inputs[0], std::move(*t)), op_at);
+        place(lookup_node(r->name + "_requantize", dq->inputs[0], r->inputs[0], std::move(*t)),
+              op_at);
       }
       place(std::move(r), q_at);
       if (index.readers(dq->outputs[0]).empty() && !index.pinned(dq->outputs[0])) {
@@ -503,7 +516,8 @@ int64_t fuse_qdq_movement(PassGraph& g) {
           std::array<uint8_t, 256> both;
           for (int b = 0; b < 256; ++b) both[size_t(b)] = cb[lb[b]];
           index.remove(l);
-          l->inputs[1] = g.add_constant(l->outputs[0] + "_table", byte_values(tables[k]->dtype(), both.data()));
+          l->inputs[1] = g.add_constant(l->outputs[0] + "_table",
+                                        byte_values(tables[k]->dtype(), both.data()));
           index.add(l);
           continue;
         }
@@ -529,10 +543,12 @@ int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* l = g.nodes[i].get();
-    if (!l || l->domain != kFusedDomain || l->op_type != "QLookup" || l->inputs.size() != 2) continue;
+    if (!l || l->domain != kFusedDomain || l->op_type != "QLookup" || l->inputs.size() != 2)
+      continue;
     Node* c = made_by(l->inputs[0]);
     if (!is_op(c, "QLinearConv") || c->outputs.size() != 1 || c->inputs.size() < 8 ||
-        index.sole_reader(c->outputs[0]) != l || index.pinned(c->outputs[0]) || !g.constant(l->inputs[1]))
+        index.sole_reader(c->outputs[0]) != l || index.pinned(c->outputs[0]) ||
+        !g.constant(l->inputs[1]))
       continue;
     auto fused = std::make_unique<Node>(*c);
     fused->domain = kFusedDomain;

@@ -270,13 +270,15 @@ class QLinearConvLookupKernel final : public OpKernel {
  public:
   explicit QLinearConvLookupKernel(const Node& node) {
     if (node.inputs.size() != 10)
-      throw Error(ErrorCode::invalid_model, node.describe() + ": takes QLinearConv's 9 inputs (bias may be \"\") "
-                                                              "and a table of 256 8-bit values");
+      throw Error(ErrorCode::invalid_model, node.describe() +
+                                                ": takes QLinearConv's 9 inputs (bias may be \"\") "
+                                                "and a table of 256 8-bit values");
     conv_node_ = node;
     conv_node_.op_type = "QLinearConv";
     conv_node_.domain.clear();
     conv_node_.inputs.resize(9);
-    while (!conv_node_.inputs.empty() && conv_node_.inputs.back().empty()) conv_node_.inputs.pop_back();
+    while (!conv_node_.inputs.empty() && conv_node_.inputs.back().empty())
+      conv_node_.inputs.pop_back();
     conv_ = ref_kernel_registry().find("QLinearConv", "", 10)->factory(conv_node_, 10);
   }
   void compute(KernelContext& ctx) const override {
@@ -287,7 +289,8 @@ class QLinearConvLookupKernel final : public OpKernel {
     conv_->compute(c);
     const Tensor& t = ctx.required_input(9);
     if ((t.dtype() != DType::u8 && t.dtype() != DType::i8) || t.numel() != 256)
-      ctx.fail(ErrorCode::invalid_argument, "the table must be 256 8-bit values, got " + t.describe());
+      ctx.fail(ErrorCode::invalid_argument,
+               "the table must be 256 8-bit values, got " + t.describe());
     const Tensor tc = t.contiguous(), y = out[0].contiguous();
     const auto* table = static_cast<const uint8_t*>(tc.raw_data());
     const auto* src = static_cast<const uint8_t*>(y.raw_data());
@@ -350,8 +353,9 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(simple_fused_def("QLookup", [](const Node&) { return std::make_unique<QLookupKernel>(); }));
   r.add(simple_fused_def("QLinearGlobalAveragePool",
                          [](const Node&) { return std::make_unique<QLinearGlobalAveragePoolKernel>(); }));
-  r.add(simple_fused_def("QLinearConvLookup",
-                         [](const Node& n) { return std::make_unique<QLinearConvLookupKernel>(n); }));
+  r.add(simple_fused_def("QLinearConvLookup", [](const Node& n) {
+    return std::make_unique<QLinearConvLookupKernel>(n);
+  }));
   for (const char* op : {"QLinearAdd", "QLinearMul"})
     r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearBinaryKernel>(n); }));
 }
