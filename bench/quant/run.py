@@ -59,6 +59,14 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def slim_env(args):
+    """slim's environment: passive OpenMP waits, and SLIM_ISA when --isa holds it down."""
+    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    if getattr(args, "isa", None):
+        env["SLIM_ISA"] = args.isa
+    return env
+
+
 def sh(cmd, **kw):
     p = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if p.returncode != 0:
@@ -141,6 +149,53 @@ def data_rec(work, n_calib=64, n_held=120):
         json.dump(lines[n_calib:], f)
 
 
+def render_page(rng, width=640, height=256):
+    """A page as PaddleOCR's detector takes it (tests/real_models' ocr_det input): 2-5 lines
+    of real prose in one of the fonts, at a random size, place and ink on a light,
+    slightly uneven background, ImageNet-normalized, NCHW."""
+    from PIL import Image, ImageDraw, ImageFont
+    bg = tuple(rng.randint(215, 252) for _ in range(3))
+    img = Image.new("RGB", (width, height), bg)
+    d = ImageDraw.Draw(img)
+    for _ in range(rng.randint(0, 3)):  # faint blotches: paper, shadows
+        x0, y0 = rng.randrange(width), rng.randrange(height)
+        d.ellipse((x0, y0, x0 + rng.randint(40, 300), y0 + rng.randint(20, 120)),
+                  fill=tuple(max(0, c - rng.randint(5, 25)) for c in bg))
+    y = rng.randint(4, 30)
+    for text in phrases(rng.randint(2, 5), rng, (2, 7)):
+        size = rng.randint(16, 34)
+        f = ImageFont.truetype(os.path.join(os.path.dirname(real.FONT), rng.choice(FONTS)), size)
+        if y + size + 4 > height:
+            break
+        ink = tuple(rng.randint(0, 90) for _ in range(3))
+        d.text((rng.randint(4, 200), y), text, fill=ink, font=f)
+        y += size + rng.randint(8, 30)
+    x = np.asarray(img, np.float32) / 255
+    return ((x - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).transpose(2, 0, 1).astype(np.float32)
+
+
+def data_det(work, n_calib=16, n_held=32):
+    rng = random.Random(13)
+    xs = np.stack([render_page(rng) for _ in range(n_calib + n_held)])
+    save(os.path.join(work, "calib"), {"x": xs[:n_calib]})
+    save(os.path.join(work, "held"), {"x": xs[n_calib:]})
+
+
+def det_masks(args, model, held, work, threshold=0.3):
+    """The text masks (probability > DB's 0.3 threshold) of every held-out page."""
+    d = os.path.join(work, "det_" + os.path.basename(model)[:-5])
+    shutil.rmtree(d, ignore_errors=True)
+    sh([args.slim, "run", model, "-i", f"x={held}", "-o", d, "--threads", str(args.threads)],
+       env=slim_env(args))
+    return np.load(glob.glob(os.path.join(d, "*.npy"))[0]) > threshold
+
+
+def mask_iou(a, b):
+    """Intersection over union of two sets of masks, over all pages."""
+    union = np.logical_or(a, b).sum()
+    return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
 def data_oww(ctx, work):
     """openWakeWord's front end (mel frames, 76-frame windows) on espeak-ng speech of
     English phrases in several voices and speeds, computed by ONNX Runtime as the
@@ -167,7 +222,7 @@ def quantize(args, m, label, opts, cache):
     if os.path.exists(os.path.join(m["work"], "labels.npy")):
         cmd += ["--labels", os.path.join(m["work"], "labels.npy")]
     t0 = time.time()
-    p = sh(cmd, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    p = sh(cmd, env=slim_env(args))
     r = json.load(open(js))
     r["seconds"] = time.time() - t0
     r["stdout"] = p.stdout
@@ -180,7 +235,7 @@ def ctc_texts(args, model, held, keys, work):
     d = os.path.join(work, "ctc_" + os.path.basename(model)[:-5])
     shutil.rmtree(d, ignore_errors=True)
     sh([args.slim, "run", model, "-i", f"x={held}", "-o", d, "--threads", str(args.threads)],
-       env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+       env=slim_env(args))
     probs = np.load(glob.glob(os.path.join(d, "*.npy"))[0])
     return [real.ctc_decode(p, keys) for p in probs]
 
@@ -195,54 +250,64 @@ def one_input(m):
     return x
 
 
-def time_both(args, ctx, model, feeds, work, rounds, iters):
-    """Median latency (ms, 1 sample) of ONNX Runtime and slim on `model`, alternating."""
-    d = os.path.join(work, "lat_" + os.path.basename(model)[:-5])
+def time_all(args, ctx, models, feeds, work, rounds, iters):
+    """Median latency (ms, 1 sample) of each of `models` (name -> file) in ONNX Runtime and
+    in slim: every round runs them all, engines and models alternating, each a median of
+    `iters` runs; the result is the median of the rounds'. Returns ({"ort_<name>": ms,
+    "slim_<name>": ms}, slim's kernels)."""
+    d = os.path.join(work, "lat")
     inputs = real.save_inputs(d, feeds)
-    ort, slim = [], []
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    times = {}
+    isa = "?"
+    env = slim_env(args)
     for _ in range(rounds):
-        r = real.sh(["node", real.ORT_BENCH, model, os.path.join(d, "spec.json"), str(args.threads), "3", str(iters),
-                     os.path.join(d, "ort"), "0"], env=dict(env, NODE_PATH=ctx.node_path))
-        if r.returncode != 0:
-            raise RuntimeError("ORT: " + r.stderr[-500:])
-        ort.append(statistics.median(json.load(open(os.path.join(d, "ort", "result.json")))["runs_ms"]))
-        js = os.path.join(d, "slim.json")
-        cmd = [args.slim, "bench", model, "--threads", str(args.threads), "--warmup", "3", "--iters", str(iters),
-               "--json", js, "--top", "0"]
-        for i in inputs:
-            cmd += ["-i", i]
-        sh(cmd, env=env)
-        b = json.load(open(js))
-        slim.append(b["p50_ms"])
-        r_isa = b["kernels"]
-    return statistics.median(ort), statistics.median(slim), r_isa
+        for name, model in models.items():
+            r = real.sh(["node", real.ORT_BENCH, model, os.path.join(d, "spec.json"), str(args.threads), "3",
+                         str(iters), os.path.join(d, "ort"), "0"],
+                        env=dict(os.environ, OMP_WAIT_POLICY="passive", NODE_PATH=ctx.node_path))
+            if r.returncode != 0:
+                raise RuntimeError("ORT: " + r.stderr[-500:])
+            times.setdefault("ort_" + name, []).append(
+                statistics.median(json.load(open(os.path.join(d, "ort", "result.json")))["runs_ms"]))
+            js = os.path.join(d, "slim.json")
+            cmd = [args.slim, "bench", model, "--threads", str(args.threads), "--warmup", "3", "--iters", str(iters),
+                   "--json", js, "--top", "0"]
+            for i in inputs:
+                cmd += ["-i", i]
+            sh(cmd, env=env)
+            b = json.load(open(js))
+            times.setdefault("slim_" + name, []).append(b["p50_ms"])
+            isa = b["kernels"]
+    return {k: statistics.median(v) for k, v in times.items()}, isa
 
 
 # ---------------------------------------------------------------- report
 
 def markdown(results, meta):
-    lines = [f"Measured {meta['date']} on {meta['machine']} (slim kernels: {meta['isa']}), ONNX Runtime "
+    lines = [f"Measured {meta['date']} on {meta['machine']} (slim kernels: {meta['isa']}"
+             + (f", SLIM_ISA={meta['slim_isa']}" if meta.get("slim_isa") else "") + "), ONNX Runtime "
              f"{meta['ort_version']}, {meta['threads']} thread(s), load average {meta['load']}.", "",
              "Agreement of the quantized model with the float one on the held-out set (top-1 per row for the "
-             "classifiers, decoded text for the recognizer, cosine for the embedding):", "",
+             "classifiers, decoded text for the recognizer, cosine for the embedding, IoU of the text masks for the detector):", "",
              "| model | held-out | " + " | ".join(s[0] for s in SETTINGS) + " | other settings |",
              "|---|---|" + "---|" * (len(SETTINGS) + 1)]
     for r in results:
-        cells = [r["settings"][label]["summary"] for label, _ in SETTINGS]
+        cells = [r["settings"][label]["summary"] if label in r["settings"] else "-" for label, _ in SETTINGS]
         extra = "; ".join(f"{label}: {r['settings'][label]['summary']}" for label, _ in EXTRA.get(r["name"], []))
         held = f"{r['held']}" + (f" (float reads {100 * r['float_text_accuracy']:.1f}% of the lines right)"
                                  if "float_text_accuracy" in r else "")
         lines.append(f"| {r['name']} | {held} | " + " | ".join(cells) + f" | {extra} |")
-    lines += ["", "Latency of one sample (median of the rounds' medians, ms), the float model and the " +
-              f"`{DEFAULT_EXPORT}` QDQ export:", "",
-              "| model | ORT float | ORT QDQ | slim float | slim QDQ | slim QDQ / ORT QDQ |", "|---|---|---|---|---|---|"]
+    lines += ["", "Latency of one sample (median of the rounds' medians, ms; engines and models alternating), "
+              f"the float model and the `{DEFAULT_EXPORT}` QDQ export:", "",
+              "| model | ORT float | ORT QDQ | slim float | slim QDQ | slim int8 speedup (slim float / slim QDQ) "
+              "| slim QDQ / ORT QDQ |", "|---|---|---|---|---|---|---|"]
     ms = lambda v: f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 10 else f"{v:.1f}"
     for r in results:
         t = r.get("latency")
         if t:
             lines.append(f"| {r['name']} | {ms(t['ort_float'])} | {ms(t['ort_qdq'])} | {ms(t['slim_float'])} | "
-                         f"{ms(t['slim_qdq'])} | {t['slim_qdq'] / t['ort_qdq']:.2f} |")
+                         f"{ms(t['slim_qdq'])} | {t['slim_float'] / t['slim_qdq']:.2f}x | "
+                         f"{t['slim_qdq'] / t['ort_qdq']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -255,6 +320,8 @@ def summary(model, q):
         if "accuracy_quantized" in o:
             s += f" (acc {100 * o['accuracy_quantized']:.1f}% vs {100 * o['accuracy_float']:.1f}%)"
         return s
+    if model["metric"] == "mask":
+        return f"mask IoU {q['mask_iou']:.3f} (cos {outs[0]['cosine']:.4f})"
     if model["metric"] == "ctc":
         return (f"{100 * q['text_agreement']:.1f}% text, {100 * q['text_accuracy']:.1f}% right "
                 f"({100 * outs[0]['top1_agreement']:.1f}% frames)")
@@ -266,7 +333,10 @@ def main():
     ap.add_argument("--slim", default=os.path.join(ROOT, "build", "tools", "slim"))
     ap.add_argument("--cache", default=os.environ.get("SLIM_MODEL_CACHE") or os.path.join(ROOT, "bench", ".work", "real_models"))
     ap.add_argument("--work", default=os.path.join(ROOT, "bench", ".work", "quant"))
-    ap.add_argument("--models", default="digits,ppocr-cls,ppocr-v4-rec,oww-embedding")
+    ap.add_argument("--models", default="digits,ppocr-cls,ppocr-v4-det,ppocr-v4-rec,oww-embedding")
+    ap.add_argument("--settings", help="only these calibrator settings (labels, comma-separated; the timed "
+                    f"`{DEFAULT_EXPORT}` is always run)")
+    ap.add_argument("--isa", help="SLIM_ISA for slim's runs (avx2, scalar): its kernels held to that level")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3, help="latency rounds (engines alternate)")
     ap.add_argument("--iters", type=int, default=20)
@@ -309,6 +379,9 @@ def main():
             elif name == "oww-embedding":
                 data_oww(ctx, work)
                 m["metric"] = "cosine"
+            elif name == "ppocr-v4-det":
+                data_det(work)
+                m["metric"] = "mask"
             else:
                 raise SystemExit(f"no data builder for {name}")
         held = os.path.join(work, "held")
@@ -316,6 +389,11 @@ def main():
         n_calib = len(np.load(glob.glob(os.path.join(work, "calib", "*.npy"))[0], mmap_mode="r"))
         r = {"name": name, "task": m["task"], "held": n_held, "calib": n_calib, "settings": {}}
         settings = SETTINGS + EXTRA.get(name, [])
+        if args.settings:
+            keep = set(args.settings.split(",")) | {DEFAULT_EXPORT}
+            settings = [s for s in settings if s[0] in keep]
+        if m["metric"] == "mask":
+            float_masks = det_masks(args, m["path"], os.path.join(held, "x.npy"), work)
         if m["metric"] == "ctc":
             truth = json.load(open(os.path.join(work, "held_text.json")))
             float_texts = ctc_texts(args, m["path"], os.path.join(held, "x.npy"), m["keys"], work)
@@ -327,19 +405,24 @@ def main():
                 texts = ctc_texts(args, q["file"], os.path.join(held, "x.npy"), m["keys"], work)
                 q["text_agreement"] = float(np.mean([a == b for a, b in zip(texts, float_texts)]))
                 q["text_accuracy"] = float(np.mean([a == b for a, b in zip(texts, truth)]))
+            if m["metric"] == "mask":
+                q["mask_iou"] = mask_iou(det_masks(args, q["file"], os.path.join(held, "x.npy"), work), float_masks)
             q["summary"] = summary(m, q)
             r["settings"][label] = {k: v for k, v in q.items() if k not in ("stdout", "ranges", "model", "output")}
         log(f"bench/quant: {name}: latency")
         feeds = one_input(m)
         qdq = r["settings"][DEFAULT_EXPORT]["file"]
-        ort_f, slim_f, isa = time_both(args, ctx, m["path"], feeds, work, args.rounds, args.iters)
-        ort_q, slim_q, isa = time_both(args, ctx, qdq, feeds, work, args.rounds, args.iters)
-        r["latency"] = {"ort_float": ort_f, "ort_qdq": ort_q, "slim_float": slim_f, "slim_qdq": slim_q}
+        r["latency"], isa = time_all(args, ctx, {"float": m["path"], "qdq": qdq}, feeds, work, args.rounds,
+                                     args.iters)
+        t = r["latency"]
+        log(f"bench/quant: {name}: slim float {t['slim_float']:.3f} ms, QDQ {t['slim_qdq']:.3f} ms "
+            f"({t['slim_float'] / t['slim_qdq']:.2f}x); ORT float {t['ort_float']:.3f}, QDQ {t['ort_qdq']:.3f} "
+            f"(slim QDQ / ORT QDQ {t['slim_qdq'] / t['ort_qdq']:.2f})")
         results.append(r)
         log(json.dumps({k: v for k, v in r.items() if k != "settings"}))
     load = os.getloadavg()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": real.machine(), "isa": isa,
-            "ort_version": real.ORT_VERSION, "threads": args.threads, "load": f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"}
+            "ort_version": real.ORT_VERSION, "threads": args.threads, "slim_isa": args.isa or "", "load": f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"}
     for r in results:  # paths of this machine stay out of the saved results
         for q in r["settings"].values():
             q.pop("file", None)
@@ -350,7 +433,8 @@ def main():
 
 def report(args, results, meta):
     for r in results:  # the cells again, so a changed summary() applies to saved results
-        m = {"metric": "ctc" if "float_text_accuracy" in r else "top1" if r["name"] != "oww-embedding" else "cosine"}
+        m = {"metric": "ctc" if "float_text_accuracy" in r else "mask" if r["name"] == "ppocr-v4-det"
+             else "top1" if r["name"] != "oww-embedding" else "cosine"}
         for q in r["settings"].values():
             q["summary"] = summary(m, q)
     table = markdown(results, meta)

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "runtime/cpu_test_util.h"
 #include "slim/core/convert.h"
@@ -291,6 +292,9 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // fewer output channels than vector lanes: requantized in runs of lcm(oc, 16)
       {{1, 8, 5, 9}, 8, 3, 8, DType::u8, DType::i8, DType::u8, true, true},
       {{1, 5, 4, 7}, 3, 1, 1, DType::i8, DType::i8, DType::i8, true, false},
+      // 1x1 over more sums than 512 KiB: run in bands of rows (36 of 72 here)
+      {{1, 8, 72, 64}, 40, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
+      {{1, 9, 72, 64}, 40, 1, 1, DType::i8, DType::i8, DType::i8, false, false},
   };
   for (const QConvCase& c : cases) {
     SCOPED_TRACE("x " + shape_str(c.x) + " group " + std::to_string(c.group));
@@ -358,8 +362,8 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
   Node& c1 = b.node("Conv", {x, w1, "b1_dq"}, {"c1"}, "conv1");
   c1.attrs["pads"] = attr_ints({1, 1, 1, 1});
   const std::string c1q = qdq("c1", 0.05f, 3, DType::i8);
-  // Between them a Relu on bytes (a slim:QLookup reading channels-last bytes), whose result
-  // a second graph output also reads (so it writes plain NCHW bytes).
+  // Between them a Relu on bytes (a slim:QLookup, folded into the convolution before it),
+  // whose result a second graph output also reads (so it writes plain NCHW bytes).
   b.node("Relu", {c1q}, {"r1"});
   const std::string h = qdq("r1", 0.05f, -128, DType::i8);
   b.output("h");
@@ -380,9 +384,11 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
     EXPECT_EQ(a.provider, "cpu") << a.node;
     ++ops[a.op];
   }
-  EXPECT_EQ(ops["QLinearConv"], 2);
+  // The Relu's table folded into the first convolution (fuse_qlinear_conv_lookup).
+  EXPECT_EQ(ops["QLinearConv"], 1);
+  EXPECT_EQ(ops["slim:QLinearConvLookup"], 1);
   EXPECT_EQ(ops["QLinearMatMul"], 1);
-  EXPECT_EQ(ops["slim:QLookup"], 1);
+  EXPECT_EQ(ops["slim:QLookup"], 0);
   SessionOptions r;
   r.providers = {"ref"};
   r.optimize = false;
@@ -477,6 +483,283 @@ TEST(CpuInt8, QLinearGlobalAveragePoolGivesRefsBytesExactly) {
       b.node("QLinearGlobalAveragePool", {x, "ps", "pz", "gs", "gz"}, {"y"}, "gap", kFusedDomain);
       expect_matches_ref(b.build(), {{"x", extreme_8bit(t, s, 12)}}, "gap", "cpu", 0, 0);
     }
+}
+
+// Between QLinearConvs the 8-bit chain stays channels-last and on bytes: residual Adds of
+// two channels-last inputs, an Add of a channels-last and a plain input, the SE product
+// with its [N, C, 1, 1] gate (whose result a graph output also reads: written plain),
+// nearest Resizes (one requantizing, one at its input's scale: no table) and a Concat of
+// differently scaled inputs (fuse_qdq_movement). Every byte equals the unfused nodes' on
+// ref, for uint8 and int8 activations.
+TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
+  for (DType t : {DType::u8, DType::i8}) {
+    SCOPED_TRACE(t == DType::u8 ? "u8" : "i8");
+    ModelBuilder b(13);
+    const Shape xs = {1, 8, 6, 10}, x2s = {1, 16, 6, 10};
+    b.input("x", t, spec(xs)).input("x2", t, spec(x2s)).output("y").output("se_out");
+    const int z0 = t == DType::u8 ? 128 : 0;
+    auto params = [&](const std::string& v, float s, int z) {
+      b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+      b.initializer(v + "_z", scalar_8bit(t, z));
+    };
+    std::set<std::string> dequantized;
+    auto dq = [&](const std::string& v) {
+      if (dequantized.insert(v).second)
+        b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+      return v + "_dq";
+    };
+    auto q = [&](const std::string& f, const std::string& v) {
+      b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
+      return v;
+    };
+    auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc, int64_t k,
+                     uint64_t seed) {
+      b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
+      b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
+      b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
+      Node& c =
+          b.node("QLinearConv",
+                 {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
+      c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+    };
+    params("x", 0.031f, z0 - 3);
+    params("x2", 0.05f, z0 + 11);
+    params("c1", 0.09f, z0 - 40);
+    params("c2", 0.07f, z0 + 20);
+    qconv("x", "c1", 8, 16, 3, 41);
+    qconv("x", "c2", 8, 16, 1, 43);
+    params("a", 0.12f, z0 - 10);
+    b.node("Add", {dq("c1"), dq("c2")}, {"a_f"});
+    q("a_f", "a");  // both inputs channels-last
+    params("m", 0.1f, z0 + 2);
+    b.node("Add", {dq("c2"), dq("x2")}, {"m_f"});
+    q("m_f", "m");  // channels-last and plain
+    params("g", 0.01f, z0);
+    b.node("GlobalAveragePool", {dq("a")}, {"g_f"});
+    q("g_f", "g");
+    params("se", 0.2f, z0 - 1);
+    b.node("Mul", {dq("a"), dq("g")}, {"se_f"});
+    q("se_f", "se");
+    b.node("Identity", {"se"}, {"se_out"});
+    b.initializer("scales", Tensor::from_vector<float>({4}, {1.f, 1.f, 2.f, 2.f}));
+    params("r1", 0.23f, z0 + 7);
+    b.node("Resize", {dq("se"), "", "scales"}, {"r1_f"}).attrs["mode"] =
+        testing::attr_string("nearest");
+    q("r1_f", "r1");
+    b.initializer("sizes", Tensor::from_vector<int64_t>({4}, {1, 16, 12, 20}));
+    params("r2", 0.1f, z0 + 2);  // m's parameters: no table
+    b.node("Resize", {dq("m"), "", "", "sizes"}, {"r2_f"}).attrs["mode"] =
+        testing::attr_string("nearest");
+    q("r2_f", "r2");
+    params("cat", 0.15f, z0 - 5);
+    b.node("Concat", {dq("r1"), dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
+    q("cat_f", "cat");
+    params("y", 0.3f, z0 + 1);
+    qconv("cat", "y", 32, 5, 1, 47);
+    const Model m = b.build();
+    const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}, {"x2", extreme_8bit(t, x2s, 52)}};
+    SessionOptions o;
+    o.providers = {"cpu", "ref"};
+    auto fast = Session::compile(m, o);
+    std::map<std::string, int> ops;
+    for (const auto& a : fast->partition()) {
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+      ++ops[a.op];
+    }
+    EXPECT_EQ(ops["slim:QLinearAdd"], 2);
+    EXPECT_EQ(ops["slim:QLinearMul"], 1);
+    EXPECT_EQ(ops["Resize"], 2);
+    EXPECT_EQ(ops["Concat"], 1);
+    EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+    SessionOptions r;
+    r.providers = {"ref"};
+    r.optimize = false;
+    const TensorMap got = fast->run(in), want = Session::compile(m, r)->run(in);
+    for (const char* name : {"y", "se_out"}) {
+      const Tensor& g = got.at(name);
+      const Tensor& w = want.at(name);
+      ASSERT_EQ(g.shape(), w.shape()) << name;
+      ASSERT_EQ(g.dtype(), w.dtype()) << name;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i],
+                  static_cast<const uint8_t*>(w.raw_data())[i])
+            << name << " " << i;
+    }
+  }
+}
+
+// DepthToSpace of 8-bit bytes (where fuse_qdq sends a ConvTranspose's blocks): plain bytes,
+// a QLinearConv's channels-last bytes written plain, and channels-last on to the next
+// QLinearConv, in DCR and CRD mode: ref's bytes exactly.
+TEST(CpuInt8, DepthToSpaceOfBytesGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8})
+    for (const char* mode : {"DCR", "CRD"})
+      for (int chain = 0; chain < 3; ++chain) {
+        SCOPED_TRACE(std::string(mode) + " chain " + std::to_string(chain));
+        const Shape in_shape = chain > 0 ? Shape{2, 8, 3, 5} : Shape{2, 12, 3, 5};
+        ModelBuilder b(13);
+        b.input("x", t, spec(in_shape)).output("y");
+        std::string x = "x";
+        if (chain > 0) {
+          add_qlinear_params(b, "", t, t, 12, DType::i8, true, 3);
+          b.initializer("w", extreme_8bit(DType::i8, {12, 8, 1, 1}, 8));
+          b.node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"c"});
+          x = "c";
+        }
+        const std::string d = chain == 2 ? "d" : "y";
+        Node& n = b.node("DepthToSpace", {x}, {d}, "d2s");
+        n.attrs["blocksize"] = attr_int(2);
+        n.attrs["mode"] = testing::attr_string(mode);
+        if (chain == 2) {
+          add_qlinear_params(b, "p", t, t, 4, DType::i8, true, 5);
+          b.initializer("pxs", Tensor::from_vector<float>({}, {0.55f}));  // c's scale
+          b.initializer("pxz", scalar_8bit(t, t == DType::u8 ? 97 : 3));
+          b.initializer("pw", extreme_8bit(DType::i8, {4, 3, 1, 1}, 9));
+          b.node("QLinearConv", {"d", "pxs", "pxz", "pw", "pws", "pwz", "pys", "pyz"}, {"y"});
+        }
+        expect_matches_ref(b.build(), {{"x", extreme_8bit(t, in_shape, 13)}}, "d2s", "cpu", 0, 0);
+      }
+}
+
+// DQ(x) -> ConvTranspose(DQ(w), DQ(int32 bias)) -> Q with kernel = stride (PP-OCR's DB
+// head upsampling twice, 2x2 and then 3x3 here) becomes a 1x1 QLinearConv and a
+// DepthToSpace (fuse_qdq): ONNX Runtime's QLinearConvTranspose sums, requantized once. The
+// file as written (ref, no passes) rounds the f32 products once more: a step at most.
+TEST(CpuInt8, QdqConvTransposeBecomesQLinearConvAndDepthToSpace) {
+  ModelBuilder b(13);
+  const Shape xs = {1, 8, 5, 7};
+  b.input("x", DType::f32, spec(xs)).output("y");
+  auto qdq = [&](const std::string& v, float s, int z) {
+    b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
+    b.initializer(v + "_z", scalar_8bit(DType::u8, z));
+    b.node("QuantizeLinear", {v, v + "_s", v + "_z"}, {v + "_q"});
+    b.node("DequantizeLinear", {v + "_q", v + "_s", v + "_z"}, {v + "_dq"});
+    return v + "_dq";
+  };
+  auto weights = [&](const std::string& w, const Shape& shape, bool per_channel, uint64_t seed) {
+    const int64_t ch = per_channel ? shape[1] : 1;
+    b.initializer(w, extreme_8bit(DType::i8, shape, seed));
+    b.initializer(w + "_s", per_channel ? random_f32({ch}, seed + 1, 0.001f, 0.01f)
+                                        : Tensor::from_vector<float>({}, {0.004f}));
+    b.initializer(w + "_z", per_channel ? Tensor(DType::i8, {ch}) : Tensor(DType::i8, {}));
+    b.node("DequantizeLinear", {w, w + "_s", w + "_z"}, {w + "_dq"}).attrs["axis"] = attr_int(1);
+    return w + "_dq";
+  };
+  const std::string x = qdq("x", 0.02f, 128);
+  const std::string w1 = weights("w1", {8, 6, 2, 2}, true, 11);
+  const Tensor s1 = b.model().graph.initializers.at("w1_s");
+  Tensor bs(DType::f32, {6});
+  Tensor bq(DType::i32, {6});
+  for (int64_t c = 0; c < 6; ++c) {
+    bs.data<float>()[c] = 0.02f * s1.data<float>()[c];
+    bq.data<int32_t>()[c] = int32_t(c * 411 - 1200);
+  }
+  b.initializer("b1", bq).initializer("b1_s", bs);
+  b.node("DequantizeLinear", {"b1", "b1_s"}, {"b1_dq"}).attrs["axis"] = attr_int(0);
+  Node& t1 = b.node("ConvTranspose", {x, w1, "b1_dq"}, {"t1"}, "deconv1");
+  t1.attrs["strides"] = attr_ints({2, 2});
+  t1.attrs["kernel_shape"] = attr_ints({2, 2});
+  const std::string h = qdq("t1", 0.05f, 60);
+  Node& t2 =
+      b.node("ConvTranspose", {h, weights("w2", {6, 1, 3, 3}, false, 21)}, {"t2"}, "deconv2");
+  t2.attrs["strides"] = attr_ints({3, 3});
+  b.node("Identity", {qdq("t2", 0.03f, 128)}, {"y"});
+  const Model m = b.build();
+  const TensorMap in = {{"x", random_f32(xs, 3, -2.f, 2.f)}};
+  SessionOptions o;
+  o.providers = {"cpu", "ref"};
+  auto fast = Session::compile(m, o);
+  std::map<std::string, int> ops;
+  for (const auto& a : fast->partition()) {
+    EXPECT_EQ(a.provider, "cpu") << a.node;
+    ++ops[a.op];
+  }
+  EXPECT_EQ(ops["QLinearConv"], 2);
+  EXPECT_EQ(ops["DepthToSpace"], 2);
+  EXPECT_EQ(ops["ConvTranspose"], 0);
+  SessionOptions r;
+  r.providers = {"ref"};
+  r.optimize = false;
+  const Tensor got = fast->run(in).at("y"), want = Session::compile(m, r)->run(in).at("y");
+  ASSERT_EQ(got.shape(), want.shape());
+  ASSERT_EQ(got.shape(), Shape({1, 1, 30, 42}));
+  int64_t moved = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float d = std::fabs(got.data<float>()[i] - want.data<float>()[i]);
+    EXPECT_LE(d, 0.03f * 2.5f) << i;
+    moved += d > 0;
+  }
+  EXPECT_LT(moved, got.numel() / 4);
+}
+
+// A QuantizeLinear read by a QLinearConv writes its bytes channels-last (a quantized CNN's
+// input): ref's bytes exactly.
+TEST(CpuInt8, QuantizeLinearIntoQLinearConvGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8}) {
+    const Shape xs = {2, 3, 9, 11};
+    ModelBuilder b(13);
+    b.input("x", DType::f32, spec(xs)).output("y");
+    add_qlinear_params(b, "", t, t, 16, DType::i8, true, 3);
+    b.node("QuantizeLinear", {"x", "xs", "xz"}, {"xq"}, "q");
+    b.initializer("w", extreme_8bit(DType::i8, {16, 3, 3, 3}, 8));
+    Node& c = b.node("QLinearConv", {"xq", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"y"});
+    c.attrs["pads"] = attr_ints({1, 1, 1, 1});
+    expect_matches_ref(b.build(), {{"x", random_f32(xs, 4, -4.f, 4.f)}}, "q", "cpu", 0, 0);
+  }
+}
+
+// A QLinearConv whose only reader is an activation's table (DQ -> HardSigmoid -> Q, a
+// slim:QLookup) becomes slim:QLinearConvLookup: the bytes mapped as they are requantized,
+// here from uint8 to int8, by a banded 1x1 convolution (also read by a graph output: written
+// plain) and a 3x3 one (channels-last into the next QLinearConv): ref's bytes.
+TEST(CpuInt8, QLinearConvWithItsActivationTableGivesRefsBytes) {
+  for (int64_t k : {1, 3}) {
+    SCOPED_TRACE("kernel " + std::to_string(k));
+    const Shape xs = {1, 8, 72, 64};
+    ModelBuilder b(13);
+    b.input("x", DType::u8, spec(xs)).output("y");
+    if (k == 1) b.output("a_out");  // then the table's bytes go out plain too
+    add_qlinear_params(b, "", DType::u8, DType::u8, 40, DType::i8, true, 3);
+    b.initializer("w", extreme_8bit(DType::i8, {40, 8, k, k}, 8));
+    Node& c = b.node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"c"});
+    c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+    b.node("DequantizeLinear", {"c", "ys", "yz"}, {"cf"});
+    b.node("HardSigmoid", {"cf"}, {"hf"});
+    b.initializer("as", Tensor::from_vector<float>({}, {1.f / 255}));
+    b.initializer("az", scalar_8bit(DType::i8, -128));
+    b.node("QuantizeLinear", {"hf", "as", "az"}, {"a"});
+    if (k == 1) b.node("Identity", {"a"}, {"a_out"});
+    add_qlinear_params(b, "p", DType::i8, DType::u8, 4, DType::i8, true, 5);
+    b.initializer("pw", extreme_8bit(DType::i8, {4, 40, 1, 1}, 9));
+    b.node("QLinearConv", {"a", "as", "az", "pw", "pws", "pwz", "pys", "pyz"}, {"y"});
+    const Model m = b.build();
+    const TensorMap in = {{"x", extreme_8bit(DType::u8, xs, 13)}};
+    SessionOptions o;
+    o.providers = {"cpu", "ref"};
+    auto fast = Session::compile(m, o);
+    std::map<std::string, int> ops;
+    for (const auto& a : fast->partition()) {
+      EXPECT_EQ(a.provider, "cpu") << a.node;
+      ++ops[a.op];
+    }
+    EXPECT_EQ(ops["slim:QLinearConvLookup"], 1);
+    EXPECT_EQ(ops["slim:QLookup"], 0);
+    SessionOptions r;
+    r.providers = {"ref"};
+    r.optimize = false;
+    const TensorMap got = fast->run(in), want = Session::compile(m, r)->run(in);
+    for (const char* name : {"y", "a_out"}) {
+      if (!got.count(name)) continue;
+      const Tensor& g = got.at(name);
+      const Tensor& w = want.at(name);
+      ASSERT_EQ(g.shape(), w.shape()) << name;
+      ASSERT_EQ(g.dtype(), w.dtype()) << name;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i],
+                  static_cast<const uint8_t*>(w.raw_data())[i])
+            << name << " " << i;
+    }
+  }
 }
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {

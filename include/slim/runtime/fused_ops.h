@@ -21,6 +21,9 @@
 //   slim:QLookup inputs X (u8/i8), T (u8/i8 constant [256]): Y[i] = T[X[i]'s byte], of T's
 //       dtype: a DequantizeLinear -> elementwise ops -> QuantizeLinear chain on one
 //       per-tensor quantized tensor, tabulated (passes: fuse_qdq_elementwise).
+//   slim:QLinearConvLookup inputs QLinearConv's nine (bias may be ""), T (u8/i8 constant
+//       [256]): QLinearConv, then each byte through T (of T's dtype): a convolution and the
+//       activation tabulated after it (passes: fuse_qlinear_conv_lookup).
 //   slim:QLinearAdd / slim:QLinearMul inputs A, A_scale, A_zero_point, B, B_scale,
 //       B_zero_point, C_scale, C_zero_point (scalars): C = QuantizeLinear(
 //       DequantizeLinear(A) op DequantizeLinear(B)), each step rounded to f32 as the

@@ -115,6 +115,20 @@ int64_t fuse_qdq(PassGraph& g);
 // slim:QLinearAdd / slim:QLinearMul (fused_ops.h).
 int64_t fuse_qdq_elementwise(PassGraph& g);
 
+// When g.int8_kernels: data movement stays on bytes. DequantizeLinear (per tensor) ->
+// Resize (nearest, constant roi/scales/sizes, no extrapolation) -> QuantizeLinear
+// becomes a Resize of the bytes, after a slim:QLookup with the table Q(DQ(v)) unless that
+// is the identity (equal scales and zero points); DequantizeLinear_i -> Concat ->
+// QuantizeLinear a Concat of the bytes, each input requantized by its table (folded into
+// the table of a slim:QLookup -> Resize made here when that feeds only the Concat).
+// Nearest resizing and concatenation copy values, so both are exact.
+int64_t fuse_qdq_movement(PassGraph& g);
+
+// When g.int8_kernels, once the passes above are done: a QLinearConv read only by a
+// slim:QLookup (its activation, tabulated) becomes slim:QLinearConvLookup, whose kernel
+// maps the bytes through the table as it requantizes them (no pass of its own).
+int64_t fuse_qlinear_conv_lookup(PassGraph& g);
+
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites
   int64_t total() const;

@@ -1,6 +1,12 @@
 #include "runtime/cpu/cpu_common.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <omp.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "slim/core/cpu_features.h"
 #include "slim/core/thread_pool.h"
@@ -9,6 +15,16 @@ namespace slim::cpu {
 
 namespace {
 Isa g_dnnl_isa = Isa::scalar;  // the level oneDNN was held to (set with the engine)
+
+#if defined(__x86_64__)
+// AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 (GCC 12's __builtin_cpu_supports("avxvnni")
+// did not see it on a Sapphire Rapids).
+bool cpu_has_avx_vnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return (a >> 4) & 1;
+}
+#endif
 }  // namespace
 
 const dnnl::engine& dnnl_engine() {
@@ -18,9 +34,19 @@ const dnnl::engine& dnnl_engine() {
     // SLIM_ISA / --isa covers the whole provider. It takes a limit only before its first
     // primitive, so the level active at the first compile stays for the process.
 #if defined(__x86_64__)
+    // At AVX2 a CPU with AVX-VNNI (vpdpbusd on 256-bit registers: Alder Lake, Sapphire
+    // Rapids and later) keeps it: its u8 x s8 products are summed in int32 without the
+    // int16 saturation of vpmaddubsw, so the 8-bit kernels need not split their weights
+    // (half the work). SLIM_AVX_VNNI=0 holds oneDNN to plain AVX2 (that path's tests).
     const Isa isa = active_isa();
-    if (isa != Isa::avx512)
-      dnnl::set_max_cpu_isa(isa == Isa::avx2 ? dnnl::cpu_isa::avx2 : dnnl::cpu_isa::sse41);
+    if (isa != Isa::avx512) {
+      const char* no_vnni = std::getenv("SLIM_AVX_VNNI");
+      const bool vnni =
+          isa == Isa::avx2 && cpu_has_avx_vnni() && !(no_vnni && std::string(no_vnni) == "0");
+      dnnl::set_max_cpu_isa(isa == Isa::avx2
+                                ? (vnni ? dnnl::cpu_isa::avx2_vnni : dnnl::cpu_isa::avx2)
+                                : dnnl::cpu_isa::sse41);
+    }
 #endif
     return dnnl::engine(dnnl::engine::kind::cpu, 0);
   }();

@@ -7,6 +7,9 @@
 #include "runtime/cpu/dnnl_int8.h"
 
 #include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <array>
 #include <cstring>
 #include <numeric>
@@ -22,8 +25,12 @@ using dnnl::memory;
 
 bool int8_products_exact() {
   dnnl_engine();  // holds oneDNN to slim's level first
-  const auto vnni = unsigned(dnnl::cpu_isa::avx512_core_vnni);
-  return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
+  // AVX-512 VNNI (and AMX above it), or AVX-VNNI at AVX2.
+  const unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
+  for (const auto vnni :
+       {unsigned(dnnl::cpu_isa::avx512_core_vnni), unsigned(dnnl::cpu_isa::avx2_vnni)})
+    if ((isa & vnni) == vnni) return true;
+  return false;
 }
 
 namespace {
@@ -258,7 +265,87 @@ void finish_row(const int32_t* acc, int64_t n, int32_t add, const int32_t* comp,
 
 // Requantized rows without compensation, n elements from a row's start: runs of
 // out.period elements, so the vector loop covers rows of any width.
+#if defined(__x86_64__)
+// requantize_rows at AVX-512 in intrinsics: the same operations as requantize_row<16>
+// (int32 sum plus bias, to float, times the scale, clamped, rounded half to even, plus the
+// zero point), a period's tail under a lane mask instead of scalar code and no call per
+// period (the epilogue was a sixth of PP-OCR's detector's 8-bit run).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in quantize.cc
+__attribute__((target("avx512f"))) void requantize_rows_avx512(const int32_t* acc, int64_t n,
+                                                               const Int8Output& out,
+                                                               uint8_t* bytes) {
+  const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
+  const __m512 lo = _mm512_set1_ps(float(qlo - out.zero_point)),
+               hi = _mm512_set1_ps(float(qhi - out.zero_point));
+  const __m512i zp = _mm512_set1_epi32(out.zero_point);
+  for (int64_t s = 0; s < n; s += out.period) {
+    const int64_t m = std::min(out.period, n - s);
+    for (int64_t k = 0; k < m; k += 16) {
+      const __mmask16 mk = m - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (m - k)) - 1);
+      __m512i a = _mm512_maskz_loadu_epi32(mk, acc + s + k);
+      if (out.qbias) a = _mm512_add_epi32(a, _mm512_maskz_loadu_epi32(mk, out.qbias + k));
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_maskz_loadu_ps(mk, out.scale + k));
+      // Clamped (min/max: a NaN lane, which ends as 0 anyway, may take either bound) and
+      // rounded half to even by the conversion itself (MXCSR's default, which the magic
+      // number of the generic code relies on too).
+      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+      const __m512i q =
+          _mm512_maskz_mov_epi32(_mm512_knot(nan), _mm512_add_epi32(_mm512_cvtps_epi32(v), zp));
+      _mm512_mask_cvtepi32_storeu_epi8(bytes + s + k, mk, q);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// The same at AVX2, 8 lanes (a period's tail through local copies).
+__attribute__((target("avx2"))) void requantize_rows_avx2(const int32_t* acc, int64_t n,
+                                                          const Int8Output& out, uint8_t* bytes) {
+  const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
+  const __m256 lo = _mm256_set1_ps(float(qlo - out.zero_point)),
+               hi = _mm256_set1_ps(float(qhi - out.zero_point));
+  const __m256i zp = _mm256_set1_epi32(out.zero_point);
+  const __m128i pick = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  auto step = [&](const int32_t* a32, const int32_t* b32, const float* sc, uint8_t* to)
+      __attribute__((target("avx2"))) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a32));
+    if (b32) a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b32)));
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(sc));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    const __m256i q =
+        _mm256_andnot_si256(_mm256_castps_si256(nan), _mm256_add_epi32(_mm256_cvtps_epi32(v), zp));
+    const __m128i l = _mm_shuffle_epi8(_mm256_castsi256_si128(q), pick);
+    const __m128i h = _mm_shuffle_epi8(_mm256_extracti128_si256(q, 1), pick);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(to), _mm_unpacklo_epi32(l, h));
+  };
+  for (int64_t s = 0; s < n; s += out.period) {
+    const int64_t m = std::min(out.period, n - s);
+    int64_t k = 0;
+    for (; k + 8 <= m; k += 8)
+      step(acc + s + k, out.qbias ? out.qbias + k : nullptr, out.scale + k, bytes + s + k);
+    if (k < m) {
+      alignas(32) int32_t ta[8] = {}, tb[8] = {};
+      alignas(32) float ts[8] = {};
+      alignas(16) uint8_t tc[8];
+      const size_t r = size_t(m - k);
+      std::memcpy(ta, acc + s + k, r * 4);
+      if (out.qbias) std::memcpy(tb, out.qbias + k, r * 4);
+      std::memcpy(ts, out.scale + k, r * 4);
+      step(ta, out.qbias ? tb : nullptr, ts, tc);
+      std::memcpy(bytes + s + k, tc, r);
+    }
+  }
+}
+#endif
+
 void requantize_rows(const int32_t* acc, int64_t n, const Int8Output& out, uint8_t* bytes) {
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512) return requantize_rows_avx512(acc, n, out, bytes);
+  if (detected_isa() == Isa::avx2) return requantize_rows_avx2(acc, n, out, bytes);
+#endif
   for (int64_t s = 0; s < n; s += out.period)
     requantize_row_any(acc + s, std::min(out.period, n - s), 0, nullptr, out.qbias, out.scale,
                        out.zero_point, out.bytes_signed, bytes + s);
@@ -271,8 +358,11 @@ void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t
                  const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
                  float* values, uint8_t* bytes, int64_t p0, int64_t p1) {
   // Without compensation the groups of a pixel are one row (depthwise: 1 channel each).
-  if (!box && bytes && out.period)
-    return requantize_rows(acc + p0 * oc, (p1 - p0) * oc, out, bytes + p0 * oc);
+  if (!box && bytes && out.period) {
+    requantize_rows(acc + p0 * oc, (p1 - p0) * oc, out, bytes + p0 * oc);
+    if (out.table) lookup_bytes(out.table, bytes + p0 * oc, bytes + p0 * oc, (p1 - p0) * oc);
+    return;
+  }
   const int64_t ocg = box ? oc / group : oc;
   if (!box) group = 1;
   for (int64_t p = p0; p < p1; ++p)
@@ -282,6 +372,7 @@ void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t
                  sums ? sums + o0 : nullptr, values ? values + o0 : nullptr,
                  bytes ? bytes + o0 : nullptr);
     }
+  if (out.table && bytes) lookup_bytes(out.table, bytes + p0 * oc, bytes + p0 * oc, (p1 - p0) * oc);
 }
 
 memory::desc u8_md(const memory::dims& d, memory::format_tag f) {
@@ -381,12 +472,14 @@ struct Int8Conv::State : ZeroPointPrimitive {
   // oneDNN's reorders between ONNX's NCHW and the NHWC the kernels run in: an unsigned
   // source not split, and the results (in place over the sums, then into the output).
   dnnl::reorder src_reorder, out_reorder;
-  mutable memory src_plain, out_nhwc, out_plain;
+  mutable memory src_plain, src_nhwc, out_nhwc, out_plain;
   // Scratch: the source in NHWC (unless used as it is), the sums (NHWC), the channel sums
   // [group, H*W] and window sums [group, OH*OW] of the compensation, oneDNN's scratchpad.
   ScratchLayout layout;
   // Requantized bytes in NHWC on their way to an NCHW output.
   size_t src_at = 0, dst_at = 0, bytes_at = 0, sums_at = 0, box_at = 0, pad_at = 0;
+  // Output rows per oneDNN call (0: the whole image at once): see the constructor.
+  int64_t band = 0;
 };
 
 Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
@@ -418,18 +511,48 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   memory::dims wdims = {ocg, s.split ? 2 * cg : cg, g.w[2], g.w[3]};
   if (group > 1) wdims.insert(wdims.begin(), group);
   const memory::dims src_dims = {1, s.cs, g.x[2], g.x[3]}, dst_dims = {1, oc, g.y[2], g.y[3]};
-  s.macs = oc * g.y[2] * g.y[3] * (s.cs / group) * g.w[2] * g.w[3];
+  // A requantized 1x1 convolution (stride 1, no padding, one group, no compensation) of a
+  // large image runs in bands of rows whose int32 sums (at most 512 KiB) are requantized
+  // while still in cache, instead of writing and reading back every sum of the image
+  // (PP-OCR's detector's 1x1 convolutions at 1/2 and 1/4 resolution: 5 MB of sums each).
+  const bool one_by_one = g.w[2] == 1 && g.w[3] == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
+                          g.pad_l[0] == 0 && g.pad_l[1] == 0 && g.pad_r[0] == 0 &&
+                          g.pad_r[1] == 0 && group == 1;
+  if (one_by_one && !s.pw.any_comp && (out == DType::u8 || out == DType::i8) && g.x[2] == g.y[2] &&
+      g.x[3] == g.y[3]) {
+    const int64_t row = g.y[3] * oc * 4;
+    for (int64_t r = g.y[2] - 1; r >= 1; --r)
+      if (g.y[2] % r == 0 && r * row <= (int64_t(512) << 10)) {
+        s.band = r;
+        break;
+      }
+  }
+  const int64_t rows = s.band ? s.band : g.y[2];
+  const memory::dims conv_src = {1, s.cs, s.band ? s.band : g.x[2], g.x[3]},
+                     conv_dst = {1, oc, rows, g.y[3]};
+  s.macs = oc * rows * g.y[3] * (s.cs / group) * g.w[2] * g.w[3];
   limit_dnnl_threads_at_build(s.macs, kMacsPerThread);
   dnnl_call(node, "8-bit convolution setup", [&] {
     const auto& eng = dnnl_engine();
     s.stream = dnnl::stream(eng);
     const auto desc = dnnl::convolution_forward::desc(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-        u8_md(src_dims, memory::format_tag::nhwc),
+        u8_md(conv_src, memory::format_tag::nhwc),
         memory::desc(wdims, memory::data_type::s8, memory::format_tag::any),
-        memory::desc(dst_dims, memory::data_type::s32, memory::format_tag::nhwc), to_dims(g.stride),
+        memory::desc(conv_dst, memory::data_type::s32, memory::format_tag::nhwc), to_dims(g.stride),
         to_dims(g.dil), to_dims(g.pad_l), to_dims(g.pad_r));
-    const dnnl::convolution_forward::primitive_desc pd(desc, zero_point_attr(), eng);
+    dnnl::convolution_forward::primitive_desc pd(desc, zero_point_attr(), eng);
+    // AMX multiplies 64-byte rows of the reduction: with fewer (1x1 convolutions of 12-48
+    // channels, PP-OCR's detector's first layers) most of each tile is padding, and
+    // oneDNN's VNNI kernels were 1.3-1.6x faster there. Take the first that is not AMX.
+    if (k < 64 && std::string(pd.impl_info_str()).find("amx") != std::string::npos) {
+      dnnl::convolution_forward::primitive_desc other = pd;
+      while (other.next_impl())
+        if (std::string(other.impl_info_str()).find("amx") == std::string::npos) {
+          pd = other;
+          break;
+        }
+    }
     // The weights reorder also computes what oneDNN needs for the source zero point.
     s.build(pd,
             memory::desc(wdims, memory::data_type::s8,
@@ -437,7 +560,8 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
             wd.data());
     if (!s.split && !signed_source) {
       s.src_plain = memory(u8_md(src_dims, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
-      s.src_reorder = dnnl::reorder(s.src_plain, s.src);
+      s.src_nhwc = memory(u8_md(src_dims, memory::format_tag::nhwc), eng, DNNL_MEMORY_NONE);
+      s.src_reorder = dnnl::reorder(s.src_plain, s.src_nhwc);
     }
     const auto t = out == DType::f32  ? memory::data_type::f32
                    : out == DType::u8 ? memory::data_type::u8
@@ -448,7 +572,7 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
         memory(memory::desc(dst_dims, t, memory::format_tag::nchw), eng, DNNL_MEMORY_NONE);
     s.out_reorder = dnnl::reorder(s.out_nhwc, s.out_plain);
     s.src_at = s.layout.add(size_t(s.cs * g.x[2] * g.x[3]));
-    s.dst_at = s.layout.add(size_t(shape_numel(dst_dims)) * 4);
+    s.dst_at = s.layout.add(size_t(oc * rows * g.y[3]) * 4);
     if (out == DType::u8 || out == DType::i8) s.bytes_at = s.layout.add(size_t(shape_numel(dst_dims)));
     if (s.pw.any_comp) {
       s.sums_at = s.layout.add(size_t(group * g.x[2] * g.x[3]) * 4);
@@ -483,8 +607,8 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
       dnnl_call(ctx.node(), "reorder to NHWC", [&] {
         limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
         s.src_plain.set_data_handle(const_cast<uint8_t*>(xi));
-        s.src.set_data_handle(src);
-        s.src_reorder.execute(s.stream, s.src_plain, s.src);
+        s.src_nhwc.set_data_handle(src);
+        s.src_reorder.execute(s.stream, s.src_plain, s.src_nhwc);
         s.stream.wait();
         return 0;
       });
@@ -535,11 +659,35 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
         }
       }
     }
-    s.run(ctx, "8-bit convolution", s.signed_source ? x_zero_point + 128 : x_zero_point, src, acc,
-          piece<char>(scratch, s.pad_at));
     // The results in NHWC: into the output, or over the sums (bytes: into their own
     // buffer) and then reordered into it.
     const int64_t at = img * oc * opixels;
+    if (s.band) {
+      // Band by band: the sums of `band` rows, requantized while in cache.
+      uint8_t* bytes_to = out.channels_last ? static_cast<uint8_t*>(out.bytes) + at
+                                            : piece<uint8_t>(scratch, s.bytes_at);
+      const int64_t bp = s.band * ow;
+      for (int64_t r0 = 0; r0 < oh; r0 += s.band) {
+        s.run(ctx, "8-bit convolution", s.signed_source ? x_zero_point + 128 : x_zero_point,
+              src + r0 * iw * s.cs, acc, piece<char>(scratch, s.pad_at));
+        parallel_items(ctx, bp, oc, 1 << 15, [&](int64_t b, int64_t e) {
+          finish_rows(acc, nullptr, bp, oc, group, s.pw.comp, out, nullptr, nullptr,
+                      bytes_to + r0 * ow * oc, b, e);
+        });
+      }
+      if (out.channels_last) continue;
+      dnnl_call(ctx.node(), "reorder to NCHW", [&] {
+        limit_dnnl_threads(ctx, s.macs, kMacsPerThread);
+        s.out_nhwc.set_data_handle(bytes_to);
+        s.out_plain.set_data_handle(static_cast<uint8_t*>(out.bytes) + at);
+        s.out_reorder.execute(s.stream, s.out_nhwc, s.out_plain);
+        s.stream.wait();
+        return 0;
+      });
+      continue;
+    }
+    s.run(ctx, "8-bit convolution", s.signed_source ? x_zero_point + 128 : x_zero_point, src, acc,
+          piece<char>(scratch, s.pad_at));
     int32_t* sums_to = out.sums ? (out.channels_last ? out.sums + at : acc) : nullptr;
     float* values_to =
         out.values ? (out.channels_last ? out.values + at : reinterpret_cast<float*>(acc)) : nullptr;
@@ -974,7 +1122,9 @@ std::optional<std::string> qlinear_params(const KernelBuildInfo& info, int64_t c
     if (info.input(8).constant->numel() != channels)
       return std::string("the bias is not one value per output channel");
   }
-  if (info.inputs.size() > 9) return std::string("too many inputs");
+  // (slim:QLinearConvLookup's table, input 9, is checked by its claim.)
+  const bool lookup = info.node.domain == kFusedDomain && info.node.op_type == "QLinearConvLookup";
+  if (info.inputs.size() > (lookup ? 10u : 9u)) return std::string("too many inputs");
   auto value = [&](int i) { return info.input(i).constant->contiguous(); };
   auto zero_point = [&](int i) {
     if (!info.has_input(i)) return int32_t(0);
@@ -1024,24 +1174,34 @@ namespace {
 
 // Reads and writes NCHW, or NHWC where its neighbours agree: a chain of them (and
 // 8-bit MaxPool and Concat between) hands bytes on channels-last, as oneDNN computes them.
+// QLinearConv, and slim:QLinearConvLookup (its bytes then through a 256-entry table, in
+// the table's type: the activation after it, which fuse_qlinear_conv_lookup folds in).
 class QLinearConvKernel final : public ChannelsLastConv {
  public:
   QLinearConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, Requant r)
       : conv_(info.node, g, *info.input(3).constant, info.input(5).constant, r.x == DType::i8, r.y),
-        r_(std::move(r)) {
+        r_(std::move(r)),
+        out_(r_.y) {
+    if (info.inputs.size() == 10) {
+      const Tensor t = info.input(9).constant->contiguous();
+      std::memcpy(table_.data(), t.raw_data(), 256);
+      out_ = t.dtype();
+      has_table_ = true;
+    }
     nhwc_x_ = int8_nhwc_layout(g.x, r_.x);
-    nhwc_y_ = int8_nhwc_layout(g.y, r_.y);
+    nhwc_y_ = int8_nhwc_layout(g.y, out_);
   }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = r_.y;
+    *dtype = out_;
     *shape = conv_.geometry().y;
     return i == 0;
   }
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
     check_input_shape(ctx, 0, g.x, r_.x);
-    Int8Output out = requantized(r_, ctx.output(0, r_.y, g.y).raw_data());
+    Int8Output out = requantized(r_, ctx.output(0, out_, g.y).raw_data());
     out.channels_last = y_channels_last_;
+    if (has_table_) out.table = table_.data();
     conv_.run(ctx, ctx.required_input(0).raw_data(), x_channels_last_, r_.x_zp, out,
               thread_scratch(conv_.scratch_bytes()));
   }
@@ -1049,6 +1209,9 @@ class QLinearConvKernel final : public ChannelsLastConv {
  private:
   Int8Conv conv_;
   Requant r_;
+  DType out_;
+  std::array<uint8_t, 256> table_{};
+  bool has_table_ = false;
 };
 
 std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,
@@ -1068,6 +1231,30 @@ KernelDef qlinear_conv_def() {
   def.op_type = "QLinearConv";
   def.since_version = 10;
   def.claim = [](const KernelBuildInfo& info) {
+    ConvGeometry g;
+    Requant r;
+    if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
+    return Claim::yes();
+  };
+  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    ConvGeometry g;
+    Requant r;
+    qlinear_conv_setup(info, &g, &r);
+    return std::make_unique<QLinearConvKernel>(info, g, std::move(r));
+  };
+  return def;
+}
+
+KernelDef qlinear_conv_lookup_def() {
+  KernelDef def;
+  def.op_type = "QLinearConvLookup";
+  def.domain = kFusedDomain;
+  def.since_version = kFusedOpset;
+  def.claim = [](const KernelBuildInfo& info) {
+    if (info.inputs.size() != 10) return Claim::no("takes QLinearConv's 9 inputs and a table");
+    const Tensor* t = info.input(9).constant;
+    if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
+      return Claim::no("the table is not 256 constant 8-bit values");
     ConvGeometry g;
     Requant r;
     if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
@@ -1242,6 +1429,7 @@ void register_dnnl_int8_kernels(KernelRegistry& r) {
   r.add(matmul_integer_def());
   r.add(dynamic_quantize_conv_def());
   r.add(qlinear_conv_def());
+  r.add(qlinear_conv_lookup_def());
   r.add(qlinear_matmul_def());
 }
 

@@ -47,6 +47,9 @@ struct Int8Output {
   bool bytes_signed = false;
   bool relu = false;
   bool channels_last = false;  // values in NHWC instead of NCHW (convolutions)
+  // Requantized: then each byte mapped through this 256-entry table (slim:QLinearConvLookup:
+  // the activation after the convolution), rows at a time while they are in cache.
+  const uint8_t* table = nullptr;
 };
 
 // The private layout tag of 8-bit NHWC bytes of a 4-D NCHW shape: what QLinearConv hands

@@ -46,4 +46,12 @@ void dequantize(const void* x, bool is_signed, float* y, int64_t n, float scale,
 ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* x, int64_t n,
                                          uint8_t* q);
 
+// y[i] = table[x[i]] for n bytes (y may be x), vectorized where the CPU allows.
+void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n);
+
+// NCHW -> NHWC (bytes_to_nhwc) and back (bytes_to_nchw) for n images of c channels and
+// p pixels of one byte each.
+void bytes_to_nhwc(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p);
+void bytes_to_nchw(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p);
+
 }  // namespace slim::cpu

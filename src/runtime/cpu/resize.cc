@@ -19,6 +19,8 @@
 #include <cstring>
 
 #include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/dnnl_int8.h"
+#include "runtime/cpu/quantize.h"
 #include "runtime/cpu/simd.h"
 #include "runtime/ref/resize_geometry.h"
 #include "slim/core/convert.h"
@@ -493,6 +495,126 @@ class ResizeKernel final : public OpKernel {
   }();
 };
 
+// 8-bit nearest resizing of the last two axes of 4-D bytes: what a quantized model's
+// DequantizeLinear -> Resize -> QuantizeLinear becomes (fuse_qdq_elementwise; nearest
+// copies values, so on bytes it is exact). Batch and channels unchanged, no extrapolated
+// coordinates. The bytes may arrive channels-last from a QLinearConv, QLookup or
+// QLinearAdd and then leave so (each output pixel a copy of a source pixel's channels).
+std::optional<std::string> byte_resize_check(const KernelBuildInfo& info, bool upsample,
+                                             ResizePlan* plan) {
+  if (info.node.outputs.size() != 1) return std::string("expects one output");
+  if (auto r = need_static(info, 0)) return r;
+  if (info.input(0).shape->size() != 4) return std::string("8-bit inputs: 4-D only");
+  for (int i = 1; i < int(info.inputs.size()); ++i)
+    if (info.has_input(i) && !info.input(i).constant)
+      return std::string("8-bit inputs: constant roi/scales/sizes only");
+  try {
+    const ResizeSpec spec(info.node, info.opset, upsample);
+    if (spec.mode() != ResizeSpec::Mode::nearest)
+      return std::string("8-bit inputs: nearest mode only");
+    if (spec.antialias()) return std::string("antialias is not implemented");
+    *plan = make_plan(spec, *info.input(0).shape,
+                      [&](int i) { return info.has_input(i) ? info.input(i).constant : nullptr; });
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  const ResizePlan& p = *plan;
+  if (!p.leading.empty() || p.in[0] != p.out[0] || p.in[1] != p.out[1])
+    return std::string("8-bit inputs: only the last two axes resized");
+  for (int d : {2, 3}) {
+    const AxisPlan& a = p.axes[size_t(d)];
+    if (!a.outside.empty()) return std::string("8-bit inputs: no extrapolation");
+    for (int64_t o = 0; o < a.out; ++o)
+      if (!a.single(o) || a.i0[size_t(o)] < 0 || a.i0[size_t(o)] >= a.in)
+        return std::string("8-bit inputs: one tap per output pixel");
+  }
+  return std::nullopt;
+}
+
+class ByteResizeKernel final : public OpKernel {
+ public:
+  ByteResizeKernel(ResizePlan p, DType t) : p_(std::move(p)), t_(t) {
+    nhwc_x_ = int8_nhwc_layout(p_.in, t_);
+    nhwc_y_ = int8_nhwc_layout(p_.out, t_);
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = t_;
+    *shape = p_.out;
+    return i == 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
+  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
+  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
+  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+
+  void compute(KernelContext& ctx) const override {
+    const Tensor& xt = ctx.required_input(0);
+    if (xt.shape() != p_.in || xt.dtype() != t_)
+      return ctx.fail(ErrorCode::invalid_argument,
+                      "input is " + shape_str(xt.shape()) + ", compiled for " + shape_str(p_.in));
+    const auto* x = static_cast<const uint8_t*>(xt.raw_data());
+    auto* y = static_cast<uint8_t*>(ctx.output(0, t_, p_.out).raw_data());
+    const AxisPlan &h = p_.axes[2], &w = p_.axes[3];
+    const int64_t n = p_.in[0], c = p_.in[1], ih = h.in, iw = w.in, oh = h.out, ow = w.out;
+    if (n * c * oh * ow == 0) return;
+    if (cl_x_ && cl_y_) {
+      parallel_items(ctx, n * oh, ow * c, 1 << 15, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t img = t / oh, o = t % oh;
+          uint8_t* dst = y + t * ow * c;
+          if (t > b && o > 0 && h.i0[size_t(o)] == h.i0[size_t(o - 1)]) {
+            std::memcpy(dst, dst - ow * c, size_t(ow * c));
+            continue;
+          }
+          const uint8_t* src = x + (img * ih + h.i0[size_t(o)]) * iw * c;
+          for (int64_t q = 0; q < ow; ++q)
+            std::memcpy(dst + q * c, src + w.i0[size_t(q)] * c, size_t(c));
+        }
+      });
+    } else if (cl_x_) {
+      // Channels-last in, NCHW out (a reader that takes plain bytes): the smaller input
+      // transposed first, then resized as plain bytes.
+      auto* t = static_cast<uint8_t*>(thread_scratch(size_t(n * c * ih * iw)));
+      bytes_to_nchw(x, t, n, c, ih * iw);
+      plain(ctx, t, y);
+    } else {
+      plain(ctx, x, y);
+    }
+  }
+
+ private:
+  void plain(const KernelContext& ctx, const uint8_t* x, uint8_t* y) const {
+    const AxisPlan &h = p_.axes[2], &w = p_.axes[3];
+    const int64_t n = p_.in[0], c = p_.in[1], ih = h.in, iw = w.in, oh = h.out, ow = w.out;
+    {
+      parallel_items(ctx, n * c * oh, ow, 1 << 15, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t plane = t / oh, o = t % oh;
+          uint8_t* dst = y + t * ow;
+          if (t > b && o > 0 && h.i0[size_t(o)] == h.i0[size_t(o - 1)]) {
+            std::memcpy(dst, dst - ow, size_t(ow));
+            continue;
+          }
+          const uint8_t* src = x + (plane * ih + h.i0[size_t(o)]) * iw;
+          for (int64_t q = 0; q < ow; ++q) dst[q] = src[w.i0[size_t(q)]];
+        }
+      });
+    }
+  }
+
+  ResizePlan p_;
+  DType t_;
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool cl_x_ = false, cl_y_ = false;
+};
+
+bool byte_input(const KernelBuildInfo& info) {
+  return info.input(0).dtype &&
+         (*info.input(0).dtype == DType::u8 || *info.input(0).dtype == DType::i8);
+}
+
 KernelDef resize_def(const std::string& op, int64_t since, int64_t until, bool upsample,
                      std::vector<int> shape_inputs) {
   KernelDef def;
@@ -501,13 +623,25 @@ KernelDef resize_def(const std::string& op, int64_t since, int64_t until, bool u
   def.until_version = until;
   def.shape_inputs = std::move(shape_inputs);
   def.claim = [upsample](const KernelBuildInfo& info) {
+    if (byte_input(info)) {
+      ResizePlan p;
+      if (auto r = byte_resize_check(info, upsample, &p)) return Claim::no(*r);
+      return Claim::yes();
+    }
     std::optional<ResizePlan> p;
     if (auto r = resize_check(info, upsample, &p)) return Claim::no(*r);
     return Claim::yes();
   };
   def.build = [upsample](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
+    if (byte_input(info)) {
+      ResizePlan p;
+      if (auto r = byte_resize_check(info, upsample, &p))
+        throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+      return std::make_unique<ByteResizeKernel>(std::move(p), *info.input(0).dtype);
+    }
     std::optional<ResizePlan> p;
-    if (auto r = resize_check(info, upsample, &p)) throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
+    if (auto r = resize_check(info, upsample, &p))
+      throw Error(ErrorCode::internal, info.node.describe() + ": " + *r);
     return std::make_unique<ResizeKernel>(ResizeSpec(info.node, info.opset, upsample), *info.input(0).shape,
                                           std::move(p));
   };

@@ -102,8 +102,11 @@ PassStats optimize_graph(PassGraph& g) {
     run("fuse_dynamic_quantize_conv", fuse_dynamic_quantize_conv);
     run("fuse_qdq", fuse_qdq);
     run("fuse_qdq_elementwise", fuse_qdq_elementwise);
+    run("fuse_qdq_movement", fuse_qdq_movement);
     if (changed == 0) break;
   }
+  // After the rounds: the elementwise pass composes the tables of a chain first.
+  stats.rewrites["fuse_qlinear_conv_lookup"] += fuse_qlinear_conv_lookup(g);
   return stats;
 }
 

@@ -8,6 +8,7 @@
 // 256-entry slim:QLookup (HardSwish written out as Add, Clip, Mul, Div collapses into
 // one), an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul, and a
 // GlobalAveragePool slim:QLinearGlobalAveragePool (ONNX Runtime's QDQ transformer's).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -258,6 +259,319 @@ int64_t fuse_qdq_elementwise(PassGraph& g) {
   return rewrites;
 }
 
+namespace {
+
+Attribute ints_attr(std::vector<int64_t> v) {
+  Attribute a;
+  a.kind = Attribute::Kind::ints;
+  a.ints = std::move(v);
+  return a;
+}
+
+// DequantizeLinear(x), DequantizeLinear(w) [, DequantizeLinear(int32 bias)] ->
+// ConvTranspose -> QuantizeLinear(y) whose kernel equals its stride (no padding, no
+// overlap: each input pixel makes its own kh x kw block of output pixels, as the
+// upsampling ConvTransposes of PP-OCR's DB head) becomes a 1x1 QLinearConv to
+// kh * kw * M channels (weights [C, M, kh, kw] laid out [(a * kw + b) * M + m, C, 1, 1],
+// scales, zero points and bias repeated per block offset) and a DCR DepthToSpace of its
+// bytes: the same int32 sums and requantization as a QLinearConvTranspose. 1 on success.
+int64_t fuse_qdq_conv_transpose(PassGraph& g, Node* op, UseIndex& index,
+                                std::unordered_map<const Node*, size_t>& pos,
+                                std::unordered_map<std::string, Node*>& made_by) {
+  auto producer = [&](const std::string& v) -> Node* {
+    auto it = made_by.find(v);
+    return it == made_by.end() ? nullptr : it->second;
+  };
+  if (op->outputs.size() != 1 || op->inputs.size() < 2 || op->inputs.size() > 3) return 0;
+  const auto opset = g.opsets.find("");
+  if (opset == g.opsets.end() || opset->second < 11) return 0;  // DepthToSpace's DCR mode
+  if (op->attr_int("group", 1) != 1 || op->has_attr("output_shape") ||
+      op->attr_string("auto_pad", "NOTSET") != "NOTSET")
+    return 0;
+  for (int64_t v : op->attr_ints("output_padding"))
+    if (v != 0) return 0;
+  for (int64_t v : op->attr_ints("pads"))
+    if (v != 0) return 0;
+  for (int64_t v : op->attr_ints("dilations"))
+    if (v != 1) return 0;
+  Node* dx = producer(op->inputs[0]);
+  Node* dw = producer(op->inputs[1]);
+  Node* q = index.sole_reader(op->outputs[0]);
+  if (!is_op(dx, "DequantizeLinear") || !per_tensor(g, dx) || !is_op(q, "QuantizeLinear") ||
+      !per_tensor(g, q) || !dw)
+    return 0;
+  const Tensor* w = g.constant(dw->inputs[0]);
+  if (!w || w->rank() != 4) return 0;
+  const int64_t c = w->shape()[0], m = w->shape()[1], kh = w->shape()[2], kw = w->shape()[3];
+  const auto strides = op->attr_ints("strides", {1, 1});
+  const auto kernel = op->attr_ints("kernel_shape", {kh, kw});
+  if (kh != kw || strides.size() != 2 || strides[0] != kh || strides[1] != kw ||
+      kernel.size() != 2 || kernel[0] != kh || kernel[1] != kw || kh < 1)
+    return 0;
+  if (!weight_dq(g, dw, 1, m)) return 0;
+  Node* db = op->inputs.size() == 3 ? producer(op->inputs[2]) : nullptr;
+  const float x_scale = g.constant(dx->inputs[1])->contiguous().data<float>()[0];
+  if (op->inputs.size() == 3 && !bias_dq(g, db, m, x_scale, *g.constant(dw->inputs[1]))) return 0;
+  const int64_t area = kh * kw, oc = area * m;
+  // Weights [(a * kw + b) * M + m, C, 1, 1] of w[c, m, a, b].
+  const Tensor wc = w->contiguous();
+  Tensor w2(wc.dtype(), {oc, c, 1, 1});
+  const auto* src = static_cast<const uint8_t*>(wc.raw_data());
+  auto* dst = static_cast<uint8_t*>(w2.raw_data());
+  for (int64_t k = 0; k < c; ++k)
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t ab = 0; ab < area; ++ab)
+        dst[(ab * m + o) * c + k] = src[(k * m + o) * area + ab];
+  // Per-channel parameters (and the bias) once per block offset.
+  auto repeat = [&](const Tensor& t, bool always = false) {
+    const Tensor tc = t.contiguous();
+    if (tc.numel() == 1 && !always) return tc;
+    const size_t e = dtype_size(tc.dtype());
+    Tensor r(tc.dtype(), {oc});
+    for (int64_t ab = 0; ab < area; ++ab)
+      std::memcpy(static_cast<uint8_t*>(r.raw_data()) + size_t(ab * m) * e, tc.raw_data(),
+                  size_t(m) * e);
+    return r;
+  };
+  const std::string base = op->name.empty() ? op->outputs[0] : op->name;
+  auto conv = std::make_unique<Node>();
+  conv->op_type = "QLinearConv";
+  conv->name = base + "_blocks";
+  conv->inputs = {dx->inputs[0],
+                  dx->inputs[1],
+                  dx->inputs[2],
+                  g.add_constant(base + "_w_blocks", w2),
+                  g.add_constant(base + "_ws_blocks", repeat(*g.constant(dw->inputs[1]))),
+                  g.add_constant(base + "_wz_blocks", repeat(*g.constant(dw->inputs[2]))),
+                  q->inputs[1],
+                  q->inputs[2]};
+  if (db)
+    conv->inputs.push_back(
+        g.add_constant(base + "_b_blocks", repeat(*g.constant(db->inputs[0]), true)));
+  conv->outputs = {g.fresh_name(q->outputs[0] + "_blocks")};
+  conv->attrs["kernel_shape"] = ints_attr({1, 1});
+  auto d2s = std::make_unique<Node>();
+  d2s->op_type = "DepthToSpace";
+  d2s->name = op->name;
+  d2s->inputs = {conv->outputs[0]};
+  d2s->outputs = q->outputs;
+  Attribute bs;
+  bs.kind = Attribute::Kind::i;
+  bs.i = kh;
+  d2s->attrs["blocksize"] = bs;
+  Attribute mode;
+  mode.kind = Attribute::Kind::s;
+  mode.s = "DCR";
+  d2s->attrs["mode"] = mode;
+  const size_t op_at = pos.at(op), q_at = pos.at(q);
+  index.remove(op);
+  index.remove(q);
+  g.removed.push_back(std::move(g.nodes[op_at]));
+  g.removed.push_back(std::move(g.nodes[q_at]));
+  pos.erase(op);
+  pos.erase(q);
+  for (Node* d : {dx, dw, db})
+    if (d && index.readers(d->outputs[0]).empty() && !index.pinned(d->outputs[0])) {
+      index.remove(d);
+      remove_at(g, pos.at(d));
+    }
+  made_by[conv->outputs[0]] = conv.get();
+  made_by[d2s->outputs[0]] = d2s.get();
+  index.add(conv.get());
+  index.add(d2s.get());
+  pos[conv.get()] = op_at;
+  pos[d2s.get()] = q_at;
+  g.nodes[op_at] = std::move(conv);
+  g.nodes[q_at] = std::move(d2s);
+  return 1;
+}
+
+}  // namespace
+
+int64_t fuse_qdq_movement(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  Producers made_by(g);
+  // The bytes Q(DQ(v)) for every byte value v: a requantizing table, or null when it is
+  // the identity (same type, same values).
+  auto requantize = [&](const Node* dq, const Node* q, DType from,
+                        bool* identity) -> std::optional<Tensor> {
+    std::array<uint8_t, 256> all;
+    for (int b = 0; b < 256; ++b) all[size_t(b)] = uint8_t(b);
+    try {
+      const Tensor bytes = byte_values(from, all.data());
+      const Tensor f =
+          run_ref(g, *dq, {&bytes, g.constant(dq->inputs[1]), g.constant(dq->inputs[2])});
+      Tensor t = run_ref(g, *q, {&f, g.constant(q->inputs[1]), g.constant(q->inputs[2])});
+      if (t.numel() != 256) return std::nullopt;
+      *identity = t.dtype() == from && std::memcmp(t.raw_data(), all.data(), 256) == 0;
+      return t;
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  auto is_lookup = [](const Node* n) {
+    return n && n->domain == kFusedDomain && n->op_type == "QLookup";
+  };
+  auto free_slot = [&](Node* n) {
+    index.remove(n);
+    const size_t at = pos.at(n);
+    pos.erase(n);
+    g.removed.push_back(std::move(g.nodes[at]));
+    return at;
+  };
+  auto place = [&](std::unique_ptr<Node> n, size_t at) {
+    index.add(n.get());
+    pos[n.get()] = at;
+    for (const auto& o : n->outputs) made_by.of[o] = n.get();
+    g.nodes[at] = std::move(n);
+  };
+  auto lookup_node = [&](const std::string& name, const std::string& x, const std::string& y,
+                         Tensor table) {
+    auto l = std::make_unique<Node>();
+    l->domain = kFusedDomain;
+    l->op_type = "QLookup";
+    l->name = name;
+    l->inputs = {x, g.add_constant(y + "_table", std::move(table))};
+    l->outputs = {y};
+    return l;
+  };
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* q = g.nodes[i].get();
+    if (!is_op(q, "QuantizeLinear") || !per_tensor(g, q)) continue;
+    Node* op = made_by(q->inputs[0]);
+    if (!op || op->outputs.size() != 1 || index.sole_reader(op->outputs[0]) != q) continue;
+    if (is_op(op, "Resize")) {
+      // Nearest resizing copies values: Q(Resize(DQ(x))) = Resize(T[x]), T = Q(DQ(v)),
+      // the table applied before the resize (on the smaller tensor) or not at all.
+      if (op->attr_string("mode", "nearest") != "nearest" || op->attr_int("antialias", 0) != 0 ||
+          op->attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize")
+        continue;
+      bool constant_rest = true;
+      for (size_t k = 1; k < op->inputs.size(); ++k)
+        constant_rest = constant_rest && (op->inputs[k].empty() || g.constant(op->inputs[k]));
+      Node* dq = made_by(op->inputs[0]);
+      if (!constant_rest || !is_op(dq, "DequantizeLinear") || !per_tensor(g, dq)) continue;
+      const DType from = g.constant(dq->inputs[2])->dtype();
+      bool identity = false;
+      auto t = requantize(dq, q, from, &identity);
+      if (!t) continue;
+      auto r = std::make_unique<Node>(*op);
+      r->inputs[0] = dq->inputs[0];
+      r->outputs = q->outputs;
+      const size_t op_at = free_slot(op), q_at = free_slot(q);
+      if (!identity) {
+        r->inputs[0] = g.fresh_name(q->outputs[0] + "_requantized");
+        place(lookup_node(r->name + "_requantize", dq->inputs[0], r->inputs[0], std::move(*t)),
+              op_at);
+      }
+      place(std::move(r), q_at);
+      if (index.readers(dq->outputs[0]).empty() && !index.pinned(dq->outputs[0])) {
+        index.remove(dq);
+        remove_at(g, pos.at(dq));
+      }
+    } else if (is_op(op, "Concat")) {
+      // Q(Concat(DQ_i(x_i))) = Concat(T_i[x_i]): each input requantized by its table (folded
+      // into the table of a QLookup -> Resize that only feeds it), or as it is.
+      std::vector<Node*> dqs;
+      bool ok = !op->inputs.empty();
+      for (const auto& in : op->inputs) {
+        Node* dq = in.empty() ? nullptr : made_by(in);
+        ok = ok && is_op(dq, "DequantizeLinear") && per_tensor(g, dq) &&
+             index.readers(dq->outputs[0]).size() == 1 && !index.pinned(dq->outputs[0]) &&
+             std::find(dqs.begin(), dqs.end(), dq) == dqs.end();
+        if (!ok) break;
+        dqs.push_back(dq);
+      }
+      if (!ok) continue;
+      std::vector<std::optional<Tensor>> tables;
+      std::vector<char> same;
+      for (Node* dq : dqs) {
+        bool identity = false;
+        tables.push_back(requantize(dq, q, g.constant(dq->inputs[2])->dtype(), &identity));
+        same.push_back(identity);
+        ok = ok && tables.back().has_value();
+      }
+      if (!ok) continue;
+      auto c = std::make_unique<Node>(*op);
+      c->outputs = q->outputs;
+      free_slot(op);
+      const size_t q_at = free_slot(q);
+      for (size_t k = 0; k < dqs.size(); ++k) {
+        Node* dq = dqs[k];
+        const std::string x = dq->inputs[0];
+        const size_t dq_at = free_slot(dq);
+        c->inputs[k] = x;
+        if (same[k]) continue;
+        // A Resize of a QLookup, each the other's only reader: the table goes into that one.
+        Node* r = made_by(x);
+        Node* l = is_op(r, "Resize") ? made_by(r->inputs[0]) : nullptr;
+        if (is_lookup(l) && index.readers(x).size() == 0 && !index.pinned(x) &&
+            index.readers(l->outputs[0]).size() == 1 && !index.pinned(l->outputs[0])) {
+          const Tensor& lt = *g.constant(l->inputs[1]);
+          const auto* lb = static_cast<const uint8_t*>(lt.raw_data());
+          const auto* cb = static_cast<const uint8_t*>(tables[k]->raw_data());
+          std::array<uint8_t, 256> both;
+          for (int b = 0; b < 256; ++b) both[size_t(b)] = cb[lb[b]];
+          index.remove(l);
+          l->inputs[1] = g.add_constant(l->outputs[0] + "_table",
+                                        byte_values(tables[k]->dtype(), both.data()));
+          index.add(l);
+          continue;
+        }
+        c->inputs[k] = g.fresh_name(x + "_requantized");
+        place(lookup_node(dq->name + "_requantize", x, c->inputs[k], std::move(*tables[k])), dq_at);
+      }
+      place(std::move(c), q_at);
+    } else {
+      continue;
+    }
+    g.opsets[kFusedDomain] = kFusedOpset;
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
+int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  Producers made_by(g);
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* l = g.nodes[i].get();
+    if (!l || l->domain != kFusedDomain || l->op_type != "QLookup" || l->inputs.size() != 2)
+      continue;
+    Node* c = made_by(l->inputs[0]);
+    if (!is_op(c, "QLinearConv") || c->outputs.size() != 1 || c->inputs.size() < 8 ||
+        index.sole_reader(c->outputs[0]) != l || index.pinned(c->outputs[0]) ||
+        !g.constant(l->inputs[1]))
+      continue;
+    auto fused = std::make_unique<Node>(*c);
+    fused->domain = kFusedDomain;
+    fused->op_type = "QLinearConvLookup";
+    fused->inputs.resize(9);
+    fused->inputs.push_back(l->inputs[1]);
+    fused->outputs = l->outputs;
+    const size_t at = pos.at(l);
+    index.remove(c);
+    remove_at(g, pos.at(c));
+    index.remove(l);
+    g.removed.push_back(std::move(g.nodes[at]));
+    index.add(fused.get());
+    pos[fused.get()] = at;
+    made_by.of[fused->outputs[0]] = fused.get();
+    g.nodes[at] = std::move(fused);
+    g.opsets[kFusedDomain] = kFusedOpset;
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
 int64_t fuse_qdq(PassGraph& g) {
   if (!g.int8_kernels) return 0;
   UseIndex index(g);
@@ -266,6 +580,10 @@ int64_t fuse_qdq(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* op = g.nodes[i].get();
+    if (is_op(op, "ConvTranspose")) {
+      rewrites += fuse_qdq_conv_transpose(g, op, index, pos, made_by.of);
+      continue;
+    }
     const bool conv = is_op(op, "Conv");
     if (!(conv || is_op(op, "MatMul")) || op->outputs.size() != 1) continue;
     if (op->inputs.size() < 2 || op->inputs.size() > (conv ? 3u : 2u)) continue;

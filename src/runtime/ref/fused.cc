@@ -264,6 +264,45 @@ class QLinearBinaryKernel final : public OpKernel {
   std::unique_ptr<OpKernel> dq_[2], op_, q_;
 };
 
+// slim:QLinearConvLookup (fused_ops.h): ref's QLinearConv of the first nine inputs, then
+// each byte through the table (input 9).
+class QLinearConvLookupKernel final : public OpKernel {
+ public:
+  explicit QLinearConvLookupKernel(const Node& node) {
+    if (node.inputs.size() != 10)
+      throw Error(ErrorCode::invalid_model, node.describe() +
+                                                ": takes QLinearConv's 9 inputs (bias may be \"\") "
+                                                "and a table of 256 8-bit values");
+    conv_node_ = node;
+    conv_node_.op_type = "QLinearConv";
+    conv_node_.domain.clear();
+    conv_node_.inputs.resize(9);
+    while (!conv_node_.inputs.empty() && conv_node_.inputs.back().empty())
+      conv_node_.inputs.pop_back();
+    conv_ = ref_kernel_registry().find("QLinearConv", "", 10)->factory(conv_node_, 10);
+  }
+  void compute(KernelContext& ctx) const override {
+    std::vector<const Tensor*> in;
+    for (size_t i = 0; i < conv_node_.inputs.size(); ++i) in.push_back(ctx.input(int(i)));
+    std::vector<Tensor> out(1);
+    KernelContext c(conv_node_, in, &out, nullptr, &ctx.pool());
+    conv_->compute(c);
+    const Tensor& t = ctx.required_input(9);
+    if ((t.dtype() != DType::u8 && t.dtype() != DType::i8) || t.numel() != 256)
+      ctx.fail(ErrorCode::invalid_argument,
+               "the table must be 256 8-bit values, got " + t.describe());
+    const Tensor tc = t.contiguous(), y = out[0].contiguous();
+    const auto* table = static_cast<const uint8_t*>(tc.raw_data());
+    const auto* src = static_cast<const uint8_t*>(y.raw_data());
+    auto* dst = static_cast<uint8_t*>(ctx.output(0, t.dtype(), y.shape()).raw_data());
+    for (int64_t i = 0; i < y.numel(); ++i) dst[i] = table[src[i]];
+  }
+
+ private:
+  Node conv_node_;
+  std::unique_ptr<OpKernel> conv_;
+};
+
 // slim:QLinearGlobalAveragePool (fused_ops.h): int32 sums per channel, requantized once.
 class QLinearGlobalAveragePoolKernel final : public OpKernel {
  public:
@@ -314,6 +353,9 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(simple_fused_def("QLookup", [](const Node&) { return std::make_unique<QLookupKernel>(); }));
   r.add(simple_fused_def("QLinearGlobalAveragePool",
                          [](const Node&) { return std::make_unique<QLinearGlobalAveragePoolKernel>(); }));
+  r.add(simple_fused_def("QLinearConvLookup", [](const Node& n) {
+    return std::make_unique<QLinearConvLookupKernel>(n);
+  }));
   for (const char* op : {"QLinearAdd", "QLinearMul"})
     r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearBinaryKernel>(n); }));
 }
