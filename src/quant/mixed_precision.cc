@@ -11,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <ctime>
+#include <tuple>
 
 #include "quant/quant_internal.h"
 #include "slim/core/error.h"
@@ -202,8 +204,9 @@ using Attribution =
 
 // One sample's latency: `runs` runs without the profiler (median), then, with an
 // attribution, `profiled` runs whose node times are charged to `n_layers` layers.
-Timing time_model(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs,
-                  int profiled, const Attribution& attribute, size_t n_layers) {
+// The model compiled for the feeds' shapes (its symbolic dims fixed), warmed up.
+std::unique_ptr<Session> compile_for(const Model& model, const TensorMap& feeds,
+                                     const QuantizeOptions& qo) {
   Model fixed = model;
   for (auto& in : fixed.graph.inputs) {
     auto it = feeds.find(in.name);
@@ -211,28 +214,69 @@ Timing time_model(const Model& model, const TensorMap& feeds, const QuantizeOpti
     for (size_t d = 0; d < in.shape->size(); ++d)
       if (!(*in.shape)[d].is_fixed()) (*in.shape)[d].value = it->second.shape()[d];
   }
-  const Graph graph = attribute ? fixed.graph : Graph();
   SessionOptions so;
   so.num_threads = qo.num_threads;
   so.providers = qo.providers;
   auto session = Session::compile(std::move(fixed), so);
   for (int i = 0; i < 3; ++i) session->run(feeds);  // warm-up
+  return session;
+}
+
+// The clock latencies are read on: with one thread, the process's CPU time, which other
+// processes sharing the cores do not inflate (a run on one thread is busy from start to
+// end, so it equals the wall time of an idle machine); with more, wall time.
+double now_ms(bool cpu) {
+  if (!cpu) return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
+bool cpu_clock(const QuantizeOptions& qo) { return qo.num_threads == 1; }
+
+double run_ms(Session& s, const TensorMap& feeds, bool cpu) {
+  const double t0 = now_ms(cpu);
+  s.run(feeds);
+  return now_ms(cpu) - t0;
+}
+
+// Medians of `runs` runs of two models, alternating run by run, so that a change of the
+// machine's load falls on both.
+std::pair<double, double> time_alternating(const Model& a, const Model& b, const TensorMap& feeds,
+                                           const QuantizeOptions& qo, int runs) {
+  auto sa = compile_for(a, feeds, qo), sb = compile_for(b, feeds, qo);
+  std::vector<double> ta, tb;
+  for (int i = 0; i < runs; ++i) {
+    ta.push_back(run_ms(*sa, feeds, cpu_clock(qo)));
+    tb.push_back(run_ms(*sb, feeds, cpu_clock(qo)));
+  }
+  return {median(ta), median(tb)};
+}
+
+Timing time_model(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs,
+                  int profiled, const Attribution& attribute, size_t n_layers) {
+  auto session = compile_for(model, feeds, qo);
   Timing t;
   std::vector<double> e2e;
-  for (int i = 0; i < runs; ++i) {
-    const auto t0 = Clock::now();
-    session->run(feeds);
-    e2e.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
+  const bool cpu = cpu_clock(qo);
+  for (int i = 0; i < runs; ++i) e2e.push_back(run_ms(*session, feeds, cpu));
   t.e2e_ms = median(e2e);
   if (!attribute) return t;
-  const std::map<std::string, int> owner = attribute(graph, session->compiled_graph());
+  const std::map<std::string, int> owner = attribute(model.graph, session->compiled_graph());
   std::vector<std::vector<double>> per_layer(n_layers);
   std::vector<double> run_ms(n_layers, 0.0), totals;
   double total = 0;
+  // On the CPU clock a node's time is the CPU time since the previous node ended (the
+  // callback runs on the thread that ran the node, right after it).
+  double last = 0;
   session->set_profiler([&](const Node& n, const std::string&, Clock::time_point a,
                             Clock::time_point b) {
-    const double ms = std::chrono::duration<double, std::milli>(b - a).count();
+    double ms = std::chrono::duration<double, std::milli>(b - a).count();
+    if (cpu) {
+      const double t = now_ms(true);
+      ms = t - last;
+      last = t;
+    }
     total += ms;
     auto it = owner.find(n.name);
     if (it != owner.end() && it->second >= 0) run_ms[size_t(it->second)] += ms;
@@ -240,6 +284,7 @@ Timing time_model(const Model& model, const TensorMap& feeds, const QuantizeOpti
   for (int i = 0; i < profiled; ++i) {
     std::fill(run_ms.begin(), run_ms.end(), 0.0);
     total = 0;
+    last = now_ms(cpu);
     session->run(feeds);
     for (size_t l = 0; l < n_layers; ++l) per_layer[l].push_back(run_ms[l]);
     totals.push_back(total);
@@ -343,6 +388,7 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
                      "precision for");
   m.runs = mo.latency_runs;
   m.threads = qo.num_threads;
+  m.clock = cpu_clock(qo) ? "process CPU time" : "wall time";
   const size_t n = m.layers.size();
   m.metric = c.meter.metric();
   m.samples = c.meter.batches.empty() ? 0 : c.meter.batches.back().second;
@@ -562,13 +608,19 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     OnnxExporter::save_file(written, output);
     report(mo, "verify", 0, 1);
     r.measured.loss = c.meter.loss(written);
-    r.measured.latency_ms = time_model(written, c.feeds, qo, mo.latency_runs, 0, {}, 0).e2e_ms;
+    std::tie(r.measured.latency_ms, r.measured.fp32_latency_ms) =
+        time_alternating(written, c.p.model, c.feeds, qo, 2 * mo.latency_runs);
+    // The load may have changed since the layers were timed: the all-fp32 model, timed in
+    // the same rounds, scales the measurement back to the conditions of the prediction.
+    r.measured.normalized_ms = r.measured.fp32_latency_ms > 0
+                                   ? r.measured.latency_ms * m.fp32_ms / r.measured.fp32_latency_ms
+                                   : r.measured.latency_ms;
     report(mo, "verify", 1, 1);
-    if (!mo.latency_budget_ms || r.measured.latency_ms <= *mo.latency_budget_ms ||
+    if (!mo.latency_budget_ms || r.measured.normalized_ms <= *mo.latency_budget_ms ||
         r.tries >= mo.tries)
       break;
     // Over budget: aim lower by the overshoot, unless no plan is faster.
-    const double next = r.target_ms - (r.measured.latency_ms - *mo.latency_budget_ms);
+    const double next = r.target_ms - (r.measured.normalized_ms - *mo.latency_budget_ms);
     if (r.plan.chosen.latency_ms <= r.plan.fastest_ms + 1e-9) break;
     target = std::max(next, r.plan.fastest_ms);
   }
@@ -599,6 +651,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   j["samples"] = m.samples;
   j["latency_runs"] = m.runs;
   j["threads"] = m.threads;
+  j["clock"] = m.clock;
   j["fp32_ms"] = m.fp32_ms;
   j["int8_ms"] = m.int8_ms;
   j["fp32_profiled_ms"] = m.fp32_profiled_ms;
@@ -606,7 +659,10 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   j["int8_loss"] = m.int8_loss;
   j["fastest_ms"] = r.plan.fastest_ms;
   j["predicted"] = {{"latency_ms", r.plan.chosen.latency_ms}, {"loss", r.plan.chosen.loss}};
-  j["measured"] = {{"latency_ms", r.measured.latency_ms}, {"loss", r.measured.loss}};
+  j["measured"] = {{"latency_ms", r.measured.latency_ms},
+                   {"fp32_latency_ms", r.measured.fp32_latency_ms},
+                   {"normalized_latency_ms", r.measured.normalized_ms},
+                   {"loss", r.measured.loss}};
   j["tries"] = r.tries;
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const Layer& l = m.layers[i];

@@ -153,9 +153,9 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   const quant::PlanPoint& c = r.plan.chosen;
   std::printf("%s -> %s (mixed precision QDQ)\n", a.in.c_str(), a.out.c_str());
   std::printf(
-      "measured on this machine (%d threads, one sample, median of %d runs): all fp32 %.3f ms, "
-      "all int8 %.3f ms (loss %.4g)\n",
-      o.num_threads, m.runs, m.fp32_ms, m.int8_ms, m.int8_loss);
+      "measured on this machine (%d threads, one sample, median of %d runs, %s): all fp32 %.3f "
+      "ms, all int8 %.3f ms (loss %.4g)\n",
+      o.num_threads, m.runs, m.clock.c_str(), m.fp32_ms, m.int8_ms, m.int8_loss);
   std::printf("loss: %s on %lld calibration samples, summed over the outputs\n", m.metric.c_str(),
               (long long)m.samples);
   int64_t slower = 0;
@@ -174,9 +174,17 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
       "Pareto front (predicted: all-fp32 latency + Σ over int8 layers of (int8 − fp32) + half the "
       "(alone − int8) border cost per fp32 neighbour):\n");
   std::printf("  %12s %12s %12s\n", "latency ms", "loss", "int8 layers");
-  for (const auto& pt : r.plan.pareto)
+  // At most ~24 rows, evenly spread (all of them in the plan file), and the chosen one.
+  const auto& front = r.plan.pareto;
+  const size_t step = std::max<size_t>(1, (front.size() + 23) / 24);
+  for (size_t k = 0; k < front.size(); ++k) {
+    const auto& pt = front[k];
+    const bool chosen = pt.int8 == c.int8;
+    if (k % step && k + 1 != front.size() && !chosen) continue;
     std::printf("  %12.3f %12.4g %12lld%s\n", pt.latency_ms, pt.loss, (long long)pt.int8_layers(),
-                pt.int8 == c.int8 ? "  <- chosen" : "");
+                chosen ? "  <- chosen" : "");
+  }
+  if (step > 1) std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
   if (mo.latency_budget_ms)
     std::printf("budget: latency %.3f ms%s\n", *mo.latency_budget_ms,
                 r.tries > 1 ? (" (" + std::to_string(r.tries) + " builds; last aimed at " +
@@ -186,9 +194,12 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     std::printf("budget: loss %.4g\n", *mo.accuracy_budget);
   std::printf("chosen: %lld of %zu layers int8\n", (long long)c.int8_layers(), m.layers.size());
   std::printf("  predicted: latency %.3f ms, loss %.4g\n", c.latency_ms, c.loss);
-  std::printf("  measured:  latency %.3f ms, loss %.4g\n", r.measured.latency_ms,
-              r.measured.loss);
-  if (mo.latency_budget_ms && r.measured.latency_ms > *mo.latency_budget_ms)
+  std::printf(
+      "  measured:  latency %.3f ms (all fp32 %.3f ms in the same rounds; %.3f ms at the load "
+      "of the prediction), loss %.4g\n",
+      r.measured.latency_ms, r.measured.fp32_latency_ms, r.measured.normalized_ms,
+      r.measured.loss);
+  if (mo.latency_budget_ms && r.measured.normalized_ms > *mo.latency_budget_ms)
     std::printf("note: the re-measured latency is over the budget (noise, or Q/DQ at fp32/int8 "
                 "boundaries the per-layer model does not see)\n");
   js["mixed_precision"] = nlohmann::json::parse(quant::plan_to_json(r, o, mo));
@@ -293,10 +304,10 @@ void quantize_onnx(const QuantizeArgs& a) {
   std::printf(")\n");
   std::printf("calibration: %lld of %s; %s, %s %s activations, %s weights", (long long)rep.samples,
               calib.description().c_str(), quant::calibration_method_name(o.calibrator.method),
-              a.activations.c_str(), a.symmetric ? "symmetric" : "asymmetric",
+              o.activations.dtype == DType::u8 ? "u8" : "i8", o.activations.symmetric ? "symmetric" : "asymmetric",
               o.per_channel ? "per-channel" : "per-tensor");
   if (o.calibrator.method == quant::CalibrationMethod::percentile)
-    std::printf(" (percentile %g)", a.percentile);
+    std::printf(" (percentile %g)", o.calibrator.percentile);
   std::printf("\n");
   if (rep.stats_from_cache)
     std::printf("statistics: from the calibration cache (%s)\n", rep.cache_files.back().c_str());

@@ -62,6 +62,9 @@ struct Measurements {
   double int8_loss = 0;                               // all layers int8
   int64_t samples = 0;
   int runs = 0, threads = 0;
+  // What the times were read on: "process CPU time" with one thread (immune to other
+  // processes sharing the cores), else "wall time".
+  std::string clock;
 };
 
 // Measures every layer's sensitivity and latency. `qo` is the quantizer's settings
@@ -91,8 +94,11 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
 std::set<std::string> fp32_nodes(const Measurements& m, const std::vector<bool>& int8);
 
 struct Verification {
-  double latency_ms = 0;  // end-to-end median of the written model, one sample
-  double loss = 0;        // on the same samples and metric as the sensitivities
+  // End-to-end medians of the written model and of the all-fp32 one, runs alternating,
+  // one sample; normalized: latency_ms · (Measurements::fp32_ms / fp32_latency_ms), the
+  // written model's time at the load the layers were measured under.
+  double latency_ms = 0, fp32_latency_ms = 0, normalized_ms = 0;
+  double loss = 0;  // on the same samples and metric as the sensitivities
 };
 
 struct MixedPrecisionResult {
