@@ -597,7 +597,23 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
                                          const MixedPrecisionOptions& mo) {
   const Context c = make_context(model_path, calib, qo, mo);
   MixedPrecisionResult r;
-  r.measurements = measure(c, model_path, qo, mo);
+  if (mo.measurements) {  // from a plan file: the model must be the one measured
+    const std::string sha = file_sha256(model_path);
+    check(sha == mo.measurements->model_sha256, ErrorCode::invalid_argument,
+          "quantize: the measurements were made on another model (SHA-256 " +
+              mo.measurements->model_sha256.substr(0, 16) + "...), not " + model_path);
+    const std::vector<Layer> layers = quantizable_layers(c.p.model, qo);
+    check(layers.size() == mo.measurements->layers.size(), ErrorCode::invalid_argument,
+          "quantize: the measurements have " + std::to_string(mo.measurements->layers.size()) +
+              " layers, " + model_path + " with these settings " + std::to_string(layers.size()));
+    for (size_t i = 0; i < layers.size(); ++i)
+      check(layers[i].nodes == mo.measurements->layers[i].nodes, ErrorCode::invalid_argument,
+            "quantize: layer '" + layers[i].name +
+                "' of the measurements has other nodes than with these settings");
+    r.measurements = *mo.measurements;
+  } else {
+    r.measurements = measure(c, model_path, qo, mo);
+  }
   const Measurements& m = r.measurements;
   std::optional<double> target;
   for (r.tries = 1;; ++r.tries) {
@@ -616,6 +632,8 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
                                    ? r.measured.latency_ms * m.fp32_ms / r.measured.fp32_latency_ms
                                    : r.measured.latency_ms;
     report(mo, "verify", 1, 1);
+    r.history.push_back({r.target_ms, r.plan.chosen.latency_ms, r.measured.latency_ms,
+                         r.measured.normalized_ms, r.measured.loss, r.plan.chosen.int8_layers()});
     if (!mo.latency_budget_ms || r.measured.normalized_ms <= *mo.latency_budget_ms ||
         r.tries >= mo.tries)
       break;
@@ -663,7 +681,13 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
                    {"fp32_latency_ms", r.measured.fp32_latency_ms},
                    {"normalized_latency_ms", r.measured.normalized_ms},
                    {"loss", r.measured.loss}};
-  j["tries"] = r.tries;
+  for (const auto& t : r.history)
+    j["tries"].push_back({{"target_ms", t.target_ms},
+                          {"predicted_ms", t.predicted_ms},
+                          {"measured_ms", t.measured_ms},
+                          {"normalized_ms", t.normalized_ms},
+                          {"loss", t.loss},
+                          {"int8_layers", t.int8_layers}});
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const Layer& l = m.layers[i];
     j["layers"].push_back({{"name", l.name},
@@ -700,6 +724,13 @@ LoadedPlan read_plan(const std::string& path) {
     m.metric = j.value("metric", "");
     m.fp32_ms = j.value("fp32_ms", 0.0);
     m.int8_ms = j.value("int8_ms", 0.0);
+    m.fp32_profiled_ms = j.value("fp32_profiled_ms", 0.0);
+    m.int8_profiled_ms = j.value("int8_profiled_ms", 0.0);
+    m.int8_loss = j.value("int8_loss", 0.0);
+    m.samples = j.value("samples", int64_t(0));
+    m.runs = j.value("latency_runs", 0);
+    m.threads = j.value("threads", 0);
+    m.clock = j.value("clock", "");
     for (const auto& l : j.at("layers")) {
       Layer layer{l.at("name").get<std::string>(), l.value("op", ""),
                   l.at("nodes").get<std::vector<std::string>>()};
@@ -770,6 +801,8 @@ void check_mixed_precision_flags(const MixedPrecisionFlags& f) {
         "quantize: --plan and --exclude exclude each other (the plan names the fp32 nodes)");
   check(!((f.plan_out || f.pareto_png) && !budget), ErrorCode::invalid_argument,
         "quantize: --plan-out and --pareto-png need --latency-budget-ms or --accuracy-budget");
+  check(!(f.measurements && !budget), ErrorCode::invalid_argument,
+        "quantize: --measurements needs --latency-budget-ms or --accuracy-budget");
   check(!((budget || f.plan) && f.smoothquant), ErrorCode::invalid_argument,
         "quantize: mixed precision does not take --smoothquant (its factors depend on which "
         "nodes are quantized)");

@@ -259,6 +259,7 @@ TEST(MixedPrecision, MutuallyExclusiveOptions) {
   refused({.plan = true, .exclude = true}, "--plan and --exclude");
   refused({.plan_out = true}, "need --latency-budget-ms or --accuracy-budget");
   refused({.pareto_png = true}, "need --latency-budget-ms or --accuracy-budget");
+  refused({.measurements = true}, "--measurements needs");
   refused({.latency_budget = true, .smoothquant = true}, "--smoothquant");
   EXPECT_NO_THROW(check_mixed_precision_flags({.latency_budget = true, .plan_out = true}));
   EXPECT_NO_THROW(check_mixed_precision_flags({.plan = true}));

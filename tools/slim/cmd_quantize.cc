@@ -41,7 +41,7 @@ struct QuantizeArgs {
   // Mixed precision
   double latency_budget = 0, accuracy_budget = 0;
   bool has_latency_budget = false, has_accuracy_budget = false;
-  std::string plan, plan_out, pareto_png;
+  std::string plan, plan_out, pareto_png, measurements;
   int64_t sensitivity_samples = 16;
   int latency_runs = 20;
 };
@@ -138,6 +138,10 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   if (a.has_latency_budget) mo.latency_budget_ms = a.latency_budget;
   if (a.has_accuracy_budget) mo.accuracy_budget = a.accuracy_budget;
   mo.samples = a.sensitivity_samples;
+  if (!a.measurements.empty()) {
+    mo.measurements = quant::read_plan(a.measurements).measurements;
+    std::printf("measurements: from %s (not measured again)\n", a.measurements.c_str());
+  }
   mo.latency_runs = a.latency_runs;
   std::unique_ptr<Progress> p;
   std::string stage;
@@ -192,6 +196,12 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
                             : "");
   else
     std::printf("budget: loss %.4g\n", *mo.accuracy_budget);
+  if (r.history.size() > 1)
+    for (const auto& t : r.history)
+      std::printf("  build aimed at %.3f ms: predicted %.3f, measured %.3f (%.3f at the prediction's "
+                  "load), %lld layers int8\n",
+                  t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms,
+                  (long long)t.int8_layers);
   std::printf("chosen: %lld of %zu layers int8\n", (long long)c.int8_layers(), m.layers.size());
   std::printf("  predicted: latency %.3f ms, loss %.4g\n", c.latency_ms, c.loss);
   std::printf(
@@ -263,6 +273,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   flags.plan = !a.plan.empty();
   flags.plan_out = !a.plan_out.empty();
   flags.pareto_png = !a.pareto_png.empty();
+  flags.measurements = !a.measurements.empty();
   flags.exclude = !a.exclude.empty();
   flags.smoothquant = a.smoothquant != 0;
   quant::check_mixed_precision_flags(flags);
@@ -470,6 +481,10 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("--plan", a->plan,
                   "Re-apply a plan written by --plan-out (no measuring; the model must be the one "
                   "it was made for)")
+      ->group(mp);
+  cmd->add_option("--measurements", a->measurements,
+                  "Choose from the layer measurements of a plan file (--plan-out) instead of "
+                  "measuring again: another budget for the same model and settings")
       ->group(mp);
   cmd->add_option("--pareto-png", a->pareto_png,
                   "Draw the Pareto front (predicted loss against latency) in this PNG file")

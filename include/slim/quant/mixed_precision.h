@@ -42,16 +42,6 @@ struct Layer {
 // exclude_nodes) into layers, in topological order.
 std::vector<Layer> quantizable_layers(const Model& prepared, const QuantizeOptions& options);
 
-struct MixedPrecisionOptions {
-  std::optional<double> latency_budget_ms;  // minimize loss subject to latency ≤ this
-  std::optional<double> accuracy_budget;    // or latency subject to predicted loss ≤ this
-  int64_t samples = 16;                     // calibration samples for the loss
-  int latency_runs = 20;                    // timed runs per model (medians)
-  int tries = 3;  // builds of the chosen plan: a re-measure over budget tightens the target
-  // Called as work proceeds: (stage, done, total).
-  std::function<void(const std::string&, int64_t, int64_t)> progress;
-};
-
 // What measure_layers found: everything the choice needs, and what a plan file keeps.
 struct Measurements {
   std::string model_sha256;
@@ -65,6 +55,19 @@ struct Measurements {
   // What the times were read on: "process CPU time" with one thread (immune to other
   // processes sharing the cores), else "wall time".
   std::string clock;
+};
+
+struct MixedPrecisionOptions {
+  std::optional<double> latency_budget_ms;  // minimize loss subject to latency ≤ this
+  std::optional<double> accuracy_budget;    // or latency subject to predicted loss ≤ this
+  int64_t samples = 16;                     // calibration samples for the loss
+  int latency_runs = 20;                    // timed runs per model (medians)
+  int tries = 3;  // builds of the chosen plan: a re-measure over budget tightens the target
+  // Measurements to choose from instead of measuring (a plan file's, read_plan), for
+  // another budget; they must be of this model with these quantizer settings.
+  std::optional<Measurements> measurements;
+  // Called as work proceeds: (stage, done, total).
+  std::function<void(const std::string&, int64_t, int64_t)> progress;
 };
 
 // Measures every layer's sensitivity and latency. `qo` is the quantizer's settings
@@ -107,6 +110,11 @@ struct MixedPrecisionResult {
   Verification measured;
   double target_ms = 0;  // the latency the last try aimed at (the budget, or tighter)
   int tries = 0;
+  struct Try {
+    double target_ms, predicted_ms, measured_ms, normalized_ms, loss;
+    int64_t int8_layers;
+  };
+  std::vector<Try> history;
 };
 
 // measure_layers, choose_plan, quantize_model with the fp32 layers excluded to `output`,
@@ -138,7 +146,7 @@ QuantizeOptions plan_options(const LoadedPlan& plan, const std::string& plan_pat
 // invalid_argument naming them.
 struct MixedPrecisionFlags {
   bool latency_budget = false, accuracy_budget = false, plan = false, plan_out = false,
-       pareto_png = false, exclude = false, smoothquant = false;
+       pareto_png = false, exclude = false, smoothquant = false, measurements = false;
 };
 void check_mixed_precision_flags(const MixedPrecisionFlags& f);
 
