@@ -408,8 +408,8 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   const Model all8 = build(c.p, m.layers, std::vector<bool>(n, true), qo);
   const Timing q = time_model(all8, c.feeds, qo, mo.latency_runs, mo.latency_runs, layered, n);
   report(mo, "latency", 2, 2);
-  m.fp32_ms = f.e2e_ms;
-  m.int8_ms = q.e2e_ms;
+  // End to end, the two models alternating, so that both see the same load.
+  std::tie(m.fp32_ms, m.int8_ms) = time_alternating(c.p.model, all8, c.feeds, qo, mo.latency_runs);
   m.fp32_profiled_ms = f.profiled_ms;
   m.int8_profiled_ms = q.profiled_ms;
   for (size_t i = 0; i < n; ++i) {
@@ -440,6 +440,14 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   }
   report(mo, "layers", int64_t(n), int64_t(n));
   m.int8_loss = c.meter.loss(all8);
+  // The layer times are profiled, the two ends timed end to end: scale the layers' changes
+  // so that the all-int8 plan predicts the measured all-int8 latency, when the two agree in
+  // sign and the change is large enough to measure a ratio from.
+  std::vector<bool> all(n, true);
+  m.scale = 1;
+  const double raw = predicted_latency(m, all) - m.fp32_ms, e2e = m.int8_ms - m.fp32_ms;
+  if (std::fabs(raw) >= 0.05 * m.fp32_ms && std::fabs(e2e) >= 0.05 * m.fp32_ms && raw * e2e > 0)
+    m.scale = std::clamp(e2e / raw, 0.5, 2.0);
   return m;
 }
 
@@ -452,7 +460,7 @@ Measurements measure_layers(const std::string& model_path, const SampleSet& cali
 
 double predicted_latency(const Measurements& m, const std::vector<bool>& int8) {
   const size_t n = m.layers.size();
-  double t = m.fp32_ms;
+  double t = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!int8[i]) continue;
     const Layer& l = m.layers[i];
@@ -460,7 +468,7 @@ double predicted_latency(const Measurements& m, const std::vector<bool>& int8) {
     if (i == 0 || !int8[i - 1]) t += 0.5 * l.border_ms();
     if (i + 1 == n || !int8[i + 1]) t += 0.5 * l.border_ms();
   }
-  return t;
+  return m.fp32_ms + m.scale * t;
 }
 
 Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
@@ -476,7 +484,7 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   // the order that is fp32 (entering: x_{i−1} = 0, leaving: x_{i+1} = 0).
   constexpr int64_t kUnits = 4000;
   double span = 0;
-  for (const auto& l : m.layers) span += std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms();
+  for (const auto& l : m.layers) span += m.scale * (std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms());
   const double u = span > 0 ? span / double(kUnits) : 1e-9;
   const int64_t off = kUnits + int64_t(n), size = 2 * off + 1;
   auto units = [&](double ms) { return int64_t(std::llround(ms / u)); };
@@ -496,7 +504,7 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
         double add = 0;
         if (x) add += l.int8_ms - l.fp32_ms + (px ? 0.0 : 0.5 * l.border_ms());
         if (px && !x) add += half_prev;
-        const int64_t inc = units(add);
+        const int64_t inc = units(m.scale * add);
         for (int64_t d = 0; d < size; ++d) {
           const double v = cur[idx(px, d)];
           if (v == inf) continue;
@@ -510,7 +518,7 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
       }
     std::swap(cur, next);
   }
-  const int64_t exit_last = units(0.5 * m.layers[n - 1].border_ms());
+  const int64_t exit_last = units(m.scale * 0.5 * m.layers[n - 1].border_ms());
   auto plan_of = [&](int x, int64_t d) {
     PlanPoint p;
     p.int8.assign(n, false);
@@ -521,7 +529,7 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
       double add = 0;
       if (x) add += l.int8_ms - l.fp32_ms + (px ? 0.0 : 0.5 * l.border_ms());
       if (px && !x) add += i ? 0.5 * m.layers[i - 1].border_ms() : 0.0;
-      d = std::clamp<int64_t>(d - units(add), 0, size - 1);
+      d = std::clamp<int64_t>(d - units(m.scale * add), 0, size - 1);
       x = px;
     }
     for (size_t i = 0; i < n; ++i)
@@ -675,6 +683,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   j["fp32_profiled_ms"] = m.fp32_profiled_ms;
   j["int8_profiled_ms"] = m.int8_profiled_ms;
   j["int8_loss"] = m.int8_loss;
+  j["scale"] = m.scale;
   j["fastest_ms"] = r.plan.fastest_ms;
   j["predicted"] = {{"latency_ms", r.plan.chosen.latency_ms}, {"loss", r.plan.chosen.loss}};
   j["measured"] = {{"latency_ms", r.measured.latency_ms},
@@ -727,6 +736,7 @@ LoadedPlan read_plan(const std::string& path) {
     m.fp32_profiled_ms = j.value("fp32_profiled_ms", 0.0);
     m.int8_profiled_ms = j.value("int8_profiled_ms", 0.0);
     m.int8_loss = j.value("int8_loss", 0.0);
+    m.scale = j.value("scale", 1.0);
     m.samples = j.value("samples", int64_t(0));
     m.runs = j.value("latency_runs", 0);
     m.threads = j.value("threads", 0);

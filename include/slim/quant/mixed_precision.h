@@ -50,6 +50,8 @@ struct Measurements {
   double fp32_ms = 0, int8_ms = 0;  // end-to-end medians without the profiler, one sample
   double fp32_profiled_ms = 0, int8_profiled_ms = 0;  // kernel time summed, medians
   double int8_loss = 0;                               // all layers int8
+  // The profiled layer changes times this give the end-to-end ones (predicted_latency).
+  double scale = 1;
   int64_t samples = 0;
   int runs = 0, threads = 0;
   // What the times were read on: "process CPU time" with one thread (immune to other
@@ -69,6 +71,10 @@ struct MixedPrecisionOptions {
   // Called as work proceeds: (stage, done, total).
   std::function<void(const std::string&, int64_t, int64_t)> progress;
 };
+
+// T(P) = fp32_ms + scale · Σ_{i int8} [(int8_ms − fp32_ms) + border_ms/2 per fp32
+// neighbour in the layer order]: a plan's predicted latency.
+double predicted_latency(const Measurements& m, const std::vector<bool>& int8);
 
 // Measures every layer's sensitivity and latency. `qo` is the quantizer's settings
 // (SmoothQuant is refused: its factors depend on which nodes are quantized).
