@@ -253,46 +253,60 @@ std::pair<double, double> time_alternating(const Model& a, const Model& b, const
   return {median(ta), median(tb)};
 }
 
-Timing time_model(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs,
-                  int profiled, const Attribution& attribute, size_t n_layers) {
-  auto session = compile_for(model, feeds, qo);
-  Timing t;
-  std::vector<double> e2e;
-  const bool cpu = cpu_clock(qo);
-  for (int i = 0; i < runs; ++i) e2e.push_back(run_ms(*session, feeds, cpu));
-  t.e2e_ms = median(e2e);
-  if (!attribute) return t;
-  const std::map<std::string, int> owner = attribute(model.graph, session->compiled_graph());
-  std::vector<std::vector<double>> per_layer(n_layers);
-  std::vector<double> run_ms(n_layers, 0.0), totals;
-  double total = 0;
-  // On the CPU clock a node's time is the CPU time since the previous node ended (the
-  // callback runs on the thread that ran the node, right after it).
-  double last = 0;
-  session->set_profiler([&](const Node& n, const std::string&, Clock::time_point a,
-                            Clock::time_point b) {
-    double ms = std::chrono::duration<double, std::milli>(b - a).count();
-    if (cpu) {
-      const double t = now_ms(true);
-      ms = t - last;
-      last = t;
-    }
-    total += ms;
-    auto it = owner.find(n.name);
-    if (it != owner.end() && it->second >= 0) run_ms[size_t(it->second)] += ms;
-  });
-  for (int i = 0; i < profiled; ++i) {
-    std::fill(run_ms.begin(), run_ms.end(), 0.0);
-    total = 0;
-    last = now_ms(cpu);
-    session->run(feeds);
-    for (size_t l = 0; l < n_layers; ++l) per_layer[l].push_back(run_ms[l]);
-    totals.push_back(total);
+// A compiled model whose runs charge each node's time to a layer; runs of several of them
+// can alternate, so that a change of the machine's load falls on all.
+class Profiled {
+ public:
+  Profiled(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo,
+           const Attribution& attribute, size_t n_layers)
+      : feeds_(feeds), cpu_(cpu_clock(qo)), session_(compile_for(model, feeds, qo)),
+        per_layer_(n_layers), run_ms_(n_layers, 0.0) {
+    owner_ = attribute(model.graph, session_->compiled_graph());
+    // On the CPU clock a node's time is the CPU time since the previous node ended (the
+    // callback runs on the thread that ran the node, right after it).
+    session_->set_profiler([this](const Node& n, const std::string&, Clock::time_point a,
+                                  Clock::time_point b) {
+      double ms = std::chrono::duration<double, std::milli>(b - a).count();
+      if (cpu_) {
+        const double t = now_ms(true);
+        ms = t - last_;
+        last_ = t;
+      }
+      total_ += ms;
+      auto it = owner_.find(n.name);
+      if (it != owner_.end() && it->second >= 0) run_ms_[size_t(it->second)] += ms;
+    });
   }
-  session->set_profiler(nullptr);
-  t.profiled_ms = median(totals);
-  for (auto& v : per_layer) t.layer_ms.push_back(median(v));
-  return t;
+  void run() {
+    std::fill(run_ms_.begin(), run_ms_.end(), 0.0);
+    total_ = 0;
+    last_ = now_ms(cpu_);
+    session_->run(feeds_);
+    for (size_t l = 0; l < run_ms_.size(); ++l) per_layer_[l].push_back(run_ms_[l]);
+    totals_.push_back(total_);
+  }
+  Timing timing() const {
+    Timing t;
+    t.profiled_ms = median(totals_);
+    for (const auto& v : per_layer_) t.layer_ms.push_back(median(v));
+    return t;
+  }
+
+ private:
+  const TensorMap& feeds_;
+  bool cpu_;
+  std::unique_ptr<Session> session_;
+  std::map<std::string, int> owner_;
+  std::vector<std::vector<double>> per_layer_;
+  std::vector<double> run_ms_, totals_;
+  double total_ = 0, last_ = 0;
+};
+
+double e2e_ms(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs) {
+  auto session = compile_for(model, feeds, qo);
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) t.push_back(run_ms(*session, feeds, cpu_clock(qo)));
+  return median(t);
 }
 
 // Layers by propagation from their nodes (owners()): the all-fp32 and all-int8 models.
@@ -402,13 +416,17 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
       for (const auto& nd : g->nodes) fp32_names.insert(nd.name);
     return fp32_owner;
   };
-  report(mo, "latency", 0, 2);
-  const Timing f = time_model(c.p.model, c.feeds, qo, mo.latency_runs, mo.latency_runs, record, n);
-  report(mo, "latency", 1, 2);
   const Model all8 = build(c.p, m.layers, std::vector<bool>(n, true), qo);
-  const Timing q = time_model(all8, c.feeds, qo, mo.latency_runs, mo.latency_runs, layered, n);
-  report(mo, "latency", 2, 2);
-  // End to end, the two models alternating, so that both see the same load.
+  // The all-fp32 and all-int8 profiles, runs alternating.
+  report(mo, "latency", 0, 1);
+  Profiled pf(c.p.model, c.feeds, qo, record, n), pq(all8, c.feeds, qo, layered, n);
+  for (int r = 0; r < mo.latency_runs; ++r) {
+    pf.run();
+    pq.run();
+  }
+  const Timing f = pf.timing(), q = pq.timing();
+  report(mo, "latency", 1, 1);
+  // End to end, the two models alternating too.
   std::tie(m.fp32_ms, m.int8_ms) = time_alternating(c.p.model, all8, c.feeds, qo, mo.latency_runs);
   m.fp32_profiled_ms = f.profiled_ms;
   m.int8_profiled_ms = q.profiled_ms;
@@ -417,7 +435,8 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
     m.layers[i].int8_ms = q.layer_ms[i];
   }
   // Each layer alone in int8: its loss, and its time with the Q/DQ nodes of its borders
-  // (every node the float model does not have is one of them).
+  // (every node the float model does not have is one of them), its runs alternating with
+  // the all-int8 model's: the border cost is the difference of the two at one load.
   const int alone_runs = std::max(3, mo.latency_runs / 2);
   for (size_t i = 0; i < n; ++i) {
     report(mo, "layers", int64_t(i), int64_t(n));
@@ -436,7 +455,18 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
         }
       return owner;
     };
-    m.layers[i].int8_alone_ms = time_model(one, c.feeds, qo, 0, alone_runs, alone, 1).layer_ms[0];
+    Profiled pa(one, c.feeds, qo, alone, 1);
+    Profiled pi(all8, c.feeds, qo, [&](const Graph& mg, const Graph& cg) {
+      std::map<std::string, int> owner;
+      for (const auto& [name, l] : layered(mg, cg)) owner[name] = l == int(i) ? 0 : -1;
+      return owner;
+    }, 1);
+    for (int r = 0; r < alone_runs; ++r) {
+      pa.run();
+      pi.run();
+    }
+    const double a = pa.timing().layer_ms[0], inner = pi.timing().layer_ms[0];
+    m.layers[i].int8_alone_ms = m.layers[i].int8_ms + (a - inner);
   }
   report(mo, "layers", int64_t(n), int64_t(n));
   m.int8_loss = c.meter.loss(all8);
