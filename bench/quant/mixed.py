@@ -37,6 +37,9 @@ log, sh = qr.log, qr.sh
 
 CALIBRATOR = ["--calibrator", "percentile", "--percentile", "99.99"]
 ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
+# The chosen plan; as many int8 layers (k) by position; the fewest by position (k') whose
+# predicted latency fits the budget.
+VARIANTS = ("mixed", "first k", "last k", "first k'", "last k'")
 
 
 def quantize(args, m, out, extra):
@@ -82,6 +85,28 @@ def by_position(plan, k, first):
     for i, l in enumerate(p["layers"]):
         l["precision"] = "int8" if i in chosen else "fp32"
     return p
+
+
+def predicted(plan, int8):
+    """docs/quantization.md §11's T(P) from a plan file's measurements."""
+    ls, n, t = plan["layers"], len(plan["layers"]), 0.0
+    for i, l in enumerate(ls):
+        if not int8[i]:
+            continue
+        b = max(0.0, l["int8_alone_ms"] - l["int8_ms"])
+        t += l["int8_ms"] - l["fp32_ms"]
+        t += 0.5 * b * ((i == 0 or not int8[i - 1]) + (i + 1 == n or not int8[i + 1]))
+    return plan["fp32_ms"] + plan.get("scale", 1.0) * t
+
+
+def k_within(plan, budget, first):
+    """The fewest layers by position (first or last) whose predicted latency fits the budget."""
+    n = len(plan["layers"])
+    for k in range(n + 1):
+        x = [(i < k) if first else (i >= n - k) for i in range(n)]
+        if predicted(plan, x) <= budget:
+            return k
+    return n
 
 
 def main():
@@ -165,19 +190,24 @@ def main():
                    "variants": {}}
             files = {"float": m["path"], "mixed": out}
             row["variants"]["mixed"] = held_metrics(rm)
-            for label, first in (("first k", True), ("last k", False)):
-                pp = os.path.join(work, f"{label.replace(' ', '')}_{tag}.json")
-                json.dump(by_position(plan, k, first), open(pp, "w"))
-                f = os.path.join(work, f"{label.replace(' ', '')}_{tag}.onnx")
+            row["k_within"] = {"first": k_within(plan, budget, True), "last": k_within(plan, budget, False)}
+            for label, first, kk in (("first k", True, k), ("last k", False, k),
+                                     ("first k'", True, row["k_within"]["first"]),
+                                     ("last k'", False, row["k_within"]["last"])):
+                pp = os.path.join(work, f"{label.replace(' ', '').replace(chr(39), 'p')}_{tag}.plan.json")
+                json.dump(by_position(plan, kk, first), open(pp, "w"))
+                f = pp[:-len(".plan.json")] + ".onnx"
                 rb = quantize(args, m, f, ["--plan", pp])
                 row["variants"][label] = held_metrics(rb)
+                row["variants"][label]["predicted_ms"] = predicted(plan, [l["precision"] == "int8" for l in
+                                                                          json.load(open(pp))["layers"]])
                 files[label] = f
             if float_texts is not None:
-                for label in ("mixed", "first k", "last k"):
+                for label in VARIANTS:
                     t = qr.ctc_texts(args, files[label], os.path.join(held, "x.npy"), keys, work)
                     row["variants"][label]["text"] = float(np.mean([a == b for a, b in zip(t, float_texts)]))
             lat = time_all(args, files, feeds)
-            for label in ("mixed", "first k", "last k"):
+            for label in VARIANTS:
                 row["variants"][label]["bench_p50_ms"] = lat[label]
                 # At the load of the measuring run: scaled by the float model's p50 in the same rounds.
                 row["variants"][label]["bench_normalized_ms"] = lat[label] * plan["fp32_ms"] / lat["float"]
@@ -201,28 +231,31 @@ def markdown(results, meta):
     lines = [f"Measured {meta['date']} on {meta['machine']}, {meta['threads']} thread(s), load average {meta['load']}.", ""]
     for r in results:
         lines.append(f"**{r['name']}**: {r['layers']} layers; all fp32 {r['fp32_ms']:.2f} ms, all int8 {r['int8_ms']:.2f} ms "
-                     f"(process CPU time, median), fastest plan {r['fastest_ms']:.2f} ms; all int8 on the held-out set: "
-                     f"agreement {pct(r['int8_held'].get('agreement'))}"
+                     f"(process CPU time, medians, alternating), fastest plan {r['fastest_ms']:.2f} ms; all int8 on the "
+                     f"held-out set: agreement {pct(r['int8_held'].get('agreement'))}"
                      + (f", text {pct(r['int8_held'].get('text'))}" if 'text' in r['int8_held'] else "")
                      + f"; measuring took {r['measure_seconds']:.0f} s.")
         lines.append("")
         text = any("text" in v for b in r["budgets"] for v in b["variants"].values())
-        head = "| budget ms | int8 layers | predicted ms | measured ms (normalized) | " + " | ".join(
-            f"{v} p50 ms (normalized)" for v in ("mixed", "first k", "last k")) + " | " + " | ".join(
-            f"{v} {'text / ' if text else ''}agreement / KL" for v in ("mixed", "first k", "last k")) + " |"
-        lines.append(head)
-        lines.append("|" + "---|" * (4 + 6))
+        lines.append("| budget ms | plan | int8 layers | predicted ms | re-measured ms (normalized) | bench p50 ms (normalized) | "
+                     + ("text / " if text else "") + "agreement / KL |")
+        lines.append("|---|---|---|---|---|---|---|")
         for b in r["budgets"]:
-            cells = [f"{b['budget_ms']:.2f}", str(b["int8_layers"]), f"{b['predicted_ms']:.2f}",
-                     f"{b['measured']['latency_ms']:.2f} ({b['measured']['normalized_latency_ms']:.2f})"]
-            for v in ("mixed", "first k", "last k"):
-                x = b["variants"][v]
-                cells.append(f"{x['bench_p50_ms']:.2f} ({x['bench_normalized_ms']:.2f})")
-            for v in ("mixed", "first k", "last k"):
-                x = b["variants"][v]
-                s = (pct(x.get("text")) + " / " if text else "") + pct(x.get("agreement")) + f" / {x.get('kl') or 0:.4f}"
-                cells.append(s)
-            lines.append("| " + " | ".join(cells) + " |")
+            for v in VARIANTS:
+                x = b["variants"].get(v)
+                if x is None:
+                    continue
+                k = b["int8_layers"] if v in ("mixed", "first k", "last k") else b["k_within"][v.split()[0]]
+                if v == "mixed":
+                    pred = f"{b['predicted_ms']:.2f}"
+                    meas = f"{b['measured']['latency_ms']:.2f} ({b['measured']['normalized_latency_ms']:.2f})"
+                    if len(b.get("tries") or []) > 1:
+                        meas += f", {len(b['tries'])} builds"
+                else:
+                    pred, meas = (f"{x['predicted_ms']:.2f}" if "predicted_ms" in x else ""), ""
+                q = (pct(x.get("text")) + " / " if text else "") + pct(x.get("agreement")) + f" / {x.get('kl') or 0:.4f}"
+                lines.append(f"| {b['budget_ms']:.2f} | {v} | {k} | {pred} | {meas} | "
+                             f"{x['bench_p50_ms']:.2f} ({x['bench_normalized_ms']:.2f}) | {q} |")
         lines.append("")
     return "\n".join(lines)
 
