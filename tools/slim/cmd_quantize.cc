@@ -231,7 +231,10 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     }
     ch.series.push_back(front);
     ch.series.push_back({"chosen, predicted", {c.latency_ms}, {c.loss}, false});
-    ch.series.push_back({"chosen, measured", {r.measured.latency_ms}, {r.measured.loss}, false});
+    ch.series.push_back({"chosen, measured (at the prediction's load)",
+                         {r.measured.normalized_ms},
+                         {r.measured.loss},
+                         false});
     ch.series.push_back({"all fp32 / all int8, measured", {m.fp32_ms, m.int8_ms}, {0.0, m.int8_loss}, false});
     plot::write_png(ch, a.pareto_png);
     std::printf("Pareto plot: %s\n", a.pareto_png.c_str());
