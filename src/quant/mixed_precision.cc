@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <ctime>
 #include <tuple>
 
 #include "quant/quant_internal.h"
@@ -104,8 +104,8 @@ struct LossMeter {
   double loss(const Model& candidate) const {
     detail::BatchRunner runner(candidate, so);
     double total = 0;
-    std::vector<double> kl(outputs.size(), 0.0), dot(outputs.size(), 0.0),
-        na(outputs.size(), 0.0), nb(outputs.size(), 0.0);
+    std::vector<double> kl(outputs.size(), 0.0), dot(outputs.size(), 0.0), na(outputs.size(), 0.0),
+        nb(outputs.size(), 0.0);
     std::vector<int64_t> rows(outputs.size(), 0);
     for (size_t b = 0; b < batches.size(); ++b) {
       const TensorMap got = runner.run(data->batch(batches[b].first, batches[b].second), outputs);
@@ -168,7 +168,8 @@ LossMeter make_meter(const Model& prepared, const SampleSet& calib, const Quanti
   for (int64_t b = 0; b < total; b += per_run)
     m.batches.push_back({b, std::min(calib.size(), b + per_run)});
   detail::BatchRunner runner(prepared, m.so);
-  for (const auto& [b, e] : m.batches) m.reference.push_back(runner.run(calib.batch(b, e), m.outputs));
+  for (const auto& [b, e] : m.batches)
+    m.reference.push_back(runner.run(calib.batch(b, e), m.outputs));
   return m;
 }
 
@@ -226,13 +227,16 @@ std::unique_ptr<Session> compile_for(const Model& model, const TensorMap& feeds,
 // processes sharing the cores do not inflate (a run on one thread is busy from start to
 // end, so it equals the wall time of an idle machine); with more, wall time.
 double now_ms(bool cpu) {
-  if (!cpu) return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+  if (!cpu)
+    return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
 }
 
-bool cpu_clock(const QuantizeOptions& qo) { return qo.num_threads == 1; }
+bool cpu_clock(const QuantizeOptions& qo) {
+  return qo.num_threads == 1;
+}
 
 double run_ms(Session& s, const TensorMap& feeds, bool cpu) {
   const double t0 = now_ms(cpu);
@@ -259,23 +263,26 @@ class Profiled {
  public:
   Profiled(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo,
            const Attribution& attribute, size_t n_layers)
-      : feeds_(feeds), cpu_(cpu_clock(qo)), session_(compile_for(model, feeds, qo)),
-        per_layer_(n_layers), run_ms_(n_layers, 0.0) {
+      : feeds_(feeds),
+        cpu_(cpu_clock(qo)),
+        session_(compile_for(model, feeds, qo)),
+        per_layer_(n_layers),
+        run_ms_(n_layers, 0.0) {
     owner_ = attribute(model.graph, session_->compiled_graph());
     // On the CPU clock a node's time is the CPU time since the previous node ended (the
     // callback runs on the thread that ran the node, right after it).
-    session_->set_profiler([this](const Node& n, const std::string&, Clock::time_point a,
-                                  Clock::time_point b) {
-      double ms = std::chrono::duration<double, std::milli>(b - a).count();
-      if (cpu_) {
-        const double t = now_ms(true);
-        ms = t - last_;
-        last_ = t;
-      }
-      total_ += ms;
-      auto it = owner_.find(n.name);
-      if (it != owner_.end() && it->second >= 0) run_ms_[size_t(it->second)] += ms;
-    });
+    session_->set_profiler(
+        [this](const Node& n, const std::string&, Clock::time_point a, Clock::time_point b) {
+          double ms = std::chrono::duration<double, std::milli>(b - a).count();
+          if (cpu_) {
+            const double t = now_ms(true);
+            ms = t - last_;
+            last_ = t;
+          }
+          total_ += ms;
+          auto it = owner_.find(n.name);
+          if (it != owner_.end() && it->second >= 0) run_ms_[size_t(it->second)] += ms;
+        });
   }
   void run() {
     std::fill(run_ms_.begin(), run_ms_.end(), 0.0);
@@ -327,13 +334,16 @@ std::string file_sha256(const std::string& path) {
   return trust::to_hex(trust::hash_file(trust::HashAlg::sha256, path));
 }
 
-void report(const MixedPrecisionOptions& mo, const std::string& stage, int64_t done, int64_t total) {
+void report(const MixedPrecisionOptions& mo, const std::string& stage, int64_t done,
+            int64_t total) {
   if (mo.progress) mo.progress(stage, done, total);
 }
 
 }  // namespace
 
-int64_t PlanPoint::int8_layers() const { return std::count(int8.begin(), int8.end(), true); }
+int64_t PlanPoint::int8_layers() const {
+  return std::count(int8.begin(), int8.end(), true);
+}
 
 std::vector<Layer> quantizable_layers(const Model& prepared, const QuantizeOptions& options) {
   const Graph& g = prepared.graph;
@@ -398,8 +408,9 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   m.model_sha256 = file_sha256(model_path);
   m.layers = quantizable_layers(c.p.model, qo);
   check(!m.layers.empty(), ErrorCode::invalid_argument,
-        model_path + ": no quantizable layer (Conv, ConvTranspose, MatMul, Gemm, ...) to choose a "
-                     "precision for");
+        model_path +
+            ": no quantizable layer (Conv, ConvTranspose, MatMul, Gemm, ...) to choose a "
+            "precision for");
   m.runs = mo.latency_runs;
   m.threads = qo.num_threads;
   m.clock = cpu_clock(qo) ? "process CPU time" : "wall time";
@@ -449,18 +460,21 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
       for (const Graph* g : {&model, &compiled})
         for (const auto& nd : g->nodes) {
           auto it = fp32_owner.find(nd.name);
-          owner[nd.name] = it != fp32_owner.end() ? (it->second == int(i) ? 0 : -1)
+          owner[nd.name] = it != fp32_owner.end()      ? (it->second == int(i) ? 0 : -1)
                            : fp32_names.count(nd.name) ? -1
                                                        : 0;
         }
       return owner;
     };
     Profiled pa(one, c.feeds, qo, alone, 1);
-    Profiled pi(all8, c.feeds, qo, [&](const Graph& mg, const Graph& cg) {
-      std::map<std::string, int> owner;
-      for (const auto& [name, l] : layered(mg, cg)) owner[name] = l == int(i) ? 0 : -1;
-      return owner;
-    }, 1);
+    Profiled pi(
+        all8, c.feeds, qo,
+        [&](const Graph& mg, const Graph& cg) {
+          std::map<std::string, int> owner;
+          for (const auto& [name, l] : layered(mg, cg)) owner[name] = l == int(i) ? 0 : -1;
+          return owner;
+        },
+        1);
     for (int r = 0; r < alone_runs; ++r) {
       pa.run();
       pi.run();
@@ -514,7 +528,8 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   // the order that is fp32 (entering: x_{i−1} = 0, leaving: x_{i+1} = 0).
   constexpr int64_t kUnits = 4000;
   double span = 0;
-  for (const auto& l : m.layers) span += m.scale * (std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms());
+  for (const auto& l : m.layers)
+    span += m.scale * (std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms());
   const double u = span > 0 ? span / double(kUnits) : 1e-9;
   const int64_t off = kUnits + int64_t(n), size = 2 * off + 1;
   auto units = [&](double ms) { return int64_t(std::llround(ms / u)); };

@@ -98,11 +98,11 @@ TEST_F(QuantCli, BadInputIsNamed) {
   }
   const auto help = run_slim("quantize --help");
   ASSERT_EQ(help.exit_code, 0);
-  for (const char* opt : {"--calib", "--calibrator", "--per-tensor", "--smoothquant",
-                          "--bias-correction", "--eval", "--labels", "--calib-cache", "--type",
-                          "--latency-budget-ms", "--accuracy-budget", "--plan-out", "--plan",
-                          "--pareto-png", "--measurements", "--sensitivity-samples",
-                          "--latency-runs"})
+  for (const char* opt :
+       {"--calib", "--calibrator", "--per-tensor", "--smoothquant", "--bias-correction", "--eval",
+        "--labels", "--calib-cache", "--type", "--latency-budget-ms", "--accuracy-budget",
+        "--plan-out", "--plan", "--pareto-png", "--measurements", "--sensitivity-samples",
+        "--latency-runs"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
 }
 
@@ -118,8 +118,8 @@ TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {
                            "predicted: latency", "measured:  latency", "top-1 agreement"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_GT(std::filesystem::file_size(png), 1000u);
-  const auto again = run_slim("quantize " + model() + " -o " + dir_ + "/again.onnx" + calib +
-                              " --plan " + plan);
+  const auto again =
+      run_slim("quantize " + model() + " -o " + dir_ + "/again.onnx" + calib + " --plan " + plan);
   ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
   EXPECT_EQ(read_file(out), read_file(dir_ + "/again.onnx"));
 
@@ -137,8 +137,8 @@ TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {
     EXPECT_EQ(e.exit_code, 2) << c.first << "\n" << e.out << e.err;
     EXPECT_NE(e.err.find(c.second), std::string::npos) << c.first << "\n" << e.err;
   }
-  const auto both = run_slim("quantize " + model() + o +
-                             " --latency-budget-ms 5 --accuracy-budget 0.1");
+  const auto both =
+      run_slim("quantize " + model() + o + " --latency-budget-ms 5 --accuracy-budget 0.1");
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
 }

@@ -221,8 +221,7 @@ TEST(MixedPrecision, RefusesAPlanThatDoesNotFit) {
   const QuantizeOptions qo = quantizer(d);
   MixedPrecisionOptions mo = quick();
   mo.accuracy_budget = 0;
-  const MixedPrecisionResult r =
-      run_mixed_precision(model, (d / "q.onnx").string(), calib, qo, mo);
+  const MixedPrecisionResult r = run_mixed_precision(model, (d / "q.onnx").string(), calib, qo, mo);
   const std::string plan_path = (d / "plan.json").string();
   std::ofstream(plan_path) << plan_to_json(r, qo, mo);
   const LoadedPlan p = read_plan(plan_path);

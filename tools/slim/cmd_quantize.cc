@@ -129,7 +129,6 @@ void print_eval(const quant::EvalReport& r, nlohmann::json& js) {
   js["eval"]["samples"] = r.samples;
 }
 
-
 // Mixed precision: measure, choose, write, re-measure; print the layers, the Pareto front
 // and predicted against measured.
 void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
@@ -188,30 +187,32 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     std::printf("  %12.3f %12.4g %12lld%s\n", pt.latency_ms, pt.loss, (long long)pt.int8_layers(),
                 chosen ? "  <- chosen" : "");
   }
-  if (step > 1) std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
+  if (step > 1)
+    std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
   if (mo.latency_budget_ms)
     std::printf("budget: latency %.3f ms%s\n", *mo.latency_budget_ms,
                 r.tries > 1 ? (" (" + std::to_string(r.tries) + " builds; last aimed at " +
-                               std::to_string(r.target_ms) + " ms)").c_str()
+                               std::to_string(r.target_ms) + " ms)")
+                                  .c_str()
                             : "");
   else
     std::printf("budget: loss %.4g\n", *mo.accuracy_budget);
   if (r.history.size() > 1)
     for (const auto& t : r.history)
-      std::printf("  build aimed at %.3f ms: predicted %.3f, measured %.3f (%.3f at the prediction's "
-                  "load), %lld layers int8\n",
-                  t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms,
-                  (long long)t.int8_layers);
+      std::printf(
+          "  build aimed at %.3f ms: predicted %.3f, measured %.3f (%.3f at the prediction's "
+          "load), %lld layers int8\n",
+          t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms, (long long)t.int8_layers);
   std::printf("chosen: %lld of %zu layers int8\n", (long long)c.int8_layers(), m.layers.size());
   std::printf("  predicted: latency %.3f ms, loss %.4g\n", c.latency_ms, c.loss);
   std::printf(
       "  measured:  latency %.3f ms (all fp32 %.3f ms in the same rounds; %.3f ms at the load "
       "of the prediction), loss %.4g\n",
-      r.measured.latency_ms, r.measured.fp32_latency_ms, r.measured.normalized_ms,
-      r.measured.loss);
+      r.measured.latency_ms, r.measured.fp32_latency_ms, r.measured.normalized_ms, r.measured.loss);
   if (mo.latency_budget_ms && r.measured.normalized_ms > *mo.latency_budget_ms)
-    std::printf("note: the re-measured latency is over the budget (noise, or Q/DQ at fp32/int8 "
-                "boundaries the per-layer model does not see)\n");
+    std::printf(
+        "note: the re-measured latency is over the budget (noise, or Q/DQ at fp32/int8 "
+        "boundaries the per-layer model does not see)\n");
   js["mixed_precision"] = nlohmann::json::parse(quant::plan_to_json(r, o, mo));
   if (!a.plan_out.empty()) {
     std::ofstream f(a.plan_out);
@@ -221,7 +222,8 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   }
   if (!a.pareto_png.empty()) {
     plot::Chart ch;
-    ch.title = "Mixed precision: predicted loss against latency (" + fs::path(a.in).filename().string() + ")";
+    ch.title = "Mixed precision: predicted loss against latency (" +
+               fs::path(a.in).filename().string() + ")";
     ch.x_label = "latency, ms (one sample)";
     ch.y_label = "loss (" + m.metric + ")";
     plot::Series front{"Pareto front (predicted)", {}, {}, true};
@@ -235,7 +237,8 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
                          {r.measured.normalized_ms},
                          {r.measured.loss},
                          false});
-    ch.series.push_back({"all fp32 / all int8, measured", {m.fp32_ms, m.int8_ms}, {0.0, m.int8_loss}, false});
+    ch.series.push_back(
+        {"all fp32 / all int8, measured", {m.fp32_ms, m.int8_ms}, {0.0, m.int8_loss}, false});
     plot::write_png(ch, a.pareto_png);
     std::printf("Pareto plot: %s\n", a.pareto_png.c_str());
   }
@@ -295,7 +298,8 @@ void quantize_onnx(const QuantizeArgs& a) {
   if (a.has_latency_budget || a.has_accuracy_budget) {
     mixed_precision(a, o, calib, js);
     if (!a.eval.empty()) {
-      const quant::SampleSet held = quant::SampleSet::open(a.eval, probe.graph.inputs, a.preprocess);
+      const quant::SampleSet held =
+          quant::SampleSet::open(a.eval, probe.graph.inputs, a.preprocess);
       quant::EvalOptions eo;
       eo.batch = a.batch;
       eo.num_threads = a.threads;
@@ -318,7 +322,8 @@ void quantize_onnx(const QuantizeArgs& a) {
   std::printf(")\n");
   std::printf("calibration: %lld of %s; %s, %s %s activations, %s weights", (long long)rep.samples,
               calib.description().c_str(), quant::calibration_method_name(o.calibrator.method),
-              o.activations.dtype == DType::u8 ? "u8" : "i8", o.activations.symmetric ? "symmetric" : "asymmetric",
+              o.activations.dtype == DType::u8 ? "u8" : "i8",
+              o.activations.symmetric ? "symmetric" : "asymmetric",
               o.per_channel ? "per-channel" : "per-tensor");
   if (o.calibrator.method == quant::CalibrationMethod::percentile)
     std::printf(" (percentile %g)", o.calibrator.percentile);
@@ -466,12 +471,12 @@ void add_quantize(CLI::App& app) {
       ->group(onnx);
   cmd->add_flag("--verbose", a->verbose, "Print every activation range")->group(onnx);
   auto* mp = "Mixed precision (ONNX)";
-  auto* lb = cmd->add_option(
-                    "--latency-budget-ms", a->latency_budget,
-                    "Choose each layer's precision (int8 or fp32) for the least loss whose "
-                    "predicted latency of one sample on this machine is at most this; layers "
-                    "slower in int8 here stay fp32")
-                 ->group(mp);
+  auto* lb =
+      cmd->add_option("--latency-budget-ms", a->latency_budget,
+                      "Choose each layer's precision (int8 or fp32) for the least loss whose "
+                      "predicted latency of one sample on this machine is at most this; layers "
+                      "slower in int8 here stay fp32")
+          ->group(mp);
   auto* ab = cmd->add_option("--accuracy-budget", a->accuracy_budget,
                              "Or the least latency whose predicted loss (KL of softmax outputs, "
                              "else 1 - cosine; summed over outputs) is at most this")

@@ -29,7 +29,7 @@ struct Layer {
   std::string op;
   std::vector<std::string> nodes;
   // Measurements.
-  double loss = 0;                  // loss when this layer alone is int8
+  double loss = 0;  // loss when this layer alone is int8
   // Time charged to it (median of runs) in the all-fp32 and the all-int8 profiles, and in
   // the profile of the model where it alone is int8 (its Q/DQ at the fp32 borders included).
   double fp32_ms = 0, int8_ms = 0, int8_alone_ms = 0;
