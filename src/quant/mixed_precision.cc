@@ -454,7 +454,10 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
     std::vector<bool> only(n, false);
     only[i] = true;
     const Model one = build(c.p, m.layers, only, qo);
-    m.layers[i].loss = c.meter.loss(one);
+    m.layers[i].loss_alone = c.meter.loss(one);
+    std::vector<bool> but(n, true);
+    but[i] = false;
+    m.layers[i].loss_leave_one_out = c.meter.loss(build(c.p, m.layers, but, qo));
     const Attribution alone = [&](const Graph& model, const Graph& compiled) {
       std::map<std::string, int> owner;
       for (const Graph* g : {&model, &compiled})
@@ -484,6 +487,10 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   }
   report(mo, "layers", int64_t(n), int64_t(n));
   m.int8_loss = c.meter.loss(all8);
+  for (auto& l : m.layers) {
+    l.loss_leave_one_out = std::max(0.0, m.int8_loss - l.loss_leave_one_out);
+    l.loss = 0.5 * (l.loss_alone + l.loss_leave_one_out);
+  }
   // The layer times are profiled, the two ends timed end to end: scale the layers' changes
   // so that the all-int8 plan predicts the measured all-int8 latency, when the two agree in
   // sign and the change is large enough to measure a ratio from.
@@ -749,6 +756,8 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
                            {"precision", r.plan.chosen.int8[i] ? "int8" : "fp32"},
                            {"nodes", l.nodes},
                            {"loss", l.loss},
+                           {"loss_alone", l.loss_alone},
+                           {"loss_leave_one_out", l.loss_leave_one_out},
                            {"fp32_ms", l.fp32_ms},
                            {"int8_ms", l.int8_ms},
                            {"int8_alone_ms", l.int8_alone_ms}});
@@ -790,6 +799,8 @@ LoadedPlan read_plan(const std::string& path) {
       Layer layer{l.at("name").get<std::string>(), l.value("op", ""),
                   l.at("nodes").get<std::vector<std::string>>()};
       layer.loss = l.value("loss", 0.0);
+      layer.loss_alone = l.value("loss_alone", 0.0);
+      layer.loss_leave_one_out = l.value("loss_leave_one_out", 0.0);
       layer.fp32_ms = l.value("fp32_ms", 0.0);
       layer.int8_ms = l.value("int8_ms", 0.0);
       layer.int8_alone_ms = l.value("int8_alone_ms", 0.0);

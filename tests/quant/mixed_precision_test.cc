@@ -127,6 +127,13 @@ TEST(MixedPrecision, KeepsTheSensitiveLayerInFp32) {
     EXPECT_GT(m.layers[2].loss, 10 * m.layers[i].loss)
         << "m3 " << m.layers[2].loss << ", " << m.layers[i].name << " " << m.layers[i].loss;
   EXPECT_GT(m.int8_loss, m.layers[2].loss * 0.5);
+  for (size_t i : {0, 1, 3}) {  // both halves of the loss single m3 out
+    EXPECT_GT(m.layers[2].loss_alone, 10 * m.layers[i].loss_alone) << m.layers[i].name;
+    EXPECT_GT(m.layers[2].loss_leave_one_out, 10 * m.layers[i].loss_leave_one_out)
+        << m.layers[i].name;
+  }
+  for (const auto& l : m.layers)
+    EXPECT_DOUBLE_EQ(l.loss, 0.5 * (l.loss_alone + l.loss_leave_one_out)) << l.name;
 
   // A budget that allows all but one layer in int8: the one left in fp32 is m3.
   const Measurements set = with_set_latencies(m);

@@ -165,12 +165,14 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   for (const auto& l : m.layers) slower += l.saving_ms() <= 0;
   std::printf("layers: %zu (%lld not faster in int8 here even among int8 neighbours)\n",
               m.layers.size(), (long long)slower);
-  std::printf("  %-4s %-32s %-13s %5s %10s %9s %9s %9s\n", "#", "layer", "op", "nodes", "loss",
-              "fp32 ms", "int8 ms", "alone ms");
+  std::printf("  loss = (loss alone in int8 + loss saved keeping it alone in fp32) / 2\n");
+  std::printf("  %-4s %-28s %-8s %5s %9s %9s %9s %9s %9s %9s\n", "#", "layer", "op", "nodes",
+              "loss", "alone", "l-o-o", "fp32 ms", "int8 ms", "alone ms");
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const auto& l = m.layers[i];
-    std::printf("  %-4zu %-32s %-13s %5zu %10.3g %9.4f %9.4f %9.4f  %s\n", i, l.name.c_str(),
-                l.op.c_str(), l.nodes.size(), l.loss, l.fp32_ms, l.int8_ms, l.int8_alone_ms,
+    std::printf("  %-4zu %-28s %-8s %5zu %9.3g %9.3g %9.3g %9.4f %9.4f %9.4f  %s\n", i,
+                l.name.c_str(), l.op.c_str(), l.nodes.size(), l.loss, l.loss_alone,
+                l.loss_leave_one_out, l.fp32_ms, l.int8_ms, l.int8_alone_ms,
                 c.int8[i] ? "int8" : "fp32");
   }
   std::printf(

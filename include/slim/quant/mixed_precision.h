@@ -29,7 +29,11 @@ struct Layer {
   std::string op;
   std::vector<std::string> nodes;
   // Measurements.
-  double loss = 0;  // loss when this layer alone is int8
+  // Its loss: the mean of the loss when it alone is int8 (alone) and what keeping it alone
+  // in fp32 saves of the all-int8 loss (leave_one_out). An activation between two layers is
+  // quantized when either is int8: the alone losses count it twice, the leave-one-out ones
+  // not at all, their mean once.
+  double loss = 0, loss_alone = 0, loss_leave_one_out = 0;
   // Time charged to it (median of runs) in the all-fp32 and the all-int8 profiles, and in
   // the profile of the model where it alone is int8 (its Q/DQ at the fp32 borders included).
   double fp32_ms = 0, int8_ms = 0, int8_alone_ms = 0;
