@@ -698,7 +698,10 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
         r.tries >= mo.tries)
       break;
     // Over budget: aim lower by the overshoot, unless no plan is faster.
-    const double next = r.target_ms - (r.measured.normalized_ms - *mo.latency_budget_ms);
+    // (At least 1 % of the budget: a smaller overshoot is within the noise of a re-measure.)
+    const double next =
+        r.target_ms - std::max(r.measured.normalized_ms - *mo.latency_budget_ms,
+                               0.01 * *mo.latency_budget_ms);
     if (r.plan.chosen.latency_ms <= r.plan.fastest_ms + 1e-9) break;
     target = std::max(next, r.plan.fastest_ms);
   }

@@ -68,7 +68,7 @@ struct MixedPrecisionOptions {
   std::optional<double> accuracy_budget;    // or latency subject to predicted loss ≤ this
   int64_t samples = 16;                     // calibration samples for the loss
   int latency_runs = 20;                    // timed runs per model (medians)
-  int tries = 3;  // builds of the chosen plan: a re-measure over budget tightens the target
+  int tries = 5;  // builds of the chosen plan: a re-measure over budget tightens the target
   // Measurements to choose from instead of measuring (a plan file's, read_plan), for
   // another budget; they must be of this model with these quantizer settings.
   std::optional<Measurements> measurements;
