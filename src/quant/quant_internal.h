@@ -84,6 +84,16 @@ StatsMap collect_statistics(const Model& model, const SampleSet& data, const Obs
 // SmoothQuant on the model's MatMul/Gemm nodes with constant weights; returns how many.
 int64_t smooth_quant(Model& model, const StatsMap& stats, const QuantizeOptions& options);
 
+// The model prepared for quantization (prepare_float_model, SmoothQuant when asked) and
+// the statistics of its activations: quantize_model's steps before insert_qdq, which
+// mixed precision runs once and then quantizes many subsets of the nodes from.
+struct PreparedModel {
+  Model model;
+  StatsMap stats;
+};
+PreparedModel prepare_and_collect(const std::string& input, const SampleSet& calib,
+                                  const QuantizeOptions& options, QuantizeReport& report);
+
 // Quantizes weights and biases and puts Q/DQ pairs around the chosen activations.
 void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& options,
                 QuantizeReport& report);

@@ -29,8 +29,10 @@ const std::set<std::string>& default_op_types() {
   return ops;
 }
 
-QuantizeReport quantize_model(const std::string& input, const std::string& output,
-                              const SampleSet& calib, const QuantizeOptions& options) {
+namespace detail {
+
+PreparedModel prepare_and_collect(const std::string& input, const SampleSet& calib,
+                                  const QuantizeOptions& options, QuantizeReport& rep) {
   for (const auto& op : options.op_types)
     check(default_op_types().count(op) != 0, ErrorCode::invalid_argument,
           "cannot quantize op type '" + op +
@@ -48,8 +50,8 @@ QuantizeReport quantize_model(const std::string& input, const std::string& outpu
   check(options.calibrator.percentile > 0 && options.calibrator.percentile <= 100,
         ErrorCode::invalid_argument,
         "the percentile must be in (0, 100], got " + std::to_string(options.calibrator.percentile));
-  QuantizeReport rep;
-  Model model = OnnxImporter::load_file(input);
+  PreparedModel p{OnnxImporter::load_file(input), {}};
+  Model& model = p.model;
   detail::prepare_float_model(model, rep);
   std::set<std::string> nodes;
   for (const auto& n : model.graph.nodes) nodes.insert(n.name);
@@ -62,8 +64,9 @@ QuantizeReport quantize_model(const std::string& input, const std::string& outpu
   const std::string base = trust::to_hex(trust::hash_file(trust::HashAlg::sha256, input)) + "|" +
                            calib.digest() + "|" + std::to_string(samples) + "|" + kStatsVersion;
   rep.stats_from_cache = true;
-  StatsMap stats = detail::collect_statistics(model, calib, detail::observe_plan(model), options,
-                                              hex_sha256(base), rep);
+  StatsMap& stats = p.stats;
+  stats = detail::collect_statistics(model, calib, detail::observe_plan(model), options,
+                                     hex_sha256(base), rep);
   if (options.smoothquant_alpha > 0) {
     rep.smoothed = detail::smooth_quant(model, stats, options);
     if (rep.smoothed) {
@@ -76,8 +79,17 @@ QuantizeReport quantize_model(const std::string& input, const std::string& outpu
                                          hex_sha256(key), rep);
     }
   }
-  detail::insert_qdq(model, stats, options, rep);
-  OnnxExporter::save_file(model, output);
+  return p;
+}
+
+}  // namespace detail
+
+QuantizeReport quantize_model(const std::string& input, const std::string& output,
+                              const SampleSet& calib, const QuantizeOptions& options) {
+  QuantizeReport rep;
+  detail::PreparedModel p = detail::prepare_and_collect(input, calib, options, rep);
+  detail::insert_qdq(p.model, p.stats, options, rep);
+  OnnxExporter::save_file(p.model, output);
   return rep;
 }
 

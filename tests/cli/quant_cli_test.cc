@@ -98,9 +98,49 @@ TEST_F(QuantCli, BadInputIsNamed) {
   }
   const auto help = run_slim("quantize --help");
   ASSERT_EQ(help.exit_code, 0);
-  for (const char* opt : {"--calib", "--calibrator", "--per-tensor", "--smoothquant",
-                          "--bias-correction", "--eval", "--labels", "--calib-cache", "--type"})
+  for (const char* opt :
+       {"--calib", "--calibrator", "--per-tensor", "--smoothquant", "--bias-correction", "--eval",
+        "--labels", "--calib-cache", "--type", "--latency-budget-ms", "--accuracy-budget",
+        "--plan-out", "--plan", "--pareto-png", "--measurements", "--sensitivity-samples",
+        "--latency-runs"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
+}
+
+TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {
+  const std::string calib = " --calib " + dir_ + "/calib --calib-cache " + dir_ + "/cache";
+  const std::string out = dir_ + "/mixed.onnx", plan = dir_ + "/plan.json",
+                    png = dir_ + "/front.png";
+  const auto r = run_slim("quantize " + model() + " -o " + out + calib +
+                          " --threads 1 --latency-runs 3 --accuracy-budget 1 --plan-out " + plan +
+                          " --pareto-png " + png + " --eval " + dir_ + "/held");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* line : {"(mixed precision QDQ)", "layers: 3", "Pareto front", "chosen: ",
+                           "predicted: latency", "measured:  latency", "top-1 agreement"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_GT(std::filesystem::file_size(png), 1000u);
+  const auto again =
+      run_slim("quantize " + model() + " -o " + dir_ + "/again.onnx" + calib + " --plan " + plan);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_EQ(read_file(out), read_file(dir_ + "/again.onnx"));
+
+  const std::string o = " -o " + dir_ + "/x.onnx" + calib;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {o + " --threads 1 --latency-runs 3 --latency-budget-ms 0.0000001",
+       "ms is below the fastest latency a plan reaches on this machine"},
+      {o + " --plan " + plan + " --latency-budget-ms 5", "--plan re-applies a plan"},
+      {o + " --plan " + plan + " --exclude fc1", "--plan and --exclude"},
+      {o + " --plan-out " + plan, "need --latency-budget-ms or --accuracy-budget"},
+      {o + " --plan " + dir_ + "/calib/pixels.npy", "not a JSON plan"},
+  };
+  for (const auto& c : cases) {
+    const auto e = run_slim("quantize " + model() + c.first);
+    EXPECT_EQ(e.exit_code, 2) << c.first << "\n" << e.out << e.err;
+    EXPECT_NE(e.err.find(c.second), std::string::npos) << c.first << "\n" << e.err;
+  }
+  const auto both =
+      run_slim("quantize " + model() + o + " --latency-budget-ms 5 --accuracy-budget 0.1");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "plot.h"
 #include "slim/core/error.h"
 #include "slim/core/npy.h"
 #include "slim/core/progress.h"
@@ -19,6 +20,7 @@
 #include "slim/llm/quantize.h"
 #include "slim/onnx/importer.h"
 #include "slim/quant/evaluate.h"
+#include "slim/quant/mixed_precision.h"
 #include "slim/quant/quantizer.h"
 
 namespace slim::cli {
@@ -36,6 +38,12 @@ struct QuantizeArgs {
   bool per_tensor = false, symmetric = false, bias_correction = false, no_cache = false,
        verbose = false;
   int64_t batch = 8, max_samples = 0;
+  // Mixed precision
+  double latency_budget = 0, accuracy_budget = 0;
+  bool has_latency_budget = false, has_accuracy_budget = false;
+  std::string plan, plan_out, pareto_png, measurements;
+  int64_t sensitivity_samples = 16;
+  int latency_runs = 20;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -121,6 +129,123 @@ void print_eval(const quant::EvalReport& r, nlohmann::json& js) {
   js["eval"]["samples"] = r.samples;
 }
 
+// Mixed precision: measure, choose, write, re-measure; print the layers, the Pareto front
+// and predicted against measured.
+void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
+                     const quant::SampleSet& calib, nlohmann::json& js) {
+  quant::MixedPrecisionOptions mo;
+  if (a.has_latency_budget) mo.latency_budget_ms = a.latency_budget;
+  if (a.has_accuracy_budget) mo.accuracy_budget = a.accuracy_budget;
+  mo.samples = a.sensitivity_samples;
+  if (!a.measurements.empty()) {
+    mo.measurements = quant::read_plan(a.measurements).measurements;
+    std::printf("measurements: from %s (not measured again)\n", a.measurements.c_str());
+  }
+  mo.latency_runs = a.latency_runs;
+  std::unique_ptr<Progress> p;
+  std::string stage;
+  mo.progress = [&](const std::string& s, int64_t done, int64_t total) {
+    if (!p || s != stage) p = std::make_unique<Progress>("mixed precision: " + s, total);
+    stage = s;
+    p->update(done);
+    if (done >= total) p.reset();
+  };
+  const quant::MixedPrecisionResult r = quant::run_mixed_precision(a.in, a.out, calib, o, mo);
+  p.reset();
+  const quant::Measurements& m = r.measurements;
+  const quant::PlanPoint& c = r.plan.chosen;
+  std::printf("%s -> %s (mixed precision QDQ)\n", a.in.c_str(), a.out.c_str());
+  std::printf(
+      "measured on this machine (%d threads, one sample, median of %d runs, %s): all fp32 %.3f "
+      "ms, all int8 %.3f ms (loss %.4g)\n",
+      o.num_threads, m.runs, m.clock.c_str(), m.fp32_ms, m.int8_ms, m.int8_loss);
+  std::printf("loss: %s on %lld calibration samples, summed over the outputs\n", m.metric.c_str(),
+              (long long)m.samples);
+  int64_t slower = 0;
+  for (const auto& l : m.layers) slower += l.saving_ms() <= 0;
+  std::printf("layers: %zu (%lld not faster in int8 here even among int8 neighbours)\n",
+              m.layers.size(), (long long)slower);
+  std::printf("  loss = (loss alone in int8 + loss saved keeping it alone in fp32) / 2\n");
+  std::printf("  %-4s %-28s %-8s %5s %9s %9s %9s %9s %9s %9s\n", "#", "layer", "op", "nodes",
+              "loss", "alone", "l-o-o", "fp32 ms", "int8 ms", "alone ms");
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const auto& l = m.layers[i];
+    std::printf("  %-4zu %-28s %-8s %5zu %9.3g %9.3g %9.3g %9.4f %9.4f %9.4f  %s\n", i,
+                l.name.c_str(), l.op.c_str(), l.nodes.size(), l.loss, l.loss_alone,
+                l.loss_leave_one_out, l.fp32_ms, l.int8_ms, l.int8_alone_ms,
+                c.int8[i] ? "int8" : "fp32");
+  }
+  std::printf(
+      "Pareto front (predicted: all-fp32 latency + Σ over int8 layers of (int8 − fp32) + half the "
+      "(alone − int8) border cost per fp32 neighbour):\n");
+  std::printf("  %12s %12s %12s\n", "latency ms", "loss", "int8 layers");
+  // At most ~24 rows, evenly spread (all of them in the plan file), and the chosen one.
+  const auto& front = r.plan.pareto;
+  const size_t step = std::max<size_t>(1, (front.size() + 23) / 24);
+  for (size_t k = 0; k < front.size(); ++k) {
+    const auto& pt = front[k];
+    const bool chosen = pt.int8 == c.int8;
+    if (k % step && k + 1 != front.size() && !chosen) continue;
+    std::printf("  %12.3f %12.4g %12lld%s\n", pt.latency_ms, pt.loss, (long long)pt.int8_layers(),
+                chosen ? "  <- chosen" : "");
+  }
+  if (step > 1)
+    std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
+  if (mo.latency_budget_ms)
+    std::printf("budget: latency %.3f ms%s\n", *mo.latency_budget_ms,
+                r.tries > 1 ? (" (" + std::to_string(r.tries) + " builds; last aimed at " +
+                               std::to_string(r.target_ms) + " ms)")
+                                  .c_str()
+                            : "");
+  else
+    std::printf("budget: loss %.4g\n", *mo.accuracy_budget);
+  if (r.history.size() > 1)
+    for (const auto& t : r.history)
+      std::printf(
+          "  build aimed at %.3f ms: predicted %.3f, measured %.3f (%.3f at the prediction's "
+          "load), %lld layers int8\n",
+          t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms, (long long)t.int8_layers);
+  std::printf("chosen: %lld of %zu layers int8\n", (long long)c.int8_layers(), m.layers.size());
+  std::printf("  predicted: latency %.3f ms, loss %.4g\n", c.latency_ms, c.loss);
+  std::printf(
+      "  measured:  latency %.3f ms (all fp32 %.3f ms in the same rounds; %.3f ms at the load "
+      "of the prediction), loss %.4g\n",
+      r.measured.latency_ms, r.measured.fp32_latency_ms, r.measured.normalized_ms, r.measured.loss);
+  if (mo.latency_budget_ms && r.measured.normalized_ms > *mo.latency_budget_ms)
+    std::printf(
+        "note: the re-measured latency is over the budget (noise, or Q/DQ at fp32/int8 "
+        "boundaries the per-layer model does not see)\n");
+  js["mixed_precision"] = nlohmann::json::parse(quant::plan_to_json(r, o, mo));
+  if (!a.plan_out.empty()) {
+    std::ofstream f(a.plan_out);
+    check(bool(f), ErrorCode::not_found, a.plan_out + ": cannot open for writing");
+    f << quant::plan_to_json(r, o, mo);
+    std::printf("plan: %s (re-apply with --plan)\n", a.plan_out.c_str());
+  }
+  if (!a.pareto_png.empty()) {
+    plot::Chart ch;
+    ch.title = "Mixed precision: predicted loss against latency (" +
+               fs::path(a.in).filename().string() + ")";
+    ch.x_label = "latency, ms (one sample)";
+    ch.y_label = "loss (" + m.metric + ")";
+    plot::Series front{"Pareto front (predicted)", {}, {}, true};
+    for (const auto& pt : r.plan.pareto) {
+      front.x.push_back(pt.latency_ms);
+      front.y.push_back(pt.loss);
+    }
+    ch.series.push_back(front);
+    ch.series.push_back({"chosen, predicted", {c.latency_ms}, {c.loss}, false});
+    ch.series.push_back({"chosen, measured (at the prediction's load)",
+                         {r.measured.normalized_ms},
+                         {r.measured.loss},
+                         false});
+    ch.series.push_back(
+        {"all fp32 / all int8, measured", {m.fp32_ms, m.int8_ms}, {0.0, m.int8_loss}, false});
+    plot::write_png(ch, a.pareto_png);
+    std::printf("Pareto plot: %s\n", a.pareto_png.c_str());
+  }
+}
+
 void quantize_onnx(const QuantizeArgs& a) {
   check(a.type.empty(), ErrorCode::invalid_argument,
         "quantize: --type is for GGUF models; " + a.in + " is ONNX");
@@ -150,20 +275,60 @@ void quantize_onnx(const QuantizeArgs& a) {
   std::unique_ptr<Progress> p;
   o.progress = progress_line("calibrate", p);
 
+  quant::MixedPrecisionFlags flags;
+  flags.latency_budget = a.has_latency_budget;
+  flags.accuracy_budget = a.has_accuracy_budget;
+  flags.plan = !a.plan.empty();
+  flags.plan_out = !a.plan_out.empty();
+  flags.pareto_png = !a.pareto_png.empty();
+  flags.measurements = !a.measurements.empty();
+  flags.exclude = !a.exclude.empty();
+  flags.smoothquant = a.smoothquant != 0;
+  quant::check_mixed_precision_flags(flags);
+  if (!a.plan.empty()) {
+    const quant::LoadedPlan plan = quant::read_plan(a.plan);
+    o = quant::plan_options(plan, a.plan, a.in, o);
+    int64_t n8 = 0;
+    for (bool b : plan.int8) n8 += b;
+    std::printf("plan: %s, %lld of %zu layers int8 (quantizer settings from the plan)\n",
+                a.plan.c_str(), (long long)n8, plan.int8.size());
+  }
+
   const Model probe = OnnxImporter::load_file(a.in);
   const quant::SampleSet calib = quant::SampleSet::open(a.calib, probe.graph.inputs, a.preprocess);
+  nlohmann::json js;
+  if (a.has_latency_budget || a.has_accuracy_budget) {
+    mixed_precision(a, o, calib, js);
+    if (!a.eval.empty()) {
+      const quant::SampleSet held =
+          quant::SampleSet::open(a.eval, probe.graph.inputs, a.preprocess);
+      quant::EvalOptions eo;
+      eo.batch = a.batch;
+      eo.num_threads = a.threads;
+      eo.providers = o.providers;
+      eo.progress = progress_line("eval", p);
+      const Tensor labels = a.labels.empty() ? Tensor() : read_npy(a.labels);
+      print_eval(quant::evaluate_quantized(a.in, a.out, held, labels, eo), js);
+    }
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      check(bool(f), ErrorCode::not_found, a.json + ": cannot open for writing");
+      f << js.dump(2) << "\n";
+    }
+    return;
+  }
   const auto rep = quant::quantize_model(a.in, a.out, calib, o);
 
-  nlohmann::json js;
   std::printf("%s -> %s (QDQ, opset %lld", a.in.c_str(), a.out.c_str(), (long long)rep.opset_to);
   if (rep.opset_from != rep.opset_to) std::printf(", raised from %lld", (long long)rep.opset_from);
   std::printf(")\n");
   std::printf("calibration: %lld of %s; %s, %s %s activations, %s weights", (long long)rep.samples,
               calib.description().c_str(), quant::calibration_method_name(o.calibrator.method),
-              a.activations.c_str(), a.symmetric ? "symmetric" : "asymmetric",
+              o.activations.dtype == DType::u8 ? "u8" : "i8",
+              o.activations.symmetric ? "symmetric" : "asymmetric",
               o.per_channel ? "per-channel" : "per-tensor");
   if (o.calibrator.method == quant::CalibrationMethod::percentile)
-    std::printf(" (percentile %g)", a.percentile);
+    std::printf(" (percentile %g)", o.calibrator.percentile);
   std::printf("\n");
   if (rep.stats_from_cache)
     std::printf("statistics: from the calibration cache (%s)\n", rep.cache_files.back().c_str());
@@ -307,12 +472,51 @@ void add_quantize(CLI::App& app) {
       ->capture_default_str()
       ->group(onnx);
   cmd->add_flag("--verbose", a->verbose, "Print every activation range")->group(onnx);
+  auto* mp = "Mixed precision (ONNX)";
+  auto* lb =
+      cmd->add_option("--latency-budget-ms", a->latency_budget,
+                      "Choose each layer's precision (int8 or fp32) for the least loss whose "
+                      "predicted latency of one sample on this machine is at most this; layers "
+                      "slower in int8 here stay fp32")
+          ->group(mp);
+  auto* ab = cmd->add_option("--accuracy-budget", a->accuracy_budget,
+                             "Or the least latency whose predicted loss (KL of softmax outputs, "
+                             "else 1 - cosine; summed over outputs) is at most this")
+                 ->group(mp);
+  lb->excludes(ab);
+  cmd->add_option("--plan-out", a->plan_out,
+                  "Write the chosen plan (per-layer precision, nodes, measurements, Pareto front) "
+                  "as JSON")
+      ->group(mp);
+  cmd->add_option("--plan", a->plan,
+                  "Re-apply a plan written by --plan-out (no measuring; the model must be the one "
+                  "it was made for)")
+      ->group(mp);
+  cmd->add_option("--measurements", a->measurements,
+                  "Choose from the layer measurements of a plan file (--plan-out) instead of "
+                  "measuring again: another budget for the same model and settings")
+      ->group(mp);
+  cmd->add_option("--pareto-png", a->pareto_png,
+                  "Draw the Pareto front (predicted loss against latency) in this PNG file")
+      ->group(mp);
+  cmd->add_option("--sensitivity-samples", a->sensitivity_samples,
+                  "Calibration samples each layer's loss is measured on")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(mp);
+  cmd->add_option("--latency-runs", a->latency_runs,
+                  "Timed runs per model (medians) for the latencies")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(mp);
   add_threads_option(cmd, &a->threads);
   add_isa_option(cmd);
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     check(a->out.empty() || a->out_positional.empty() || a->out == a->out_positional,
           ErrorCode::invalid_argument, "quantize: two different outputs given");
     if (a->out.empty()) a->out = a->out_positional;
+    a->has_latency_budget = cmd->count("--latency-budget-ms") > 0;
+    a->has_accuracy_budget = cmd->count("--accuracy-budget") > 0;
     if (llm::is_gguf_file(a->in))
       quantize_gguf(*a);
     else

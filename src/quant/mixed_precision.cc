@@ -1,0 +1,880 @@
+// Mixed precision: layers, their sensitivities and latencies, the knapsack that picks the
+// int8 layers, and the plan file. docs/quantization.md §11 has the method.
+#include "slim/quant/mixed_precision.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
+
+#include "quant/quant_internal.h"
+#include "slim/core/error.h"
+#include "slim/onnx/exporter.h"
+#include "slim/onnx/importer.h"
+#include "slim/runtime/session.h"
+#include "slim/trust/digest.h"
+
+namespace slim::quant {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kPlanFormat = "slim-mixed-precision-1";
+
+bool is_anchor_op(const std::string& op) {
+  return op == "Conv" || op == "ConvTranspose" || op == "MatMul" || op == "Gemm";
+}
+
+std::string fmt(double v, int digits = 3) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(digits);
+  s << v;
+  return s.str();
+}
+
+// Each node's layer: the seeds (node name -> layer) first, then a node takes the layer of
+// the producer of its first input that has one (in topological order), and a node still
+// without one the layer of its first reader that has one (in reverse order). Nodes with
+// neither stay out (-1). Q/DQ nodes so follow the node whose value they quantize, a
+// weight's DequantizeLinear its reader, and float nodes between layers the layer before.
+std::map<std::string, int> owners(const Graph& g, const std::map<std::string, int>& seeds) {
+  std::vector<size_t> order;
+  try {
+    order = validate_graph(g, "mixed precision");
+  } catch (const Error&) {  // a compiled graph is already in execution order
+    for (size_t i = 0; i < g.nodes.size(); ++i) order.push_back(i);
+  }
+  std::map<std::string, int> of_value, of_node;
+  for (size_t i : order) {
+    const Node& n = g.nodes[i];
+    int owner = -1;
+    if (auto s = seeds.find(n.name); s != seeds.end()) owner = s->second;
+    for (size_t k = 0; owner < 0 && k < n.inputs.size(); ++k)
+      if (auto v = of_value.find(n.inputs[k]); v != of_value.end()) owner = v->second;
+    if (owner < 0) continue;
+    of_node[n.name] = owner;
+    for (const auto& o : n.outputs) of_value[o] = owner;
+  }
+  std::map<std::string, int> reader_of;  // value -> layer of its first owned reader
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const Node& n = g.nodes[*it];
+    int owner = -1;
+    if (auto o = of_node.find(n.name); o != of_node.end()) owner = o->second;
+    for (size_t k = 0; owner < 0 && k < n.outputs.size(); ++k)
+      if (auto r = reader_of.find(n.outputs[k]); r != reader_of.end()) owner = r->second;
+    if (owner < 0) continue;
+    of_node.emplace(n.name, owner);
+    for (const auto& in : n.inputs) reader_of[in] = owner;  // reverse order: the first reader wins
+  }
+  return of_node;
+}
+
+std::map<std::string, int> layer_seeds(const std::vector<Layer>& layers) {
+  std::map<std::string, int> seeds;
+  for (size_t i = 0; i < layers.size(); ++i)
+    for (const auto& n : layers[i].nodes) seeds[n] = int(i);
+  return seeds;
+}
+
+// The loss of a candidate's outputs against the float model's, summed over the outputs:
+// mean KL(p_float ‖ p_candidate) over the rows of a Softmax/LogSoftmax output, else
+// 1 − cosine over all values.
+struct LossMeter {
+  std::vector<std::string> outputs;
+  std::vector<bool> distribution, log_space;
+  std::vector<TensorMap> reference;  // the float model's outputs, per batch
+  std::vector<std::pair<int64_t, int64_t>> batches;
+  const SampleSet* data = nullptr;
+  SessionOptions so;
+
+  std::string metric() const {
+    bool kl = false, cos = false;
+    for (bool d : distribution) (d ? kl : cos) = true;
+    return kl && cos ? "kl+1-cosine" : kl ? "kl" : "1-cosine";
+  }
+
+  double loss(const Model& candidate) const {
+    detail::BatchRunner runner(candidate, so);
+    double total = 0;
+    std::vector<double> kl(outputs.size(), 0.0), dot(outputs.size(), 0.0), na(outputs.size(), 0.0),
+        nb(outputs.size(), 0.0);
+    std::vector<int64_t> rows(outputs.size(), 0);
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const TensorMap got = runner.run(data->batch(batches[b].first, batches[b].second), outputs);
+      for (size_t k = 0; k < outputs.size(); ++k) {
+        const Tensor x = reference[b].at(outputs[k]).contiguous();
+        const Tensor y = got.at(outputs[k]).contiguous();
+        check(x.shape() == y.shape() && x.dtype() == y.dtype(), ErrorCode::internal,
+              "mixed precision: output '" + outputs[k] + "' changed shape");
+        if (x.dtype() != DType::f32 || x.numel() == 0) continue;
+        const float* p = x.data<float>();
+        const float* q = y.data<float>();
+        if (distribution[k] && x.rank() > 0) {
+          const int64_t c = x.shape().back(), r = c ? x.numel() / c : 0;
+          for (int64_t i = 0; i < r * c; ++i) {
+            const double pi = log_space[k] ? std::exp(double(p[i])) : double(p[i]);
+            const double qi = log_space[k] ? std::exp(double(q[i])) : double(q[i]);
+            if (pi > 0) kl[k] += pi * std::log(pi / std::max(qi, 1e-30));
+          }
+          rows[k] += r;
+        } else {
+          for (int64_t i = 0; i < x.numel(); ++i) {
+            dot[k] += double(p[i]) * q[i];
+            na[k] += double(p[i]) * p[i];
+            nb[k] += double(q[i]) * q[i];
+          }
+        }
+      }
+    }
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (distribution[k]) {
+        total += rows[k] ? std::max(0.0, kl[k] / double(rows[k])) : 0.0;
+      } else {
+        const double cos =
+            na[k] > 0 && nb[k] > 0 ? dot[k] / std::sqrt(na[k] * nb[k]) : (na[k] == nb[k] ? 1 : 0);
+        total += std::max(0.0, 1.0 - cos);
+      }
+    }
+    return total;
+  }
+};
+
+LossMeter make_meter(const Model& prepared, const SampleSet& calib, const QuantizeOptions& qo,
+                     int64_t samples) {
+  LossMeter m;
+  m.data = &calib;
+  m.so.num_threads = qo.num_threads;
+  m.so.providers = qo.providers;
+  std::map<std::string, std::string> producer_op;
+  for (const auto& n : prepared.graph.nodes)
+    for (const auto& o : n.outputs)
+      if (n.domain.empty()) producer_op[o] = n.op_type;
+  for (const auto& v : prepared.graph.outputs) {
+    m.outputs.push_back(v.name);
+    const std::string op = producer_op.count(v.name) ? producer_op[v.name] : "";
+    m.distribution.push_back(op == "Softmax" || op == "LogSoftmax");
+    m.log_space.push_back(op == "LogSoftmax");
+  }
+  const int64_t total = std::min(std::max<int64_t>(1, samples), calib.size());
+  const int64_t per_run = detail::samples_per_run(prepared, calib, qo.batch);
+  for (int64_t b = 0; b < total; b += per_run)
+    m.batches.push_back({b, std::min(calib.size(), b + per_run)});
+  detail::BatchRunner runner(prepared, m.so);
+  for (const auto& [b, e] : m.batches)
+    m.reference.push_back(runner.run(calib.batch(b, e), m.outputs));
+  return m;
+}
+
+// The prepared model with `int8` layers quantized (the rest, and the user's exclusions, in
+// float).
+Model build(const detail::PreparedModel& p, const std::vector<Layer>& layers,
+            const std::vector<bool>& int8, const QuantizeOptions& qo) {
+  QuantizeOptions o = qo;
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (!int8[i]) o.exclude_nodes.insert(layers[i].nodes.begin(), layers[i].nodes.end());
+  Model m = p.model;
+  QuantizeReport scratch;
+  detail::insert_qdq(m, p.stats, o, scratch);
+  return m;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Timing {
+  double e2e_ms = 0, profiled_ms = 0;
+  std::vector<double> layer_ms;  // median over the profiled runs of each layer's time
+};
+
+// Which layer each node of a model is charged to: from the model's graph and from its
+// compiled graph (fused nodes keep the name of the node they stand for).
+using Attribution =
+    std::function<std::map<std::string, int>(const Graph& model, const Graph& compiled)>;
+
+// One sample's latency: `runs` runs without the profiler (median), then, with an
+// attribution, `profiled` runs whose node times are charged to `n_layers` layers.
+// The model compiled for the feeds' shapes (its symbolic dims fixed), warmed up.
+std::unique_ptr<Session> compile_for(const Model& model, const TensorMap& feeds,
+                                     const QuantizeOptions& qo) {
+  Model fixed = model;
+  for (auto& in : fixed.graph.inputs) {
+    auto it = feeds.find(in.name);
+    if (!in.shape || it == feeds.end() || it->second.rank() != int(in.shape->size())) continue;
+    for (size_t d = 0; d < in.shape->size(); ++d)
+      if (!(*in.shape)[d].is_fixed()) (*in.shape)[d].value = it->second.shape()[d];
+  }
+  SessionOptions so;
+  so.num_threads = qo.num_threads;
+  so.providers = qo.providers;
+  auto session = Session::compile(std::move(fixed), so);
+  for (int i = 0; i < 3; ++i) session->run(feeds);  // warm-up
+  return session;
+}
+
+// The clock latencies are read on: with one thread, the process's CPU time, which other
+// processes sharing the cores do not inflate (a run on one thread is busy from start to
+// end, so it equals the wall time of an idle machine); with more, wall time.
+double now_ms(bool cpu) {
+  if (!cpu)
+    return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
+bool cpu_clock(const QuantizeOptions& qo) {
+  return qo.num_threads == 1;
+}
+
+double run_ms(Session& s, const TensorMap& feeds, bool cpu) {
+  const double t0 = now_ms(cpu);
+  s.run(feeds);
+  return now_ms(cpu) - t0;
+}
+
+// Medians of `runs` runs of two models, alternating run by run, so that a change of the
+// machine's load falls on both.
+std::pair<double, double> time_alternating(const Model& a, const Model& b, const TensorMap& feeds,
+                                           const QuantizeOptions& qo, int runs) {
+  auto sa = compile_for(a, feeds, qo), sb = compile_for(b, feeds, qo);
+  std::vector<double> ta, tb;
+  for (int i = 0; i < runs; ++i) {
+    ta.push_back(run_ms(*sa, feeds, cpu_clock(qo)));
+    tb.push_back(run_ms(*sb, feeds, cpu_clock(qo)));
+  }
+  return {median(ta), median(tb)};
+}
+
+// A compiled model whose runs charge each node's time to a layer; runs of several of them
+// can alternate, so that a change of the machine's load falls on all.
+class Profiled {
+ public:
+  Profiled(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo,
+           const Attribution& attribute, size_t n_layers)
+      : feeds_(feeds),
+        cpu_(cpu_clock(qo)),
+        session_(compile_for(model, feeds, qo)),
+        per_layer_(n_layers),
+        run_ms_(n_layers, 0.0) {
+    owner_ = attribute(model.graph, session_->compiled_graph());
+    // On the CPU clock a node's time is the CPU time since the previous node ended (the
+    // callback runs on the thread that ran the node, right after it).
+    session_->set_profiler(
+        [this](const Node& n, const std::string&, Clock::time_point a, Clock::time_point b) {
+          double ms = std::chrono::duration<double, std::milli>(b - a).count();
+          if (cpu_) {
+            const double t = now_ms(true);
+            ms = t - last_;
+            last_ = t;
+          }
+          total_ += ms;
+          auto it = owner_.find(n.name);
+          if (it != owner_.end() && it->second >= 0) run_ms_[size_t(it->second)] += ms;
+        });
+  }
+  void run() {
+    std::fill(run_ms_.begin(), run_ms_.end(), 0.0);
+    total_ = 0;
+    last_ = now_ms(cpu_);
+    session_->run(feeds_);
+    for (size_t l = 0; l < run_ms_.size(); ++l) per_layer_[l].push_back(run_ms_[l]);
+    totals_.push_back(total_);
+  }
+  Timing timing() const {
+    Timing t;
+    t.profiled_ms = median(totals_);
+    for (const auto& v : per_layer_) t.layer_ms.push_back(median(v));
+    return t;
+  }
+
+ private:
+  const TensorMap& feeds_;
+  bool cpu_;
+  std::unique_ptr<Session> session_;
+  std::map<std::string, int> owner_;
+  std::vector<std::vector<double>> per_layer_;
+  std::vector<double> run_ms_, totals_;
+  double total_ = 0, last_ = 0;
+};
+
+double e2e_ms(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs) {
+  auto session = compile_for(model, feeds, qo);
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) t.push_back(run_ms(*session, feeds, cpu_clock(qo)));
+  return median(t);
+}
+
+// Layers by propagation from their nodes (owners()): the all-fp32 and all-int8 models.
+Attribution by_layers(const std::vector<Layer>& layers) {
+  return [seeds = layer_seeds(layers)](const Graph& model, const Graph& compiled) {
+    std::map<std::string, int> owner = owners(model, seeds);
+    for (const auto& [name, l] : owners(compiled, owner)) owner.emplace(name, l);
+    return owner;
+  };
+}
+
+TensorMap latency_feeds(const Model& prepared, const SampleSet& calib) {
+  const int64_t n = detail::samples_per_run(prepared, calib, 1);
+  return calib.batch(0, std::min(calib.size(), n));
+}
+
+std::string file_sha256(const std::string& path) {
+  return trust::to_hex(trust::hash_file(trust::HashAlg::sha256, path));
+}
+
+void report(const MixedPrecisionOptions& mo, const std::string& stage, int64_t done,
+            int64_t total) {
+  if (mo.progress) mo.progress(stage, done, total);
+}
+
+}  // namespace
+
+int64_t PlanPoint::int8_layers() const {
+  return std::count(int8.begin(), int8.end(), true);
+}
+
+std::vector<Layer> quantizable_layers(const Model& prepared, const QuantizeOptions& options) {
+  const Graph& g = prepared.graph;
+  const auto& ops = options.op_types.empty() ? default_op_types() : options.op_types;
+  auto selected = [&](const Node& n) {
+    return n.domain.empty() && ops.count(n.op_type) && !options.exclude_nodes.count(n.name);
+  };
+  const std::vector<size_t> order = validate_graph(g, prepared.path);
+  std::map<std::string, int> seeds;
+  std::vector<Layer> layers;
+  for (size_t i : order) {
+    const Node& n = g.nodes[i];
+    if (!selected(n) || !is_anchor_op(n.op_type)) continue;
+    seeds[n.name] = int(layers.size());
+    layers.push_back(Layer{n.name, n.op_type, {}});
+  }
+  const std::map<std::string, int> owner = owners(g, seeds);
+  std::map<std::string, int> singles;  // quantizable nodes no anchor reaches: a layer each
+  for (size_t i : order) {
+    const Node& n = g.nodes[i];
+    if (!selected(n)) continue;
+    auto it = owner.find(n.name);
+    if (it != owner.end()) {
+      layers[size_t(it->second)].nodes.push_back(n.name);
+    } else {
+      singles[n.name] = int(layers.size());
+      layers.push_back(Layer{n.name, n.op_type, {n.name}});
+    }
+  }
+  // Anchors first in each layer's list, then the rest in order (the anchor is already first:
+  // it precedes the nodes that inherit its layer).
+  return layers;
+}
+
+namespace {
+
+// What the measuring and the verification share: the prepared model and its statistics,
+// the float outputs to compare with, the sample that is timed.
+struct Context {
+  detail::PreparedModel p;
+  LossMeter meter;
+  TensorMap feeds;
+};
+
+Context make_context(const std::string& model_path, const SampleSet& calib,
+                     const QuantizeOptions& qo, const MixedPrecisionOptions& mo) {
+  check(qo.smoothquant_alpha == 0, ErrorCode::invalid_argument,
+        "quantize: mixed precision does not take --smoothquant (its factors depend on which "
+        "nodes are quantized)");
+  check(mo.latency_runs >= 1 && mo.samples >= 1, ErrorCode::invalid_argument,
+        "quantize: --latency-runs and --sensitivity-samples must be at least 1");
+  QuantizeReport rep;
+  Context c{detail::prepare_and_collect(model_path, calib, qo, rep), {}, {}};
+  c.meter = make_meter(c.p.model, calib, qo, mo.samples);
+  c.feeds = latency_feeds(c.p.model, calib);
+  return c;
+}
+
+Measurements measure(const Context& c, const std::string& model_path, const QuantizeOptions& qo,
+                     const MixedPrecisionOptions& mo) {
+  Measurements m;
+  m.model_sha256 = file_sha256(model_path);
+  m.layers = quantizable_layers(c.p.model, qo);
+  check(!m.layers.empty(), ErrorCode::invalid_argument,
+        model_path +
+            ": no quantizable layer (Conv, ConvTranspose, MatMul, Gemm, ...) to choose a "
+            "precision for");
+  m.runs = mo.latency_runs;
+  m.threads = qo.num_threads;
+  m.clock = cpu_clock(qo) ? "process CPU time" : "wall time";
+  const size_t n = m.layers.size();
+  m.metric = c.meter.metric();
+  m.samples = c.meter.batches.empty() ? 0 : c.meter.batches.back().second;
+  // The all-fp32 profile first: its attribution tells which nodes are the float model's.
+  std::map<std::string, int> fp32_owner;
+  std::set<std::string> fp32_names;
+  const Attribution layered = by_layers(m.layers);
+  const Attribution record = [&](const Graph& model, const Graph& compiled) {
+    fp32_owner = layered(model, compiled);
+    for (const Graph* g : {&model, &compiled})
+      for (const auto& nd : g->nodes) fp32_names.insert(nd.name);
+    return fp32_owner;
+  };
+  const Model all8 = build(c.p, m.layers, std::vector<bool>(n, true), qo);
+  // The all-fp32 and all-int8 profiles, runs alternating.
+  report(mo, "latency", 0, 1);
+  Profiled pf(c.p.model, c.feeds, qo, record, n), pq(all8, c.feeds, qo, layered, n);
+  for (int r = 0; r < mo.latency_runs; ++r) {
+    pf.run();
+    pq.run();
+  }
+  const Timing f = pf.timing(), q = pq.timing();
+  report(mo, "latency", 1, 1);
+  // End to end, the two models alternating too.
+  std::tie(m.fp32_ms, m.int8_ms) = time_alternating(c.p.model, all8, c.feeds, qo, mo.latency_runs);
+  m.fp32_profiled_ms = f.profiled_ms;
+  m.int8_profiled_ms = q.profiled_ms;
+  for (size_t i = 0; i < n; ++i) {
+    m.layers[i].fp32_ms = f.layer_ms[i];
+    m.layers[i].int8_ms = q.layer_ms[i];
+  }
+  // Each layer alone in int8: its loss, and its time with the Q/DQ nodes of its borders
+  // (every node the float model does not have is one of them), its runs alternating with
+  // the all-int8 model's: the border cost is the difference of the two at one load.
+  const int alone_runs = std::max(3, mo.latency_runs / 2);
+  for (size_t i = 0; i < n; ++i) {
+    report(mo, "layers", int64_t(i), int64_t(n));
+    std::vector<bool> only(n, false);
+    only[i] = true;
+    const Model one = build(c.p, m.layers, only, qo);
+    m.layers[i].loss_alone = c.meter.loss(one);
+    std::vector<bool> but(n, true);
+    but[i] = false;
+    m.layers[i].loss_leave_one_out = c.meter.loss(build(c.p, m.layers, but, qo));
+    const Attribution alone = [&](const Graph& model, const Graph& compiled) {
+      std::map<std::string, int> owner;
+      for (const Graph* g : {&model, &compiled})
+        for (const auto& nd : g->nodes) {
+          auto it = fp32_owner.find(nd.name);
+          owner[nd.name] = it != fp32_owner.end()      ? (it->second == int(i) ? 0 : -1)
+                           : fp32_names.count(nd.name) ? -1
+                                                       : 0;
+        }
+      return owner;
+    };
+    Profiled pa(one, c.feeds, qo, alone, 1);
+    Profiled pi(
+        all8, c.feeds, qo,
+        [&](const Graph& mg, const Graph& cg) {
+          std::map<std::string, int> owner;
+          for (const auto& [name, l] : layered(mg, cg)) owner[name] = l == int(i) ? 0 : -1;
+          return owner;
+        },
+        1);
+    for (int r = 0; r < alone_runs; ++r) {
+      pa.run();
+      pi.run();
+    }
+    const double a = pa.timing().layer_ms[0], inner = pi.timing().layer_ms[0];
+    m.layers[i].int8_alone_ms = m.layers[i].int8_ms + (a - inner);
+  }
+  report(mo, "layers", int64_t(n), int64_t(n));
+  m.int8_loss = c.meter.loss(all8);
+  for (auto& l : m.layers) {
+    l.loss_leave_one_out = std::max(0.0, m.int8_loss - l.loss_leave_one_out);
+    l.loss = 0.5 * (l.loss_alone + l.loss_leave_one_out);
+  }
+  // The layer times are profiled, the two ends timed end to end: scale the layers' changes
+  // so that the all-int8 plan predicts the measured all-int8 latency, when the two agree in
+  // sign and the change is large enough to measure a ratio from.
+  std::vector<bool> all(n, true);
+  m.scale = 1;
+  const double raw = predicted_latency(m, all) - m.fp32_ms, e2e = m.int8_ms - m.fp32_ms;
+  if (std::fabs(raw) >= 0.05 * m.fp32_ms && std::fabs(e2e) >= 0.05 * m.fp32_ms && raw * e2e > 0)
+    m.scale = std::clamp(e2e / raw, 0.5, 2.0);
+  return m;
+}
+
+}  // namespace
+
+Measurements measure_layers(const std::string& model_path, const SampleSet& calib,
+                            const QuantizeOptions& qo, const MixedPrecisionOptions& mo) {
+  return measure(make_context(model_path, calib, qo, mo), model_path, qo, mo);
+}
+
+double predicted_latency(const Measurements& m, const std::vector<bool>& int8) {
+  const size_t n = m.layers.size();
+  double t = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!int8[i]) continue;
+    const Layer& l = m.layers[i];
+    t += l.int8_ms - l.fp32_ms;
+    if (i == 0 || !int8[i - 1]) t += 0.5 * l.border_ms();
+    if (i + 1 == n || !int8[i + 1]) t += 0.5 * l.border_ms();
+  }
+  return m.fp32_ms + m.scale * t;
+}
+
+Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
+                 std::optional<double> target_ms) {
+  check(o.latency_budget_ms.has_value() != o.accuracy_budget.has_value(),
+        ErrorCode::invalid_argument,
+        "quantize: give one of --latency-budget-ms and --accuracy-budget");
+  const size_t n = m.layers.size();
+  check(n > 0, ErrorCode::invalid_argument, "quantize: no layers to choose a precision for");
+  // Dynamic programming along the layers in topological order. State after layer i: its
+  // precision x_i and the latency change so far, D, in units u; value: the least loss.
+  // Layer i in int8 adds q_i − f_i, plus half its border cost b_i for each neighbour in
+  // the order that is fp32 (entering: x_{i−1} = 0, leaving: x_{i+1} = 0).
+  constexpr int64_t kUnits = 4000;
+  double span = 0;
+  for (const auto& l : m.layers)
+    span += m.scale * (std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms());
+  const double u = span > 0 ? span / double(kUnits) : 1e-9;
+  const int64_t off = kUnits + int64_t(n), size = 2 * off + 1;
+  auto units = [&](double ms) { return int64_t(std::llround(ms / u)); };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> cur(size_t(2 * size), inf), next(size_t(2 * size), inf);
+  // from[i][x·size + D]: the precision of layer i−1 on the best path into that state.
+  std::vector<std::vector<uint8_t>> from(n, std::vector<uint8_t>(size_t(2 * size), 0));
+  auto idx = [&](int x, int64_t d) { return size_t(x) * size_t(size) + size_t(d); };
+  // A virtual fp32 layer before the first.
+  cur[idx(0, off)] = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::fill(next.begin(), next.end(), inf);
+    const Layer& l = m.layers[i];
+    const double half_prev = i ? 0.5 * m.layers[i - 1].border_ms() : 0.0;
+    for (int px = 0; px < 2; ++px)
+      for (int x = 0; x < 2; ++x) {
+        double add = 0;
+        if (x) add += l.int8_ms - l.fp32_ms + (px ? 0.0 : 0.5 * l.border_ms());
+        if (px && !x) add += half_prev;
+        const int64_t inc = units(m.scale * add);
+        for (int64_t d = 0; d < size; ++d) {
+          const double v = cur[idx(px, d)];
+          if (v == inf) continue;
+          const int64_t nd = std::clamp<int64_t>(d + inc, 0, size - 1);
+          const double c = v + (x ? l.loss : 0.0);
+          if (c < next[idx(x, nd)]) {
+            next[idx(x, nd)] = c;
+            from[i][idx(x, nd)] = uint8_t(px);
+          }
+        }
+      }
+    std::swap(cur, next);
+  }
+  const int64_t exit_last = units(m.scale * 0.5 * m.layers[n - 1].border_ms());
+  auto plan_of = [&](int x, int64_t d) {
+    PlanPoint p;
+    p.int8.assign(n, false);
+    for (size_t i = n; i-- > 0;) {
+      p.int8[i] = x;
+      const int px = from[i][idx(x, d)];
+      const Layer& l = m.layers[i];
+      double add = 0;
+      if (x) add += l.int8_ms - l.fp32_ms + (px ? 0.0 : 0.5 * l.border_ms());
+      if (px && !x) add += i ? 0.5 * m.layers[i - 1].border_ms() : 0.0;
+      d = std::clamp<int64_t>(d - units(m.scale * add), 0, size - 1);
+      x = px;
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (p.int8[i]) p.loss += m.layers[i].loss;
+    p.latency_ms = predicted_latency(m, p.int8);
+    return p;
+  };
+  // The best end state per final latency change, then the front: ascending latency, each
+  // point losing less than every faster one.
+  std::map<int64_t, std::pair<double, std::pair<int, int64_t>>> by_final;
+  for (int x = 0; x < 2; ++x)
+    for (int64_t d = 0; d < size; ++d) {
+      const double v = cur[idx(x, d)];
+      if (v == inf) continue;
+      const int64_t fd = d + (x ? exit_last : 0);
+      auto it = by_final.find(fd);
+      if (it == by_final.end() || v < it->second.first) by_final[fd] = {v, {x, d}};
+    }
+  std::vector<PlanPoint> points;
+  double least = inf;
+  for (const auto& [fd, best] : by_final)
+    if (best.first < least) {
+      least = best.first;
+      points.push_back(plan_of(best.second.first, best.second.second));
+    }
+  std::sort(points.begin(), points.end(), [](const PlanPoint& a, const PlanPoint& b) {
+    return a.latency_ms < b.latency_ms || (a.latency_ms == b.latency_ms && a.loss < b.loss);
+  });
+  Plan plan;
+  least = inf;
+  for (auto& p : points)
+    if (p.loss < least) {
+      least = p.loss;
+      plan.pareto.push_back(std::move(p));
+    }
+  plan.fastest_ms = plan.pareto.front().latency_ms;
+  if (o.latency_budget_ms) {
+    const double budget = target_ms.value_or(*o.latency_budget_ms);
+    check(budget >= plan.fastest_ms - 1e-9, ErrorCode::invalid_argument,
+          "quantize: the latency budget " + fmt(budget) +
+              " ms is below the fastest latency a plan reaches on this machine, " +
+              fmt(plan.fastest_ms) + " ms (all fp32 " + fmt(m.fp32_ms) + " ms, all int8 " +
+              fmt(m.int8_ms) + " ms)");
+    const PlanPoint* pick = nullptr;  // the least loss within the budget
+    for (const auto& p : plan.pareto)
+      if (p.latency_ms <= budget + 1e-12 && (!pick || p.loss < pick->loss)) pick = &p;
+    plan.chosen = *pick;
+  } else {
+    check(*o.accuracy_budget >= 0, ErrorCode::invalid_argument,
+          "quantize: the accuracy budget must be ≥ 0, got " + fmt(*o.accuracy_budget, 6));
+    const PlanPoint* pick = nullptr;  // the fastest within the loss budget
+    for (const auto& p : plan.pareto)
+      if (p.loss <= *o.accuracy_budget && (!pick || p.latency_ms < pick->latency_ms)) pick = &p;
+    if (!pick) {  // all fp32 is on the front unless a faster plan loses nothing
+      plan.chosen.int8.assign(n, false);
+      plan.chosen.latency_ms = m.fp32_ms;
+    } else {
+      plan.chosen = *pick;
+    }
+  }
+  return plan;
+}
+
+std::set<std::string> fp32_nodes(const Measurements& m, const std::vector<bool>& int8) {
+  std::set<std::string> out;
+  for (size_t i = 0; i < m.layers.size(); ++i)
+    if (!int8[i]) out.insert(m.layers[i].nodes.begin(), m.layers[i].nodes.end());
+  return out;
+}
+
+MixedPrecisionResult run_mixed_precision(const std::string& model_path, const std::string& output,
+                                         const SampleSet& calib, const QuantizeOptions& qo,
+                                         const MixedPrecisionOptions& mo) {
+  const Context c = make_context(model_path, calib, qo, mo);
+  MixedPrecisionResult r;
+  if (mo.measurements) {  // from a plan file: the model must be the one measured
+    const std::string sha = file_sha256(model_path);
+    check(sha == mo.measurements->model_sha256, ErrorCode::invalid_argument,
+          "quantize: the measurements were made on another model (SHA-256 " +
+              mo.measurements->model_sha256.substr(0, 16) + "...), not " + model_path);
+    const std::vector<Layer> layers = quantizable_layers(c.p.model, qo);
+    check(layers.size() == mo.measurements->layers.size(), ErrorCode::invalid_argument,
+          "quantize: the measurements have " + std::to_string(mo.measurements->layers.size()) +
+              " layers, " + model_path + " with these settings " + std::to_string(layers.size()));
+    for (size_t i = 0; i < layers.size(); ++i)
+      check(layers[i].nodes == mo.measurements->layers[i].nodes, ErrorCode::invalid_argument,
+            "quantize: layer '" + layers[i].name +
+                "' of the measurements has other nodes than with these settings");
+    r.measurements = *mo.measurements;
+  } else {
+    r.measurements = measure(c, model_path, qo, mo);
+  }
+  const Measurements& m = r.measurements;
+  std::optional<double> target;
+  for (r.tries = 1;; ++r.tries) {
+    r.plan = choose_plan(m, mo, target);
+    r.target_ms = target.value_or(mo.latency_budget_ms.value_or(r.plan.chosen.latency_ms));
+    // quantize_model with the fp32 layers excluded writes these bytes (what --plan does).
+    const Model written = build(c.p, m.layers, r.plan.chosen.int8, qo);
+    OnnxExporter::save_file(written, output);
+    report(mo, "verify", 0, 1);
+    r.measured.loss = c.meter.loss(written);
+    std::tie(r.measured.latency_ms, r.measured.fp32_latency_ms) =
+        time_alternating(written, c.p.model, c.feeds, qo, 2 * mo.latency_runs);
+    // The load may have changed since the layers were timed: the all-fp32 model, timed in
+    // the same rounds, scales the measurement back to the conditions of the prediction.
+    r.measured.normalized_ms = r.measured.fp32_latency_ms > 0
+                                   ? r.measured.latency_ms * m.fp32_ms / r.measured.fp32_latency_ms
+                                   : r.measured.latency_ms;
+    report(mo, "verify", 1, 1);
+    r.history.push_back({r.target_ms, r.plan.chosen.latency_ms, r.measured.latency_ms,
+                         r.measured.normalized_ms, r.measured.loss, r.plan.chosen.int8_layers()});
+    if (!mo.latency_budget_ms || r.measured.normalized_ms <= *mo.latency_budget_ms ||
+        r.tries >= mo.tries)
+      break;
+    // Over budget: aim lower by the overshoot, unless no plan is faster.
+    // (At least 1 % of the budget: a smaller overshoot is within the noise of a re-measure.)
+    const double next =
+        r.target_ms - std::max(r.measured.normalized_ms - *mo.latency_budget_ms,
+                               0.01 * *mo.latency_budget_ms);
+    if (r.plan.chosen.latency_ms <= r.plan.fastest_ms + 1e-9) break;
+    target = std::max(next, r.plan.fastest_ms);
+  }
+  return r;
+}
+
+std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& qo,
+                         const MixedPrecisionOptions& mo) {
+  using nlohmann::json;
+  const Measurements& m = r.measurements;
+  json j;
+  j["format"] = kPlanFormat;
+  j["model_sha256"] = m.model_sha256;
+  json q;
+  q["calibrator"] = calibration_method_name(qo.calibrator.method);
+  q["percentile"] = qo.calibrator.percentile;
+  q["activations"] = qo.activations.dtype == DType::u8 ? "u8" : "i8";
+  q["symmetric"] = qo.activations.symmetric;
+  q["per_channel"] = qo.per_channel;
+  q["bias_correction"] = qo.bias_correction;
+  q["ops"] = std::vector<std::string>(qo.op_types.begin(), qo.op_types.end());
+  q["exclude"] = std::vector<std::string>(qo.exclude_nodes.begin(), qo.exclude_nodes.end());
+  q["max_samples"] = qo.max_samples;
+  j["quantizer"] = q;
+  if (mo.latency_budget_ms) j["budget"]["latency_ms"] = *mo.latency_budget_ms;
+  if (mo.accuracy_budget) j["budget"]["loss"] = *mo.accuracy_budget;
+  j["metric"] = m.metric;
+  j["samples"] = m.samples;
+  j["latency_runs"] = m.runs;
+  j["threads"] = m.threads;
+  j["clock"] = m.clock;
+  j["fp32_ms"] = m.fp32_ms;
+  j["int8_ms"] = m.int8_ms;
+  j["fp32_profiled_ms"] = m.fp32_profiled_ms;
+  j["int8_profiled_ms"] = m.int8_profiled_ms;
+  j["int8_loss"] = m.int8_loss;
+  j["scale"] = m.scale;
+  j["fastest_ms"] = r.plan.fastest_ms;
+  j["predicted"] = {{"latency_ms", r.plan.chosen.latency_ms}, {"loss", r.plan.chosen.loss}};
+  j["measured"] = {{"latency_ms", r.measured.latency_ms},
+                   {"fp32_latency_ms", r.measured.fp32_latency_ms},
+                   {"normalized_latency_ms", r.measured.normalized_ms},
+                   {"loss", r.measured.loss}};
+  for (const auto& t : r.history)
+    j["tries"].push_back({{"target_ms", t.target_ms},
+                          {"predicted_ms", t.predicted_ms},
+                          {"measured_ms", t.measured_ms},
+                          {"normalized_ms", t.normalized_ms},
+                          {"loss", t.loss},
+                          {"int8_layers", t.int8_layers}});
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const Layer& l = m.layers[i];
+    j["layers"].push_back({{"name", l.name},
+                           {"op", l.op},
+                           {"precision", r.plan.chosen.int8[i] ? "int8" : "fp32"},
+                           {"nodes", l.nodes},
+                           {"loss", l.loss},
+                           {"loss_alone", l.loss_alone},
+                           {"loss_leave_one_out", l.loss_leave_one_out},
+                           {"fp32_ms", l.fp32_ms},
+                           {"int8_ms", l.int8_ms},
+                           {"int8_alone_ms", l.int8_alone_ms}});
+  }
+  for (const auto& p : r.plan.pareto)
+    j["pareto"].push_back(
+        {{"latency_ms", p.latency_ms}, {"loss", p.loss}, {"int8_layers", p.int8_layers()}});
+  return j.dump(1) + "\n";
+}
+
+LoadedPlan read_plan(const std::string& path) {
+  std::ifstream f(path);
+  check(bool(f), ErrorCode::not_found, path + ": cannot open the plan");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::invalid_argument, path + ": not a JSON plan (" + e.what() + ")");
+  }
+  LoadedPlan p;
+  try {
+    check(j.value("format", "") == kPlanFormat, ErrorCode::invalid_argument,
+          path + ": not a slim mixed-precision plan (format '" + j.value("format", "") +
+              "', expected '" + kPlanFormat + "')");
+    Measurements& m = p.measurements;
+    m.model_sha256 = j.at("model_sha256").get<std::string>();
+    m.metric = j.value("metric", "");
+    m.fp32_ms = j.value("fp32_ms", 0.0);
+    m.int8_ms = j.value("int8_ms", 0.0);
+    m.fp32_profiled_ms = j.value("fp32_profiled_ms", 0.0);
+    m.int8_profiled_ms = j.value("int8_profiled_ms", 0.0);
+    m.int8_loss = j.value("int8_loss", 0.0);
+    m.scale = j.value("scale", 1.0);
+    m.samples = j.value("samples", int64_t(0));
+    m.runs = j.value("latency_runs", 0);
+    m.threads = j.value("threads", 0);
+    m.clock = j.value("clock", "");
+    for (const auto& l : j.at("layers")) {
+      Layer layer{l.at("name").get<std::string>(), l.value("op", ""),
+                  l.at("nodes").get<std::vector<std::string>>()};
+      layer.loss = l.value("loss", 0.0);
+      layer.loss_alone = l.value("loss_alone", 0.0);
+      layer.loss_leave_one_out = l.value("loss_leave_one_out", 0.0);
+      layer.fp32_ms = l.value("fp32_ms", 0.0);
+      layer.int8_ms = l.value("int8_ms", 0.0);
+      layer.int8_alone_ms = l.value("int8_alone_ms", 0.0);
+      const std::string prec = l.at("precision").get<std::string>();
+      check(prec == "int8" || prec == "fp32", ErrorCode::invalid_argument,
+            path + ": layer '" + layer.name + "' has precision '" + prec +
+                "' (int8 or fp32; fp16 and int4 are not offered)");
+      p.int8.push_back(prec == "int8");
+      m.layers.push_back(std::move(layer));
+    }
+    const auto& q = j.at("quantizer");
+    QuantizeOptions& o = p.quantizer;
+    o.calibrator.method = parse_calibration_method(q.at("calibrator").get<std::string>());
+    o.calibrator.percentile = q.value("percentile", 99.999);
+    o.activations.dtype = q.value("activations", "u8") == "u8" ? DType::u8 : DType::i8;
+    o.activations.symmetric = q.value("symmetric", false);
+    o.per_channel = q.value("per_channel", true);
+    o.bias_correction = q.value("bias_correction", false);
+    o.max_samples = q.value("max_samples", int64_t(0));
+    for (const auto& s : q.value("ops", std::vector<std::string>{})) o.op_types.insert(s);
+    for (const auto& s : q.value("exclude", std::vector<std::string>{})) o.exclude_nodes.insert(s);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::invalid_argument, path + ": malformed plan (" + e.what() + ")");
+  }
+  return p;
+}
+
+QuantizeOptions plan_options(const LoadedPlan& plan, const std::string& plan_path,
+                             const std::string& model_path, const QuantizeOptions& base) {
+  const std::string sha = file_sha256(model_path);
+  check(sha == plan.measurements.model_sha256, ErrorCode::invalid_argument,
+        plan_path + ": the plan was made for another model (SHA-256 " +
+            plan.measurements.model_sha256.substr(0, 16) + "...), not " + model_path +
+            " (SHA-256 " + sha.substr(0, 16) + "...)");
+  Model prepared = OnnxImporter::load_file(model_path);
+  QuantizeReport scratch;
+  detail::prepare_float_model(prepared, scratch);
+  std::set<std::string> names;
+  for (const auto& n : prepared.graph.nodes) names.insert(n.name);
+  for (const auto& l : plan.measurements.layers)
+    for (const auto& n : l.nodes)
+      check(names.count(n) != 0, ErrorCode::invalid_argument,
+            plan_path + ": layer '" + l.name + "' names node '" + n + "', which " + model_path +
+                " does not have");
+  QuantizeOptions o = plan.quantizer;
+  o.batch = base.batch;
+  o.num_threads = base.num_threads;
+  o.providers = base.providers;
+  o.cache_dir = base.cache_dir;
+  o.progress = base.progress;
+  const std::set<std::string> fp32 = fp32_nodes(plan.measurements, plan.int8);
+  o.exclude_nodes.insert(fp32.begin(), fp32.end());
+  return o;
+}
+
+void check_mixed_precision_flags(const MixedPrecisionFlags& f) {
+  check(!(f.latency_budget && f.accuracy_budget), ErrorCode::invalid_argument,
+        "quantize: --latency-budget-ms and --accuracy-budget exclude each other (give one)");
+  const bool budget = f.latency_budget || f.accuracy_budget;
+  check(!(f.plan && budget), ErrorCode::invalid_argument,
+        "quantize: --plan re-applies a plan without measuring; it excludes --latency-budget-ms "
+        "and --accuracy-budget");
+  check(!(f.plan && f.exclude), ErrorCode::invalid_argument,
+        "quantize: --plan and --exclude exclude each other (the plan names the fp32 nodes)");
+  check(!((f.plan_out || f.pareto_png) && !budget), ErrorCode::invalid_argument,
+        "quantize: --plan-out and --pareto-png need --latency-budget-ms or --accuracy-budget");
+  check(!(f.measurements && !budget), ErrorCode::invalid_argument,
+        "quantize: --measurements needs --latency-budget-ms or --accuracy-budget");
+  check(!((budget || f.plan) && f.smoothquant), ErrorCode::invalid_argument,
+        "quantize: mixed precision does not take --smoothquant (its factors depend on which "
+        "nodes are quantized)");
+}
+
+}  // namespace slim::quant
