@@ -402,7 +402,7 @@ class Builder {
         if (in.empty()) continue;
         const Shape& s = shape(in);
         const int pos = a - int(ys.size() - s.size());
-        if (pos < 0 || s[size_t(pos)] == 1) {
+        if (pos < 0 || (s[size_t(pos)] == 1 && (c != 1 || constant(in)))) {
           if (!constant(in) && op == "Where") throw Fail{n.describe() + ": Where"};
           continue;
         }

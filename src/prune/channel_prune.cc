@@ -133,15 +133,15 @@ struct ChannelStats {
   int64_t count = 0;  // elements per channel seen
 };
 
-std::map<std::string, ChannelStats> collect_stats(const Model& m, const ChannelGraph& cg,
-                                                  const std::set<std::string>& values,
-                                                  const ChannelPruneOptions& o) {
+// `values`: name -> channel axis.
+std::map<std::string, ChannelStats> collect_stats(const Model& m, const std::map<std::string, int>& values,
+                                                  const ChannelPruneOptions& o, const std::string& stage) {
   std::map<std::string, ChannelStats> stats;
   if (values.empty()) return stats;
   Model probe = m;
   std::set<std::string> outs;
   for (const auto& v : probe.graph.outputs) outs.insert(v.name);
-  for (const auto& v : values)
+  for (const auto& [v, axis] : values)
     if (!outs.count(v)) {
       ValueInfo vi;
       vi.name = v;
@@ -150,9 +150,10 @@ std::map<std::string, ChannelStats> collect_stats(const Model& m, const ChannelG
   std::map<std::string, std::unique_ptr<Session>> sessions;
   SessionOptions so;
   so.num_threads = o.threads;
-  const std::vector<std::string> names(values.begin(), values.end());
+  std::vector<std::string> names;
+  for (const auto& [v, axis] : values) names.push_back(v);
   for (size_t i = 0; i < o.calibration.size(); ++i) {
-    if (o.progress) o.progress("calibration", int64_t(i), int64_t(o.calibration.size()));
+    if (o.progress && !stage.empty()) o.progress(stage, int64_t(i), int64_t(o.calibration.size()));
     const auto& feeds = o.calibration[i];
     std::string key;
     std::map<std::string, Shape> in_shapes;
@@ -162,18 +163,19 @@ std::map<std::string, ChannelStats> collect_stats(const Model& m, const ChannelG
     const TensorMap out = s->run(feeds, names);
     for (const auto& [name, t] : out) {
       if (t.dtype() != DType::f32) continue;
-      const auto& sp = cg.spaces[size_t(cg.space_of.at(name))];
+      const int axis = values.at(name);
       const Tensor c = t.contiguous();
-      if (sp.axis >= c.rank() || c.shape()[size_t(sp.axis)] != sp.size) continue;
+      if (axis >= c.rank()) continue;
+      const int64_t size = c.shape()[size_t(axis)];
       int64_t outer = 1, inner = 1;
-      for (int d = 0; d < sp.axis; ++d) outer *= c.shape()[size_t(d)];
-      for (int d = sp.axis + 1; d < c.rank(); ++d) inner *= c.shape()[size_t(d)];
+      for (int d = 0; d < axis; ++d) outer *= c.shape()[size_t(d)];
+      for (int d = axis + 1; d < c.rank(); ++d) inner *= c.shape()[size_t(d)];
       auto& st = stats[name];
-      st.sum.resize(size_t(sp.size)), st.sumsq.resize(size_t(sp.size));
+      st.sum.resize(size_t(size)), st.sumsq.resize(size_t(size));
       const float* x = c.data<float>();
       for (int64_t a = 0; a < outer; ++a)
-        for (int64_t ch = 0; ch < sp.size; ++ch) {
-          const float* p = x + (a * sp.size + ch) * inner;
+        for (int64_t ch = 0; ch < size; ++ch) {
+          const float* p = x + (a * size + ch) * inner;
           double s1 = 0, s2 = 0;
           for (int64_t k = 0; k < inner; ++k) s1 += p[k], s2 += double(p[k]) * p[k];
           st.sum[size_t(ch)] += s1, st.sumsq[size_t(ch)] += s2;
@@ -181,7 +183,7 @@ std::map<std::string, ChannelStats> collect_stats(const Model& m, const ChannelG
       st.count += outer * inner;
     }
   }
-  if (o.progress) o.progress("calibration", int64_t(o.calibration.size()), int64_t(o.calibration.size()));
+  if (o.progress && !stage.empty()) o.progress(stage, int64_t(o.calibration.size()), int64_t(o.calibration.size()));
   return stats;
 }
 
@@ -268,6 +270,58 @@ struct Unit {
   int group = -1;
 };
 
+// Layer by layer in graph order: each reading layer's kept output channels get the mean
+// and standard deviation they had in the original model, on the calibration samples.
+void recalibrate(Model& model, const ChannelGraph& cg, const std::vector<char>& slot_kept, const std::set<int>& readers,
+                 const std::map<std::string, ChannelStats>& original, const ChannelPruneOptions& o,
+                 ChannelPruneReport& r) {
+  Graph& g = model.graph;
+  std::vector<int> order;
+  for (size_t i : validate_graph(g, "prune")) if (readers.count(int(i))) order.push_back(int(i));
+  int64_t done = 0;
+  for (int ni : order) {
+    if (o.progress) o.progress("recalibrate", done++, int64_t(order.size()));
+    const Node& n = g.nodes[size_t(ni)];
+    const std::string& y = n.outputs[0];
+    auto ys = cg.space_of.find(y);
+    auto os = original.find(y);
+    if (ys == cg.space_of.end() || os == original.end() || !os->second.count) continue;
+    const auto& sp = cg.spaces[size_t(ys->second)];
+    std::vector<int64_t> kept;
+    for (int64_t i = 0; i < sp.size; ++i)
+      if (slot_kept[size_t(sp.base + i)]) kept.push_back(i);
+    const auto now = collect_stats(model, {{y, sp.axis}}, o, "");
+    auto ps = now.find(y);
+    if (ps == now.end() || !ps->second.count || ps->second.sum.size() != kept.size()) continue;
+    const bool tb = n.op_type == "Gemm" && n.attr_int("transB", 0);
+    const double beta = n.op_type == "Gemm" ? n.attr_float("beta", 1.0f) : 1.0;
+    if (n.inputs.size() < 3 || n.inputs[2].empty() || beta == 0) continue;
+    Tensor w = g.initializers.at(n.inputs[1]).clone();
+    Tensor b = g.initializers.at(n.inputs[2]).clone();
+    if (w.dtype() != DType::f32 || b.dtype() != DType::f32 || b.numel() != int64_t(kept.size())) continue;
+    const int out_axis = n.op_type == "Gemm" && !tb ? 1 : 0;
+    const int64_t nout = w.shape()[size_t(out_axis)];
+    int64_t inner = 1;
+    for (int d = out_axis + 1; d < w.rank(); ++d) inner *= w.shape()[size_t(d)];
+    const int64_t outer = w.numel() / (nout * inner);
+    for (size_t k = 0; k < kept.size(); ++k) {
+      const double cnt_o = double(os->second.count), cnt_p = double(ps->second.count);
+      const double mo = os->second.sum[size_t(kept[k])] / cnt_o, mp = ps->second.sum[k] / cnt_p;
+      const double so = std::sqrt(std::max(0.0, os->second.sumsq[size_t(kept[k])] / cnt_o - mo * mo));
+      const double spd = std::sqrt(std::max(0.0, ps->second.sumsq[k] / cnt_p - mp * mp));
+      const double a = spd > 1e-12 && so > 1e-12 ? std::clamp(so / spd, 0.25, 4.0) : 1.0;
+      const double c = mo - a * mp;
+      for (int64_t q = 0; q < outer; ++q)
+        for (int64_t i = 0; i < inner; ++i) w.data<float>()[(q * nout + int64_t(k)) * inner + i] *= float(a);
+      b.data<float>()[k] = float((a * beta * b.data<float>()[k] + c) / beta);
+    }
+    g.initializers[n.inputs[1]] = w;
+    g.initializers[n.inputs[2]] = b;
+    r.recalibrated++;
+  }
+  if (o.progress) o.progress("recalibrate", done, int64_t(order.size()));
+}
+
 }  // namespace
 
 ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
@@ -334,11 +388,17 @@ ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
 
   // Statistics on calibration data: what the weight layers read.
   const bool correct = o.bias_correction && !o.calibration.empty();
-  std::set<std::string> observe;
+  std::map<std::string, int> observe;
   if (o.criterion == Criterion::output || correct)
     for (const auto& mb : cg.members)
-      if (mb.kind == Member::consume) observe.insert(cg.spaces[size_t(mb.space)].value);
-  const auto stats = collect_stats(model, cg, observe, o);
+      if (mb.kind == Member::consume) {
+        observe[cg.spaces[size_t(mb.space)].value] = cg.spaces[size_t(mb.space)].axis;
+        const Node& n = g.nodes[size_t(mb.node)];
+        auto ys = cg.space_of.find(n.outputs[0]);
+        if (correct && o.recalibrate && (n.op_type == "Conv" || n.op_type == "Gemm") && ys != cg.space_of.end())
+          observe[n.outputs[0]] = cg.spaces[size_t(ys->second)].axis;  // what the reading layer gives
+      }
+  const auto stats = collect_stats(model, observe, o, "calibration");
 
   // Importance per unit.
   std::map<int, std::vector<double>> norms;  // member -> per index
@@ -520,6 +580,7 @@ ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
   std::map<std::string, int> uses;
   for (const auto& n : g.nodes)
     for (const auto& v : n.inputs) uses[v]++;
+  std::set<int> readers;  // Conv/Gemm nodes whose inputs lost channels
   if (correct) {
     for (const auto& mb : cg.members) {
       if (mb.kind != Member::consume) continue;
@@ -590,6 +651,7 @@ ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
       for (int64_t k = 0; k < nout; ++k) b.data<float>()[k] += float(delta[size_t(k)] / scale);
       g.initializers[bias] = b;
       r.bias_corrected++;
+      if (n.op_type == "Conv" || n.op_type == "Gemm") readers.insert(mb.node);
     }
   }
 
@@ -631,6 +693,7 @@ ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
     model.path.clear();  // the template's value_info would describe the old channel counts
     r.notes.push_back("value_info rewritten from the pruned graph (the source file's shapes no longer hold)");
   }
+  if (correct && o.recalibrate) recalibrate(model, cg, slot_kept, readers, stats, o, r);
   r.params_after = 0;
   for (const auto& [name, t] : g.initializers)
     if (t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16) r.params_after += t.numel();

@@ -72,6 +72,8 @@ SLIM_COMMAND(45, [](CLI::App& app) {
       ->check(CLI::PositiveNumber);
   c->add_flag("--no-bias-correction", a->no_bias_correction,
               "ONNX: do not fold removed channels' calibration mean into the biases of the layers reading them");
+  c->add_flag("--no-recalibration", a->no_recalibration,
+              "ONNX: do not match the mean and variance of each layer that lost inputs to the original's on --calib");
   c->add_option("--latency-rounds", a->latency_rounds, "ONNX: alternating timing rounds for the report (0: none)")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--ctx", a->ctx, "GGUF: tokens per calibration and evaluation chunk")->check(CLI::Range(8, 1 << 16));

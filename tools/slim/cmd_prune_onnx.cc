@@ -85,6 +85,7 @@ void prune_onnx_model(const PruneArgs& a) {
   o.criterion = prune::parse_criterion(crit);
   o.channel_multiple = a.channel_multiple;
   o.bias_correction = !a.no_bias_correction;
+  o.recalibrate = !a.no_recalibration;
   o.threads = a.threads;
   std::unique_ptr<Progress> progress;
   std::string stage;
@@ -125,6 +126,7 @@ void prune_onnx_model(const PruneArgs& a) {
                        {"after", {{"params", r.params_after}, {"macs", r.macs_after},
                                   {"file_bytes", fs::file_size(a.output)}}},
                        {"bias_corrected", r.bias_corrected},
+                       {"recalibrated", r.recalibrated},
                        {"notes", r.notes}};
   js["groups"] = groups_json(r.groups);
 
@@ -161,8 +163,8 @@ void prune_onnx_model(const PruneArgs& a) {
     if (g.prunable) prunable++, pruned += g.kept < g.channels;
     else why[g.reason]++;
   }
-  std::printf("groups: %zu (%d prunable, %d pruned); %lld layers took bias correction\n", r.groups.size(), prunable,
-              pruned, (long long)r.bias_corrected);
+  std::printf("groups: %zu (%d prunable, %d pruned); %lld layers took bias correction, %lld recalibrated\n",
+              r.groups.size(), prunable, pruned, (long long)r.bias_corrected, (long long)r.recalibrated);
   int shown = 0;
   for (const auto& [reason, count] : why) {
     if (shown++ == 8) {

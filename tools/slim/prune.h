@@ -24,7 +24,7 @@ struct PruneArgs {
   double target_flops = 1;
   std::string labels;
   int channel_multiple = 8, calib_samples = 64, latency_rounds = 5;
-  bool no_bias_correction = false;
+  bool no_bias_correction = false, no_recalibration = false;
 };
 
 // Forest pruning (cmd_forest.cc): tree nodes are the parameters.

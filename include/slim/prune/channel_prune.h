@@ -35,6 +35,10 @@ struct ChannelPruneOptions {
   Criterion criterion = Criterion::l2;
   int channel_multiple = 8;  // kept channels per group: a multiple of this (or the whole group)
   bool bias_correction = true;  // needs calibration samples
+  // And then, layer by layer in graph order, scale and shift each reading layer's output
+  // channels so that their mean and variance on the calibration samples match the
+  // original model's (what BatchNormalization recalibration does, for any Conv/Gemm).
+  bool recalibrate = true;
   // Calibration samples, one feed map per run (each with the model's inputs). The first
   // fixes the input shape used to count MACs; with none, the model's inputs need fixed
   // dims (a symbolic first dim counts as 1).
@@ -67,6 +71,7 @@ struct ChannelPruneReport {
   Criterion criterion = Criterion::l2;
   bool target_reached = true;
   int64_t bias_corrected = 0;  // layers whose bias took removed channels' mean
+  int64_t recalibrated = 0;    // layers whose output statistics were matched
   std::vector<ChannelGroup> groups;
   std::vector<RemovedSlice> consumer_slices;
   std::vector<std::string> notes;  // e.g. groups scored by l2 for want of a BatchNormalization
