@@ -42,12 +42,12 @@ def load(name, path):
 real = load("real_models", os.path.join(ROOT, "tests", "real_models", "run.py"))
 bq = load("bench_quant", os.path.join(ROOT, "bench", "quant", "run.py"))
 
-# (label, extra options): every criterion with bias correction and multiples of 8, and
-# the rounding and the correction turned off once each for the data-driven criterion.
+# (label, extra options): every criterion with bias correction, recalibration and multiples
+# of 8, and the correction and the rounding turned off once each for the data-driven one.
 VARIANTS = [("l2", ["--criterion", "l2"]),
             ("bn", ["--criterion", "bn"]),
             ("output", ["--criterion", "output"]),
-            ("output, no bias correction", ["--criterion", "output", "--no-bias-correction"]),
+            ("output, no correction", ["--criterion", "output", "--no-bias-correction"]),
             ("output, any channel count", ["--criterion", "output", "--channel-multiple", "1"])]
 TIMED = "output"  # the variant timed in ONNX Runtime too
 

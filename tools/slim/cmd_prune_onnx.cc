@@ -152,7 +152,7 @@ void prune_onnx_model(const PruneArgs& a) {
       }
     }
     const auto [ms_a, ms_b] = latencies(a.model, a.output, feeds, a.threads, a.latency_rounds);
-    std::printf("%-16s %11.3f ms %11.3f ms  (%.2fx faster; 1 sample, %d rounds alternating, medians)\n", "latency",
+    std::printf("%-16s %11.3f ms %11.3f ms  (%.2fx speed-up; 1 sample, %d rounds alternating, medians)\n", "latency",
                 ms_a, ms_b, ms_a / ms_b, a.latency_rounds);
     js["before"]["latency_ms"] = ms_a;
     js["after"]["latency_ms"] = ms_b;
