@@ -43,12 +43,14 @@ real = load("real_models", os.path.join(ROOT, "tests", "real_models", "run.py"))
 bq = load("bench_quant", os.path.join(ROOT, "bench", "quant", "run.py"))
 
 # (label, extra options): every criterion with bias correction, recalibration and multiples
-# of 8, and the correction and the rounding turned off once each for the data-driven one.
+# of 8; for the data-driven one also without the correction, without the rounding, and
+# ranked by importance per MAC saved.
 VARIANTS = [("l2", ["--criterion", "l2"]),
             ("bn", ["--criterion", "bn"]),
             ("output", ["--criterion", "output"]),
             ("output, no correction", ["--criterion", "output", "--no-bias-correction"]),
-            ("output, any channel count", ["--criterion", "output", "--channel-multiple", "1"])]
+            ("output, any channel count", ["--criterion", "output", "--channel-multiple", "1"]),
+            ("output, cost weight 1", ["--criterion", "output", "--cost-weight", "1"])]
 TIMED = "output"  # the variant timed in ONNX Runtime too
 
 

@@ -530,17 +530,51 @@ ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
   };
   using Entry = std::pair<double, size_t>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue;
-  auto push = [&](size_t gi) {
+  // MACs one unit of a group saves at the current counts.
+  auto unit_cost = [&](const Unit& u) {
+    double c = 0;
+    for (int sp : u.spaces) {
+      int64_t slots = 0;
+      for (int64_t s : u.slots) slots += slot_space[size_t(s)] == sp;
+      for (int k : space_macs[size_t(sp)]) {
+        const auto& mn = cg.macs[size_t(k)];
+        const double in = double(space_kept[size_t(mn.in_space)]), out = double(space_kept[size_t(mn.out_space)]);
+        if (mn.depthwise) c += mn.out_space == sp ? double(mn.per) * double(slots) : 0;
+        else if (mn.in_space == sp) c += double(mn.per) * out / double(mn.group) * double(slots);
+        else c += double(mn.per) * in / double(mn.group) * double(slots);
+      }
+    }
+    return c;
+  };
+  double mean_cost = 0, n_cost = 0;
+  for (const auto& u : units)
+    if (!u.blocked) mean_cost += unit_cost(u), n_cost++;
+  mean_cost = n_cost ? mean_cost / n_cost : 1;
+  auto priority = [&](size_t gi) {
     const int64_t c = chunk(gi);
-    if (!c) return;
     double s = 0;
     for (int64_t k = 0; k < c; ++k) s += units[size_t(group_units[gi][next[gi] + size_t(k)])].norm;
-    queue.push({s / double(c), gi});
+    s /= double(c);
+    if (o.cost_weight > 0 && mean_cost > 0) {
+      const double cost = unit_cost(units[size_t(group_units[gi][next[gi]])]) / mean_cost;
+      s /= std::pow(std::max(cost, 1e-6), o.cost_weight);
+    }
+    return s;
+  };
+  auto push = [&](size_t gi) {
+    if (chunk(gi)) queue.push({priority(gi), gi});
   };
   for (size_t gi = 0; gi < r.groups.size(); ++gi) push(gi);
   while (!reached() && !queue.empty()) {
-    const size_t gi = queue.top().second;
+    const auto [prio, gi] = queue.top();
     queue.pop();
+    if (o.cost_weight > 0) {  // costs move as other groups shrink: re-rank a stale entry
+      const double now = priority(gi);
+      if (now > prio * (1 + 1e-9) && !queue.empty() && now > queue.top().first) {
+        queue.push({now, gi});
+        continue;
+      }
+    }
     const int64_t c = chunk(gi);
     for (int64_t k = 0; k < c; ++k) remove_unit(group_units[gi][next[gi]++]);
     push(gi);

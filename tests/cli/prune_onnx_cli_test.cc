@@ -33,7 +33,7 @@ TEST_F(PruneOnnxCli, PrunesReportsAndRuns) {
                           dir_ + "/held --labels " + dir_ + "/labels.npy --latency-rounds 1 --threads 1 --json " + dir_ +
                           "/report.json");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("criterion output, channels in multiples of 8, bias correction, at pixels: [1,64]"),
+  EXPECT_NE(r.out.find("criterion output, channels in multiples of 8, bias correction and recalibration, at pixels: [1,64]"),
             std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MACs                       6464"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("groups: 4 (2 prunable, 2 pruned)"), std::string::npos) << r.out;

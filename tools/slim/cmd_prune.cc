@@ -68,6 +68,9 @@ SLIM_COMMAND(45, [](CLI::App& app) {
   c->add_option("--channel-multiple", a->channel_multiple,
                 "ONNX: channels kept per group are a multiple of this (1: any count)")
       ->check(CLI::Range(1, 1024));
+  c->add_option("--cost-weight", a->cost_weight,
+                "ONNX: rank channels by importance / (MACs they save)^W: 0 (default) importance only, 1 per MAC")
+      ->check(CLI::Range(0.0, 4.0));
   c->add_option("--calib-samples", a->calib_samples, "ONNX: calibration samples used (first N)")
       ->check(CLI::PositiveNumber);
   c->add_flag("--no-bias-correction", a->no_bias_correction,

@@ -86,6 +86,7 @@ void prune_onnx_model(const PruneArgs& a) {
   o.channel_multiple = a.channel_multiple;
   o.bias_correction = !a.no_bias_correction;
   o.recalibrate = !a.no_recalibration;
+  o.cost_weight = a.cost_weight;
   o.threads = a.threads;
   std::unique_ptr<Progress> progress;
   std::string stage;
@@ -115,6 +116,7 @@ void prune_onnx_model(const PruneArgs& a) {
                        {"output", a.output},
                        {"criterion", prune::criterion_name(r.criterion)},
                        {"channel_multiple", a.channel_multiple},
+                       {"cost_weight", a.cost_weight},
                        {"bias_correction", o.bias_correction && !o.calibration.empty()},
                        {"target_flops", a.target_flops},
                        {"target_params", a.target_params},
@@ -132,7 +134,10 @@ void prune_onnx_model(const PruneArgs& a) {
 
   std::printf("%s -> %s: criterion %s, channels in multiples of %d%s, at %s\n", a.model.c_str(), a.output.c_str(),
               prune::criterion_name(r.criterion).c_str(), a.channel_multiple,
-              js["bias_correction"].get<bool>() ? ", bias correction" : "", r.input_shape.c_str());
+              !js["bias_correction"].get<bool>() ? ""
+              : o.recalibrate                    ? ", bias correction and recalibration"
+                                                 : ", bias correction",
+              r.input_shape.c_str());
   std::printf("%-16s %14s %14s\n", "", "before", "after");
   std::printf("%-16s %14lld %14lld  (%.1f%% kept)\n", "parameters", (long long)r.params_before,
               (long long)r.params_after, 100.0 * double(r.params_after) / double(r.params_before));

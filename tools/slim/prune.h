@@ -21,7 +21,7 @@ struct PruneArgs {
   // (l1, l2, bn, output; "activation" means output, "magnitude" l2); kept channels per
   // group a multiple of this; held-out labels (.npy); calibration samples used; bias
   // correction off; latency rounds.
-  double target_flops = 1;
+  double target_flops = 1, cost_weight = 0;
   std::string labels;
   int channel_multiple = 8, calib_samples = 64, latency_rounds = 5;
   bool no_bias_correction = false, no_recalibration = false;

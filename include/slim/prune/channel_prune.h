@@ -33,7 +33,10 @@ struct ChannelPruneOptions {
   double target_flops = 1;   // keep at most this fraction of the Conv/Gemm/MatMul MACs
   double target_params = 1;  // and of the parameters
   Criterion criterion = Criterion::l2;
-  int channel_multiple = 8;  // kept channels per group: a multiple of this (or the whole group)
+  int channel_multiple = 8;
+  // Rank chunks by importance / (MACs a channel saves / the mean)^cost_weight: 0 ranks
+  // by importance alone, 1 by importance per MAC saved.
+  double cost_weight = 0;  // kept channels per group: a multiple of this (or the whole group)
   bool bias_correction = true;  // needs calibration samples
   // And then, layer by layer in graph order, scale and shift each reading layer's output
   // channels so that their mean and variance on the calibration samples match the
