@@ -9,8 +9,10 @@ npm packages, with calibration and held-out data that fit each model:
   of the thresholded probability maps (> 0.3) of the pruned and unpruned models.
 
 For each model and criterion it prunes to --target-flops (default 0.7), then times the
-original and the pruned files in slim (`slim bench`) and ONNX Runtime (onnxruntime-node,
-bench/vs_ort/ort_bench.js), rounds alternating, 1 thread, medians; and runs each pruned
+original and the pruned files in slim (`slim prune`'s own timing: both models in one
+process, alternating run by run, so that the load of a shared machine hits both alike) and
+in ONNX Runtime (onnxruntime-node, bench/vs_ort/ort_bench.js, rounds alternating), 1 thread,
+medians; and runs each pruned
 file in both engines on a held-out sample (max |slim - ORT|). Writes results.json and the
 table in README.md between its markers.
 Usage: run.py [--slim PATH] [--models a,b] [--criteria l2,output] [--rounds N]"""
@@ -103,29 +105,20 @@ def mask_iou(a, b, thresh=0.3):
     return float(np.logical_and(ma, mb).sum() / union) if union else 1.0
 
 
-def time_pair(args, ctx, models, feeds, work):
-    """Median latency (ms) of each model in ONNX Runtime (when asked) and slim, models and
-    engines alternating within each round."""
+def time_ort(args, ctx, models, feeds, work):
+    """Median latency (ms) of each model in ONNX Runtime, models alternating within each round."""
     d = os.path.join(work, "lat")
-    inputs = real.save_inputs(d, feeds)
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
-    res = {m: {"slim": [], "ort": []} for m, _ in models}
+    real.save_inputs(d, feeds)
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", NODE_PATH=ctx.node_path)
+    res = {m: [] for m in models}
     for _ in range(args.rounds):
-        for m, with_ort in models:
-            if with_ort:
-                r = real.sh(["node", real.ORT_BENCH, m, os.path.join(d, "spec.json"), str(args.threads), "3",
-                             str(args.iters), os.path.join(d, "ort"), "0"], env=dict(env, NODE_PATH=ctx.node_path))
-                if r.returncode != 0:
-                    raise RuntimeError("ORT: " + r.stderr[-500:])
-                res[m]["ort"].append(statistics.median(json.load(open(os.path.join(d, "ort", "result.json")))["runs_ms"]))
-            js = os.path.join(d, "slim.json")
-            cmd = [args.slim, "bench", m, "--threads", str(args.threads), "--warmup", "3", "--iters", str(args.iters),
-                   "--json", js, "--top", "0"]
-            for i in inputs:
-                cmd += ["-i", i]
-            sh(cmd, env=env)
-            res[m]["slim"].append(json.load(open(js))["p50_ms"])
-    return {m: {k: statistics.median(v) if v else None for k, v in r.items()} for m, r in res.items()}
+        for m in models:
+            r = real.sh(["node", real.ORT_BENCH, m, os.path.join(d, "spec.json"), str(args.threads), "3",
+                         str(args.iters), os.path.join(d, "ort"), "0"], env=env)
+            if r.returncode != 0:
+                raise RuntimeError("ORT: " + r.stderr[-500:])
+            res[m].append(statistics.median(json.load(open(os.path.join(d, "ort", "result.json")))["runs_ms"]))
+    return {m: statistics.median(v) for m, v in res.items()}
 
 
 def run_model(args, ctx, manifest, name):
@@ -149,7 +142,7 @@ def run_model(args, ctx, manifest, name):
         js = out[:-5] + ".json"
         cmd = [args.slim, "prune", path, "-o", out, "--target-flops", str(args.target_flops), "--calib",
                os.path.join(work, "calib"), "--eval", os.path.join(work, "held"), "--threads", str(args.threads),
-               "--latency-rounds", "0", "--json", js] + opts
+               "--latency-rounds", str(args.rounds), "--json", js] + opts
         if os.path.exists(os.path.join(work, "labels.npy")):
             cmd += ["--labels", os.path.join(work, "labels.npy")]
         t0 = time.time()
@@ -167,6 +160,7 @@ def run_model(args, ctx, manifest, name):
             pruned = slim_outputs(args, out, held, os.path.join(work, "out_pruned"))
             v["agreement"] = float(np.mean([mask_iou(a[0], b[0]) for a, b in zip(base_out, pruned)]))
         v["cosine"] = o["cosine"]
+        v["slim_ms"] = [rep["before"]["latency_ms"], rep["after"]["latency_ms"]]
         r["variants"][label] = v
     log(f"bench/prune: {name}: slim vs ONNX Runtime")
     feeds = {"x": hx[:1]}
@@ -177,12 +171,12 @@ def run_model(args, ctx, manifest, name):
         np.save(os.path.join(d, "x.npy"), hx[:1])
         s = slim_outputs(args, v["file"], os.path.join(d, "x.npy"), os.path.join(work, "out_one"))
         v["slim_vs_ort_max_abs"] = float(np.abs(s - list(ort.values())[0]).max())
-    log(f"bench/prune: {name}: latency")
-    models = [(path, True)] + [(v["file"], label == TIMED) for label, v in r["variants"].items()]
-    lat = time_pair(args, ctx, models, feeds, work)
-    r["latency"] = {"original": lat[path]}
+    log(f"bench/prune: {name}: ONNX Runtime latency")
+    lat = time_ort(args, ctx, [path, r["variants"][TIMED]["file"]], feeds, work)
+    r["latency"] = {"original": {"ort": lat[path],
+                                 "slim": statistics.median(v["slim_ms"][0] for v in r["variants"].values())}}
     for label, v in r["variants"].items():
-        v["latency"] = lat[v["file"]]
+        v["latency"] = {"slim": v["slim_ms"][1], "ort": lat.get(v["file"]) if label == TIMED else None}
     return r
 
 
@@ -210,7 +204,7 @@ def markdown(results, meta):
                 acc = ""
             lines.append(f"| | {label} | {v['params'][1]:,} ({100 * v['params'][1] / v['params'][0]:.0f}%) | "
                          f"{v['macs'][1] / 1e6:.1f} M ({100 * v['macs'][1] / v['macs'][0]:.0f}%) | "
-                         f"{fmt_ms(v['latency']['slim'])} | {L['slim'] / v['latency']['slim']:.2f}× | "
+                         f"{fmt_ms(v['latency']['slim'])} | {v['slim_ms'][0] / v['slim_ms'][1]:.2f}× | "
                          f"{fmt_ms(v['latency']['ort'])} | {metric} {100 * v['agreement']:.1f}%{acc} | "
                          f"{v['slim_vs_ort_max_abs']:.1e} |")
     return "\n".join(lines) + "\n"
@@ -224,7 +218,9 @@ def main():
     ap.add_argument("--models", default="ppocr-cls,ppocr-v4-det")
     ap.add_argument("--target-flops", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5, help="latency rounds (models and engines alternate)")
+    ap.add_argument("--rounds", type=int, default=10,
+                    help="latency rounds: slim (in `slim prune`, original and pruned alternating run by run) and "
+                         "ONNX Runtime (original and pruned alternating)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=os.path.join(HERE, "results.json"))
     ap.add_argument("--markdown", default=os.path.join(HERE, "README.md"))

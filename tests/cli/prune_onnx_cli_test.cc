@@ -66,6 +66,9 @@ TEST_F(PruneOnnxCli, BadOptionsAreClearErrors) {
   r = run_slim("prune " + dir_ + "/labels.npy -o " + out + " --target-flops 0.5");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--target-flops is for ONNX models"), std::string::npos) << r.err;
+  r = run_slim("prune " + dir_ + "/labels.npy -o " + out + " --criterion l2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--criterion l2 is for ONNX models"), std::string::npos) << r.err;
   r = run_slim("prune " + model() + " -o " + dir_ + "/pruned.slimf --target-flops 0.5");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("the output of an ONNX model is an .onnx file"), std::string::npos) << r.err;

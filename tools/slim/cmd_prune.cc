@@ -27,6 +27,8 @@ void prune_cmd(const PruneArgs& a) {
   if (kind == "onnx") return prune_onnx_model(a);
   check(a.target_flops == 1, ErrorCode::invalid_argument,
         "prune: --target-flops is for ONNX models; " + a.model + " is not one (.onnx)");
+  check(a.criterion == "activation" || a.criterion == "magnitude", ErrorCode::invalid_argument,
+        "prune: --criterion " + a.criterion + " is for ONNX models; " + a.model + " takes activation or magnitude");
   if (kind == "gguf") return prune_llm_model(a);
   prune_forest_model(a);
 }
@@ -77,7 +79,7 @@ SLIM_COMMAND(45, [](CLI::App& app) {
               "ONNX: do not fold removed channels' calibration mean into the biases of the layers reading them");
   c->add_flag("--no-recalibration", a->no_recalibration,
               "ONNX: do not match the mean and variance of each layer that lost inputs to the original's on --calib");
-  c->add_option("--latency-rounds", a->latency_rounds, "ONNX: alternating timing rounds for the report (0: none)")
+  c->add_option("--latency-rounds", a->latency_rounds, "ONNX: timing for the report: about 0.4 s of runs per round, the two models alternating run by run (0: none)")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--ctx", a->ctx, "GGUF: tokens per calibration and evaluation chunk")->check(CLI::Range(8, 1 << 16));
   c->add_option("--chunks", a->chunks, "GGUF: chunks of calibration and of evaluation text used")

@@ -26,25 +26,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Median milliseconds of one run of each model on `feeds`, rounds alternating.
+// Median milliseconds of one run of each model on `feeds`. The models take turns run by
+// run (so that a load that comes and goes on the machine hits both alike): `rounds` x
+// about 0.2 s of runs each.
 std::pair<double, double> latencies(const std::string& a, const std::string& b, const TensorMap& feeds, int threads,
                                     int rounds) {
   SessionOptions so;
   so.num_threads = threads;
   auto sa = Session::load(a, so), sb = Session::load(b, so);
-  std::vector<double> ta, tb;
-  auto time = [&](Session& s, std::vector<double>& out, int iters) {
-    for (int i = 0; i < iters; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      s.run(feeds);
-      out.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
+  auto once = [&](Session& s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    s.run(feeds);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  std::vector<double> warm;
-  time(*sa, warm, 2);
-  time(*sb, warm, 2);
-  const int iters = std::clamp(int(200.0 / std::max(0.05, warm[1])), 3, 50);  // about 0.2 s per round and model
-  for (int r = 0; r < rounds; ++r) time(*sa, ta, iters), time(*sb, tb, iters);
+  double warm = 0;
+  for (int i = 0; i < 2; ++i) warm = once(*sa), once(*sb);
+  const int runs = rounds * std::clamp(int(200.0 / std::max(0.05, warm)), 3, 50);
+  std::vector<double> ta, tb;
+  for (int i = 0; i < runs; ++i) {
+    if (i % 2) ta.push_back(once(*sa)), tb.push_back(once(*sb));
+    else tb.push_back(once(*sb)), ta.push_back(once(*sa));
+  }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -157,8 +159,8 @@ void prune_onnx_model(const PruneArgs& a) {
       }
     }
     const auto [ms_a, ms_b] = latencies(a.model, a.output, feeds, a.threads, a.latency_rounds);
-    std::printf("%-16s %11.3f ms %11.3f ms  (%.2fx speed-up; 1 sample, %d rounds alternating, medians)\n", "latency",
-                ms_a, ms_b, ms_a / ms_b, a.latency_rounds);
+    std::printf("%-16s %11.3f ms %11.3f ms  (%.2fx speed-up; 1 sample, runs alternating, medians)\n", "latency",
+                ms_a, ms_b, ms_a / ms_b);
     js["before"]["latency_ms"] = ms_a;
     js["after"]["latency_ms"] = ms_b;
   }
