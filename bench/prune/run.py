@@ -52,6 +52,7 @@ VARIANTS = [("l2", ["--criterion", "l2"]),
             ("output", ["--criterion", "output"]),
             ("output, no correction", ["--criterion", "output", "--no-bias-correction"]),
             ("output, any channel count", ["--criterion", "output", "--channel-multiple", "1"]),
+            ("output, multiples of 16", ["--criterion", "output", "--channel-multiple", "16"]),
             ("output, cost weight 1", ["--criterion", "output", "--cost-weight", "1"])]
 TIMED = "output"  # the variant timed in ONNX Runtime too
 
@@ -185,10 +186,13 @@ def fmt_ms(x):
 
 
 def markdown(results, meta):
+    def ort_x(v):
+        return f" ({r['latency']['original']['ort'] / v['latency']['ort']:.2f}×)" if v["latency"]["ort"] else ""
+
     lines = [f"Measured {meta['date']} on {meta['machine']}, ONNX Runtime {meta['ort_version']}, "
              f"{meta['threads']} thread, load average {meta['load']}; target {meta['target_flops']} of the MACs, "
              "no fine-tuning.", "",
-             "| model | criterion | params | MACs | slim ms | speed-up | ORT ms | agreement | max \\|slim − ORT\\| |",
+             "| model | criterion | params | MACs | slim ms: original → pruned | speed-up | ORT ms | agreement | max \\|slim − ORT\\| |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         L = r["latency"]["original"]
@@ -204,8 +208,8 @@ def markdown(results, meta):
                 acc = ""
             lines.append(f"| | {label} | {v['params'][1]:,} ({100 * v['params'][1] / v['params'][0]:.0f}%) | "
                          f"{v['macs'][1] / 1e6:.1f} M ({100 * v['macs'][1] / v['macs'][0]:.0f}%) | "
-                         f"{fmt_ms(v['latency']['slim'])} | {v['slim_ms'][0] / v['slim_ms'][1]:.2f}× | "
-                         f"{fmt_ms(v['latency']['ort'])} | {metric} {100 * v['agreement']:.1f}%{acc} | "
+                         f"{fmt_ms(v['slim_ms'][0])} → {fmt_ms(v['slim_ms'][1])} | {v['slim_ms'][0] / v['slim_ms'][1]:.2f}× | "
+                         f"{fmt_ms(v['latency']['ort'])}{ort_x(v)} | {metric} {100 * v['agreement']:.1f}%{acc} | "
                          f"{v['slim_vs_ort_max_abs']:.1e} |")
     return "\n".join(lines) + "\n"
 

@@ -574,6 +574,10 @@ class Builder {
       failed_[ni] = f.reason;
       if (from >= 0) freeze(from, f.reason);
       return;
+    } catch (const Error& e) {  // a malformed attribute: that node is not understood
+      failed_[ni] = e.what();
+      if (from >= 0) freeze(from, e.what());
+      return;
     }
     std::vector<int> ids;
     auto& names = explained_[ni];
