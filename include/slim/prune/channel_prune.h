@@ -10,8 +10,9 @@
 // norm, BN scale, or the energy they contribute to the layers that read them, measured
 // on calibration data), normalized within their group, go first until the MACs (and
 // parameters) reach the target; each group keeps at least one channel and a multiple of
-// `channel_multiple`. Removed channels' mean contribution can be folded into the reading
-// layers' biases (bias correction), which undoes most of the shift that removal causes.
+// `channel_multiple`. With calibration samples, the layers that read pruned channels are
+// corrected: their biases take the removed channels' mean contribution, then their output
+// channels' mean and variance are matched to the original model's, layer by layer.
 #pragma once
 
 #include <cstdint>
