@@ -154,6 +154,8 @@ class Builder {
     if (!t) throw Fail{n.describe() + ": its " + what + " '" + v + "' is not a constant"};
     auto u = uses_.find(v);
     if (u != uses_.end() && u->second > 1) throw Fail{n.describe() + ": its " + what + " '" + v + "' is shared by several nodes"};
+    if (t->dtype() != DType::f32 && (what == "weight" || what == "bias" || what == "parameter"))
+      throw Fail{n.describe() + ": its " + what + " '" + v + "' is " + t->describe() + ", not float32"};
     return *t;
   }
   int norm_axis(int64_t a, size_t rank, const Node& n) const {
@@ -573,6 +575,7 @@ class Builder {
     } catch (const Fail& f) {
       failed_[ni] = f.reason;
       if (from >= 0) freeze(from, f.reason);
+      else cg_.seed_failures.push_back(f.reason);
       return;
     } catch (const Error& e) {  // a malformed attribute: that node is not understood
       failed_[ni] = e.what();

@@ -63,6 +63,7 @@ struct ChannelGraph {
   std::vector<std::pair<int, int>> depthwise_fixes;  // (node, output space): group = kept
   std::vector<BnInfo> bns;
   std::vector<MacNode> macs;
+  std::vector<std::string> seed_failures;  // why weighted nodes could not seed channels
   std::vector<int64_t> parent;  // union-find over slots
   int64_t slots = 0;
 

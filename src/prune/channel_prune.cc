@@ -386,6 +386,12 @@ ChannelPruneReport prune_channels(Model& model, const ChannelPruneOptions& o) {
     }
   }
 
+  if (r.groups.empty())
+    r.notes.push_back(cg.seed_failures.empty()
+                          ? "no Conv, ConvTranspose, Gemm or MatMul with a constant weight: nothing to prune"
+                          : "no channels to prune: " + std::to_string(cg.seed_failures.size()) +
+                                " weighted nodes could not be analysed, e.g. " + cg.seed_failures[0]);
+
   // Statistics on calibration data: what the weight layers read.
   const bool correct = o.bias_correction && !o.calibration.empty();
   std::map<std::string, int> observe;
