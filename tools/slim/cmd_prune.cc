@@ -24,9 +24,11 @@ std::string model_kind(const std::string& path) {
 
 void prune_cmd(const PruneArgs& a) {
   const std::string kind = model_kind(a.model);
-  if (kind == "onnx")
-    throw Error(ErrorCode::unsupported,
-                a.model + ": pruning ONNX models is not available yet; slim prune takes tree ensembles and GGUF");
+  if (kind == "onnx") return prune_onnx_model(a);
+  check(a.target_flops == 1, ErrorCode::invalid_argument,
+        "prune: --target-flops is for ONNX models; " + a.model + " is not one (.onnx)");
+  check(a.criterion == "activation" || a.criterion == "magnitude", ErrorCode::invalid_argument,
+        "prune: --criterion " + a.criterion + " is for ONNX models; " + a.model + " takes activation or magnitude");
   if (kind == "gguf") return prune_llm_model(a);
   prune_forest_model(a);
 }
@@ -37,14 +39,15 @@ SLIM_COMMAND(45, [](CLI::App& app) {
   auto* c = app.add_subcommand(
       "prune", "Structured pruning: make a model smaller and faster, and report what it costs (tree ensembles: "
                "weak splits merged, trees dropped by their contribution on calibration data; GGUF language "
-               "models: attention KV groups and FFN units by calibration activations, MoE experts by routing)");
+               "models: attention KV groups and FFN units by calibration activations, MoE experts by routing; "
+               "ONNX CNNs: coupled Conv/Gemm channels by weight norm, BN scale or measured output energy)");
   auto a = std::make_shared<PruneArgs>();
-  c->add_option("MODEL", a->model, "XGBoost .json/.ubj, LightGBM .txt, .slimf or GGUF")->required()->check(CLI::ExistingFile);
-  c->add_option("-o,--output", a->output, "Pruned model (.slimf for tree ensembles, .gguf for GGUF)")->required();
-  c->add_option("--calib", a->calib, "Calibration data: CSV rows for trees, a text file for GGUF")
-      ->check(CLI::ExistingFile);
-  c->add_option("--eval", a->eval, "Held-out rows (CSV) or text (GGUF) for the report (default: the calibration data)")
-      ->check(CLI::ExistingFile);
+  c->add_option("MODEL", a->model, "XGBoost .json/.ubj, LightGBM .txt, .slimf, GGUF or ONNX")->required()->check(CLI::ExistingFile);
+  c->add_option("-o,--output", a->output, "Pruned model (.slimf for tree ensembles, .gguf for GGUF, .onnx for ONNX)")->required();
+  c->add_option("--calib", a->calib, "Calibration data: CSV rows for trees, a text file for GGUF, a folder of NAME.npy or an .npz for ONNX")
+      ->check(CLI::ExistingPath);
+  c->add_option("--eval", a->eval, "Held-out rows (CSV), text (GGUF) or samples (ONNX: .npy folder, .npz) for the report (default: the calibration data)")
+      ->check(CLI::ExistingPath);
   c->add_option("--label-column", a->label, "Name or index of the label column in the CSVs (AUC when binary)");
   c->add_option("--target-params", a->target_params,
                 "Keep at most this fraction of the parameters (tree nodes; GGUF weights): least important go first")
@@ -54,8 +57,30 @@ SLIM_COMMAND(45, [](CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   c->add_option("--prune-gain", a->prune_gain, "Merge splits whose gain is below this into leaves (source models)")
       ->check(CLI::NonNegativeNumber);
-  c->add_option("--criterion", a->criterion, "GGUF: unit importance, activation (calibration) or magnitude (weights)")
-      ->check(CLI::IsMember({"activation", "magnitude"}));
+  c->add_option("--criterion", a->criterion,
+                "Unit importance. GGUF: activation (calibration) or magnitude (weights). ONNX: l1 or l2 (weight "
+                "norms), bn (BatchNormalization scale), output (energy each channel gives the layers that read it, "
+                "on --calib; 'activation' means output, 'magnitude' l2)")
+      ->check(CLI::IsMember({"activation", "magnitude", "l1", "l2", "bn", "output"}));
+  c->add_option("--target-flops", a->target_flops,
+                "ONNX: keep at most this fraction of the Conv/Gemm/MatMul multiply-adds")
+      ->check(CLI::Range(0.0, 1.0).description("in (0, 1]"));
+  c->add_option("--labels", a->labels, "ONNX: integer class per --eval sample (.npy), for accuracy")
+      ->check(CLI::ExistingFile);
+  c->add_option("--channel-multiple", a->channel_multiple,
+                "ONNX: channels kept per group are a multiple of this (1: any count)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--cost-weight", a->cost_weight,
+                "ONNX: rank channels by importance / (MACs they save)^W: 0 (default) importance only, 1 per MAC")
+      ->check(CLI::Range(0.0, 4.0));
+  c->add_option("--calib-samples", a->calib_samples, "ONNX: calibration samples used (first N)")
+      ->check(CLI::PositiveNumber);
+  c->add_flag("--no-bias-correction", a->no_bias_correction,
+              "ONNX: do not fold removed channels' calibration mean into the biases of the layers reading them");
+  c->add_flag("--no-recalibration", a->no_recalibration,
+              "ONNX: do not match the mean and variance of each layer that lost inputs to the original's on --calib");
+  c->add_option("--latency-rounds", a->latency_rounds, "ONNX: timing for the report: about 0.4 s of runs per round, the two models alternating run by run (0: none)")
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--ctx", a->ctx, "GGUF: tokens per calibration and evaluation chunk")->check(CLI::Range(8, 1 << 16));
   c->add_option("--chunks", a->chunks, "GGUF: chunks of calibration and of evaluation text used")
       ->check(CLI::PositiveNumber);

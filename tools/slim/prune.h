@@ -17,11 +17,21 @@ struct PruneArgs {
   // length and count, and a seed to drop random experts instead of the least routed (MoE).
   std::string criterion = "activation";
   int ctx = 256, chunks = 8, random_experts = -1;
+  // ONNX: keep at most this fraction of the Conv/Gemm/MatMul MACs; channel importance
+  // (l1, l2, bn, output; "activation" means output, "magnitude" l2); kept channels per
+  // group a multiple of this; held-out labels (.npy); calibration samples used; bias
+  // correction off; latency rounds.
+  double target_flops = 1, cost_weight = 0;
+  std::string labels;
+  int channel_multiple = 8, calib_samples = 64, latency_rounds = 5;
+  bool no_bias_correction = false, no_recalibration = false;
 };
 
 // Forest pruning (cmd_forest.cc): tree nodes are the parameters.
 void prune_forest_model(const PruneArgs& args);
 // Language-model pruning (cmd_llm.cc): KV groups, FFN units, MoE experts (llm/prune.h).
 void prune_llm_model(const PruneArgs& args);
+// ONNX channel pruning (cmd_prune_onnx.cc): coupled Conv/Gemm channels (prune/channel_prune.h).
+void prune_onnx_model(const PruneArgs& args);
 
 }  // namespace slim::cli
