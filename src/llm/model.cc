@@ -38,9 +38,12 @@ class ModelLoader {
     const GgufFile& g = *m->gguf_;
     LlamaConfig& c = m->config_;
     c.arch = g.get_string("general.architecture");
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "qwen2moe")
+    // deci (llama.cpp's name for Nemotron-NAS; `slim prune` writes variable-width llama
+    // models as it) is llama's math with per-layer widths; its attention-free and FFN-free
+    // layers (a zero width) are refused below.
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "qwen2moe" && c.arch != "deci")
       throw Error(ErrorCode::unsupported,
-                  path + ": architecture '" + c.arch + "' (slim runs llama, mistral, qwen2 and qwen2moe)");
+                  path + ": architecture '" + c.arch + "' (slim runs llama, deci, mistral, qwen2 and qwen2moe)");
     const std::string a = c.arch + ".";
     auto positive = [&](const std::string& key, int64_t v, int64_t max) {
       if (v <= 0 || v > max)

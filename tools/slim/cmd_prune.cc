@@ -54,8 +54,29 @@ SLIM_COMMAND(45, [](CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   c->add_option("--prune-gain", a->prune_gain, "Merge splits whose gain is below this into leaves (source models)")
       ->check(CLI::NonNegativeNumber);
-  c->add_option("--criterion", a->criterion, "GGUF: unit importance, activation (calibration) or magnitude (weights)")
-      ->check(CLI::IsMember({"activation", "magnitude"}));
+  c->add_option("--criterion", a->criterion,
+                "GGUF: unit importance, activation (calibration), wanda (|W| x calibration input norm) or magnitude "
+                "(weights)")
+      ->check(CLI::IsMember({"activation", "wanda", "magnitude"}));
+  c->add_flag("--no-refit", a->no_refit,
+              "GGUF: keep the kept units' output-projection columns as they are (default: least-squares refit on "
+              "the calibration activations)");
+  c->add_option("--refit-chunks", a->refit_chunks,
+                "GGUF: chunks of the calibration text's first half the importances and the refit are computed on")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--allocation", a->allocation,
+                "GGUF: per-layer widths from the sensitivity scan, or uniform (every layer loses the same share of "
+                "its FFN units, for comparison)")
+      ->check(CLI::IsMember({"sensitivity", "uniform"}));
+  c->add_option("--min-ffn-share", a->min_ffn_share,
+                "GGUF: every layer keeps at least this share of its FFN units while the budget allows")
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_flag("--no-speed", a->no_speed, "GGUF: leave out the prefill and decode speed measurement");
+  c->add_option("--ridge", a->ridge, "GGUF: the refit's regularization, relative to the mean activation energy")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--arch", a->arch,
+                "GGUF: architecture written: auto (deci when a llama model's widths differ between layers, as "
+                "llama.cpp needs), or the model's own, or deci");
   c->add_option("--ctx", a->ctx, "GGUF: tokens per calibration and evaluation chunk")->check(CLI::Range(8, 1 << 16));
   c->add_option("--chunks", a->chunks, "GGUF: chunks of calibration and of evaluation text used")
       ->check(CLI::PositiveNumber);
