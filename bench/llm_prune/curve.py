@@ -54,7 +54,17 @@ def prune(slim, model, out, calib, evalt, target, threads, extra, tmp):
         return json.load(f)
 
 
-def llama_ppl(exe, model, text, threads):
+def llama_ppl(exe, model, text, threads, tries=3):
+    """llama-perplexity's final estimate (on this machine it sometimes stops after the
+    last chunk's partial line without one, exit status 0: then it runs again)."""
+    for _ in range(tries):
+        p = llama_ppl_once(exe, model, text, threads)
+        if p == p:
+            return p
+    return p
+
+
+def llama_ppl_once(exe, model, text, threads):
     r = subprocess.run([exe, "-m", model, "-f", text, "-c", "256", "--chunks", "8", "-t", str(threads), "-b", "256"],
                        capture_output=True, text=True)
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
