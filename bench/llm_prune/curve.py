@@ -55,19 +55,27 @@ def prune(slim, model, out, calib, evalt, target, threads, extra, tmp):
 
 
 def llama_ppl(exe, model, text, threads, tries=3):
-    """llama-perplexity's final estimate (on this machine it sometimes stops after the
-    last chunk's partial line without one, exit status 0: then it runs again)."""
+    """llama-perplexity's final estimate. Its logger is a thread that may lose the last
+    lines at exit (the run ends with status 0 after its 7th of 8 chunks' line): the log
+    file is read too, and the run repeated when neither has the estimate."""
+    p = float("nan")
     for _ in range(tries):
         p = llama_ppl_once(exe, model, text, threads)
         if p == p:
-            return p
+            break
     return p
 
 
 def llama_ppl_once(exe, model, text, threads):
-    r = subprocess.run([exe, "-m", model, "-f", text, "-c", "256", "--chunks", "8", "-t", str(threads), "-b", "256"],
-                       capture_output=True, text=True)
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+    log = os.path.join(tempfile.gettempdir(), "slim_curve_llama_perplexity.log")
+    r = subprocess.run([exe, "-m", model, "-f", text, "-c", "256", "--chunks", "8", "-t", str(threads), "-b", "256",
+                        "--log-file", log], capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            out += f.read()
+        os.remove(log)
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
     if not m:
         print("llama-perplexity on %s: exit %d, no estimate" % (model, r.returncode), file=sys.stderr)
     return float(m.group(1)) if m else float("nan")
