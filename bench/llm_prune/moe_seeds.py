@@ -23,11 +23,10 @@ sys.path.insert(0, HERE)
 import curve  # noqa: E402
 
 
-def prune(slim, model, tmp, calib, evalt, threads, n_drop, n_expert, seed):
-    """PPL before and after dropping n_drop of n_expert experts per layer."""
+def prune(slim, model, tmp, calib, evalt, threads, seed):
+    """The slim prune command line (without its target) and its report's path; seed: drop
+    random experts with it instead of the least routed."""
     rep = os.path.join(tmp, "moe.json")
-    # Just under 1 - n_drop/n_expert of the expert parameters: slim prune drops the fewest
-    # experts per layer that reach the target, so the target is set from a one-expert run.
     cmd = [slim, "prune", model, "-o", os.path.join(tmp, "moe-pruned.gguf"), "--calib", calib, "--eval", evalt,
            "--chunks", "8", "--threads", str(threads), "--no-speed", "--json", rep]
     if seed is not None:
@@ -60,8 +59,9 @@ def main():
         if not os.path.exists(model):
             print("%s is missing (bench/vs_llamacpp/run.py --moe makes it): skipped" % model, file=sys.stderr)
             continue
-        # One expert per layer first: its parameter count sets the target for a quarter.
-        cmd, rep = prune(slim, model, tmp, calib, evalt, a.threads, 1, 0, None)
+        # One expert per layer first (slim prune drops the fewest experts per layer that
+        # reach the target): its parameter count sets the target for a quarter.
+        cmd, rep = prune(slim, model, tmp, calib, evalt, a.threads, None)
         one = run(cmd + ["--target-params", "0.9999"], rep)
         n_expert = len(one["layers"][0]["experts"]) + 1
         per = one["before"]["params"] - one["after"]["params"]
@@ -70,7 +70,7 @@ def main():
         least = run(cmd + ["--target-params", "%.9f" % target], rep) if n_drop > 1 else one
         rand = []
         for seed in range(a.seeds):
-            c, r = prune(slim, model, tmp, calib, evalt, a.threads, n_drop, n_expert, seed)
+            c, r = prune(slim, model, tmp, calib, evalt, a.threads, seed)
             rand.append(run(c + ["--target-params", "%.9f" % target], r)["after"]["ppl"])
         print("| %s | %d of %d | %.2f | %.2f | %s | %.2f |" % (
             os.path.basename(model), n_expert - n_drop, n_expert, least["before"]["ppl"], least["after"]["ppl"],

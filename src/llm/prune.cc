@@ -154,7 +154,11 @@ bool cholesky_solve(std::vector<double>& A, std::vector<double>& B, int64_t n, i
 std::vector<float> refit_cols(const std::vector<double>& G, int64_t n, const std::vector<float>& W, int64_t rows,
                               const std::vector<int>& K, double ridge) {
   std::vector<char> kept(size_t(n), 0);
-  for (int k : K) kept[size_t(k)] = 1;
+  for (int k : K) {
+    check(k >= 0 && k < n && !kept[size_t(k)], ErrorCode::invalid_argument,
+          "prune: a kept unit " + std::to_string(k) + " is out of range or repeated");
+    kept[size_t(k)] = 1;
+  }
   std::vector<int> R;
   for (int j = 0; j < n; ++j)
     if (!kept[size_t(j)]) R.push_back(j);
