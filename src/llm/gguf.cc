@@ -402,6 +402,14 @@ void GgufWriter::set_u32_array(const std::string& key, const std::vector<uint32_
   for (uint32_t x : v) put(s, x);
   set_raw(key, std::move(s));
 }
+void GgufWriter::set_string_array(const std::string& key, const std::vector<std::string>& v) {
+  std::string s;
+  put<uint32_t>(s, uint32_t(GgufValueType::array));
+  put<uint32_t>(s, uint32_t(GgufValueType::string));
+  put<uint64_t>(s, v.size());
+  for (const std::string& x : v) put_string(s, x);
+  set_raw(key, std::move(s));
+}
 void GgufWriter::copy_value(const std::string& key, const GgufFile& src, const GgufValue& value) {
   set_raw(key, std::string(reinterpret_cast<const char*>(src.file().data() + value.raw_offset),
                            size_t(value.raw_size)));

@@ -38,9 +38,12 @@ class ModelLoader {
     const GgufFile& g = *m->gguf_;
     LlamaConfig& c = m->config_;
     c.arch = g.get_string("general.architecture");
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "qwen2moe")
+    // deci (llama.cpp's name for Nemotron-NAS; `slim prune` writes variable-width llama
+    // models as it) is llama's math with per-layer widths; its attention-free and FFN-free
+    // layers (a zero width) are refused below.
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "qwen2moe" && c.arch != "deci")
       throw Error(ErrorCode::unsupported,
-                  path + ": architecture '" + c.arch + "' (slim runs llama, mistral, qwen2 and qwen2moe)");
+                  path + ": architecture '" + c.arch + "' (slim runs llama, deci, mistral, qwen2 and qwen2moe)");
     const std::string a = c.arch + ".";
     auto positive = [&](const std::string& key, int64_t v, int64_t max) {
       if (v <= 0 || v > max)
@@ -454,9 +457,11 @@ LlamaContext::LlamaContext(std::shared_ptr<const LlamaModel> model, ContextOptio
   }
   s.k_cache.resize(paged ? 0 : size_t(c.n_layer));
   s.v_cache.resize(paged ? 0 : size_t(c.n_layer));
+  // Each layer's rows are its own KV heads wide (a pruned layer's cache is smaller).
   for (int l = 0; l < (paged ? 0 : c.n_layer); ++l) {
-    s.k_cache[size_t(l)].allocate(size_t(n_ctx_) * s.kv_dim * s.kv_elem);
-    s.v_cache[size_t(l)].allocate(size_t(n_ctx_) * s.kv_dim * s.kv_elem);
+    const size_t kv_dim = size_t(model_->layer(l).n_head_kv) * size_t(c.head_dim);
+    s.k_cache[size_t(l)].allocate(size_t(n_ctx_) * kv_dim * s.kv_elem);
+    s.v_cache[size_t(l)].allocate(size_t(n_ctx_) * kv_dim * s.kv_elem);
   }
   // ggml's RoPE angles: theta advances by repeated float multiplication, which the
   // table reproduces so positions rotate exactly as in llama.cpp.
@@ -965,8 +970,8 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
       rope(q, int(q_dim / c.head_dim), pos);
       rope(k, L.n_head_kv, pos);
       if (cache) continue;
-      uint8_t* kc = s.k_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
-      uint8_t* vc = s.v_cache[size_t(l)].data() + size_t(p0 + t) * s.kv_dim * s.kv_elem;
+      uint8_t* kc = s.k_cache[size_t(l)].data() + size_t(p0 + t) * size_t(kv_dim) * s.kv_elem;
+      uint8_t* vc = s.v_cache[size_t(l)].data() + size_t(p0 + t) * size_t(kv_dim) * s.kv_elem;
       if (s.kv_elem == 2) {
         s.k->f32_to_f16_row(k, reinterpret_cast<uint16_t*>(kc), kv_dim);
         s.k->f32_to_f16_row(v, reinterpret_cast<uint16_t*>(vc), kv_dim);
@@ -1008,14 +1013,15 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
           float* out = st.attn.data() + t * st.q_dim + int64_t(kvh) * g * hd;
           const uint8_t* kc = st.k_cache[size_t(j.layer)].data();
           const uint8_t* vc = st.v_cache[size_t(j.layer)].data();
-          const size_t row = size_t(st.kv_dim) * st.kv_elem;
+          const int64_t kv_dim = int64_t(j.n_head_kv) * hd;  // the layer's row
+          const size_t row = size_t(kv_dim) * st.kv_elem;
           const size_t off = size_t(kvh) * hd * st.kv_elem;
           // f16 rows go through the same kernels as the paged cache, so a paged cache
           // that keeps everything reproduces this one bit for bit (a query's result does
           // not depend on how many share the call).
           const KvAttentionKernels& ak = kv_attention_kernels();
           if (st.kv_elem == 2)
-            ak.scores_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(kc + off), st.kv_dim), len, q, g, hd,
+            ak.scores_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(kc + off), kv_dim), len, q, g, hd,
                           scores, ls);
           for (int qh = 0; qh < g; ++qh) {
             float* sc = scores + qh * ls;
@@ -1031,7 +1037,7 @@ void LlamaContext::forward(const int32_t* tokens, int n, std::span<const Entry> 
               }
           }
           if (st.kv_elem == 2)
-            ak.accumulate_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(vc + off), st.kv_dim), len, scores,
+            ak.accumulate_f16(KvF16Rows::contiguous(reinterpret_cast<const uint16_t*>(vc + off), kv_dim), len, scores,
                               ls, g, hd, out);
         }
       }

@@ -358,7 +358,15 @@ void prune_llm_model(const PruneArgs& a) {
         "prune: --prune-gain, --max-margin-change and --label-column are for tree ensembles");
   llm::PruneOptions o;
   o.target_params = a.target_params;
-  o.criterion = a.criterion == "magnitude" ? llm::PruneCriterion::magnitude : llm::PruneCriterion::activation;
+  o.criterion = a.criterion == "magnitude" ? llm::PruneCriterion::magnitude
+                : a.criterion == "wanda"   ? llm::PruneCriterion::wanda
+                                           : llm::PruneCriterion::activation;
+  o.refit = !a.no_refit;
+  o.refit_chunks = a.refit_chunks;
+  o.uniform = a.allocation == "uniform";
+  o.min_ffn_share = a.min_ffn_share;
+  o.ridge = a.ridge;
+  o.arch = a.arch == "auto" ? "" : a.arch;
   o.n_ctx = a.ctx;
   o.calib_chunks = a.chunks;
   o.expert_seed = a.random_experts;
@@ -379,14 +387,16 @@ void prune_llm_model(const PruneArgs& a) {
   po.threads = a.threads;
   const std::string eval_file = a.eval.empty() ? a.calib : a.eval;
   const llm::PerplexityResult p = llm::perplexity(after, before, read_text_file(eval_file), eval_file, po);
-  const auto [prefill, decode] = llm_speeds({before, after}, a.ctx, a.threads);
+  const auto [prefill, decode] = a.no_speed ? std::pair<std::array<double, 2>, std::array<double, 2>>{}
+                                            : llm_speeds({before, after}, a.ctx, a.threads);
   nlohmann::json layers = nlohmann::json::array();
   for (size_t l = 0; l < r.keep.size(); ++l) {
     const llm::LayerWeights& L = after->layer(int(l));
     nlohmann::json j = {{"kv_heads", L.n_head_kv}, {"n_ff", L.n_ff}};
     if (after->config().n_expert) j = {{"experts", r.keep[l].experts}};
     if (!r.attn_sensitivity.empty())
-      j["attn_sensitivity"] = r.attn_sensitivity[l], j["ffn_sensitivity"] = r.ffn_sensitivity[l];
+      j["attn_sensitivity"] = r.attn_sensitivity[l], j["ffn_sensitivity"] = r.ffn_sensitivity[l],
+      j["ffn_probes"] = r.ffn_probes[l];
     layers.push_back(j);
   }
   auto side = [&](const std::string& path, int64_t params, double ppl, int k) {
@@ -395,6 +405,7 @@ void prune_llm_model(const PruneArgs& a) {
   };
   nlohmann::json report = {
       {"kind", "gguf"}, {"model", a.model}, {"output", a.output}, {"criterion", a.criterion},
+      {"refit", !a.no_refit}, {"ridge", a.ridge}, {"allocation", a.allocation}, {"arch", r.arch},
       {"isa", llm::LlamaContext(before, {}).kernel_isa()},
       {"before", side(a.model, r.params_before, p.base_ppl(), 0)},
       {"after", side(a.output, r.params_after, p.ppl(), 1)},

@@ -27,8 +27,11 @@ void prune_cmd(const PruneArgs& a) {
   if (kind == "onnx") return prune_onnx_model(a);
   check(a.target_flops == 1, ErrorCode::invalid_argument,
         "prune: --target-flops is for ONNX models; " + a.model + " is not one (.onnx)");
-  check(a.criterion == "activation" || a.criterion == "magnitude", ErrorCode::invalid_argument,
-        "prune: --criterion " + a.criterion + " is for ONNX models; " + a.model + " takes activation or magnitude");
+  const bool gguf_criterion = a.criterion == "activation" || a.criterion == "magnitude" || a.criterion == "wanda";
+  check(gguf_criterion, ErrorCode::invalid_argument,
+        "prune: --criterion " + a.criterion + " is for ONNX models; " + a.model + " takes activation, wanda or magnitude");
+  check(kind == "gguf" || a.criterion != "wanda", ErrorCode::invalid_argument,
+        "prune: --criterion wanda is for GGUF models; " + a.model + " is a tree ensemble");
   if (kind == "gguf") return prune_llm_model(a);
   prune_forest_model(a);
 }
@@ -58,10 +61,10 @@ SLIM_COMMAND(45, [](CLI::App& app) {
   c->add_option("--prune-gain", a->prune_gain, "Merge splits whose gain is below this into leaves (source models)")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--criterion", a->criterion,
-                "Unit importance. GGUF: activation (calibration) or magnitude (weights). ONNX: l1 or l2 (weight "
-                "norms), bn (BatchNormalization scale), output (energy each channel gives the layers that read it, "
-                "on --calib; 'activation' means output, 'magnitude' l2)")
-      ->check(CLI::IsMember({"activation", "magnitude", "l1", "l2", "bn", "output"}));
+                "Unit importance. GGUF: activation (calibration), wanda (|W| x calibration input norm) or "
+                "magnitude (weights). ONNX: l1 or l2 (weight norms), bn (BatchNormalization scale), output (energy "
+                "each channel gives the layers that read it, on --calib; 'activation' means output, 'magnitude' l2)")
+      ->check(CLI::IsMember({"activation", "wanda", "magnitude", "l1", "l2", "bn", "output"}));
   c->add_option("--target-flops", a->target_flops,
                 "ONNX: keep at most this fraction of the Conv/Gemm/MatMul multiply-adds")
       ->check(CLI::Range(0.0, 1.0).description("in (0, 1]"));
@@ -81,6 +84,25 @@ SLIM_COMMAND(45, [](CLI::App& app) {
               "ONNX: do not match the mean and variance of each layer that lost inputs to the original's on --calib");
   c->add_option("--latency-rounds", a->latency_rounds, "ONNX: timing for the report: about 0.4 s of runs per round, the two models alternating run by run (0: none)")
       ->check(CLI::NonNegativeNumber);
+  c->add_flag("--no-refit", a->no_refit,
+              "GGUF: keep the kept units' output-projection columns as they are (default: least-squares refit on "
+              "the calibration activations)");
+  c->add_option("--refit-chunks", a->refit_chunks,
+                "GGUF: chunks of the calibration text's first half the importances and the refit are computed on")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--allocation", a->allocation,
+                "GGUF: per-layer widths from the sensitivity scan, or uniform (every layer loses the same share of "
+                "its FFN units, for comparison)")
+      ->check(CLI::IsMember({"sensitivity", "uniform"}));
+  c->add_option("--min-ffn-share", a->min_ffn_share,
+                "GGUF: every layer keeps at least this share of its FFN units while the budget allows")
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_flag("--no-speed", a->no_speed, "GGUF: leave out the prefill and decode speed measurement");
+  c->add_option("--ridge", a->ridge, "GGUF: the refit's regularization, relative to the mean activation energy")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--arch", a->arch,
+                "GGUF: architecture written: auto (deci when a llama model's widths differ between layers, as "
+                "llama.cpp needs), or the model's own, or deci");
   c->add_option("--ctx", a->ctx, "GGUF: tokens per calibration and evaluation chunk")->check(CLI::Range(8, 1 << 16));
   c->add_option("--chunks", a->chunks, "GGUF: chunks of calibration and of evaluation text used")
       ->check(CLI::PositiveNumber);

@@ -13,14 +13,18 @@ struct PruneArgs {
   // calibration row may see from dropped trees.
   double prune_gain = 0, max_margin_change = 0;
   int threads = 0;
-  // GGUF: importance criterion ("activation" or "magnitude"), calibration/evaluation chunk
-  // length and count, and a seed to drop random experts instead of the least routed (MoE).
-  std::string criterion = "activation";
-  int ctx = 256, chunks = 8, random_experts = -1;
+  // GGUF: importance criterion ("activation", "wanda" or "magnitude"), calibration/evaluation
+  // chunk length and count, a seed to drop random experts instead of the least routed (MoE),
+  // the least-squares refit of the output projections (off with --no-refit) and its ridge,
+  // and the architecture written ("auto", "llama", "deci", ...).
+  std::string criterion = "activation", arch = "auto", allocation = "sensitivity";
+  int ctx = 256, chunks = 8, random_experts = -1, refit_chunks = 32;
+  bool no_refit = false, no_speed = false;
+  double ridge = 1e-3, min_ffn_share = 0.5;
   // ONNX: keep at most this fraction of the Conv/Gemm/MatMul MACs; channel importance
-  // (l1, l2, bn, output; "activation" means output, "magnitude" l2); kept channels per
-  // group a multiple of this; held-out labels (.npy); calibration samples used; bias
-  // correction off; latency rounds.
+  // (criterion: l1, l2, bn, output; "activation" means output, "magnitude" l2); kept
+  // channels per group a multiple of this; held-out labels (.npy); calibration samples
+  // used; bias correction off; latency rounds.
   double target_flops = 1, cost_weight = 0;
   std::string labels;
   int channel_multiple = 8, calib_samples = 64, latency_rounds = 5;

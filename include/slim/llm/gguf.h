@@ -108,6 +108,7 @@ class GgufWriter {
   void set_bool(const std::string& key, bool v);
   void set_string(const std::string& key, const std::string& v);
   void set_u32_array(const std::string& key, const std::vector<uint32_t>& v);
+  void set_string_array(const std::string& key, const std::vector<std::string>& v);
   // Copies a value exactly as another GGUF file encodes it.
   void copy_value(const std::string& key, const GgufFile& src, const GgufValue& value);
   void add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> dims,

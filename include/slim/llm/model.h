@@ -18,7 +18,7 @@
 namespace slim::llm {
 
 struct LlamaConfig {
-  std::string arch;  // "llama", "mistral", "qwen2" or "qwen2moe"
+  std::string arch;  // "llama", "deci", "mistral", "qwen2" or "qwen2moe"
   // n_head, n_head_kv and n_ff are the widest layer's; a pruned model's layers may be
   // narrower (LayerWeights::n_head_kv, n_ff), with the same query heads per KV head.
   int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
