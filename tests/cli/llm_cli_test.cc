@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_helpers.h"
@@ -127,6 +129,25 @@ TEST_F(LlmCli, ExpertStatsNeedAMoeModel) {
                        "/dense.gguf is dense"),
             std::string::npos)
       << r.err;
+}
+
+
+// The decode-latency budget of `slim prune`: one budget at a time, and a target the model
+// already meets is nothing to do (the measured path is in bench/llm_prune, not timed here).
+TEST_F(LlmCli, PruneLatencyBudgetErrors) {
+  const std::string model = dir_ + "/dense.gguf", text = dir_ + "/calib.txt", out = dir_ + "/p.gguf";
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 200; ++i) f << "one two three four five six seven. ";
+  }
+  auto r = run_slim("prune " + model + " -o " + out + " --calib " + text + " --target-params 0.5 --target-latency 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("give one budget: --target-params below 1 or --target-latency"), std::string::npos) << r.err;
+  r = run_slim("prune " + model + " -o " + out + " --calib " + text + " --target-latency 1e9 --ctx 16 --threads 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("nothing to do: " + model + " decodes at "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("within --target-latency 1e+09 ms"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 }  // namespace

@@ -335,7 +335,7 @@ std::pair<std::array<double, 2>, std::array<double, 2>> llm_speeds(
       c.eval(prompt);
       auto t1 = std::chrono::steady_clock::now();
       for (int i = 0; i < 64; ++i) {
-        const int32_t t = prompt[size_t(i)];
+        const int32_t t = prompt[size_t(i % n_ctx)];  // the prompt may be shorter than 64
         c.eval(std::span<const int32_t>(&t, 1));
       }
       auto t2 = std::chrono::steady_clock::now();
@@ -351,9 +351,20 @@ std::pair<std::array<double, 2>, std::array<double, 2>> llm_speeds(
 
 }  // namespace
 
+namespace {
+
+std::string fmt_ms(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", ms);
+  return buf;
+}
+
+}  // namespace
+
 void prune_llm_model(const PruneArgs& a) {
   check(!a.calib.empty(), ErrorCode::invalid_argument, "prune: a GGUF model needs --calib TEXT (calibration text)");
-  check(a.target_params < 1, ErrorCode::invalid_argument, "prune: nothing to do: give --target-params below 1");
+  check((a.target_params < 1) != (a.target_latency_ms > 0), ErrorCode::invalid_argument,
+        "prune: give one budget: --target-params below 1 or --target-latency");
   check(a.prune_gain == 0 && a.max_margin_change == 0 && a.label.empty(), ErrorCode::invalid_argument,
         "prune: --prune-gain, --max-margin-change and --label-column are for tree ensembles");
   llm::PruneOptions o;
@@ -378,17 +389,55 @@ void prune_llm_model(const PruneArgs& a) {
     progress->update(done);
   };
   const std::string calib = read_text_file(a.calib);
-  const llm::PruneResult r = llm::prune_model(a.model, a.output, calib, o);
-  progress.reset();
-  auto before = llm::LlamaModel::load(a.model), after = llm::LlamaModel::load(a.output);
+  auto before = llm::LlamaModel::load(a.model);
+  std::shared_ptr<const llm::LlamaModel> after;
+  llm::PruneResult r;
+  std::pair<std::array<double, 2>, std::array<double, 2>> speeds{};
+  if (a.target_latency_ms > 0) {
+    // Decode time falls about in proportion to the weights read per token: start from
+    // that share, then measure the pruned model beside the original (alternating, so load
+    // on the machine hits both) and prune again from the original, aiming lower, until
+    // its decode time meets the target.
+    const double full_ms = 1000 / llm_speeds({before, before}, a.ctx, a.threads).second[0];
+    check(full_ms > a.target_latency_ms, ErrorCode::invalid_argument,
+          "prune: nothing to do: " + a.model + " decodes at " + fmt_ms(full_ms) + " ms/token here, within --target-latency " +
+              fmt_ms(a.target_latency_ms) + " ms");
+    o.target_params = a.target_latency_ms / full_ms;
+    double ms = 0;
+    for (int attempt = 1;; ++attempt) {
+      check(o.target_params > 0.05, ErrorCode::invalid_argument,
+            "prune: --target-latency " + fmt_ms(a.target_latency_ms) + " ms needs less than 5% of the parameters (" +
+                a.model + " decodes at " + fmt_ms(full_ms) + " ms/token here)");
+      r = llm::prune_model(a.model, a.output, calib, o);
+      progress.reset();
+      stage.clear();
+      after = llm::LlamaModel::load(a.output);
+      speeds = llm_speeds({before, after}, a.ctx, a.threads);
+      ms = 1000 / speeds.second[1];
+      std::fprintf(stderr, "prune: try %d: %.1f%% of the parameters kept, decode %s ms/token (original %s, target %s)\n",
+                   attempt, 100.0 * double(r.params_after) / double(r.params_before), fmt_ms(ms).c_str(),
+                   fmt_ms(1000 / speeds.second[0]).c_str(), fmt_ms(a.target_latency_ms).c_str());
+      if (ms <= a.target_latency_ms || attempt == 4) break;
+      // Decode time in proportion to the parameters kept, from this try's measurement.
+      o.target_params = double(r.params_after) / double(r.params_before) * (a.target_latency_ms / ms) * 0.98;
+    }
+    check(ms <= a.target_latency_ms, ErrorCode::invalid_argument,
+          "prune: decode " + fmt_ms(ms) + " ms/token after 4 tries, above --target-latency " +
+              fmt_ms(a.target_latency_ms) + " ms (" + a.output + " keeps " +
+              std::to_string(int(100.0 * double(r.params_after) / double(r.params_before))) + "% of the parameters)");
+  } else {
+    r = llm::prune_model(a.model, a.output, calib, o);
+    progress.reset();
+    after = llm::LlamaModel::load(a.output);
+    if (!a.no_speed) speeds = llm_speeds({before, after}, a.ctx, a.threads);
+  }
   llm::PerplexityOptions po;
   po.n_ctx = a.ctx;
   po.chunks = a.chunks;
   po.threads = a.threads;
   const std::string eval_file = a.eval.empty() ? a.calib : a.eval;
   const llm::PerplexityResult p = llm::perplexity(after, before, read_text_file(eval_file), eval_file, po);
-  const auto [prefill, decode] = a.no_speed ? std::pair<std::array<double, 2>, std::array<double, 2>>{}
-                                            : llm_speeds({before, after}, a.ctx, a.threads);
+  const auto& [prefill, decode] = speeds;
   nlohmann::json layers = nlohmann::json::array();
   for (size_t l = 0; l < r.keep.size(); ++l) {
     const llm::LayerWeights& L = after->layer(int(l));
@@ -411,6 +460,7 @@ void prune_llm_model(const PruneArgs& a) {
       {"after", side(a.output, r.params_after, p.ppl(), 1)},
       {"eval", {{"file", eval_file}, {"tokens", p.scored}, {"mean_kl", p.mean_kl()}, {"top1_agreement", p.top1_agreement()}}},
       {"layers", layers}};
+  if (a.target_latency_ms > 0) report["target_latency_ms"] = a.target_latency_ms;
   const auto& b = report["before"];
   const auto& c = report["after"];
   std::printf("%-16s %12s %12s\n", "", "before", "after");
@@ -423,10 +473,10 @@ void prune_llm_model(const PruneArgs& a) {
   std::printf("%-16s %12.1f %12.1f  (%.2fx)\n", "decode tok/s", decode[0], decode[1], decode[1] / decode[0]);
   std::printf("on %lld tokens of %s: mean KL %.5f, same top-1 %.2f%% (kernels: %s)\n", (long long)p.scored,
               eval_file.c_str(), p.mean_kl(), 100.0 * p.top1_agreement(), report["isa"].get<std::string>().c_str());
-  std::printf("per layer (KV heads, FFN width%s):", r.attn_sensitivity.empty() ? "" : ", sensitivity");
+  std::printf("per layer (%s):", after->config().n_expert ? "experts" : "KV heads/FFN width");
   for (size_t l = 0; l < r.keep.size(); ++l) {
     const llm::LayerWeights& L = after->layer(int(l));
-    if (after->config().n_expert) std::printf(" %zu experts", r.keep[l].experts.size());
+    if (after->config().n_expert) std::printf(" %zu", r.keep[l].experts.size());
     else std::printf(" %d/%d", L.n_head_kv, L.n_ff);
   }
   std::printf("\n");
@@ -436,9 +486,6 @@ void prune_llm_model(const PruneArgs& a) {
     check(bool(f), ErrorCode::invalid_argument, a.json + ": cannot write");
   }
 }
-
-namespace {
-}  // namespace
 
 SLIM_COMMAND(40, add_generate);
 SLIM_COMMAND(41, add_perplexity);

@@ -32,6 +32,8 @@ void prune_cmd(const PruneArgs& a) {
         "prune: --criterion " + a.criterion + " is for ONNX models; " + a.model + " takes activation, wanda or magnitude");
   check(kind == "gguf" || a.criterion != "wanda", ErrorCode::invalid_argument,
         "prune: --criterion wanda is for GGUF models; " + a.model + " is a tree ensemble");
+  check(kind == "gguf" || a.target_latency_ms == 0, ErrorCode::invalid_argument,
+        "prune: --target-latency is for GGUF models; " + a.model + " is a tree ensemble");
   if (kind == "gguf") return prune_llm_model(a);
   prune_forest_model(a);
 }
@@ -65,6 +67,10 @@ SLIM_COMMAND(45, [](CLI::App& app) {
                 "magnitude (weights). ONNX: l1 or l2 (weight norms), bn (BatchNormalization scale), output (energy "
                 "each channel gives the layers that read it, on --calib; 'activation' means output, 'magnitude' l2)")
       ->check(CLI::IsMember({"activation", "wanda", "magnitude", "l1", "l2", "bn", "output"}));
+  c->add_option("--target-latency", a->target_latency_ms,
+                "GGUF: decode milliseconds per token to reach, measured on this machine with --threads (instead of "
+                "--target-params): pruned, measured beside the original, pruned further until it is met (4 tries)")
+      ->check(CLI::PositiveNumber);
   c->add_option("--target-flops", a->target_flops,
                 "ONNX: keep at most this fraction of the Conv/Gemm/MatMul multiply-adds")
       ->check(CLI::Range(0.0, 1.0).description("in (0, 1]"));

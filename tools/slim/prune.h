@@ -9,6 +9,7 @@ namespace slim::cli {
 struct PruneArgs {
   std::string model, output, calib, eval, label, json;
   double target_params = 1;  // keep at most this fraction of the parameters (1: no budget)
+  double target_latency_ms = 0;  // GGUF: decode milliseconds per token to reach (0: none)
   // Forests: merge splits with gain below this, and the largest margin change a
   // calibration row may see from dropped trees.
   double prune_gain = 0, max_margin_change = 0;
