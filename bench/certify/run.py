@@ -65,8 +65,7 @@ def certify(args, name, ref, comp, domains, thresholds, extra=()):
 def onnx_case(args):
     quant = load("bench_quant", os.path.join(ROOT, "bench", "quant", "run.py"))
     real = quant.real
-    manifest = {m["name"]: m for m in json.load(open(os.path.join(ROOT, "tests", "real_models", "models.json")))["models"]}
-    model, _ = real.model_path(args.cache, manifest["ppocr-cls"])
+    model, _ = real.model_path(args.cache, real.make_ctx(args.slim, args.cache).by_name["ppocr-cls"])
     w = os.path.join(args.work, "ppocr-cls")
     os.makedirs(w, exist_ok=True)
     rng = quant.random.Random(5)

@@ -234,15 +234,8 @@ def main():
         saved = json.load(open(args.json))
         return report(args, saved["models"], saved["meta"])
     args.slim = os.path.abspath(args.slim)
-    manifest = {m["name"]: m for m in json.load(open(os.path.join(ROOT, "tests", "real_models", "models.json")))["models"]}
-    ctx = real.Ctx()
-    ctx.slim, ctx.cache = args.slim, os.path.abspath(args.cache)
-    ctx.timeout = 1800
-    ctx.by_name = manifest
-    ctx.work = os.path.join(ctx.cache, "work")
-    os.makedirs(ctx.work, exist_ok=True)
-    real.ensure_debian()
-    ctx.node_path = real.ensure_ort(ctx.cache)
+    ctx = real.bench_ctx(args.slim, args.cache)
+    manifest = ctx.by_name
     results = [run_model(args, ctx, manifest, name) for name in args.models.split(",")]
     load_avg = os.getloadavg()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": real.machine(),

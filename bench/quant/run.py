@@ -348,15 +348,8 @@ def main():
         saved = json.load(open(args.json))
         return report(args, saved["models"], saved["meta"])
     args.slim = os.path.abspath(args.slim)
-    manifest = {m["name"]: m for m in json.load(open(os.path.join(ROOT, "tests", "real_models", "models.json")))["models"]}
-    ctx = real.Ctx()
-    ctx.slim, ctx.cache = args.slim, os.path.abspath(args.cache)
-    ctx.timeout = 1800
-    ctx.by_name = manifest
-    ctx.work = os.path.join(ctx.cache, "work")
-    os.makedirs(ctx.work, exist_ok=True)
-    real.ensure_debian()
-    ctx.node_path = real.ensure_ort(ctx.cache)
+    ctx = real.bench_ctx(args.slim, args.cache)
+    manifest = ctx.by_name
     cache = os.path.join(args.work, "calib_cache")
     results, isa = [], "?"
     for name in args.models.split(","):

@@ -540,6 +540,26 @@ class Ctx:
     pass
 
 
+def make_ctx(slim, cache, timeout=1800):
+    """The run context over the suite's manifest (`by_name`) and model cache, for this
+    suite and the benches that reuse its models (bench/quant, bench/prune)."""
+    ctx = Ctx()
+    ctx.slim, ctx.cache = os.path.abspath(slim), os.path.abspath(cache)
+    ctx.timeout = ctx.default_timeout = timeout
+    ctx.by_name = {m["name"]: m for m in json.load(open(os.path.join(HERE, "models.json")))["models"]}
+    ctx.work = os.path.join(ctx.cache, "work")
+    os.makedirs(ctx.work, exist_ok=True)
+    return ctx
+
+
+def bench_ctx(slim, cache):
+    """make_ctx with the Debian packages and onnxruntime-node installed (node_path)."""
+    ctx = make_ctx(slim, cache)
+    ensure_debian()
+    ctx.node_path = ensure_ort(ctx.cache)
+    return ctx
+
+
 def onnx_input_dims(path):
     """(dims of the first graph input, its name), read with the onnx package."""
     import onnx
@@ -740,13 +760,8 @@ def main():
     if not os.access(args.slim, os.X_OK):
         sys.exit(f"no slim binary at {args.slim} (build it, or pass --slim)")
     manifest = json.load(open(os.path.join(HERE, "models.json")))["models"]
-    ctx = Ctx()
-    ctx.slim, ctx.cache = os.path.abspath(args.slim), os.path.abspath(args.cache)
-    ctx.timeout = ctx.default_timeout = args.timeout
+    ctx = make_ctx(args.slim, args.cache, args.timeout)
     ctx.iters_scale = args.iters_scale
-    ctx.by_name = {m["name"]: m for m in manifest}
-    ctx.work = os.path.join(ctx.cache, "work")
-    os.makedirs(ctx.work, exist_ok=True)
     chosen = [m for m in manifest if (not args.models or m["name"] in args.models.split(","))
               and (not args.small or m.get("small"))]
     threads_list = [int(t) for t in args.threads.split(",")]

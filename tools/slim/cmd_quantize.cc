@@ -246,6 +246,26 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   }
 }
 
+// --eval (the written model against the input on held-out data) and --json.
+void eval_and_write(const QuantizeArgs& a, const quant::QuantizeOptions& o, const Model& probe,
+                    std::unique_ptr<Progress>& p, nlohmann::json& js) {
+  if (!a.eval.empty()) {
+    const quant::SampleSet held = quant::SampleSet::open(a.eval, probe.graph.inputs, a.preprocess);
+    quant::EvalOptions eo;
+    eo.batch = a.batch;
+    eo.num_threads = a.threads;
+    eo.providers = o.providers;
+    eo.progress = progress_line("eval", p);
+    const Tensor labels = a.labels.empty() ? Tensor() : read_npy(a.labels);
+    print_eval(quant::evaluate_quantized(a.in, a.out, held, labels, eo), js);
+  }
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    check(bool(f), ErrorCode::not_found, a.json + ": cannot open for writing");
+    f << js.dump(2) << "\n";
+  }
+}
+
 void quantize_onnx(const QuantizeArgs& a) {
   check(a.type.empty(), ErrorCode::invalid_argument,
         "quantize: --type is for GGUF models; " + a.in + " is ONNX");
@@ -299,23 +319,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   nlohmann::json js;
   if (a.has_latency_budget || a.has_accuracy_budget) {
     mixed_precision(a, o, calib, js);
-    if (!a.eval.empty()) {
-      const quant::SampleSet held =
-          quant::SampleSet::open(a.eval, probe.graph.inputs, a.preprocess);
-      quant::EvalOptions eo;
-      eo.batch = a.batch;
-      eo.num_threads = a.threads;
-      eo.providers = o.providers;
-      eo.progress = progress_line("eval", p);
-      const Tensor labels = a.labels.empty() ? Tensor() : read_npy(a.labels);
-      print_eval(quant::evaluate_quantized(a.in, a.out, held, labels, eo), js);
-    }
-    if (!a.json.empty()) {
-      std::ofstream f(a.json);
-      check(bool(f), ErrorCode::not_found, a.json + ": cannot open for writing");
-      f << js.dump(2) << "\n";
-    }
-    return;
+    return eval_and_write(a, o, probe, p, js);
   }
   const auto rep = quant::quantize_model(a.in, a.out, calib, o);
 
@@ -380,21 +384,7 @@ void quantize_onnx(const QuantizeArgs& a) {
                   t.names[0].c_str(), t.range.lo, t.range.hi, t.min, t.max, t.params.scale,
                   t.params.zero_point);
   }
-  if (!a.eval.empty()) {
-    const quant::SampleSet held = quant::SampleSet::open(a.eval, probe.graph.inputs, a.preprocess);
-    quant::EvalOptions eo;
-    eo.batch = a.batch;
-    eo.num_threads = a.threads;
-    eo.providers = o.providers;
-    eo.progress = progress_line("eval", p);
-    const Tensor labels = a.labels.empty() ? Tensor() : read_npy(a.labels);
-    print_eval(quant::evaluate_quantized(a.in, a.out, held, labels, eo), js);
-  }
-  if (!a.json.empty()) {
-    std::ofstream f(a.json);
-    check(bool(f), ErrorCode::not_found, a.json + ": cannot open for writing");
-    f << js.dump(2) << "\n";
-  }
+  eval_and_write(a, o, probe, p, js);
 }
 
 void add_quantize(CLI::App& app) {
