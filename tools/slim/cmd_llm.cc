@@ -314,10 +314,12 @@ void add_perplexity(CLI::App& app) {
 }
 
 
-// Prefill (one pass over n_ctx tokens) and decode (64 tokens one by one) tokens/s of two
+// Prefill (one pass over n_ctx tokens) and decode (64 tokens one by one) tokens/s of the
 // models measured side by side: rounds alternate between them, medians are reported.
-std::pair<std::array<double, 2>, std::array<double, 2>> llm_speeds(
-    const std::array<std::shared_ptr<const llm::LlamaModel>, 2>& models, int n_ctx, int threads) {
+struct Speeds {
+  std::vector<double> prefill, decode;  // tokens/s, per model
+};
+Speeds llm_speeds(const std::vector<std::shared_ptr<const llm::LlamaModel>>& models, int n_ctx, int threads) {
   llm::ContextOptions co;
   co.n_ctx = n_ctx + 64;
   co.n_batch = n_ctx;
@@ -326,10 +328,11 @@ std::pair<std::array<double, 2>, std::array<double, 2>> llm_speeds(
   for (const auto& m : models) ctx.push_back(std::make_unique<llm::LlamaContext>(m, co));
   std::vector<int32_t> prompt(static_cast<size_t>(n_ctx));
   for (int i = 0; i < n_ctx; ++i) prompt[size_t(i)] = (i * 7919 + 13) % models[0]->config().n_vocab;
-  std::array<std::vector<double>, 2> pre, dec;
+  const size_t n = models.size();
+  std::vector<std::vector<double>> pre(n), dec(n);
   for (int round = 0; round < 7; ++round)
-    for (int k = 0; k < 2; ++k) {
-      llm::LlamaContext& c = *ctx[size_t(k)];
+    for (size_t k = 0; k < n; ++k) {
+      llm::LlamaContext& c = *ctx[k];
       c.reset();
       auto t0 = std::chrono::steady_clock::now();
       c.eval(prompt);
@@ -339,14 +342,16 @@ std::pair<std::array<double, 2>, std::array<double, 2>> llm_speeds(
         c.eval(std::span<const int32_t>(&t, 1));
       }
       auto t2 = std::chrono::steady_clock::now();
-      pre[size_t(k)].push_back(n_ctx / std::chrono::duration<double>(t1 - t0).count());
-      dec[size_t(k)].push_back(64 / std::chrono::duration<double>(t2 - t1).count());
+      pre[k].push_back(n_ctx / std::chrono::duration<double>(t1 - t0).count());
+      dec[k].push_back(64 / std::chrono::duration<double>(t2 - t1).count());
     }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  return {{median(pre[0]), median(pre[1])}, {median(dec[0]), median(dec[1])}};
+  Speeds out;
+  for (size_t k = 0; k < n; ++k) out.prefill.push_back(median(pre[k])), out.decode.push_back(median(dec[k]));
+  return out;
 }
 
 }  // namespace
@@ -392,13 +397,13 @@ void prune_llm_model(const PruneArgs& a) {
   auto before = llm::LlamaModel::load(a.model);
   std::shared_ptr<const llm::LlamaModel> after;
   llm::PruneResult r;
-  std::pair<std::array<double, 2>, std::array<double, 2>> speeds{};
+  Speeds speeds{{0, 0}, {0, 0}};  // the original's and the pruned model's, when measured
   if (a.target_latency_ms > 0) {
     // Decode time falls about in proportion to the weights read per token: start from
     // that share, then measure the pruned model beside the original (alternating, so load
     // on the machine hits both) and prune again from the original, aiming lower, until
     // its decode time meets the target.
-    const double full_ms = 1000 / llm_speeds({before, before}, a.ctx, a.threads).second[0];
+    const double full_ms = 1000 / llm_speeds({before}, a.ctx, a.threads).decode[0];
     check(full_ms > a.target_latency_ms, ErrorCode::invalid_argument,
           "prune: nothing to do: " + a.model + " decodes at " + fmt_ms(full_ms) + " ms/token here, within --target-latency " +
               fmt_ms(a.target_latency_ms) + " ms");
@@ -413,10 +418,10 @@ void prune_llm_model(const PruneArgs& a) {
       stage.clear();
       after = llm::LlamaModel::load(a.output);
       speeds = llm_speeds({before, after}, a.ctx, a.threads);
-      ms = 1000 / speeds.second[1];
+      ms = 1000 / speeds.decode[1];
       std::fprintf(stderr, "prune: try %d: %.1f%% of the parameters kept, decode %s ms/token (original %s, target %s)\n",
                    attempt, 100.0 * double(r.params_after) / double(r.params_before), fmt_ms(ms).c_str(),
-                   fmt_ms(1000 / speeds.second[0]).c_str(), fmt_ms(a.target_latency_ms).c_str());
+                   fmt_ms(1000 / speeds.decode[0]).c_str(), fmt_ms(a.target_latency_ms).c_str());
       if (ms <= a.target_latency_ms || attempt == 4) break;
       // Decode time in proportion to the parameters kept, from this try's measurement.
       o.target_params = double(r.params_after) / double(r.params_before) * (a.target_latency_ms / ms) * 0.98;
@@ -437,7 +442,8 @@ void prune_llm_model(const PruneArgs& a) {
   po.threads = a.threads;
   const std::string eval_file = a.eval.empty() ? a.calib : a.eval;
   const llm::PerplexityResult p = llm::perplexity(after, before, read_text_file(eval_file), eval_file, po);
-  const auto& [prefill, decode] = speeds;
+  const std::vector<double>& prefill = speeds.prefill;
+  const std::vector<double>& decode = speeds.decode;
   nlohmann::json layers = nlohmann::json::array();
   for (size_t l = 0; l < r.keep.size(); ++l) {
     const llm::LayerWeights& L = after->layer(int(l));

@@ -1226,35 +1226,20 @@ std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvG
   return qlinear_params(info, g->y[1], r);
 }
 
-KernelDef qlinear_conv_def() {
+// QLinearConv, and slim:QLinearConvLookup (its 9 inputs and a 256-entry table the kernel
+// applies as it requantizes): one kernel, the lookup claimed only with a constant table.
+KernelDef qlinear_conv_def(bool lookup) {
   KernelDef def;
-  def.op_type = "QLinearConv";
-  def.since_version = 10;
-  def.claim = [](const KernelBuildInfo& info) {
-    ConvGeometry g;
-    Requant r;
-    if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
-    return Claim::yes();
-  };
-  def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
-    ConvGeometry g;
-    Requant r;
-    qlinear_conv_setup(info, &g, &r);
-    return std::make_unique<QLinearConvKernel>(info, g, std::move(r));
-  };
-  return def;
-}
-
-KernelDef qlinear_conv_lookup_def() {
-  KernelDef def;
-  def.op_type = "QLinearConvLookup";
-  def.domain = kFusedDomain;
-  def.since_version = kFusedOpset;
-  def.claim = [](const KernelBuildInfo& info) {
-    if (info.inputs.size() != 10) return Claim::no("takes QLinearConv's 9 inputs and a table");
-    const Tensor* t = info.input(9).constant;
-    if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
-      return Claim::no("the table is not 256 constant 8-bit values");
+  def.op_type = lookup ? "QLinearConvLookup" : "QLinearConv";
+  if (lookup) def.domain = kFusedDomain;
+  def.since_version = lookup ? kFusedOpset : 10;
+  def.claim = [lookup](const KernelBuildInfo& info) {
+    if (lookup) {
+      if (info.inputs.size() != 10) return Claim::no("takes QLinearConv's 9 inputs and a table");
+      const Tensor* t = info.input(9).constant;
+      if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
+        return Claim::no("the table is not 256 constant 8-bit values");
+    }
     ConvGeometry g;
     Requant r;
     if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
@@ -1428,8 +1413,8 @@ void register_dnnl_int8_kernels(KernelRegistry& r) {
   r.add(conv_integer_def());
   r.add(matmul_integer_def());
   r.add(dynamic_quantize_conv_def());
-  r.add(qlinear_conv_def());
-  r.add(qlinear_conv_lookup_def());
+  r.add(qlinear_conv_def(false));
+  r.add(qlinear_conv_def(true));
   r.add(qlinear_matmul_def());
 }
 
