@@ -690,12 +690,6 @@ KernelDef qlookup_def() {
   return def;
 }
 
-struct QParams {
-  float scale = 1.f;
-  int32_t zp = 0;
-  bool is_signed = false;
-};
-
 // Rounded as the DequantizeLinear nodes, the Add or Mul and the QuantizeLinear they
 // replace: GCC would otherwise contract a dequantizing multiply and the Add into an FMA.
 #pragma GCC push_options
@@ -876,6 +870,41 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
 }
 #endif
 
+#pragma GCC pop_options
+
+#if defined(__x86_64__)
+// max_bytes: 64 bytes a step at AVX-512 (the tail under a mask), 32 at AVX2.
+__attribute__((target("avx512f,avx512bw"))) int64_t max_bytes_avx512(uint8_t* y, const uint8_t* x,
+                                                                      int64_t n, bool is_signed) {
+  auto step = [&](__m512i a, __m512i b) __attribute__((target("avx512f,avx512bw"))) {
+    return is_signed ? _mm512_max_epi8(a, b) : _mm512_max_epu8(a, b);
+  };
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    _mm512_storeu_si512(y + i, step(_mm512_loadu_si512(y + i), _mm512_loadu_si512(x + i)));
+  if (i < n) {
+    const __mmask64 m = (uint64_t(1) << (n - i)) - 1;
+    _mm512_mask_storeu_epi8(
+        y + i, m, step(_mm512_maskz_loadu_epi8(m, y + i), _mm512_maskz_loadu_epi8(m, x + i)));
+  }
+  return n;
+}
+
+__attribute__((target("avx2"))) int64_t max_bytes_avx2(uint8_t* y, const uint8_t* x, int64_t n,
+                                                       bool is_signed) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i)),
+                  b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        is_signed ? _mm256_max_epi8(a, b) : _mm256_max_epu8(a, b));
+  }
+  return i;
+}
+#endif
+
+}  // namespace
+
 // c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null, at the level
 // the kernels run at.
 void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul,
@@ -886,9 +915,25 @@ void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n
 #endif
   qbinary_loop_any(a, b, bv, c, n, mul, pa, pb, pc);
 }
-#pragma GCC pop_options
 
-}  // namespace
+QParams qparams(const KernelBuildInfo& info, int i) {
+  QParams p;
+  p.scale = info.input(i).constant->contiguous().data<float>()[0];
+  const Tensor z = info.input(i + 1).constant->contiguous();
+  p.is_signed = z.dtype() == DType::i8;
+  p.zp = p.is_signed ? int32_t(z.data<int8_t>()[0]) : int32_t(z.data<uint8_t>()[0]);
+  return p;
+}
+
+void max_bytes(uint8_t* y, const uint8_t* x, int64_t n, bool is_signed) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512) i = max_bytes_avx512(y, x, n, is_signed);
+  else if (detected_isa() == Isa::avx2) i = max_bytes_avx2(y, x, n, is_signed);
+#endif
+  for (; i < n; ++i)
+    y[i] = is_signed ? uint8_t(std::max(int8_t(y[i]), int8_t(x[i]))) : std::max(y[i], x[i]);
+}
 
 // NCHW <-> NHWC bytes of n images of c channels and p pixels each, in 32 x 32 tiles.
 void bytes_to_nhwc(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p) {
@@ -924,9 +969,9 @@ class QLinearBinaryKernel final : public OpKernel {
       : mul_(info.node.op_type == "QLinearMul"), swap_(swap), inner_(inner) {
     const int a = swap ? 3 : 0, b = swap ? 0 : 3;
     y_shape_ = *info.input(a).shape;
-    pa_ = params(info, a + 1);
-    pb_ = params(info, b + 1);
-    pc_ = params(info, 6);
+    pa_ = qparams(info, a + 1);
+    pb_ = qparams(info, b + 1);
+    pc_ = qparams(info, 6);
     if (y_shape_.size() == 4) {
       const Shape& bs = *info.input(b).shape;
       nhwc_a_ = int8_nhwc_layout(y_shape_, *info.input(a).dtype);
@@ -1025,15 +1070,6 @@ class QLinearBinaryKernel final : public OpKernel {
   }
 
  private:
-  // The scale at input i, the zero point at i + 1.
-  static QParams params(const KernelBuildInfo& info, int i) {
-    QParams p;
-    p.scale = info.input(i).constant->contiguous().data<float>()[0];
-    const Tensor z = info.input(i + 1).constant->contiguous();
-    p.is_signed = z.dtype() == DType::i8;
-    p.zp = p.is_signed ? int32_t(z.data<int8_t>()[0]) : int32_t(z.data<uint8_t>()[0]);
-    return p;
-  }
   bool mul_, swap_;
   int64_t inner_;  // 0: both full; else B holds one value per run of inner_ elements
   Shape y_shape_;
