@@ -791,11 +791,24 @@ void expect_bytes_of_ref(const Model& m, const TensorMap& in, Session& fast) {
   }
 }
 
+// DQ(v) -> Neg -> Q into graph output y at v's scale and the mirrored zero point: a
+// bijection of the bytes (a slim:QLookup that reads them channels-last and writes y NCHW),
+// so every byte of v reaches the comparison unchanged in information.
+void negate_to_output(ModelBuilder& b, const std::string& v, DType t, float scale, int zp,
+                      const std::string& y) {
+  b.initializer(y + "_s", Tensor::from_vector<float>({}, {scale}));
+  b.initializer(y + "_z", scalar_8bit(t, t == DType::u8 ? 255 - zp : -1 - zp));
+  b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_negf"});
+  b.node("Neg", {v + "_negf"}, {y + "_f"});
+  b.node("QuantizeLinear", {y + "_f", y + "_s", y + "_z"}, {y});
+}
+
 // DequantizeLinear -> MaxPool -> QuantizeLinear becomes a MaxPool of the bytes
 // (fuse_qdq_movement): at equal scales and zero points alone, else with the requantizing
 // table after it (bytes of a graph input) or folded into the QLinearConv before it. Pads,
 // strides, dilations and ceil_mode; 13 channels (a masked AVX-512 tail); channels-last from
-// and to QLinearConvs, and NCHW (a graph input, or a graph output also reading the pool).
+// a QLinearConv and on (to a table's slim:QLookup, which writes NCHW), and NCHW (a graph
+// input, or a graph output also reading the pool).
 TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
   struct Pool {
     Shape k, strides, dilations, pads;
@@ -851,8 +864,10 @@ TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
           mp.attrs["ceil_mode"] = attr_int(pool.ceil);
           b.node("QuantizeLinear", {"m", "p_s", "p_z"}, {"p"});
           if (pi == 1) b.node("Identity", {"p"}, {"p_out"});
-          params("y", 0.3f, z0 + 1);
-          qconv("p", "y", 13, 5, 1, 47);
+          if (requantize)
+            negate_to_output(b, "p", t, 0.07f, z0 + 9, "y");
+          else
+            negate_to_output(b, "p", t, after_conv ? 0.09f : 0.031f, after_conv ? z0 - 40 : z0 - 3, "y");
           const Model m = b.build();
           const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
           SessionOptions o;
@@ -861,7 +876,7 @@ TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
           auto ops = cpu_ops(*fast);
           EXPECT_EQ(ops["MaxPool"], 1);
           EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
-          EXPECT_EQ(ops["slim:QLookup"], requantize && !after_conv ? 1 : 0);
+          EXPECT_EQ(ops["slim:QLookup"], requantize && !after_conv ? 2 : 1);  // and the Neg
           EXPECT_EQ(ops["slim:QLinearConvLookup"], requantize && after_conv ? 1 : 0);
           expect_bytes_of_ref(m, in, *fast);
         }
@@ -870,7 +885,7 @@ TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
 // A QLinearConv (or its activation's slim:QLinearConvLookup) whose only reader is a residual
 // slim:QLinearAdd becomes slim:QLinearConvAdd (fuse_qlinear_conv_add): the Add in the
 // requantizing epilogue. The residual comes channels-last from another QLinearConv or NCHW
-// from a graph input; the sum goes on channels-last to a QLinearConv or out NCHW; 13
+// from a graph input; the sum goes on channels-last (to a table) or out NCHW; 13
 // channels, uint8 and int8, a 1x1 convolution over enough sums to run in bands; every
 // scale different. Ref's bytes of the unfused nodes.
 TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
@@ -921,8 +936,7 @@ TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
           params("s", 0.12f, z0 - 10);
           b.node("QuantizeLinear", {"s_f", "s_s", "s_z"}, {"s"});
           if (k == 3) b.node("Identity", {"s"}, {"s_out"});
-          params("y", 0.3f, z0 + 1);
-          qconv("s", "y", 13, 5, 1, 47);
+          negate_to_output(b, "s", t, 0.12f, z0 - 10, "y");
           const Model m = b.build();
           TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
           if (!residual_conv) in["r"] = extreme_8bit(t, ys, 52);
@@ -931,14 +945,15 @@ TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
           auto fast = Session::compile(m, o);
           auto ops = cpu_ops(*fast);
           EXPECT_EQ(ops["slim:QLinearConvAdd"], 1);
-          EXPECT_EQ(ops["slim:QLinearAdd"] + ops["slim:QLinearConvLookup"] + ops["slim:QLookup"], 0);
+          EXPECT_EQ(ops["slim:QLinearAdd"] + ops["slim:QLinearConvLookup"], 0);
+          EXPECT_EQ(ops["slim:QLookup"], 1);  // the Neg
           EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
           expect_bytes_of_ref(m, in, *fast);
         }
 }
 
 // A Concat of 8-bit bytes along channels takes channels-last inputs (QLinearConvs' bytes)
-// and hands channels-last bytes to the QLinearConv after it; with a plain input among them
+// and hands channels-last bytes on (to a table's slim:QLookup); with a plain input among them
 // (a graph input) or a plain reader (a graph output), oneDNN's byte reorders place each
 // input in NCHW. Inputs at different scales are requantized by tables (fuse_qdq_movement).
 TEST(CpuInt8, ConcatOfBytesStaysChannelsLastExactly) {
@@ -982,8 +997,7 @@ TEST(CpuInt8, ConcatOfBytesStaysChannelsLastExactly) {
       b.node("Concat", floats, {"cat_f"}).attrs["axis"] = attr_int(1);
       b.node("QuantizeLinear", {"cat_f", "cat_s", "cat_z"}, {"cat"});
       if (variant == 2) b.node("Identity", {"cat"}, {"cat_out"});
-      params("y", 0.3f, z0 + 1);
-      qconv("cat", "y", variant == 1 ? 21 : 18, 5, 1, 47);
+      negate_to_output(b, "cat", t, 0.09f, z0 - 40, "y");
       const Model m = b.build();
       TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
       if (variant == 1) in["e"] = extreme_8bit(t, {2, 3, 9, 11}, 53);
