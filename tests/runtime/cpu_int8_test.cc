@@ -405,8 +405,8 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
 
 // DequantizeLinear -> elementwise op -> QuantizeLinear stays on bytes (fuse_qdq_elementwise):
 // HardSwish written out (Add, Mul, Div, as PaddleOCR exports it) becomes one slim:QLookup,
-// the squeeze-excitation product with its [N, C, 1, 1] gate slim:QLinearMul, the residual
-// slim:QLinearAdd; every byte equals the unfused nodes' on ref.
+// the squeeze-excitation product with its [N, C, 1, 1] gate and the residual Add after it
+// slim:QLinearMulAdd; every byte equals the unfused nodes' on ref.
 TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
   for (DType t : {DType::u8, DType::i8}) {
     ModelBuilder b(13);
@@ -443,8 +443,9 @@ TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
       ++ops[a.op];
     }
     EXPECT_EQ(ops["slim:QLookup"], 2);  // HardSwish; HardSigmoid
-    EXPECT_EQ(ops["slim:QLinearMul"], 1);
-    EXPECT_EQ(ops["slim:QLinearAdd"], 1);
+    // The SE product and the residual Add after it (its only reader): one node.
+    EXPECT_EQ(ops["slim:QLinearMulAdd"], 1);
+    EXPECT_EQ(ops["slim:QLinearMul"] + ops["slim:QLinearAdd"], 0);
     EXPECT_EQ(ops["slim:QLinearGlobalAveragePool"], 1);
     EXPECT_EQ(ops["Mul"] + ops["Add"] + ops["Div"] + ops["HardSigmoid"] + ops["GlobalAveragePool"], 0);
     SessionOptions r;
@@ -566,7 +567,7 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
       EXPECT_EQ(a.provider, "cpu") << a.node;
       ++ops[a.op];
     }
-    // The residual Add of c1 (c1's only reader) folded into it (fuse_qlinear_conv_add).
+    // The residual Add of c1 (c1's only reader) folded into it (fuse_residual_qlinear_add).
     EXPECT_EQ(ops["slim:QLinearAdd"], 1);
     EXPECT_EQ(ops["slim:QLinearConvAdd"], 1);
     EXPECT_EQ(ops["slim:QLinearMul"], 1);
@@ -883,7 +884,7 @@ TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
 }
 
 // A QLinearConv (or its activation's slim:QLinearConvLookup) whose only reader is a residual
-// slim:QLinearAdd becomes slim:QLinearConvAdd (fuse_qlinear_conv_add): the Add in the
+// slim:QLinearAdd becomes slim:QLinearConvAdd (fuse_residual_qlinear_add): the Add in the
 // requantizing epilogue. The residual comes channels-last from another QLinearConv or NCHW
 // from a graph input; the sum goes on channels-last (to a table) or out NCHW; 13
 // channels, uint8 and int8, a 1x1 convolution over enough sums to run in bands; every
@@ -950,6 +951,81 @@ TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
           EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
           expect_bytes_of_ref(m, in, *fast);
         }
+}
+
+// x + x * gate, the shortcut around a squeeze-excitation gate (PP-OCR's detector's RSE
+// layers): the slim:QLinearMul read only by the residual slim:QLinearAdd becomes
+// slim:QLinearMulAdd (fuse_residual_qlinear_add). x a QLinearConv's channels-last bytes
+// (read by the pool, the product and the Add) or a graph input's NCHW ones; the gate
+// [N, C, 1, 1] or a full second tensor; the sum on channels-last (to a table) or, read by a
+// graph output too, NCHW. Ref's bytes of the unfused nodes.
+TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8})
+    for (bool after_conv : {false, true})
+      for (bool gated : {false, true}) {
+        SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " conv" : "") +
+                     (gated ? " gated" : " full"));
+        const Shape xs = {2, 13, 9, 11};
+        ModelBuilder b(13);
+        b.input("x", t, spec(xs)).output("y");
+        if (!gated) b.input("f", t, spec(xs));
+        if (gated) b.output("s_out");  // the sum also goes out: NCHW
+        const int z0 = t == DType::u8 ? 128 : 0;
+        auto params = [&](const std::string& v, float sc, int z) {
+          b.initializer(v + "_s", Tensor::from_vector<float>({}, {sc}));
+          b.initializer(v + "_z", scalar_8bit(t, z));
+        };
+        std::set<std::string> dequantized;
+        auto dq = [&](const std::string& v) {
+          if (dequantized.insert(v).second)
+            b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+          return v + "_dq";
+        };
+        auto q = [&](const std::string& f, const std::string& v) {
+          b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
+          return v;
+        };
+        params("x", 0.031f, z0 - 3);
+        params("f", 0.02f, z0 + 30);
+        std::string src = "x";
+        if (after_conv) {
+          params("c", 0.09f, z0 - 40);
+          b.initializer("c_w", extreme_8bit(DType::i8, {13, 13, 3, 3}, 41));
+          b.initializer("c_ws", random_f32({13}, 42, 0.0005f, 0.002f));
+          b.initializer("c_wz", Tensor(DType::i8, {13}));
+          b.node("QLinearConv", {"x", "x_s", "x_z", "c_w", "c_ws", "c_wz", "c_s", "c_z"}, {"c"})
+              .attrs["pads"] = attr_ints({1, 1, 1, 1});
+          src = "c";
+        }
+        std::string other = "f";
+        if (gated) {
+          params("g", 0.01f, z0);
+          b.node("GlobalAveragePool", {dq(src)}, {"g_f"});
+          q("g_f", "g");
+          params("gate", 1.f / 255, z0 - 128);
+          b.node("HardSigmoid", {dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
+          other = q("gate_f", "gate");
+        }
+        params("m", 0.05f, z0 + 5);
+        b.node("Mul", {dq(src), dq(other)}, {"m_f"});
+        q("m_f", "m");
+        params("s", 0.11f, z0 - 9);
+        b.node("Add", {dq(src), dq("m")}, {"s_f"});
+        q("s_f", "s");
+        if (gated) b.node("Identity", {"s"}, {"s_out"});
+        negate_to_output(b, "s", t, 0.11f, z0 - 9, "y");
+        const Model m = b.build();
+        TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
+        if (!gated) in["f"] = extreme_8bit(t, xs, 53);
+        SessionOptions o;
+        o.providers = {"cpu", "ref"};
+        auto fast = Session::compile(m, o);
+        auto ops = cpu_ops(*fast);
+        EXPECT_EQ(ops["slim:QLinearMulAdd"], 1);
+        EXPECT_EQ(ops["slim:QLinearMul"] + ops["slim:QLinearAdd"], 0);
+        EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+        expect_bytes_of_ref(m, in, *fast);
+      }
 }
 
 // A Concat of 8-bit bytes along channels takes channels-last inputs (QLinearConvs' bytes)

@@ -136,8 +136,9 @@ int64_t fuse_qlinear_conv_lookup(PassGraph& g);
 // When g.int8_kernels, after fuse_qlinear_conv_lookup: a QLinearConv or
 // slim:QLinearConvLookup read only by a slim:QLinearAdd whose other input has the same
 // shape (a residual) becomes slim:QLinearConvAdd, whose kernel adds the residual to the
-// requantized bytes in its epilogue, as the Add computes it.
-int64_t fuse_qlinear_conv_add(PassGraph& g);
+// requantized bytes in its epilogue, as the Add computes it; a slim:QLinearMul so read (the
+// shortcut around a squeeze-excitation gate) slim:QLinearMulAdd.
+int64_t fuse_residual_qlinear_add(PassGraph& g);
 
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites

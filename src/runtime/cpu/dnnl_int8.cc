@@ -1192,7 +1192,7 @@ namespace {
 // QLinearConv, slim:QLinearConvLookup (its bytes then through a 256-entry table, in
 // the table's type: the activation after it, which fuse_qlinear_conv_lookup folds in) and
 // slim:QLinearConvAdd (then, with or without a table, the residual slim:QLinearAdd after
-// it: fuse_qlinear_conv_add), whose residual B is read channels-last where its producer
+// it: fuse_residual_qlinear_add), whose residual B is read channels-last where its producer
 // writes so and transposed into the kernel's scratch otherwise.
 class QLinearConvKernel final : public ChannelsLastConv {
  public:

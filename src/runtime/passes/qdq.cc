@@ -9,8 +9,8 @@
 // one), an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul, and a
 // GlobalAveragePool slim:QLinearGlobalAveragePool (ONNX Runtime's QDQ transformer's).
 // Resize, Concat and MaxPool move bytes (fuse_qdq_movement), and a QLinearConv takes the
-// activation table (fuse_qlinear_conv_lookup) and the residual Add (fuse_qlinear_conv_add)
-// after it into its epilogue.
+// activation table (fuse_qlinear_conv_lookup) and, as slim:QLinearMul does, the residual
+// Add (fuse_residual_qlinear_add) after it into its epilogue.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -610,7 +610,7 @@ int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
   return rewrites;
 }
 
-int64_t fuse_qlinear_conv_add(PassGraph& g) {
+int64_t fuse_residual_qlinear_add(PassGraph& g) {
   if (!g.int8_kernels) return 0;
   UseIndex index(g);
   auto pos = positions(g);
@@ -627,14 +627,16 @@ int64_t fuse_qlinear_conv_add(PassGraph& g) {
     // A residual of the output's shape (no broadcast).
     const auto sa = g.shape_of(a->inputs[0]), sb = g.shape_of(a->inputs[3]);
     if (!sa || !sb || *sa != *sb) continue;
-    // The convolution: an input's producer that only feeds the Add (the later one of two).
+    // The convolution or product: an input's producer that only feeds the Add (the later
+    // one of two).
     Node* c = nullptr;
     int side = 0;
     for (int k : {0, 1}) {
       Node* p = made_by(a->inputs[size_t(3 * k)]);
-      if ((is_op(p, "QLinearConv") || is_fused(p, "QLinearConvLookup")) && p->outputs.size() == 1 &&
-          index.sole_reader(p->outputs[0]) == a && !index.pinned(p->outputs[0]) &&
-          (!c || pos.at(p) > pos.at(c))) {
+      const bool mul = is_fused(p, "QLinearMul") && p->inputs.size() == 8;
+      if ((is_op(p, "QLinearConv") || is_fused(p, "QLinearConvLookup") || mul) &&
+          p->outputs.size() == 1 && index.sole_reader(p->outputs[0]) == a &&
+          !index.pinned(p->outputs[0]) && (!c || pos.at(p) > pos.at(c))) {
         c = p;
         side = k;
       }
@@ -643,8 +645,9 @@ int64_t fuse_qlinear_conv_add(PassGraph& g) {
     const size_t ai = size_t(3 * side), bi = size_t(3 * (1 - side));
     auto fused = std::make_unique<Node>(*c);
     fused->domain = kFusedDomain;
-    fused->op_type = "QLinearConvAdd";
-    fused->inputs.resize(10);  // the bias and the table may be ""
+    const bool mul = c->op_type == "QLinearMul";
+    fused->op_type = mul ? "QLinearMulAdd" : "QLinearConvAdd";
+    if (!mul) fused->inputs.resize(10);  // the bias and the table may be ""
     for (size_t k : {ai + 1, ai + 2, bi, bi + 1, bi + 2, size_t(6), size_t(7)})
       fused->inputs.push_back(a->inputs[k]);
     fused->outputs = a->outputs;
