@@ -486,6 +486,25 @@ TEST(CpuInt8, QLinearGlobalAveragePoolGivesRefsBytesExactly) {
     }
 }
 
+// The scale (v_s) and zero point (v_z) initializers of per-tensor bytes v of type t.
+void add_qparams(ModelBuilder& b, const std::string& v, DType t, float scale, int zp) {
+  b.initializer(v + "_s", Tensor::from_vector<float>({}, {scale}));
+  b.initializer(v + "_z", scalar_8bit(t, zp));
+}
+
+// QLinearConv x -> y, k x k with same padding, int8 weights with per-channel scales; the
+// bytes' parameters are x_s/x_z and y_s/y_z (add_qparams).
+void add_qconv(ModelBuilder& b, const std::string& x, const std::string& y, int64_t ic, int64_t oc,
+               int64_t k, uint64_t seed) {
+  b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
+  b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
+  b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
+  Node& c =
+      b.node("QLinearConv",
+             {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
+  c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+}
+
 // Between QLinearConvs the 8-bit chain stays channels-last and on bytes: residual Adds of
 // two channels-last inputs, an Add of a channels-last and a plain input, the SE product
 // with its [N, C, 1, 1] gate (whose result a graph output also reads: written plain),
@@ -499,10 +518,7 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     const Shape xs = {1, 8, 6, 10}, x2s = {1, 16, 6, 10};
     b.input("x", t, spec(xs)).input("x2", t, spec(x2s)).output("y").output("se_out");
     const int z0 = t == DType::u8 ? 128 : 0;
-    auto params = [&](const std::string& v, float s, int z) {
-      b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
-      b.initializer(v + "_z", scalar_8bit(t, z));
-    };
+    auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
     std::set<std::string> dequantized;
     auto dq = [&](const std::string& v) {
       if (dequantized.insert(v).second)
@@ -513,22 +529,12 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
       b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
       return v;
     };
-    auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc, int64_t k,
-                     uint64_t seed) {
-      b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
-      b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
-      b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
-      Node& c =
-          b.node("QLinearConv",
-                 {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
-      c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
-    };
     params("x", 0.031f, z0 - 3);
     params("x2", 0.05f, z0 + 11);
     params("c1", 0.09f, z0 - 40);
     params("c2", 0.07f, z0 + 20);
-    qconv("x", "c1", 8, 16, 3, 41);
-    qconv("x", "c2", 8, 16, 1, 43);
+    add_qconv(b, "x", "c1", 8, 16, 3, 41);
+    add_qconv(b, "x", "c2", 8, 16, 1, 43);
     params("a", 0.12f, z0 - 10);
     b.node("Add", {dq("c1"), dq("c2")}, {"a_f"});
     q("a_f", "a");  // both inputs channels-last
@@ -556,7 +562,7 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     b.node("Concat", {dq("r1"), dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
     q("cat_f", "cat");
     params("y", 0.3f, z0 + 1);
-    qconv("cat", "y", 32, 5, 1, 47);
+    add_qconv(b, "cat", "y", 32, 5, 1, 47);
     const Model m = b.build();
     const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}, {"x2", extreme_8bit(t, x2s, 52)}};
     SessionOptions o;
@@ -797,8 +803,7 @@ void expect_bytes_of_ref(const Model& m, const TensorMap& in, Session& fast) {
 // so every byte of v reaches the comparison unchanged in information.
 void negate_to_output(ModelBuilder& b, const std::string& v, DType t, float scale, int zp,
                       const std::string& y) {
-  b.initializer(y + "_s", Tensor::from_vector<float>({}, {scale}));
-  b.initializer(y + "_z", scalar_8bit(t, t == DType::u8 ? 255 - zp : -1 - zp));
+  add_qparams(b, y, t, scale, t == DType::u8 ? 255 - zp : -1 - zp);
   b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_negf"});
   b.node("Neg", {v + "_negf"}, {y + "_f"});
   b.node("QuantizeLinear", {y + "_f", y + "_s", y + "_z"}, {y});
@@ -831,25 +836,12 @@ TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
           // The pool's output also read by a graph output: written NCHW.
           if (pi == 1) b.output("p_out");
           const int z0 = t == DType::u8 ? 128 : 0;
-          auto params = [&](const std::string& v, float sc, int z) {
-            b.initializer(v + "_s", Tensor::from_vector<float>({}, {sc}));
-            b.initializer(v + "_z", scalar_8bit(t, z));
-          };
-          auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc,
-                           int64_t k, uint64_t seed) {
-            b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
-            b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
-            b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
-            Node& c = b.node("QLinearConv", {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz",
-                                             y + "_s", y + "_z"},
-                             {y});
-            c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
-          };
+          auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
           params("x", 0.031f, z0 - 3);
           std::string src = "x";
           if (after_conv) {
             params("c", 0.09f, z0 - 40);
-            qconv("x", "c", 13, 13, 3, 41);
+            add_qconv(b, "x", "c", 13, 13, 3, 41);
             src = "c";
           }
           if (requantize)
@@ -868,7 +860,8 @@ TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
           if (requantize)
             negate_to_output(b, "p", t, 0.07f, z0 + 9, "y");
           else
-            negate_to_output(b, "p", t, after_conv ? 0.09f : 0.031f, after_conv ? z0 - 40 : z0 - 3, "y");
+            negate_to_output(b, "p", t, after_conv ? 0.09f : 0.031f, after_conv ? z0 - 40 : z0 - 3,
+                             "y");
           const Model m = b.build();
           const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
           SessionOptions o;
@@ -904,25 +897,12 @@ TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
           if (!residual_conv) b.input("r", t, spec(ys));
           if (k == 3) b.output("s_out");  // the sum also goes out: NCHW
           const int z0 = t == DType::u8 ? 128 : 0;
-          auto params = [&](const std::string& v, float sc, int z) {
-            b.initializer(v + "_s", Tensor::from_vector<float>({}, {sc}));
-            b.initializer(v + "_z", scalar_8bit(t, z));
-          };
-          auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc,
-                           int64_t kk, uint64_t seed) {
-            b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, kk, kk}, seed));
-            b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
-            b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
-            Node& c = b.node("QLinearConv", {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz",
-                                             y + "_s", y + "_z"},
-                             {y});
-            c.attrs["pads"] = attr_ints({kk / 2, kk / 2, kk / 2, kk / 2});
-          };
+          auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
           params("x", 0.031f, z0 - 3);
           params("r", 0.05f, z0 + 11);
-          if (residual_conv) qconv("x", "r", 7, 13, 1, 43);
+          if (residual_conv) add_qconv(b, "x", "r", 7, 13, 1, 43);
           params("c", 0.09f, z0 - 40);
-          qconv("x", "c", 7, 13, k, 41);
+          add_qconv(b, "x", "c", 7, 13, k, 41);
           std::string a = "c";
           if (relu) {
             b.node("DequantizeLinear", {"c", "c_s", "c_z"}, {"c_f"});
@@ -971,10 +951,7 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
         if (!gated) b.input("f", t, spec(xs));
         if (gated) b.output("s_out");  // the sum also goes out: NCHW
         const int z0 = t == DType::u8 ? 128 : 0;
-        auto params = [&](const std::string& v, float sc, int z) {
-          b.initializer(v + "_s", Tensor::from_vector<float>({}, {sc}));
-          b.initializer(v + "_z", scalar_8bit(t, z));
-        };
+        auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
         std::set<std::string> dequantized;
         auto dq = [&](const std::string& v) {
           if (dequantized.insert(v).second)
@@ -990,11 +967,7 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
         std::string src = "x";
         if (after_conv) {
           params("c", 0.09f, z0 - 40);
-          b.initializer("c_w", extreme_8bit(DType::i8, {13, 13, 3, 3}, 41));
-          b.initializer("c_ws", random_f32({13}, 42, 0.0005f, 0.002f));
-          b.initializer("c_wz", Tensor(DType::i8, {13}));
-          b.node("QLinearConv", {"x", "x_s", "x_z", "c_w", "c_ws", "c_wz", "c_s", "c_z"}, {"c"})
-              .attrs["pads"] = attr_ints({1, 1, 1, 1});
+          add_qconv(b, "x", "c", 13, 13, 3, 41);
           src = "c";
         }
         std::string other = "f";
@@ -1035,34 +1008,22 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
 TEST(CpuInt8, ConcatOfBytesStaysChannelsLastExactly) {
   for (DType t : {DType::u8, DType::i8})
     for (int variant = 0; variant < 3; ++variant) {
-      SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + " variant " + std::to_string(variant));
+      SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + " variant " +
+                   std::to_string(variant));
       const Shape xs = {2, 7, 9, 11};
       ModelBuilder b(13);
       b.input("x", t, spec(xs)).output("y");
       if (variant == 1) b.input("e", t, spec({2, 3, 9, 11}));
       if (variant == 2) b.output("cat_out");
       const int z0 = t == DType::u8 ? 128 : 0;
-      auto params = [&](const std::string& v, float sc, int z) {
-        b.initializer(v + "_s", Tensor::from_vector<float>({}, {sc}));
-        b.initializer(v + "_z", scalar_8bit(t, z));
-      };
-      auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc,
-                       int64_t kk, uint64_t seed) {
-        b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, kk, kk}, seed));
-        b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
-        b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
-        Node& c = b.node("QLinearConv", {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz",
-                                         y + "_s", y + "_z"},
-                         {y});
-        c.attrs["pads"] = attr_ints({kk / 2, kk / 2, kk / 2, kk / 2});
-      };
+      auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
       params("x", 0.031f, z0 - 3);
       params("c1", 0.09f, z0 - 40);
       params("c2", 0.07f, z0 + 20);
       params("e", 0.05f, z0 + 11);
       params("cat", 0.09f, z0 - 40);  // c1's: no table for it
-      qconv("x", "c1", 7, 13, 3, 41);
-      qconv("x", "c2", 7, 5, 1, 43);
+      add_qconv(b, "x", "c1", 7, 13, 3, 41);
+      add_qconv(b, "x", "c2", 7, 5, 1, 43);
       std::vector<std::string> parts = {"c1", "c2"};
       if (variant == 1) parts.push_back("e");
       std::vector<std::string> floats;

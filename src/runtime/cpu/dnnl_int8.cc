@@ -1136,7 +1136,7 @@ std::optional<std::string> qlinear_params(const KernelBuildInfo& info, int64_t c
   }
   // (slim:QLinearConvLookup's and slim:QLinearConvAdd's inputs from 9 on are checked by
   // their claims.)
-  const size_t most = info.node.domain != kFusedDomain            ? 9
+  const size_t most = info.node.domain != kFusedDomain           ? 9
                       : info.node.op_type == "QLinearConvLookup" ? 10
                                                                  : 17;
   if (info.inputs.size() > most) return std::string("too many inputs");
@@ -1245,7 +1245,9 @@ class QLinearConvKernel final : public ChannelsLastConv {
         thread_scratch(conv_bytes + (add_ && !b_channels_last_ ? size_t(shape_numel(g.y)) : 0)));
     if (add_) {
       const Tensor& b = ctx.required_input(12);
-      if (b.shape() != g.y) ctx.fail(ErrorCode::invalid_argument, "B " + b.describe() + " does not have the output's shape");
+      if (b.shape() != g.y)
+        ctx.fail(ErrorCode::invalid_argument,
+                 "B " + b.describe() + " does not have the output's shape");
       out.residual = static_cast<const uint8_t*>(b.raw_data());
       if (!b_channels_last_) {
         bytes_to_nhwc(out.residual, scratch + conv_bytes, g.y[0], g.y[1], g.y[2] * g.y[3]);

@@ -227,14 +227,14 @@ class ByteMaxPoolKernel final : public OpKernel {
     check_input_shape(ctx, 0, s_.x, t_);
     const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
     auto* y = static_cast<uint8_t*>(ctx.output(0, t_, s_.y).raw_data());
-    const int64_t n = s_.x[0], c = s_.x[1], ih = s_.x[2], iw = s_.x[3], oh = s_.y[2],
-                  ow = s_.y[3];
+    const int64_t n = s_.x[0], c = s_.x[1], ih = s_.x[2], iw = s_.x[3], oh = s_.y[2], ow = s_.y[3];
     const bool is_signed = t_ == DType::i8;
     const uint8_t lowest = is_signed ? 0x80 : 0;
     // The input rows (columns) of output row oy's (column ox's) window inside the input.
     auto taps = [&](int d, int64_t o, int64_t in, auto&& fn) {
       for (int64_t k = 0; k < s_.k[size_t(d)]; ++k) {
-        const int64_t i = o * s_.stride[size_t(d)] - s_.pad_l[size_t(d)] + k * (s_.dil[size_t(d)] + 1);
+        const int64_t i =
+            o * s_.stride[size_t(d)] - s_.pad_l[size_t(d)] + k * (s_.dil[size_t(d)] + 1);
         if (i >= 0 && i < in) fn(i);
       }
     };
@@ -250,7 +250,8 @@ class ByteMaxPoolKernel final : public OpKernel {
             uint8_t* d = to + (r * ow + ox) * c;
             std::memset(d, lowest, size_t(c));
             taps(0, oy, ih, [&](int64_t iy) {
-              taps(1, ox, iw, [&](int64_t ix) { max_bytes(d, xi + (iy * iw + ix) * c, c, is_signed); });
+              taps(1, ox, iw,
+                   [&](int64_t ix) { max_bytes(d, xi + (iy * iw + ix) * c, c, is_signed); });
             });
           }
         }
@@ -265,7 +266,8 @@ class ByteMaxPoolKernel final : public OpKernel {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t plane = r / oh, oy = r % oh;
         std::memset(row, lowest, size_t(iw));
-        taps(0, oy, ih, [&](int64_t iy) { max_bytes(row, x + (plane * ih + iy) * iw, iw, is_signed); });
+        taps(0, oy, ih,
+             [&](int64_t iy) { max_bytes(row, x + (plane * ih + iy) * iw, iw, is_signed); });
         uint8_t* d = y + r * ow;
         if (s_.stride[1] == 1) {
           // Stride 1: tap k is the row shifted by k * dilation - pad, over the output
@@ -309,7 +311,8 @@ KernelDef pool_def(const std::string& op, int64_t since, PoolKind kind) {
     PoolSetup s;
     if (auto why = pool_setup(info, kind, &s))
       throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
-    if (byte_input(info)) return std::make_unique<ByteMaxPoolKernel>(std::move(s), *info.input(0).dtype);
+    if (byte_input(info))
+      return std::make_unique<ByteMaxPoolKernel>(std::move(s), *info.input(0).dtype);
     return std::make_unique<DnnlPoolKernel>(info.node, std::move(s));
   };
   return def;

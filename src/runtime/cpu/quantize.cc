@@ -875,7 +875,7 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
 #if defined(__x86_64__)
 // max_bytes: 64 bytes a step at AVX-512 (the tail under a mask), 32 at AVX2.
 __attribute__((target("avx512f,avx512bw"))) int64_t max_bytes_avx512(uint8_t* y, const uint8_t* x,
-                                                                      int64_t n, bool is_signed) {
+                                                                     int64_t n, bool is_signed) {
   auto step = [&](__m512i a, __m512i b) __attribute__((target("avx512f,avx512bw"))) {
     return is_signed ? _mm512_max_epi8(a, b) : _mm512_max_epu8(a, b);
   };
@@ -928,8 +928,10 @@ QParams qparams(const KernelBuildInfo& info, int i) {
 void max_bytes(uint8_t* y, const uint8_t* x, int64_t n, bool is_signed) {
   int64_t i = 0;
 #if defined(__x86_64__)
-  if (detected_isa() == Isa::avx512) i = max_bytes_avx512(y, x, n, is_signed);
-  else if (detected_isa() == Isa::avx2) i = max_bytes_avx2(y, x, n, is_signed);
+  if (detected_isa() == Isa::avx512)
+    i = max_bytes_avx512(y, x, n, is_signed);
+  else if (detected_isa() == Isa::avx2)
+    i = max_bytes_avx2(y, x, n, is_signed);
 #endif
   for (; i < n; ++i)
     y[i] = is_signed ? uint8_t(std::max(int8_t(y[i]), int8_t(x[i]))) : std::max(y[i], x[i]);

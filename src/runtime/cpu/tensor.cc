@@ -378,8 +378,9 @@ class ConcatKernel final : public OpKernel {
   // A 4-D f32 or 8-bit layout of the values.
   dnnl::memory::desc md(const Shape& s, dnnl::memory::format_tag f) const {
     if (!bytes_) return f32_md(s, f);
-    return dnnl::memory::desc(to_dims(s),
-                              dt_ == DType::i8 ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::u8, f);
+    return dnnl::memory::desc(
+        to_dims(s), dt_ == DType::i8 ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::u8,
+        f);
   }
 
   ConcatPlan p_;

@@ -385,7 +385,8 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(simple_fused_def("QLinearGlobalAveragePool",
                          [](const Node&) { return std::make_unique<QLinearGlobalAveragePoolKernel>(); }));
   for (const char* op : {"QLinearConvLookup", "QLinearConvAdd", "QLinearMulAdd"})
-    r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearEpilogueKernel>(n); }));
+    r.add(simple_fused_def(
+        op, [](const Node& n) { return std::make_unique<QLinearEpilogueKernel>(n); }));
   for (const char* op : {"QLinearAdd", "QLinearMul"})
     r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearBinaryKernel>(n); }));
 }
