@@ -121,7 +121,7 @@ int64_t fuse_qdq_elementwise(PassGraph& g);
 // is the identity (equal scales and zero points); DequantizeLinear_i -> Concat ->
 // QuantizeLinear a Concat of the bytes, each input requantized by its table (folded into
 // the table of a slim:QLookup -> Resize made here when that feeds only the Concat);
-// DequantizeLinear -> MaxPool -> QuantizeLinear a MaxPool of the bytes when that table
+// DequantizeLinear -> MaxPool (4-D) -> QuantizeLinear a MaxPool of the bytes when that table
 // never decreases, then the table (or the table composed into a slim:QLookup before it, or
 // before it for fuse_qlinear_conv_lookup to fold into a QLinearConv: either only feeding
 // it). Nearest resizing and concatenation copy values and max commutes with a

@@ -484,6 +484,10 @@ int64_t fuse_qdq_movement(PassGraph& g) {
           (op->attr_string("mode", "nearest") != "nearest" || op->attr_int("antialias", 0) != 0 ||
            op->attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"))
         continue;
+      // (Pools of 4-D tensors: what the cpu provider's byte MaxPool covers; ref's is slower
+      // than the f32 one.)
+      const auto xs = g.shape_of(op->inputs[0]);
+      if (pool && (!xs || xs->size() != 4 || op->attr_int("storage_order", 0) != 0)) continue;
       bool constant_rest = true;
       for (size_t k = 1; k < op->inputs.size(); ++k)
         constant_rest = constant_rest && (op->inputs[k].empty() || g.constant(op->inputs[k]));
