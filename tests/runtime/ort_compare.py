@@ -1,43 +1,46 @@
-"""What the tests that hold slim to ONNX Runtime share (rnn_vs_ort.py, quantized_vs_ort.py):
-finding onnxruntime-node, running a model through it (bench/vs_ort/ort_bench.js) and
-through `slim run`.
+"""What the tests that hold slim to ONNX Runtime share (rnn_vs_ort.py, quantized_vs_ort.py,
+quant/qdq_vs_ort.py): finding onnxruntime-node, running a model through it
+(bench/vs_ort/ort_bench.js) and through `slim run`.
 
-onnxruntime-node is about 300 MB, so the tests do not download it unless asked: they use
-bench/vs_ort/node_modules (bench/vs_ort/run.sh installs it there) or the build folder's
-npm-ort, and exit 77 (ctest: skipped) when neither has it; `--install` installs it into
-the build folder first."""
+onnxruntime-node (about 300 MB) is the real-model suite's copy: bench/vs_ort/node_modules
+or the model cache's npm folder (tests/real_models/run.py's installed_ort / ensure_ort;
+SLIM_MODEL_CACHE, else bench/.work/real_models). With `--install` (how ctest runs these
+tests) it is installed there first when missing; without it, or when the npm registry
+cannot be reached, the test exits 77 (ctest: skipped)."""
 import argparse
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ORT_VERSION = json.load(open(os.path.join(ROOT, "bench", "vs_ort", "package.json")))["dependencies"]["onnxruntime-node"]
+sys.path.insert(0, os.path.join(ROOT, "tests", "real_models"))
+import run as real_models  # noqa: E402
+
+ORT_VERSION = real_models.ORT_VERSION
 
 
 def setup(description):
     """Parses --install/--build/--slim; returns (args with args.slim set, the node_modules
     folder holding onnxruntime-node, or None after saying why the test is skipped)."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--install", action="store_true", help="install onnxruntime-node into the build folder")
+    ap.add_argument("--install", action="store_true", help="install onnxruntime-node into the model cache if missing")
     ap.add_argument("--build", default=os.environ.get("SLIM_BINARY_DIR", os.path.join(ROOT, "build")))
     ap.add_argument("--slim", help="slim binary (default: BUILD/tools/slim)")
     args = ap.parse_args()
     args.slim = args.slim or os.path.join(args.build, "tools", "slim")
-    candidates = [os.path.join(ROOT, "bench", "vs_ort", "node_modules"), os.path.join(args.build, "npm-ort", "node_modules")]
-    found = [d for d in candidates if os.path.exists(os.path.join(d, "onnxruntime-node", "package.json"))]
+    found = real_models.installed_ort(real_models.DEFAULT_CACHE)
     if not found and args.install:
-        prefix = os.path.join(args.build, "npm-ort")
-        os.makedirs(prefix, exist_ok=True)
-        subprocess.run(["npm", "install", "--prefix", prefix, "--ignore-scripts", "--no-audit", "--no-fund",
-                        "--no-package-lock", "onnxruntime-node@" + ORT_VERSION], check=True, stdout=subprocess.DEVNULL)
-        found = [candidates[1]]
+        try:
+            found = real_models.ensure_ort(real_models.DEFAULT_CACHE)
+        except real_models.Unreachable as e:
+            print(f"{e}; skipped")
+            return args, None
     if not found:
-        print("onnxruntime-node is not installed (bench/vs_ort/run.sh or --install); skipped")
-        return args, None
-    return args, found[0]
+        print("onnxruntime-node is not installed (bench/vs_ort/run.sh, or --install); skipped")
+    return args, found
 
 
 def run_ort(node_modules, model, feeds, work, optimization="all"):
