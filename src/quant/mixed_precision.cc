@@ -395,6 +395,8 @@ Context make_context(const std::string& model_path, const SampleSet& calib,
         "nodes are quantized)");
   check(mo.latency_runs >= 1 && mo.samples >= 1, ErrorCode::invalid_argument,
         "quantize: --latency-runs and --sensitivity-samples must be at least 1");
+  check(mo.evaluations >= 0, ErrorCode::invalid_argument,
+        "quantize: --search-evaluations must be at least 0");
   QuantizeReport rep;
   Context c{detail::prepare_and_collect(model_path, calib, qo, rep), {}, {}};
   c.meter = make_meter(c.p.model, calib, qo, mo.samples);
@@ -522,6 +524,20 @@ double predicted_latency(const Measurements& m, const std::vector<bool>& int8) {
   return m.fp32_ms + m.scale * t;
 }
 
+namespace {
+
+// A plan's predicted latency T(P) and loss L(P).
+PlanPoint point_of(const Measurements& m, std::vector<bool> int8) {
+  PlanPoint p;
+  p.int8 = std::move(int8);
+  p.latency_ms = predicted_latency(m, p.int8);
+  for (size_t i = 0; i < p.int8.size(); ++i)
+    if (p.int8[i]) p.loss += m.layers[i].loss;
+  return p;
+}
+
+}  // namespace
+
 Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
                  std::optional<double> target_ms) {
   check(o.latency_budget_ms.has_value() != o.accuracy_budget.has_value(),
@@ -572,10 +588,9 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   }
   const int64_t exit_last = units(m.scale * 0.5 * m.layers[n - 1].border_ms());
   auto plan_of = [&](int x, int64_t d) {
-    PlanPoint p;
-    p.int8.assign(n, false);
+    std::vector<bool> int8(n, false);
     for (size_t i = n; i-- > 0;) {
-      p.int8[i] = x;
+      int8[i] = x;
       const int px = from[i][idx(x, d)];
       const Layer& l = m.layers[i];
       double add = 0;
@@ -584,10 +599,7 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
       d = std::clamp<int64_t>(d - units(m.scale * add), 0, size - 1);
       x = px;
     }
-    for (size_t i = 0; i < n; ++i)
-      if (p.int8[i]) p.loss += m.layers[i].loss;
-    p.latency_ms = predicted_latency(m, p.int8);
-    return p;
+    return point_of(m, std::move(int8));
   };
   // The best end state per final latency change, then the front: ascending latency, each
   // point losing less than every faster one.
@@ -645,6 +657,148 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   return plan;
 }
 
+namespace {
+
+// The contiguous runs [a, b) of int8 layers (the rest fp32) that fit the target and are
+// the shortest that do from their first layer, the `count` of least predicted loss. T(P)
+// of a run, from prefix sums: its layers' changes and the borders of its two ends.
+std::vector<std::pair<size_t, size_t>> fitting_runs(const Measurements& m, double target_ms,
+                                                    size_t count) {
+  const size_t n = m.layers.size();
+  std::vector<double> change(n + 1, 0.0), loss(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    change[i + 1] = change[i] + m.layers[i].int8_ms - m.layers[i].fp32_ms;
+    loss[i + 1] = loss[i] + m.layers[i].loss;
+  }
+  std::vector<std::tuple<double, size_t, size_t>> runs;  // predicted loss, a, b
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = a + 1; b <= n; ++b) {
+      const double t =
+          m.fp32_ms + m.scale * (change[b] - change[a] + 0.5 * m.layers[a].border_ms() +
+                                 0.5 * m.layers[b - 1].border_ms());
+      if (t <= target_ms + 1e-9) {
+        runs.emplace_back(loss[b] - loss[a], a, b);
+        break;
+      }
+    }
+  std::sort(runs.begin(), runs.end());
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t k = 0; k < runs.size() && k < count; ++k)
+    out.emplace_back(std::get<1>(runs[k]), std::get<2>(runs[k]));
+  return out;
+}
+
+}  // namespace
+
+PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o,
+                       double target_ms,
+                       const std::function<double(const std::vector<bool>&)>& measure,
+                       std::vector<Candidate>& evaluated) {
+  const size_t n = m.layers.size();
+  if (o.evaluations <= 0) return plan.chosen;
+  int fresh = 0;
+  // The measured loss of a plan (measured once across calls); nullopt once the
+  // evaluations are spent.
+  auto loss_of = [&](const std::vector<bool>& x,
+                     const std::string& source) -> std::optional<double> {
+    for (const auto& c : evaluated)
+      if (c.point.int8 == x) return c.loss;
+    if (fresh >= o.evaluations) return std::nullopt;
+    ++fresh;
+    evaluated.push_back(Candidate{source, point_of(m, x), measure(x), target_ms});
+    return evaluated.back().loss;
+  };
+  const auto& front = plan.pareto;
+  if (!o.latency_budget_ms) {
+    // The front by latency has losses falling: bisect it for the fastest point whose
+    // measured loss is within the budget (all fp32 loses nothing).
+    PlanPoint best = point_of(m, std::vector<bool>(n, false));
+    size_t lo = 0, hi = front.size();
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      const auto l = loss_of(front[mid].int8, "front");
+      if (!l) break;
+      if (*l <= *o.accuracy_budget) {
+        best = front[mid];
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return best;
+  }
+  const auto fits = [&](const std::vector<bool>& x) {
+    return predicted_latency(m, x) <= target_ms + 1e-9;
+  };
+  // Seeds, alternating: the front's points within the target (the nearest, of least
+  // predicted loss, first) and the contiguous runs that fit.
+  constexpr size_t kSeeds = 3;
+  std::vector<std::vector<bool>> from_front;
+  for (auto it = front.rbegin(); it != front.rend() && from_front.size() < kSeeds; ++it)
+    if (it->latency_ms <= target_ms + 1e-9) from_front.push_back(it->int8);
+  const auto runs = fitting_runs(m, target_ms, kSeeds);
+  for (size_t k = 0; k < kSeeds; ++k) {
+    if (k < from_front.size()) loss_of(from_front[k], "front");
+    if (k < runs.size()) {
+      std::vector<bool> x(n, false);
+      std::fill(x.begin() + std::ptrdiff_t(runs[k].first), x.begin() + std::ptrdiff_t(runs[k].second),
+                true);
+      loss_of(x, "run " + std::to_string(runs[k].first) + "-" + std::to_string(runs[k].second - 1));
+    }
+  }
+  const auto best_fitting = [&]() -> const Candidate* {
+    const Candidate* best = nullptr;
+    for (const auto& c : evaluated)
+      if (c.point.latency_ms <= target_ms + 1e-9 && (!best || c.loss < best->loss)) best = &c;
+    return best;
+  };
+  // Local search from the best: drop and swap moves that fit, in order of predicted loss
+  // change, measured a few at a time until one improves on it or the evaluations run out.
+  constexpr size_t kBatch = 4;
+  for (const Candidate* best = best_fitting(); best && fresh < o.evaluations;) {
+    const std::vector<bool> x = best->point.int8;
+    const double best_loss = best->loss;
+    std::vector<std::tuple<double, std::vector<bool>, std::string>> moves;
+    for (size_t i = 0; i < n; ++i) {
+      if (!x[i]) continue;
+      std::vector<bool> y = x;
+      y[i] = false;
+      if (fits(y)) moves.emplace_back(-m.layers[i].loss, y, "drop " + std::to_string(i));
+      for (size_t j = 0; j < n; ++j) {
+        if (x[j]) continue;
+        std::vector<bool> z = y;
+        z[j] = true;
+        if (fits(z))
+          moves.emplace_back(m.layers[j].loss - m.layers[i].loss, std::move(z),
+                             "swap -" + std::to_string(i) + " +" + std::to_string(j));
+      }
+    }
+    std::stable_sort(moves.begin(), moves.end(), [](const auto& a, const auto& b) {
+      return std::get<0>(a) < std::get<0>(b);
+    });
+    bool improved = false, untried = false;
+    size_t tried = 0;
+    for (const auto& [delta, y, source] : moves) {
+      if (std::any_of(evaluated.begin(), evaluated.end(),
+                      [&](const Candidate& c) { return c.point.int8 == y; }))
+        continue;
+      untried = true;
+      if (tried == kBatch) break;
+      const auto l = loss_of(y, source);
+      if (!l) break;
+      ++tried;
+      improved |= *l < best_loss;
+    }
+    if (!untried) break;
+    // The next batch goes on from the best so far (the same plan when nothing improved:
+    // its measured moves are skipped).
+    best = best_fitting();
+    if (!improved && tried == 0) break;
+  }
+  const Candidate* best = best_fitting();
+  return best ? best->point : plan.chosen;
+}
+
 std::set<std::string> fp32_nodes(const Measurements& m, const std::vector<bool>& int8) {
   std::set<std::string> out;
   for (size_t i = 0; i < m.layers.size(); ++i)
@@ -679,6 +833,14 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
   for (r.tries = 1;; ++r.tries) {
     r.plan = choose_plan(m, mo, target);
     r.target_ms = target.value_or(mo.latency_budget_ms.value_or(r.plan.chosen.latency_ms));
+    // The plan of least measured loss among candidates near the target.
+    const size_t before = r.candidates.size();
+    const auto measure = [&](const std::vector<bool>& x) {
+      report(mo, "search", int64_t(r.candidates.size() - before), mo.evaluations);
+      return c.meter.loss(build(c.p, m.layers, x, qo));
+    };
+    r.plan.chosen = search_plans(m, r.plan, mo, r.target_ms, measure, r.candidates);
+    if (mo.evaluations > 0) report(mo, "search", mo.evaluations, mo.evaluations);
     // quantize_model with the fp32 layers excluded writes these bytes (what --plan does).
     const Model written = build(c.p, m.layers, r.plan.chosen.int8, qo);
     OnnxExporter::save_file(written, output);
@@ -741,6 +903,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   j["scale"] = m.scale;
   j["fastest_ms"] = r.plan.fastest_ms;
   j["predicted"] = {{"latency_ms", r.plan.chosen.latency_ms}, {"loss", r.plan.chosen.loss}};
+  j["search_evaluations"] = mo.evaluations;
   j["measured"] = {{"latency_ms", r.measured.latency_ms},
                    {"fp32_latency_ms", r.measured.fp32_latency_ms},
                    {"normalized_latency_ms", r.measured.normalized_ms},
@@ -765,6 +928,14 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
                            {"int8_ms", l.int8_ms},
                            {"int8_alone_ms", l.int8_alone_ms}});
   }
+  for (const auto& c : r.candidates)
+    j["candidates"].push_back({{"source", c.source},
+                               {"target_ms", c.target_ms},
+                               {"predicted_ms", c.point.latency_ms},
+                               {"predicted_loss", c.point.loss},
+                               {"loss", c.loss},
+                               {"int8_layers", c.point.int8_layers()},
+                               {"chosen", c.point.int8 == r.plan.chosen.int8}});
   for (const auto& p : r.plan.pareto)
     j["pareto"].push_back(
         {{"latency_ms", p.latency_ms}, {"loss", p.loss}, {"int8_layers", p.int8_layers()}});

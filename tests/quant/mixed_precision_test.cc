@@ -168,6 +168,82 @@ TEST(MixedPrecision, KeepsTheSensitiveLayerInFp32) {
   EXPECT_GE(b.chosen.int8_layers(), 2);  // only runs of int8 layers save anything
 }
 
+// Six layers of 1 ms in fp32 and 0.5 ms in int8 whose measured loss does not add up: each
+// run of int8 layers costs 1 on top of its layers' own losses (its border Q/DQ), which the
+// per-layer losses do not see.
+struct Interacting {
+  Measurements m;
+  Interacting() {
+    const double loss[] = {0.1, 0.5, 0.1, 0.5, 0.1, 0.6};
+    for (int i = 0; i < 6; ++i) {
+      Layer l{"l" + std::to_string(i), "MatMul", {"l" + std::to_string(i)}};
+      l.loss = loss[i];
+      l.fp32_ms = 1;
+      l.int8_ms = l.int8_alone_ms = 0.5;
+      m.layers.push_back(l);
+    }
+    m.fp32_ms = 6;
+  }
+  double operator()(const std::vector<bool>& x) const {
+    double total = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      total += x[i] ? m.layers[i].loss + (i == 0 || !x[i - 1] ? 1.0 : 0.0) : 0.0;
+    return total;
+  }
+};
+
+TEST(MixedPrecision, SearchChoosesTheLeastMeasuredLoss) {
+  const Interacting f;
+  MixedPrecisionOptions mo;
+  mo.latency_budget_ms = 4.5;  // three layers int8
+  const Plan plan = choose_plan(f.m, mo);
+  // The per-layer losses pick the three cheapest, scattered: 0.3 predicted, 3.3 measured.
+  EXPECT_EQ(plan.chosen.int8, (std::vector<bool>{true, false, true, false, true, false}));
+  std::vector<Candidate> seen;
+  const PlanPoint p = search_plans(f.m, plan, mo, 4.5, std::cref(f), seen);
+  // One run of three: 0.7 + 1.
+  EXPECT_EQ(p.int8, (std::vector<bool>{true, true, true, false, false, false}));
+  EXPECT_LE(p.latency_ms, 4.5);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen[0].source, "front");
+  EXPECT_EQ(seen[0].point.int8, plan.chosen.int8);
+  EXPECT_NEAR(seen[0].loss, 3.3, 1e-9);
+  EXPECT_LE(seen.size(), size_t(mo.evaluations));
+  for (const auto& c : seen) {
+    EXPECT_DOUBLE_EQ(c.loss, f(c.point.int8)) << c.source;
+    if (c.point.latency_ms <= 4.5) {
+      EXPECT_GE(c.loss, 1.7 - 1e-9) << c.source;
+    }
+  }
+  EXPECT_TRUE(std::any_of(seen.begin(), seen.end(),
+                          [](const Candidate& c) { return c.source.rfind("swap", 0) == 0; }));
+  // Measured plans are not measured again; the evaluations bound the new ones.
+  const size_t before = seen.size();
+  search_plans(f.m, plan, mo, 4.5, std::cref(f), seen);
+  EXPECT_EQ(seen.size(), before);
+  std::vector<Candidate> two;
+  mo.evaluations = 2;
+  search_plans(f.m, plan, mo, 4.5, std::cref(f), two);
+  EXPECT_EQ(two.size(), 2u);
+  mo.evaluations = 0;  // the knapsack's choice as is
+  std::vector<Candidate> none;
+  EXPECT_EQ(search_plans(f.m, plan, mo, 4.5, std::cref(f), none).int8, plan.chosen.int8);
+  EXPECT_TRUE(none.empty());
+
+  // An accuracy budget: the fastest front point whose measured loss is within it.
+  MixedPrecisionOptions acc;
+  acc.accuracy_budget = 2.25;
+  const Plan front = choose_plan(f.m, acc);
+  std::vector<Candidate> bisected;
+  const PlanPoint q = search_plans(f.m, front, acc, 0, std::cref(f), bisected);
+  EXPECT_LE(f(q.int8), 2.25);
+  for (const auto& pt : front.pareto)
+    if (pt.latency_ms < q.latency_ms) {
+      EXPECT_GT(f(pt.int8), 2.25) << pt.latency_ms;
+    }
+  EXPECT_LE(bisected.size(), 4u);  // log2 of the front's points
+}
+
 TEST(MixedPrecision, RefusesABudgetBelowTheFastestPlan) {
   const fs::path d = scratch("budget");
   const std::string model = write_model(d, "mlp", 1);

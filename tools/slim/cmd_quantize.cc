@@ -43,7 +43,7 @@ struct QuantizeArgs {
   bool has_latency_budget = false, has_accuracy_budget = false;
   std::string plan, plan_out, pareto_png, measurements;
   int64_t sensitivity_samples = 16;
-  int latency_runs = 20;
+  int latency_runs = 20, search_evaluations = 24;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -142,6 +142,7 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     std::printf("measurements: from %s (not measured again)\n", a.measurements.c_str());
   }
   mo.latency_runs = a.latency_runs;
+  mo.evaluations = a.search_evaluations;
   std::unique_ptr<Progress> p;
   std::string stage;
   mo.progress = [&](const std::string& s, int64_t done, int64_t total) {
@@ -191,6 +192,17 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   }
   if (step > 1)
     std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
+  if (!r.candidates.empty()) {
+    std::printf(
+        "candidates (built, loss measured on the same samples; the least measured loss within "
+        "the target is chosen):\n");
+    std::printf("  %-16s %10s %12s %12s %12s %12s\n", "source", "target ms", "int8 layers",
+                "predicted ms", "pred. loss", "measured");
+    for (const auto& cd : r.candidates)
+      std::printf("  %-16s %10.3f %12lld %12.3f %12.4g %12.4g%s\n", cd.source.c_str(),
+                  cd.target_ms, (long long)cd.point.int8_layers(), cd.point.latency_ms,
+                  cd.point.loss, cd.loss, cd.point.int8 == c.int8 ? "  <- chosen" : "");
+  }
   if (mo.latency_budget_ms)
     std::printf("budget: latency %.3f ms%s\n", *mo.latency_budget_ms,
                 r.tries > 1 ? (" (" + std::to_string(r.tries) + " builds; last aimed at " +
@@ -234,6 +246,12 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
       front.y.push_back(pt.loss);
     }
     ch.series.push_back(front);
+    plot::Series measured{"candidates: predicted latency, measured loss", {}, {}, false};
+    for (const auto& cd : r.candidates) {
+      measured.x.push_back(cd.point.latency_ms);
+      measured.y.push_back(cd.loss);
+    }
+    if (!measured.x.empty()) ch.series.push_back(measured);
     ch.series.push_back({"chosen, predicted", {c.latency_ms}, {c.loss}, false});
     ch.series.push_back({"chosen, measured (at the prediction's load)",
                          {r.measured.normalized_ms},
@@ -467,7 +485,8 @@ void add_quantize(CLI::App& app) {
       cmd->add_option("--latency-budget-ms", a->latency_budget,
                       "Choose each layer's precision (int8 or fp32) for the least loss whose "
                       "predicted latency of one sample on this machine is at most this; layers "
-                      "slower in int8 here stay fp32")
+                      "slower in int8 here stay fp32. fp16 is not offered: slim's CPU kernels "
+                      "compute in fp32, so fp16 would only add conversions")
           ->group(mp);
   auto* ab = cmd->add_option("--accuracy-budget", a->accuracy_budget,
                              "Or the least latency whose predicted loss (KL of softmax outputs, "
@@ -493,6 +512,13 @@ void add_quantize(CLI::App& app) {
                   "Calibration samples each layer's loss is measured on")
       ->capture_default_str()
       ->check(CLI::PositiveNumber)
+      ->group(mp);
+  cmd->add_option("--search-evaluations", a->search_evaluations,
+                  "Candidate plans near the budget (the front's, contiguous int8 runs, swap and "
+                  "drop moves) built and their loss measured; the least measured loss is "
+                  "chosen (0: the predicted choice as is)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
       ->group(mp);
   cmd->add_option("--latency-runs", a->latency_runs,
                   "Timed runs per model (medians) for the latencies")

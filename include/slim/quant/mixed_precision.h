@@ -5,8 +5,11 @@
 // fp32 and in int8 (per-node profiles of the compiled all-fp32 and all-int8 models, Q/DQ
 // nodes charged to the layer they serve) are measured on this machine; a knapsack over the
 // layers that are faster in int8 picks the int8 set of least predicted loss within the
-// latency budget (or of least latency within the loss budget). docs/quantization.md §11
-// has the formulas.
+// latency budget (or of least latency within the loss budget); the losses of sets do not
+// add up, so candidate plans near the budget (the knapsack's front, contiguous runs, and
+// swap/drop moves from the best) are then built and their loss measured, and the plan of
+// least measured loss within the budget is written. docs/quantization.md §11 has the
+// formulas.
 #pragma once
 
 #include <algorithm>
@@ -69,6 +72,8 @@ struct MixedPrecisionOptions {
   int64_t samples = 16;                     // calibration samples for the loss
   int latency_runs = 20;                    // timed runs per model (medians)
   int tries = 5;  // builds of the chosen plan: a re-measure over budget tightens the target
+  // Candidate plans whose loss is measured per build (0: the knapsack's choice as is).
+  int evaluations = 24;
   // Measurements to choose from instead of measuring (a plan file's, read_plan), for
   // another budget; they must be of this model with these quantizer settings.
   std::optional<Measurements> measurements;
@@ -114,9 +119,30 @@ struct Verification {
   double loss = 0;  // on the same samples and metric as the sensitivities
 };
 
+// A candidate plan built and its loss measured (the same meter as the sensitivities).
+struct Candidate {
+  std::string source;  // "front", "run a-b" (a contiguous run of int8 layers), "swap -i +j", ...
+  PlanPoint point;     // predicted latency and loss
+  double loss = 0;     // measured
+  double target_ms = 0;  // the latency target it was evaluated for
+};
+
+// Candidates near the latency target, their losses measured with `measure` (at most
+// `evaluations` new ones; `seen` holds those measured before, by plan, and is updated),
+// from the front's points with T(P) ≤ target (the nearest first), the contiguous runs of
+// int8 layers that fit with the least predicted loss, and, from the best measured so far,
+// drop (one int8 layer back to fp32) and swap (one out, one in) moves that fit, ranked by
+// predicted loss. Returns the plan of least measured loss with T(P) ≤ target (the front's
+// choice when nothing was evaluated). With an accuracy budget instead: the front's points
+// are bisected for the fastest whose measured loss is within it.
+PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o,
+                       double target_ms, const std::function<double(const std::vector<bool>&)>& measure,
+                       std::vector<Candidate>& evaluated);
+
 struct MixedPrecisionResult {
   Measurements measurements;
   Plan plan;
+  std::vector<Candidate> candidates;  // every plan whose loss was measured, in order
   Verification measured;
   double target_ms = 0;  // the latency the last try aimed at (the budget, or tighter)
   int tries = 0;
