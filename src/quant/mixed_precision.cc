@@ -870,6 +870,8 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
             "quantize: layer '" + layers[i].name +
                 "' of the measurements has other nodes than with these settings");
     r.measurements = *mo.measurements;
+    if (!mo.int4)
+      for (auto& l : r.measurements.layers) l.int4 = false;
   } else {
     r.measurements = measure(c, model_path, qo, mo);
   }

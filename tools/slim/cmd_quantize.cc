@@ -392,6 +392,9 @@ void quantize_onnx(const QuantizeArgs& a) {
       (long long)rep.activations_quantized, rep.ranges.size(), (long long)rep.weights_quantized,
       rep.weight_bytes_float / 1048576.0, rep.weight_bytes_quantized / 1048576.0,
       (long long)rep.biases_quantized);
+  if (rep.int4_weights)
+    std::printf("  %lld MatMul/Gemm weights int4 weight-only (MatMulNBits, blocks of %lld)\n",
+                (long long)rep.int4_weights, (long long)o.int4_block);
   if (rep.batch_norms_folded)
     std::printf("  %lld BatchNormalization/Mul folded into the preceding Conv/Gemm\n",
                 (long long)rep.batch_norms_folded);
