@@ -202,8 +202,6 @@ struct Timing {
 using Attribution =
     std::function<std::map<std::string, int>(const Graph& model, const Graph& compiled)>;
 
-// One sample's latency: `runs` runs without the profiler (median), then, with an
-// attribution, `profiled` runs whose node times are charged to `n_layers` layers.
 // The model compiled for the feeds' shapes (its symbolic dims fixed), warmed up.
 std::unique_ptr<Session> compile_for(const Model& model, const TensorMap& feeds,
                                      const QuantizeOptions& qo) {
@@ -307,13 +305,6 @@ class Profiled {
   std::vector<double> run_ms_, totals_;
   double total_ = 0, last_ = 0;
 };
-
-double e2e_ms(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs) {
-  auto session = compile_for(model, feeds, qo);
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) t.push_back(run_ms(*session, feeds, cpu_clock(qo)));
-  return median(t);
-}
 
 // Layers by propagation from their nodes (owners()): the all-fp32 and all-int8 models.
 Attribution by_layers(const std::vector<Layer>& layers) {
