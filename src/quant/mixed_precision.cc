@@ -680,9 +680,10 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
 
 namespace {
 
-// The contiguous runs [a, b) of int8 layers (the rest fp32) that fit the target and are
-// the shortest that do from their first layer, the `count` of least predicted loss. T(P)
-// of a run, from prefix sums: its layers' changes and the borders of its two ends.
+// Contiguous runs [a, b) of int8 layers (the rest fp32) that fit the target: the shortest
+// prefix and the shortest suffix that fit, then, of the shortest run that fits from each
+// first layer, the `count` of least predicted loss (each run once). T(P) of a run, from
+// prefix sums: its layers' changes and the borders of its two ends.
 std::vector<std::pair<size_t, size_t>> fitting_runs(const Measurements& m, double target_ms,
                                                     size_t count) {
   const size_t n = m.layers.size();
@@ -691,21 +692,34 @@ std::vector<std::pair<size_t, size_t>> fitting_runs(const Measurements& m, doubl
     change[i + 1] = change[i] + m.layers[i].int8_ms - m.layers[i].fp32_ms;
     loss[i + 1] = loss[i] + m.layers[i].loss;
   }
+  const auto fits = [&](size_t a, size_t b) {
+    return m.fp32_ms + m.scale * (change[b] - change[a] + 0.5 * m.layers[a].border_ms() +
+                                  0.5 * m.layers[b - 1].border_ms()) <=
+           target_ms + 1e-9;
+  };
+  std::vector<std::pair<size_t, size_t>> out;
+  const auto add = [&](size_t a, size_t b) {
+    if (std::find(out.begin(), out.end(), std::make_pair(a, b)) == out.end()) out.emplace_back(a, b);
+  };
+  for (size_t b = 1; b <= n; ++b)
+    if (fits(0, b)) {
+      add(0, b);
+      break;
+    }
+  for (size_t a = n; a-- > 0;)
+    if (fits(a, n)) {
+      add(a, n);
+      break;
+    }
   std::vector<std::tuple<double, size_t, size_t>> runs;  // predicted loss, a, b
   for (size_t a = 0; a < n; ++a)
-    for (size_t b = a + 1; b <= n; ++b) {
-      const double t =
-          m.fp32_ms + m.scale * (change[b] - change[a] + 0.5 * m.layers[a].border_ms() +
-                                 0.5 * m.layers[b - 1].border_ms());
-      if (t <= target_ms + 1e-9) {
+    for (size_t b = a + 1; b <= n; ++b)
+      if (fits(a, b)) {
         runs.emplace_back(loss[b] - loss[a], a, b);
         break;
       }
-    }
   std::sort(runs.begin(), runs.end());
-  std::vector<std::pair<size_t, size_t>> out;
-  for (size_t k = 0; k < runs.size() && k < count; ++k)
-    out.emplace_back(std::get<1>(runs[k]), std::get<2>(runs[k]));
+  for (size_t k = 0; k < runs.size() && k < count; ++k) add(std::get<1>(runs[k]), std::get<2>(runs[k]));
   return out;
 }
 
@@ -756,13 +770,13 @@ PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPreci
     return predicted_latency(m, x) <= target_ms + 1e-9;
   };
   // Seeds, alternating: the front's points within the target (the nearest, of least
-  // predicted loss, first) and the contiguous int8 runs that fit.
+  // predicted loss, first) and contiguous int8 runs that fit (fitting_runs).
   constexpr size_t kSeeds = 3;
   std::vector<std::vector<Precision>> from_front;
   for (auto it = front.rbegin(); it != front.rend() && from_front.size() < kSeeds; ++it)
     if (it->latency_ms <= target_ms + 1e-9) from_front.push_back(it->precision);
   const auto runs = fitting_runs(m, target_ms, kSeeds);
-  for (size_t k = 0; k < kSeeds; ++k) {
+  for (size_t k = 0; k < std::max(from_front.size(), runs.size()); ++k) {
     if (k < from_front.size()) loss_of(from_front[k], "front");
     if (k < runs.size()) {
       std::vector<Precision> x(n, Precision::fp32);

@@ -142,12 +142,13 @@ struct Candidate {
 };
 
 // Candidates near the latency target, their losses measured with `measure` (at most
-// `evaluations` new ones; `seen` holds those measured before, by plan, and is updated),
-// from the front's points with T(P) ≤ target (the nearest first), the contiguous runs of
-// int8 layers that fit with the least predicted loss, and, from the best measured so far,
-// moves of one or two layers to another precision that fit (drops back to fp32, swaps),
-// ranked by predicted loss. Returns the plan of least measured loss with T(P) ≤ target (the front's
-// choice when nothing was evaluated). With an accuracy budget instead: the front's points
+// `evaluations` new ones; `evaluated` holds those measured before and is extended; a plan
+// is measured once), from the front's points with T(P) ≤ target (the nearest first),
+// contiguous runs of int8 layers that fit (the shortest prefix and suffix, and the runs of
+// least predicted loss), and, from the best measured so far, moves of one or two layers
+// to another precision that fit (drops back to fp32, swaps), ranked by predicted loss.
+// Returns the plan of least measured loss with T(P) ≤ target (the front's choice when
+// nothing was evaluated). With an accuracy budget instead: the front's points
 // are bisected for the fastest whose measured loss is within it.
 PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o,
                        double target_ms,
