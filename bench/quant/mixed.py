@@ -6,7 +6,8 @@ position (the first k, the last k).
 For each model: one measuring run (`--plan-out`) gives the all-fp32 and all-int8 latencies
 and every layer's loss and times (int8, and int4 weight-only for MatMul/Gemm layers with
 constant weights); then for budgets spread between the two latencies (when all-int8 is
-slower than all-fp32 on this machine, the range is still [min, max] of the two)
+slower than all-fp32 on this machine, the range is still [min, max] of the two, its low end
+raised to the fastest plan the measurements predict)
 `slim quantize --measurements PLAN --latency-budget-ms B` chooses (measuring the loss of
 `--search-evaluations` candidate plans) and builds a plan, and two baselines quantize as
 many layers (k: the plan's int8 and int4 layers) in int8, the first k and the last k in
@@ -123,7 +124,8 @@ def main():
     ap.add_argument("--budgets", default="0.25,0.5,0.75", help="budgets as fractions of the way from min to max latency")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--latency-runs", type=int, default=10, help="slim quantize --latency-runs")
-    ap.add_argument("--samples", type=int, default=8, help="slim quantize --sensitivity-samples")
+    ap.add_argument("--samples", type=int, default=16,
+                    help="slim quantize --sensitivity-samples (the search chooses on losses measured on these)")
     ap.add_argument("--search-evaluations", type=int, default=24, help="slim quantize --search-evaluations")
     ap.add_argument("--rounds", type=int, default=3, help="slim bench rounds (models alternate)")
     ap.add_argument("--iters", type=int, default=20)
@@ -169,7 +171,9 @@ def main():
                        "--pareto-png", os.path.join(work, "pareto.png")])
         measure_s = time.time() - t0
         plan = json.load(open(plan_path))
-        lo, hi = min(plan["fp32_ms"], plan["int8_ms"]), max(plan["fp32_ms"], plan["int8_ms"])
+        # No plan is predicted faster than the front's fastest point (slim refuses a budget below it).
+        lo = max(min(plan["fp32_ms"], plan["int8_ms"]), plan["fastest_ms"])
+        hi = max(plan["fp32_ms"], plan["int8_ms"])
         res = {"name": name, "layers": len(plan["layers"]), "fp32_ms": plan["fp32_ms"], "int8_ms": plan["int8_ms"],
                "fastest_ms": plan["fastest_ms"], "int8_loss": plan["int8_loss"], "measure_seconds": measure_s,
                "metric": plan["metric"], "budgets": []}
