@@ -785,11 +785,10 @@ PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPreci
       loss_of(x, "run " + std::to_string(runs[k].first) + "-" + std::to_string(runs[k].second - 1));
     }
   }
-  // Candidates measured for an earlier target or border cost are judged on `m` too.
   const auto best_fitting = [&]() -> const Candidate* {
     const Candidate* best = nullptr;
     for (const auto& c : evaluated)
-      if (fits(c.point.precision) && (!best || c.loss < best->loss)) best = &c;
+      if (c.point.latency_ms <= target_ms + 1e-9 && (!best || c.loss < best->loss)) best = &c;
     return best;
   };
   // Local search from the best: moves of one layer, or two, to another precision it is
@@ -844,21 +843,7 @@ PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPreci
     if (!improved && tried == 0) break;
   }
   const Candidate* best = best_fitting();
-  return best ? point_of(m, best->point.precision) : plan.chosen;
-}
-
-Measurements with_border_correction(Measurements m, const std::vector<Precision>& plan,
-                                    double ms) {
-  const size_t n = m.layers.size();
-  const auto int8 = [&](size_t i) { return plan[i] == Precision::int8; };
-  int64_t sides = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (int8(i)) sides += (i == 0 || !int8(i - 1)) + (i + 1 == n || !int8(i + 1));
-  if (sides == 0 || m.scale <= 0) return m;
-  // Each side charges scale · b_i / 2: b_i grows by 2 · ms / (scale · sides).
-  const double add = 2 * ms / (m.scale * double(sides));
-  for (auto& l : m.layers) l.int8_alone_ms = l.int8_ms + l.border_ms() + add;
-  return m;
+  return best ? best->point : plan.chosen;
 }
 
 QuantizeOptions plan_quantizer(const Measurements& m, const std::vector<Precision>& precision,
@@ -896,12 +881,9 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     r.measurements = measure(c, model_path, qo, mo);
   }
   const Measurements& m = r.measurements;
-  // What the plans are chosen from: the measurements, with the border costs raised by
-  // re-measures over the budget.
-  Measurements model = m;
   std::optional<double> target;
   for (r.tries = 1;; ++r.tries) {
-    r.plan = choose_plan(model, mo, target);
+    r.plan = choose_plan(m, mo, target);
     r.target_ms = target.value_or(mo.latency_budget_ms.value_or(r.plan.chosen.latency_ms));
     // The plan of least measured loss among candidates near the target.
     const size_t before = r.candidates.size();
@@ -909,7 +891,7 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
       report(mo, "search", int64_t(r.candidates.size() - before), mo.evaluations);
       return c.meter.loss(build(c.p, m, x, qo));
     };
-    r.plan.chosen = search_plans(model, r.plan, mo, r.target_ms, measure, r.candidates);
+    r.plan.chosen = search_plans(m, r.plan, mo, r.target_ms, measure, r.candidates);
     if (mo.evaluations > 0) report(mo, "search", mo.evaluations, mo.evaluations);
     // quantize_model with the fp32 layers excluded writes these bytes (what --plan does).
     const Model written = build(c.p, m, r.plan.chosen.precision, qo);
@@ -926,23 +908,12 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     report(mo, "verify", 1, 1);
     r.history.push_back({r.target_ms, r.plan.chosen.latency_ms, r.measured.latency_ms,
                          r.measured.normalized_ms, r.measured.loss,
-                         r.plan.chosen.layers(Precision::int8), r.plan.chosen.layers(Precision::int4),
-                         model.layers.front().border_ms() - m.layers.front().border_ms()});
+                         r.plan.chosen.layers(Precision::int8), r.plan.chosen.layers(Precision::int4)});
     if (!mo.latency_budget_ms || r.measured.normalized_ms <= *mo.latency_budget_ms ||
         r.tries >= mo.tries)
       break;
-    // Over budget (at least 1 % of it: a smaller overshoot is within the noise of a
-    // re-measure). A plan with borders between int8 and other layers: the prediction missed
-    // the measurement by what it is over; the border costs grow so that it predicts the
-    // measurement, and the plan is chosen again for the same target (plans with fewer
-    // borders gain). Without borders: aim lower by the overshoot, unless no plan is faster.
-    const double over = std::max(r.measured.normalized_ms - r.plan.chosen.latency_ms,
-                                 0.01 * *mo.latency_budget_ms);
-    const Measurements corrected = with_border_correction(model, r.plan.chosen.precision, over);
-    if (corrected.layers.front().int8_alone_ms != model.layers.front().int8_alone_ms) {
-      model = corrected;
-      continue;
-    }
+    // Over budget: aim lower by the overshoot, unless no plan is faster.
+    // (At least 1 % of the budget: a smaller overshoot is within the noise of a re-measure.)
     const double next =
         r.target_ms - std::max(r.measured.normalized_ms - *mo.latency_budget_ms,
                                0.01 * *mo.latency_budget_ms);
@@ -998,8 +969,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
                           {"normalized_ms", t.normalized_ms},
                           {"loss", t.loss},
                           {"int8_layers", t.int8_layers},
-                          {"int4_layers", t.int4_layers},
-                          {"border_correction_ms", t.border_correction_ms}});
+                          {"int4_layers", t.int4_layers}});
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const Layer& l = m.layers[i];
     j["layers"].push_back({{"name", l.name},

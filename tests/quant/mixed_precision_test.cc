@@ -274,28 +274,6 @@ TEST(MixedPrecision, SearchChoosesTheLeastMeasuredLoss) {
   EXPECT_LE(bisected.size(), 4u);  // log2 of the front's points
 }
 
-// A re-measure over budget raises every border cost so that the plan predicts what was
-// measured: a plan of three lone int8 layers has six sides, one run of three two.
-TEST(MixedPrecision, BorderCorrectionMakesThePlanPredictTheMeasurement) {
-  const Interacting f;
-  const std::vector<Precision> scattered{I8, F, I8, F, I8, F}, run{I8, I8, I8, F, F, F};
-  const Measurements c = with_border_correction(f.m, scattered, 0.6);
-  EXPECT_NEAR(predicted_latency(c, scattered), predicted_latency(f.m, scattered) + 0.6, 1e-12);
-  EXPECT_NEAR(predicted_latency(c, run), predicted_latency(f.m, run) + 0.2, 1e-12);
-  for (const auto& l : c.layers) EXPECT_NEAR(l.border_ms(), 0.2, 1e-12);
-  const std::vector<Precision> none(6, F);  // no sides: unchanged
-  EXPECT_EQ(with_border_correction(f.m, none, 0.6).layers[0].int8_alone_ms,
-            f.m.layers[0].int8_alone_ms);
-  // Chosen again for 4.5 ms from the corrected costs: the scattered plan no longer fits;
-  // four int8 layers in two runs do (6 − 2 + 4 × 0.1 ms), {0, 1, 2} and {4} of least loss.
-  MixedPrecisionOptions mo;
-  mo.latency_budget_ms = 4.5;
-  EXPECT_GT(predicted_latency(c, scattered), 4.5);
-  const PlanPoint p = choose_plan(c, mo).chosen;
-  EXPECT_EQ(p.precision, (std::vector<Precision>{I8, I8, I8, F, I8, F}));
-  EXPECT_NEAR(p.latency_ms, 4.4, 1e-9);
-}
-
 TEST(MixedPrecision, RefusesABudgetBelowTheFastestPlan) {
   const fs::path d = scratch("budget");
   const std::string model = write_model(d, "mlp", 1);

@@ -230,9 +230,9 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     for (const auto& t : r.history)
       std::printf(
           "  build aimed at %.3f ms: predicted %.3f, measured %.3f (%.3f at the prediction's "
-          "load), %lld layers int8, %lld int4; border costs +%.4f ms\n",
+          "load), %lld layers int8, %lld int4\n",
           t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms, (long long)t.int8_layers,
-          (long long)t.int4_layers, t.border_correction_ms);
+          (long long)t.int4_layers);
   std::printf("chosen: %lld of %zu layers int8, %lld int4 weight-only\n",
               (long long)c.layers(quant::Precision::int8), m.layers.size(),
               (long long)c.layers(quant::Precision::int4));

@@ -120,12 +120,6 @@ struct Plan {
 Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
                  std::optional<double> target_ms = std::nullopt);
 
-// The measurements with every layer's border cost b (int8_alone_ms − int8_ms) raised by
-// the same amount, so that `plan`'s predicted latency grows by `ms`: spread over its sides
-// between an int8 layer and a layer that is not (or the graph's ends), each of which
-// charges scale · b / 2. Unchanged for a plan without such sides.
-Measurements with_border_correction(Measurements m, const std::vector<Precision>& plan, double ms);
-
 // The quantizer settings that write a plan: `base` with the nodes of the plan's fp32 and
 // int4 layers excluded from int8 and the int4 layers' anchors in int4_nodes.
 QuantizeOptions plan_quantizer(const Measurements& m, const std::vector<Precision>& precision,
@@ -171,16 +165,13 @@ struct MixedPrecisionResult {
   struct Try {
     double target_ms, predicted_ms, measured_ms, normalized_ms, loss;
     int64_t int8_layers, int4_layers;
-    double border_correction_ms;  // what earlier re-measures added to every border cost
   };
   std::vector<Try> history;
 };
 
-// measure_layers, choose_plan and search_plans, quantize_model with the plan's settings to
-// `output`, then the written model's latency and loss measured; over the latency budget,
-// the plan is chosen again (up to mo.tries builds): with the border costs raised so that the
-// plan predicts what was measured (with_border_correction), or, for a plan without borders,
-// for the budget less the overshoot.
+// measure_layers, choose_plan, quantize_model with the fp32 layers excluded to `output`,
+// then the written model's latency and loss measured; over the latency budget, the plan is
+// chosen again for the budget less the overshoot (up to mo.tries builds).
 MixedPrecisionResult run_mixed_precision(const std::string& model_path, const std::string& output,
                                          const SampleSet& calib, const QuantizeOptions& qo,
                                          const MixedPrecisionOptions& mo);
