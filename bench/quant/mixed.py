@@ -278,9 +278,12 @@ def markdown(results, meta):
         lines.append("")
         for b in r["budgets"]:
             if b.get("candidates"):
+                tries = b.get("tries") or []
                 lines.append(f"- {b['budget_ms']:.2f} ms: {b['candidates']} candidate plans measured on the calibration "
-                             f"samples; the knapsack's choice lost {b['front_choice_loss']:.4f}, the chosen plan "
-                             f"({b['searched_best_source']}) {b['measured']['loss']:.4f}")
+                             f"samples over {len(tries)} build(s); at the budget the knapsack's choice lost "
+                             f"{b['front_choice_loss']:.4f} and the first build's plan {tries[0]['loss']:.4f} "
+                             f"(re-measured {tries[0]['normalized_ms']:.2f} ms); the written plan ({b['searched_best_source']}, "
+                             f"aimed at {tries[-1]['target_ms']:.2f} ms) {b['measured']['loss']:.4f}")
         lines.append("")
     return "\n".join(lines)
 
