@@ -4,11 +4,14 @@ recognizer and direction classifier, against the same number of int8 layers chos
 position (the first k, the last k).
 
 For each model: one measuring run (`--plan-out`) gives the all-fp32 and all-int8 latencies
-and every layer's loss and times; then for budgets spread between the two latencies (when
-all-int8 is slower than all-fp32 on this machine, the range is still [min, max] of the two)
-`slim quantize --measurements PLAN --latency-budget-ms B` chooses and builds a plan, and two
-baselines quantize as many layers, the first k and the last k in topological order (the
-plan file edited, applied with `--plan`). The three models and the float one are timed with
+and every layer's loss and times (int8, and int4 weight-only for MatMul/Gemm layers with
+constant weights); then for budgets spread between the two latencies (when all-int8 is
+slower than all-fp32 on this machine, the range is still [min, max] of the two, its low end
+raised to the fastest plan the measurements predict)
+`slim quantize --measurements PLAN --latency-budget-ms B` chooses (measuring the loss of
+`--search-evaluations` candidate plans) and builds a plan, and two baselines quantize as
+many layers (k: the plan's int8 and int4 layers) in int8, the first k and the last k in
+topological order (the plan file edited, applied with `--plan`). The three models and the float one are timed with
 `slim bench` (one thread, engines alternating, median of the rounds' p50) and evaluated on
 the held-out set (`--eval`: top-1 agreement and KL against the float model; for the
 recognizer also the share of lines whose greedy CTC decode is the float model's).
@@ -87,10 +90,13 @@ def by_position(plan, k, first):
     return p
 
 
-def predicted(plan, int8):
+def predicted(plan, precision):
     """docs/quantization.md §11's T(P) from a plan file's measurements."""
     ls, n, t = plan["layers"], len(plan["layers"]), 0.0
+    int8 = [p == "int8" for p in precision]
     for i, l in enumerate(ls):
+        if precision[i] == "int4":
+            t += l["int4_ms"] - l["fp32_ms"]
         if not int8[i]:
             continue
         b = max(0.0, l["int8_alone_ms"] - l["int8_ms"])
@@ -103,7 +109,7 @@ def k_within(plan, budget, first):
     """The fewest layers by position (first or last) whose predicted latency fits the budget."""
     n = len(plan["layers"])
     for k in range(n + 1):
-        x = [(i < k) if first else (i >= n - k) for i in range(n)]
+        x = ["int8" if ((i < k) if first else (i >= n - k)) else "fp32" for i in range(n)]
         if predicted(plan, x) <= budget:
             return k
     return n
@@ -118,7 +124,9 @@ def main():
     ap.add_argument("--budgets", default="0.25,0.5,0.75", help="budgets as fractions of the way from min to max latency")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--latency-runs", type=int, default=10, help="slim quantize --latency-runs")
-    ap.add_argument("--samples", type=int, default=8, help="slim quantize --sensitivity-samples")
+    ap.add_argument("--samples", type=int, default=16,
+                    help="slim quantize --sensitivity-samples (the search chooses on losses measured on these)")
+    ap.add_argument("--search-evaluations", type=int, default=24, help="slim quantize --search-evaluations")
     ap.add_argument("--rounds", type=int, default=3, help="slim bench rounds (models alternate)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=os.path.join(HERE, "mixed_results.json"))
@@ -159,10 +167,13 @@ def main():
         t0 = time.time()
         r0 = quantize(args, m, os.path.join(work, "measure.onnx"),
                       ["--latency-budget-ms", "1e9", "--plan-out", plan_path, "--latency-runs", str(args.latency_runs),
-                       "--sensitivity-samples", str(args.samples), "--pareto-png", os.path.join(work, "pareto.png")])
+                       "--sensitivity-samples", str(args.samples), "--search-evaluations", "0",
+                       "--pareto-png", os.path.join(work, "pareto.png")])
         measure_s = time.time() - t0
         plan = json.load(open(plan_path))
-        lo, hi = min(plan["fp32_ms"], plan["int8_ms"]), max(plan["fp32_ms"], plan["int8_ms"])
+        # No plan is predicted faster than the front's fastest point (slim refuses a budget below it).
+        lo = max(min(plan["fp32_ms"], plan["int8_ms"]), plan["fastest_ms"])
+        hi = max(plan["fp32_ms"], plan["int8_ms"])
         res = {"name": name, "layers": len(plan["layers"]), "fp32_ms": plan["fp32_ms"], "int8_ms": plan["int8_ms"],
                "fastest_ms": plan["fastest_ms"], "int8_loss": plan["int8_loss"], "measure_seconds": measure_s,
                "metric": plan["metric"], "budgets": []}
@@ -182,10 +193,17 @@ def main():
             mp_plan = os.path.join(work, f"plan_{tag}.json")
             rm = quantize(args, m, out, ["--measurements", plan_path, "--latency-budget-ms", f"{budget:.4f}",
                                          "--plan-out", mp_plan, "--latency-runs", str(args.latency_runs),
-                                         "--sensitivity-samples", str(args.samples)])
+                                         "--sensitivity-samples", str(args.samples), "--search-evaluations",
+                                         str(args.search_evaluations), "--pareto-png",
+                                         os.path.join(work, f"pareto_{tag}.png")])
             chosen = json.load(open(mp_plan))
-            k = sum(l["precision"] == "int8" for l in chosen["layers"])
-            row = {"fraction": frac, "budget_ms": budget, "int8_layers": k, "predicted_ms": chosen["predicted"]["latency_ms"],
+            k = sum(l["precision"] != "fp32" for l in chosen["layers"])
+            k4 = sum(l["precision"] == "int4" for l in chosen["layers"])
+            cands = chosen.get("candidates", [])
+            row = {"fraction": frac, "budget_ms": budget, "quantized_layers": k, "int4_layers": k4,
+                   "candidates": len(cands), "searched_best_source": next((c["source"] for c in cands if c["chosen"]), None),
+                   "front_choice_loss": cands[0]["loss"] if cands else None,
+                   "predicted_ms": chosen["predicted"]["latency_ms"],
                    "predicted_loss": chosen["predicted"]["loss"], "measured": chosen["measured"], "tries": chosen.get("tries"),
                    "variants": {}}
             files = {"float": m["path"], "mixed": out}
@@ -199,7 +217,7 @@ def main():
                 f = pp[:-len(".plan.json")] + ".onnx"
                 rb = quantize(args, m, f, ["--plan", pp])
                 row["variants"][label] = held_metrics(rb)
-                row["variants"][label]["predicted_ms"] = predicted(plan, [l["precision"] == "int8" for l in
+                row["variants"][label]["predicted_ms"] = predicted(plan, [l["precision"] for l in
                                                                           json.load(open(pp))["layers"]])
                 files[label] = f
             if float_texts is not None:
@@ -237,7 +255,7 @@ def markdown(results, meta):
                      + f"; measuring took {r['measure_seconds']:.0f} s.")
         lines.append("")
         text = any("text" in v for b in r["budgets"] for v in b["variants"].values())
-        lines.append("| budget ms | plan | int8 layers | predicted ms | re-measured ms (normalized) | bench p50 ms (normalized) | "
+        lines.append("| budget ms | plan | layers quantized (int4) | predicted ms | re-measured ms (normalized) | bench p50 ms (normalized) | "
                      + ("text / " if text else "") + "agreement / KL |")
         lines.append("|---|---|---|---|---|---|---|")
         for b in r["budgets"]:
@@ -245,8 +263,9 @@ def markdown(results, meta):
                 x = b["variants"].get(v)
                 if x is None:
                     continue
-                k = b["int8_layers"] if v in ("mixed", "first k", "last k") else b["k_within"][v.split()[0]]
+                k = b["quantized_layers"] if v in ("mixed", "first k", "last k") else b["k_within"][v.split()[0]]
                 if v == "mixed":
+                    k = f"{k} ({b['int4_layers']})"
                     pred = f"{b['predicted_ms']:.2f}"
                     meas = f"{b['measured']['latency_ms']:.2f} ({b['measured']['normalized_latency_ms']:.2f})"
                     if len(b.get("tries") or []) > 1:
@@ -256,6 +275,15 @@ def markdown(results, meta):
                 q = (pct(x.get("text")) + " / " if text else "") + pct(x.get("agreement")) + f" / {x.get('kl') or 0:.4f}"
                 lines.append(f"| {b['budget_ms']:.2f} | {v} | {k} | {pred} | {meas} | "
                              f"{x['bench_p50_ms']:.2f} ({x['bench_normalized_ms']:.2f}) | {q} |")
+        lines.append("")
+        for b in r["budgets"]:
+            if b.get("candidates"):
+                tries = b.get("tries") or []
+                lines.append(f"- {b['budget_ms']:.2f} ms: {b['candidates']} candidate plans measured on the calibration "
+                             f"samples over {len(tries)} build(s); at the budget the knapsack's choice lost "
+                             f"{b['front_choice_loss']:.4f} and the first build's plan {tries[0]['loss']:.4f} "
+                             f"(re-measured {tries[0]['normalized_ms']:.2f} ms); the written plan ({b['searched_best_source']}, "
+                             f"aimed at {tries[-1]['target_ms']:.2f} ms) {b['measured']['loss']:.4f}")
         lines.append("")
     return "\n".join(lines)
 

@@ -173,17 +173,16 @@ LossMeter make_meter(const Model& prepared, const SampleSet& calib, const Quanti
   return m;
 }
 
-// The prepared model with `int8` layers quantized (the rest, and the user's exclusions, in
-// float).
-Model build(const detail::PreparedModel& p, const std::vector<Layer>& layers,
-            const std::vector<bool>& int8, const QuantizeOptions& qo) {
-  QuantizeOptions o = qo;
-  for (size_t i = 0; i < layers.size(); ++i)
-    if (!int8[i]) o.exclude_nodes.insert(layers[i].nodes.begin(), layers[i].nodes.end());
-  Model m = p.model;
+// The prepared model with the plan's int8 and int4 layers quantized (the rest, and the
+// user's exclusions, in float): what quantize_model writes with plan_quantizer's settings.
+Model build(const detail::PreparedModel& p, const Measurements& m,
+            const std::vector<Precision>& precision, const QuantizeOptions& qo) {
+  const QuantizeOptions o = plan_quantizer(m, precision, qo);
+  Model model = p.model;
   QuantizeReport scratch;
-  detail::insert_qdq(m, p.stats, o, scratch);
-  return m;
+  detail::insert_qdq(model, p.stats, o, scratch);
+  detail::insert_matmul_nbits(model, o, scratch);
+  return model;
 }
 
 double median(std::vector<double> v) {
@@ -203,8 +202,6 @@ struct Timing {
 using Attribution =
     std::function<std::map<std::string, int>(const Graph& model, const Graph& compiled)>;
 
-// One sample's latency: `runs` runs without the profiler (median), then, with an
-// attribution, `profiled` runs whose node times are charged to `n_layers` layers.
 // The model compiled for the feeds' shapes (its symbolic dims fixed), warmed up.
 std::unique_ptr<Session> compile_for(const Model& model, const TensorMap& feeds,
                                      const QuantizeOptions& qo) {
@@ -309,13 +306,6 @@ class Profiled {
   double total_ = 0, last_ = 0;
 };
 
-double e2e_ms(const Model& model, const TensorMap& feeds, const QuantizeOptions& qo, int runs) {
-  auto session = compile_for(model, feeds, qo);
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) t.push_back(run_ms(*session, feeds, cpu_clock(qo)));
-  return median(t);
-}
-
 // Layers by propagation from their nodes (owners()): the all-fp32 and all-int8 models.
 Attribution by_layers(const std::vector<Layer>& layers) {
   return [seeds = layer_seeds(layers)](const Graph& model, const Graph& compiled) {
@@ -341,8 +331,12 @@ void report(const MixedPrecisionOptions& mo, const std::string& stage, int64_t d
 
 }  // namespace
 
-int64_t PlanPoint::int8_layers() const {
-  return std::count(int8.begin(), int8.end(), true);
+const char* precision_name(Precision p) {
+  return p == Precision::int8 ? "int8" : p == Precision::int4 ? "int4" : "fp32";
+}
+
+int64_t PlanPoint::layers(Precision p) const {
+  return std::count(precision.begin(), precision.end(), p);
 }
 
 std::vector<Layer> quantizable_layers(const Model& prepared, const QuantizeOptions& options) {
@@ -354,11 +348,13 @@ std::vector<Layer> quantizable_layers(const Model& prepared, const QuantizeOptio
   const std::vector<size_t> order = validate_graph(g, prepared.path);
   std::map<std::string, int> seeds;
   std::vector<Layer> layers;
+  const detail::GraphIndex index(g);
   for (size_t i : order) {
     const Node& n = g.nodes[i];
     if (!selected(n) || !is_anchor_op(n.op_type)) continue;
     seeds[n.name] = int(layers.size());
     layers.push_back(Layer{n.name, n.op_type, {}});
+    layers.back().int4 = !detail::int4_refusal(g, index, n);
   }
   const std::map<std::string, int> owner = owners(g, seeds);
   std::map<std::string, int> singles;  // quantizable nodes no anchor reaches: a layer each
@@ -395,6 +391,8 @@ Context make_context(const std::string& model_path, const SampleSet& calib,
         "nodes are quantized)");
   check(mo.latency_runs >= 1 && mo.samples >= 1, ErrorCode::invalid_argument,
         "quantize: --latency-runs and --sensitivity-samples must be at least 1");
+  check(mo.evaluations >= 0, ErrorCode::invalid_argument,
+        "quantize: --search-evaluations must be at least 0");
   QuantizeReport rep;
   Context c{detail::prepare_and_collect(model_path, calib, qo, rep), {}, {}};
   c.meter = make_meter(c.p.model, calib, qo, mo.samples);
@@ -415,6 +413,8 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   m.threads = qo.num_threads;
   m.clock = cpu_clock(qo) ? "process CPU time" : "wall time";
   const size_t n = m.layers.size();
+  if (!mo.int4)
+    for (auto& l : m.layers) l.int4 = false;
   m.metric = c.meter.metric();
   m.samples = c.meter.batches.empty() ? 0 : c.meter.batches.back().second;
   // The all-fp32 profile first: its attribution tells which nodes are the float model's.
@@ -427,15 +427,25 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
       for (const auto& nd : g->nodes) fp32_names.insert(nd.name);
     return fp32_owner;
   };
-  const Model all8 = build(c.p, m.layers, std::vector<bool>(n, true), qo);
-  // The all-fp32 and all-int8 profiles, runs alternating.
+  const Model all8 = build(c.p, m, std::vector<Precision>(n, Precision::int8), qo);
+  // Every layer that is offered int4 in int4, the rest fp32.
+  std::vector<Precision> all4(n, Precision::fp32);
+  for (size_t i = 0; i < n; ++i)
+    if (m.layers[i].int4) all4[i] = Precision::int4;
+  const bool int4 = std::count(all4.begin(), all4.end(), Precision::int4) > 0;
+  // The all-fp32, all-int8 (and all-int4) profiles, runs alternating.
   report(mo, "latency", 0, 1);
   Profiled pf(c.p.model, c.feeds, qo, record, n), pq(all8, c.feeds, qo, layered, n);
+  std::unique_ptr<Profiled> p4;
+  if (int4) p4 = std::make_unique<Profiled>(build(c.p, m, all4, qo), c.feeds, qo, layered, n);
   for (int r = 0; r < mo.latency_runs; ++r) {
     pf.run();
     pq.run();
+    if (p4) p4->run();
   }
-  const Timing f = pf.timing(), q = pq.timing();
+  const Timing f = pf.timing(), q = pq.timing(), w = p4 ? p4->timing() : Timing{};
+  for (size_t i = 0; i < n; ++i)
+    if (m.layers[i].int4) m.layers[i].int4_ms = w.layer_ms[i];
   report(mo, "latency", 1, 1);
   // End to end, the two models alternating too.
   std::tie(m.fp32_ms, m.int8_ms) = time_alternating(c.p.model, all8, c.feeds, qo, mo.latency_runs);
@@ -451,13 +461,17 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   const int alone_runs = std::max(3, mo.latency_runs / 2);
   for (size_t i = 0; i < n; ++i) {
     report(mo, "layers", int64_t(i), int64_t(n));
-    std::vector<bool> only(n, false);
-    only[i] = true;
-    const Model one = build(c.p, m.layers, only, qo);
+    std::vector<Precision> only(n, Precision::fp32);
+    only[i] = Precision::int8;
+    const Model one = build(c.p, m, only, qo);
     m.layers[i].loss_alone = c.meter.loss(one);
-    std::vector<bool> but(n, true);
-    but[i] = false;
-    m.layers[i].loss_leave_one_out = c.meter.loss(build(c.p, m.layers, but, qo));
+    std::vector<Precision> but(n, Precision::int8);
+    but[i] = Precision::fp32;
+    m.layers[i].loss_leave_one_out = c.meter.loss(build(c.p, m, but, qo));
+    if (m.layers[i].int4) {
+      only[i] = Precision::int4;
+      m.layers[i].loss_int4 = c.meter.loss(build(c.p, m, only, qo));
+    }
     const Attribution alone = [&](const Graph& model, const Graph& compiled) {
       std::map<std::string, int> owner;
       for (const Graph* g : {&model, &compiled})
@@ -494,9 +508,8 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
   // The layer times are profiled, the two ends timed end to end: scale the layers' changes
   // so that the all-int8 plan predicts the measured all-int8 latency, when the two agree in
   // sign and the change is large enough to measure a ratio from.
-  std::vector<bool> all(n, true);
   m.scale = 1;
-  const double raw = predicted_latency(m, all) - m.fp32_ms, e2e = m.int8_ms - m.fp32_ms;
+  const double raw = predicted_latency(m, std::vector<Precision>(n, Precision::int8)) - m.fp32_ms, e2e = m.int8_ms - m.fp32_ms;
   if (std::fabs(raw) >= 0.05 * m.fp32_ms && std::fabs(e2e) >= 0.05 * m.fp32_ms && raw * e2e > 0)
     m.scale = std::clamp(e2e / raw, 0.5, 2.0);
   return m;
@@ -509,18 +522,37 @@ Measurements measure_layers(const std::string& model_path, const SampleSet& cali
   return measure(make_context(model_path, calib, qo, mo), model_path, qo, mo);
 }
 
-double predicted_latency(const Measurements& m, const std::vector<bool>& int8) {
+double predicted_latency(const Measurements& m, const std::vector<Precision>& precision) {
   const size_t n = m.layers.size();
+  const auto int8 = [&](size_t i) { return precision[i] == Precision::int8; };
   double t = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (!int8[i]) continue;
     const Layer& l = m.layers[i];
+    if (precision[i] == Precision::int4) t += l.int4_ms - l.fp32_ms;
+    if (!int8(i)) continue;
     t += l.int8_ms - l.fp32_ms;
-    if (i == 0 || !int8[i - 1]) t += 0.5 * l.border_ms();
-    if (i + 1 == n || !int8[i + 1]) t += 0.5 * l.border_ms();
+    if (i == 0 || !int8(i - 1)) t += 0.5 * l.border_ms();
+    if (i + 1 == n || !int8(i + 1)) t += 0.5 * l.border_ms();
   }
   return m.fp32_ms + m.scale * t;
 }
+
+namespace {
+
+// A plan's predicted latency T(P) and loss L(P).
+double layer_loss(const Layer& l, Precision p) {
+  return p == Precision::int8 ? l.loss : p == Precision::int4 ? l.loss_int4 : 0.0;
+}
+
+PlanPoint point_of(const Measurements& m, std::vector<Precision> precision) {
+  PlanPoint p;
+  p.precision = std::move(precision);
+  p.latency_ms = predicted_latency(m, p.precision);
+  for (size_t i = 0; i < p.precision.size(); ++i) p.loss += layer_loss(m.layers[i], p.precision[i]);
+  return p;
+}
+
+}  // namespace
 
 Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
                  std::optional<double> target_ms) {
@@ -530,40 +562,49 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   const size_t n = m.layers.size();
   check(n > 0, ErrorCode::invalid_argument, "quantize: no layers to choose a precision for");
   // Dynamic programming along the layers in topological order. State after layer i: its
-  // precision x_i and the latency change so far, D, in units u; value: the least loss.
-  // Layer i in int8 adds q_i − f_i, plus half its border cost b_i for each neighbour in
-  // the order that is fp32 (entering: x_{i−1} = 0, leaving: x_{i+1} = 0).
+  // precision x_i (Precision's values: 0 fp32, 1 int8, 2 int4) and the latency change so
+  // far, D, in units u; value: the least loss. Layer i in int8 adds q_i − f_i, plus half
+  // its border cost b_i for each neighbour in the order that is not int8 (entering:
+  // x_{i−1} ≠ int8, leaving: x_{i+1} ≠ int8); in int4 (where offered) w_i − f_i.
+  constexpr int kStates = 3;
   constexpr int64_t kUnits = 4000;
   double span = 0;
   for (const auto& l : m.layers)
-    span += m.scale * (std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms());
+    span += m.scale * (std::fabs(l.int8_ms - l.fp32_ms) + l.border_ms() +
+                       (l.int4 ? std::fabs(l.int4_ms - l.fp32_ms) : 0.0));
   const double u = span > 0 ? span / double(kUnits) : 1e-9;
   const int64_t off = kUnits + int64_t(n), size = 2 * off + 1;
   auto units = [&](double ms) { return int64_t(std::llround(ms / u)); };
+  // The change layer i makes in precision x after layer i−1 in px, in units.
+  auto step = [&](size_t i, int px, int x) {
+    const Layer& l = m.layers[i];
+    double add = 0;
+    if (x == 1) add += l.int8_ms - l.fp32_ms + (px == 1 ? 0.0 : 0.5 * l.border_ms());
+    if (x == 2) add += l.int4_ms - l.fp32_ms;
+    if (px == 1 && x != 1) add += 0.5 * m.layers[i - 1].border_ms();
+    return units(m.scale * add);
+  };
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> cur(size_t(2 * size), inf), next(size_t(2 * size), inf);
+  std::vector<double> cur(size_t(kStates * size), inf), next(size_t(kStates * size), inf);
   // from[i][x·size + D]: the precision of layer i−1 on the best path into that state.
-  std::vector<std::vector<uint8_t>> from(n, std::vector<uint8_t>(size_t(2 * size), 0));
+  std::vector<std::vector<uint8_t>> from(n, std::vector<uint8_t>(size_t(kStates * size), 0));
   auto idx = [&](int x, int64_t d) { return size_t(x) * size_t(size) + size_t(d); };
   // A virtual fp32 layer before the first.
   cur[idx(0, off)] = 0;
   for (size_t i = 0; i < n; ++i) {
     std::fill(next.begin(), next.end(), inf);
     const Layer& l = m.layers[i];
-    const double half_prev = i ? 0.5 * m.layers[i - 1].border_ms() : 0.0;
-    for (int px = 0; px < 2; ++px)
-      for (int x = 0; x < 2; ++x) {
-        double add = 0;
-        if (x) add += l.int8_ms - l.fp32_ms + (px ? 0.0 : 0.5 * l.border_ms());
-        if (px && !x) add += half_prev;
-        const int64_t inc = units(m.scale * add);
+    for (int px = 0; px < kStates; ++px)
+      for (int x = 0; x < kStates; ++x) {
+        if (x == 2 && !l.int4) continue;
+        const int64_t inc = step(i, px, x);
+        const double add = layer_loss(l, Precision(x));
         for (int64_t d = 0; d < size; ++d) {
           const double v = cur[idx(px, d)];
           if (v == inf) continue;
           const int64_t nd = std::clamp<int64_t>(d + inc, 0, size - 1);
-          const double c = v + (x ? l.loss : 0.0);
-          if (c < next[idx(x, nd)]) {
-            next[idx(x, nd)] = c;
+          if (v + add < next[idx(x, nd)]) {
+            next[idx(x, nd)] = v + add;
             from[i][idx(x, nd)] = uint8_t(px);
           }
         }
@@ -572,31 +613,23 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   }
   const int64_t exit_last = units(m.scale * 0.5 * m.layers[n - 1].border_ms());
   auto plan_of = [&](int x, int64_t d) {
-    PlanPoint p;
-    p.int8.assign(n, false);
+    std::vector<Precision> precision(n, Precision::fp32);
     for (size_t i = n; i-- > 0;) {
-      p.int8[i] = x;
+      precision[i] = Precision(x);
       const int px = from[i][idx(x, d)];
-      const Layer& l = m.layers[i];
-      double add = 0;
-      if (x) add += l.int8_ms - l.fp32_ms + (px ? 0.0 : 0.5 * l.border_ms());
-      if (px && !x) add += i ? 0.5 * m.layers[i - 1].border_ms() : 0.0;
-      d = std::clamp<int64_t>(d - units(m.scale * add), 0, size - 1);
+      d = std::clamp<int64_t>(d - step(i, px, x), 0, size - 1);
       x = px;
     }
-    for (size_t i = 0; i < n; ++i)
-      if (p.int8[i]) p.loss += m.layers[i].loss;
-    p.latency_ms = predicted_latency(m, p.int8);
-    return p;
+    return point_of(m, std::move(precision));
   };
   // The best end state per final latency change, then the front: ascending latency, each
   // point losing less than every faster one.
   std::map<int64_t, std::pair<double, std::pair<int, int64_t>>> by_final;
-  for (int x = 0; x < 2; ++x)
+  for (int x = 0; x < kStates; ++x)
     for (int64_t d = 0; d < size; ++d) {
       const double v = cur[idx(x, d)];
       if (v == inf) continue;
-      const int64_t fd = d + (x ? exit_last : 0);
+      const int64_t fd = d + (x == 1 ? exit_last : 0);
       auto it = by_final.find(fd);
       if (it == by_final.end() || v < it->second.first) by_final[fd] = {v, {x, d}};
     }
@@ -636,7 +669,7 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
     for (const auto& p : plan.pareto)
       if (p.loss <= *o.accuracy_budget && (!pick || p.latency_ms < pick->latency_ms)) pick = &p;
     if (!pick) {  // all fp32 is on the front unless a faster plan loses nothing
-      plan.chosen.int8.assign(n, false);
+      plan.chosen.precision.assign(n, Precision::fp32);
       plan.chosen.latency_ms = m.fp32_ms;
     } else {
       plan.chosen = *pick;
@@ -645,11 +678,182 @@ Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
   return plan;
 }
 
-std::set<std::string> fp32_nodes(const Measurements& m, const std::vector<bool>& int8) {
-  std::set<std::string> out;
-  for (size_t i = 0; i < m.layers.size(); ++i)
-    if (!int8[i]) out.insert(m.layers[i].nodes.begin(), m.layers[i].nodes.end());
+namespace {
+
+// Contiguous runs [a, b) of int8 layers (the rest fp32) that fit the target: the shortest
+// prefix and the shortest suffix that fit, then, of the shortest run that fits from each
+// first layer, the `count` of least predicted loss (each run once). T(P) of a run, from
+// prefix sums: its layers' changes and the borders of its two ends.
+std::vector<std::pair<size_t, size_t>> fitting_runs(const Measurements& m, double target_ms,
+                                                    size_t count) {
+  const size_t n = m.layers.size();
+  std::vector<double> change(n + 1, 0.0), loss(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    change[i + 1] = change[i] + m.layers[i].int8_ms - m.layers[i].fp32_ms;
+    loss[i + 1] = loss[i] + m.layers[i].loss;
+  }
+  const auto fits = [&](size_t a, size_t b) {
+    return m.fp32_ms + m.scale * (change[b] - change[a] + 0.5 * m.layers[a].border_ms() +
+                                  0.5 * m.layers[b - 1].border_ms()) <=
+           target_ms + 1e-9;
+  };
+  std::vector<std::pair<size_t, size_t>> out;
+  const auto add = [&](size_t a, size_t b) {
+    if (std::find(out.begin(), out.end(), std::make_pair(a, b)) == out.end()) out.emplace_back(a, b);
+  };
+  for (size_t b = 1; b <= n; ++b)
+    if (fits(0, b)) {
+      add(0, b);
+      break;
+    }
+  for (size_t a = n; a-- > 0;)
+    if (fits(a, n)) {
+      add(a, n);
+      break;
+    }
+  std::vector<std::tuple<double, size_t, size_t>> runs;  // predicted loss, a, b
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = a + 1; b <= n; ++b)
+      if (fits(a, b)) {
+        runs.emplace_back(loss[b] - loss[a], a, b);
+        break;
+      }
+  std::sort(runs.begin(), runs.end());
+  for (size_t k = 0; k < runs.size() && k < count; ++k) add(std::get<1>(runs[k]), std::get<2>(runs[k]));
   return out;
+}
+
+}  // namespace
+
+PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o,
+                       double target_ms,
+                       const std::function<double(const std::vector<Precision>&)>& measure,
+                       std::vector<Candidate>& evaluated) {
+  const size_t n = m.layers.size();
+  if (o.evaluations <= 0) return plan.chosen;
+  int fresh = 0;
+  const auto seen = [&](const std::vector<Precision>& x) {
+    return std::any_of(evaluated.begin(), evaluated.end(),
+                       [&](const Candidate& c) { return c.point.precision == x; });
+  };
+  // The measured loss of a plan (measured once across calls); nullopt once the
+  // evaluations are spent.
+  auto loss_of = [&](const std::vector<Precision>& x,
+                     const std::string& source) -> std::optional<double> {
+    for (const auto& c : evaluated)
+      if (c.point.precision == x) return c.loss;
+    if (fresh >= o.evaluations) return std::nullopt;
+    ++fresh;
+    evaluated.push_back(Candidate{source, point_of(m, x), measure(x), target_ms});
+    return evaluated.back().loss;
+  };
+  const auto& front = plan.pareto;
+  if (!o.latency_budget_ms) {
+    // The front by latency has losses falling: bisect it for the fastest point whose
+    // measured loss is within the budget (all fp32 loses nothing).
+    PlanPoint best = point_of(m, std::vector<Precision>(n, Precision::fp32));
+    size_t lo = 0, hi = front.size();
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      const auto l = loss_of(front[mid].precision, "front");
+      if (!l) break;
+      if (*l <= *o.accuracy_budget) {
+        best = front[mid];
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return best;
+  }
+  const auto fits = [&](const std::vector<Precision>& x) {
+    return predicted_latency(m, x) <= target_ms + 1e-9;
+  };
+  // Seeds, alternating: the front's points within the target (the nearest, of least
+  // predicted loss, first) and contiguous int8 runs that fit (fitting_runs).
+  constexpr size_t kSeeds = 3;
+  std::vector<std::vector<Precision>> from_front;
+  for (auto it = front.rbegin(); it != front.rend() && from_front.size() < kSeeds; ++it)
+    if (it->latency_ms <= target_ms + 1e-9) from_front.push_back(it->precision);
+  const auto runs = fitting_runs(m, target_ms, kSeeds);
+  for (size_t k = 0; k < std::max(from_front.size(), runs.size()); ++k) {
+    if (k < from_front.size()) loss_of(from_front[k], "front");
+    if (k < runs.size()) {
+      std::vector<Precision> x(n, Precision::fp32);
+      std::fill(x.begin() + std::ptrdiff_t(runs[k].first),
+                x.begin() + std::ptrdiff_t(runs[k].second), Precision::int8);
+      loss_of(x, "run " + std::to_string(runs[k].first) + "-" + std::to_string(runs[k].second - 1));
+    }
+  }
+  const auto best_fitting = [&]() -> const Candidate* {
+    const Candidate* best = nullptr;
+    for (const auto& c : evaluated)
+      if (c.point.latency_ms <= target_ms + 1e-9 && (!best || c.loss < best->loss)) best = &c;
+    return best;
+  };
+  // Local search from the best: moves of one layer, or two, to another precision it is
+  // offered (a drop back to fp32, a swap of an int8 layer for another, ...) that fit, in
+  // order of predicted loss change, measured a few at a time until one improves on it or
+  // the evaluations run out.
+  constexpr size_t kBatch = 4;
+  for (const Candidate* best = best_fitting(); best && fresh < o.evaluations;) {
+    const std::vector<Precision> x = best->point.precision;
+    const double best_loss = best->loss;
+    // Each layer's other precisions: (layer, precision, predicted loss change).
+    std::vector<std::tuple<size_t, Precision, double>> changes;
+    for (size_t i = 0; i < n; ++i)
+      for (Precision p : {Precision::fp32, Precision::int8, Precision::int4})
+        if (p != x[i] && (p != Precision::int4 || m.layers[i].int4))
+          changes.emplace_back(i, p, layer_loss(m.layers[i], p) - layer_loss(m.layers[i], x[i]));
+    const auto label = [](size_t i, Precision p) {
+      return std::to_string(i) + "=" + precision_name(p);
+    };
+    std::vector<std::tuple<double, std::vector<Precision>, std::string>> moves;
+    for (size_t a = 0; a < changes.size(); ++a) {
+      const auto& [i, p, di] = changes[a];
+      std::vector<Precision> y = x;
+      y[i] = p;
+      if (fits(y)) moves.emplace_back(di, y, label(i, p));
+      for (size_t b = a + 1; b < changes.size(); ++b) {
+        const auto& [j, q, dj] = changes[b];
+        if (j == i) continue;
+        std::vector<Precision> z = y;
+        z[j] = q;
+        if (fits(z)) moves.emplace_back(di + dj, std::move(z), label(i, p) + " " + label(j, q));
+      }
+    }
+    std::stable_sort(moves.begin(), moves.end(), [](const auto& a, const auto& b) {
+      return std::get<0>(a) < std::get<0>(b);
+    });
+    bool improved = false, untried = false;
+    size_t tried = 0;
+    for (const auto& [delta, y, source] : moves) {
+      if (seen(y)) continue;
+      untried = true;
+      if (tried == kBatch) break;
+      const auto l = loss_of(y, source);
+      if (!l) break;
+      ++tried;
+      improved |= *l < best_loss;
+    }
+    if (!untried) break;
+    // The next batch goes on from the best so far (the same plan when nothing improved:
+    // its measured moves are skipped).
+    best = best_fitting();
+    if (!improved && tried == 0) break;
+  }
+  const Candidate* best = best_fitting();
+  return best ? best->point : plan.chosen;
+}
+
+QuantizeOptions plan_quantizer(const Measurements& m, const std::vector<Precision>& precision,
+                               QuantizeOptions base) {
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const Layer& l = m.layers[i];
+    if (precision[i] != Precision::int8) base.exclude_nodes.insert(l.nodes.begin(), l.nodes.end());
+    if (precision[i] == Precision::int4) base.int4_nodes.insert(l.name);
+  }
+  return base;
 }
 
 MixedPrecisionResult run_mixed_precision(const std::string& model_path, const std::string& output,
@@ -671,6 +875,8 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
             "quantize: layer '" + layers[i].name +
                 "' of the measurements has other nodes than with these settings");
     r.measurements = *mo.measurements;
+    if (!mo.int4)
+      for (auto& l : r.measurements.layers) l.int4 = false;
   } else {
     r.measurements = measure(c, model_path, qo, mo);
   }
@@ -679,8 +885,16 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
   for (r.tries = 1;; ++r.tries) {
     r.plan = choose_plan(m, mo, target);
     r.target_ms = target.value_or(mo.latency_budget_ms.value_or(r.plan.chosen.latency_ms));
+    // The plan of least measured loss among candidates near the target.
+    const size_t before = r.candidates.size();
+    const auto measure = [&](const std::vector<Precision>& x) {
+      report(mo, "search", int64_t(r.candidates.size() - before), mo.evaluations);
+      return c.meter.loss(build(c.p, m, x, qo));
+    };
+    r.plan.chosen = search_plans(m, r.plan, mo, r.target_ms, measure, r.candidates);
+    if (mo.evaluations > 0) report(mo, "search", mo.evaluations, mo.evaluations);
     // quantize_model with the fp32 layers excluded writes these bytes (what --plan does).
-    const Model written = build(c.p, m.layers, r.plan.chosen.int8, qo);
+    const Model written = build(c.p, m, r.plan.chosen.precision, qo);
     OnnxExporter::save_file(written, output);
     report(mo, "verify", 0, 1);
     r.measured.loss = c.meter.loss(written);
@@ -693,7 +907,8 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
                                    : r.measured.latency_ms;
     report(mo, "verify", 1, 1);
     r.history.push_back({r.target_ms, r.plan.chosen.latency_ms, r.measured.latency_ms,
-                         r.measured.normalized_ms, r.measured.loss, r.plan.chosen.int8_layers()});
+                         r.measured.normalized_ms, r.measured.loss,
+                         r.plan.chosen.layers(Precision::int8), r.plan.chosen.layers(Precision::int4)});
     if (!mo.latency_budget_ms || r.measured.normalized_ms <= *mo.latency_budget_ms ||
         r.tries >= mo.tries)
       break;
@@ -725,6 +940,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   q["ops"] = std::vector<std::string>(qo.op_types.begin(), qo.op_types.end());
   q["exclude"] = std::vector<std::string>(qo.exclude_nodes.begin(), qo.exclude_nodes.end());
   q["max_samples"] = qo.max_samples;
+  q["int4_block"] = qo.int4_block;
   j["quantizer"] = q;
   if (mo.latency_budget_ms) j["budget"]["latency_ms"] = *mo.latency_budget_ms;
   if (mo.accuracy_budget) j["budget"]["loss"] = *mo.accuracy_budget;
@@ -741,6 +957,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   j["scale"] = m.scale;
   j["fastest_ms"] = r.plan.fastest_ms;
   j["predicted"] = {{"latency_ms", r.plan.chosen.latency_ms}, {"loss", r.plan.chosen.loss}};
+  j["search_evaluations"] = mo.evaluations;
   j["measured"] = {{"latency_ms", r.measured.latency_ms},
                    {"fp32_latency_ms", r.measured.fp32_latency_ms},
                    {"normalized_latency_ms", r.measured.normalized_ms},
@@ -751,23 +968,39 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
                           {"measured_ms", t.measured_ms},
                           {"normalized_ms", t.normalized_ms},
                           {"loss", t.loss},
-                          {"int8_layers", t.int8_layers}});
+                          {"int8_layers", t.int8_layers},
+                          {"int4_layers", t.int4_layers}});
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const Layer& l = m.layers[i];
     j["layers"].push_back({{"name", l.name},
                            {"op", l.op},
-                           {"precision", r.plan.chosen.int8[i] ? "int8" : "fp32"},
+                           {"precision", precision_name(r.plan.chosen.precision[i])},
                            {"nodes", l.nodes},
                            {"loss", l.loss},
                            {"loss_alone", l.loss_alone},
                            {"loss_leave_one_out", l.loss_leave_one_out},
                            {"fp32_ms", l.fp32_ms},
                            {"int8_ms", l.int8_ms},
-                           {"int8_alone_ms", l.int8_alone_ms}});
+                           {"int8_alone_ms", l.int8_alone_ms},
+                           {"int4", l.int4},
+                           {"loss_int4", l.loss_int4},
+                           {"int4_ms", l.int4_ms}});
   }
+  for (const auto& c : r.candidates)
+    j["candidates"].push_back({{"source", c.source},
+                               {"target_ms", c.target_ms},
+                               {"predicted_ms", c.point.latency_ms},
+                               {"predicted_loss", c.point.loss},
+                               {"loss", c.loss},
+                               {"int8_layers", c.point.layers(Precision::int8)},
+                               {"int4_layers", c.point.layers(Precision::int4)},
+                               {"chosen", c.point.precision == r.plan.chosen.precision}});
   for (const auto& p : r.plan.pareto)
     j["pareto"].push_back(
-        {{"latency_ms", p.latency_ms}, {"loss", p.loss}, {"int8_layers", p.int8_layers()}});
+        {{"latency_ms", p.latency_ms},
+         {"loss", p.loss},
+         {"int8_layers", p.layers(Precision::int8)},
+         {"int4_layers", p.layers(Precision::int4)}});
   return j.dump(1) + "\n";
 }
 
@@ -807,11 +1040,19 @@ LoadedPlan read_plan(const std::string& path) {
       layer.fp32_ms = l.value("fp32_ms", 0.0);
       layer.int8_ms = l.value("int8_ms", 0.0);
       layer.int8_alone_ms = l.value("int8_alone_ms", 0.0);
+      layer.int4 = l.value("int4", false);
+      layer.loss_int4 = l.value("loss_int4", 0.0);
+      layer.int4_ms = l.value("int4_ms", 0.0);
       const std::string prec = l.at("precision").get<std::string>();
-      check(prec == "int8" || prec == "fp32", ErrorCode::invalid_argument,
-            path + ": layer '" + layer.name + "' has precision '" + prec +
-                "' (int8 or fp32; fp16 and int4 are not offered)");
-      p.int8.push_back(prec == "int8");
+      check(prec == "int8" || prec == "fp32" || (prec == "int4" && layer.int4),
+            ErrorCode::invalid_argument,
+            path + ": layer '" + layer.name + "' has precision '" + prec + "' (" +
+                (layer.int4 ? "fp32, int8 or int4" : "fp32 or int8; int4 is for MatMul/Gemm "
+                                                     "layers with a constant weight") +
+                "; fp16 is not offered: slim's CPU kernels compute in fp32)");
+      p.precision.push_back(prec == "int8"   ? Precision::int8
+                            : prec == "int4" ? Precision::int4
+                                             : Precision::fp32);
       m.layers.push_back(std::move(layer));
     }
     const auto& q = j.at("quantizer");
@@ -823,6 +1064,7 @@ LoadedPlan read_plan(const std::string& path) {
     o.per_channel = q.value("per_channel", true);
     o.bias_correction = q.value("bias_correction", false);
     o.max_samples = q.value("max_samples", int64_t(0));
+    o.int4_block = q.value("int4_block", int64_t(32));
     for (const auto& s : q.value("ops", std::vector<std::string>{})) o.op_types.insert(s);
     for (const auto& s : q.value("exclude", std::vector<std::string>{})) o.exclude_nodes.insert(s);
   } catch (const nlohmann::json::exception& e) {
@@ -854,8 +1096,7 @@ QuantizeOptions plan_options(const LoadedPlan& plan, const std::string& plan_pat
   o.providers = base.providers;
   o.cache_dir = base.cache_dir;
   o.progress = base.progress;
-  const std::set<std::string> fp32 = fp32_nodes(plan.measurements, plan.int8);
-  o.exclude_nodes.insert(fp32.begin(), fp32.end());
+  o = plan_quantizer(plan.measurements, plan.precision, o);
   return o;
 }
 

@@ -138,7 +138,8 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
   NameSet names(g);
   const auto& ops = o.op_types.empty() ? default_op_types() : o.op_types;
   auto selected = [&](const Node& n) {
-    return n.domain.empty() && ops.count(n.op_type) && !o.exclude_nodes.count(n.name);
+    return n.domain.empty() && ops.count(n.op_type) && !o.exclude_nodes.count(n.name) &&
+           !o.int4_nodes.count(n.name);
   };
   auto usable = [&](const std::string& t) {
     auto it = stats.find(t);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -97,5 +98,13 @@ PreparedModel prepare_and_collect(const std::string& input, const SampleSet& cal
 // Quantizes weights and biases and puts Q/DQ pairs around the chosen activations.
 void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& options,
                 QuantizeReport& report);
+
+// Why a node cannot be written as weight-only 4-bit MatMulNBits; nullopt when it can
+// (a MatMul, or a Gemm without transA and with alpha and beta 1, with a constant 2-D float
+// weight).
+std::optional<std::string> int4_refusal(const Graph& g, const GraphIndex& index, const Node& n);
+// Replaces options.int4_nodes by MatMulNBits (bits 4, blocks of options.int4_block along K,
+// per-block scales and 4-bit zero points); errors name a node that is missing or refused.
+void insert_matmul_nbits(Model& model, const QuantizeOptions& options, QuantizeReport& report);
 
 }  // namespace slim::quant::detail

@@ -89,6 +89,7 @@ QuantizeReport quantize_model(const std::string& input, const std::string& outpu
   QuantizeReport rep;
   detail::PreparedModel p = detail::prepare_and_collect(input, calib, options, rep);
   detail::insert_qdq(p.model, p.stats, options, rep);
+  detail::insert_matmul_nbits(p.model, options, rep);
   OnnxExporter::save_file(p.model, output);
   return rep;
 }

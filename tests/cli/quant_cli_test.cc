@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "cli/cli_helpers.h"
 #include "slim/core/npy.h"
 
@@ -102,7 +105,8 @@ TEST_F(QuantCli, BadInputIsNamed) {
        {"--calib", "--calibrator", "--per-tensor", "--smoothquant", "--bias-correction", "--eval",
         "--labels", "--calib-cache", "--type", "--latency-budget-ms", "--accuracy-budget",
         "--plan-out", "--plan", "--pareto-png", "--measurements", "--sensitivity-samples",
-        "--latency-runs"})
+        "--latency-runs", "--search-evaluations", "--int4-block", "--no-int4",
+        "fp16 is not offered"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
 }
 
@@ -115,7 +119,8 @@ TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {
                           " --pareto-png " + png + " --eval " + dir_ + "/held");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* line : {"(mixed precision QDQ)", "layers: 3", "Pareto front", "chosen: ",
-                           "predicted: latency", "measured:  latency", "top-1 agreement"})
+                           "predicted: latency", "measured:  latency", "top-1 agreement",
+                           "candidates (built, loss measured", "int4 weight-only"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_GT(std::filesystem::file_size(png), 1000u);
   const auto again =
@@ -131,7 +136,13 @@ TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {
       {o + " --plan " + plan + " --exclude fc1", "--plan and --exclude"},
       {o + " --plan-out " + plan, "need --latency-budget-ms or --accuracy-budget"},
       {o + " --plan " + dir_ + "/calib/pixels.npy", "not a JSON plan"},
+      {o + " --plan " + dir_ + "/fp16.json", "has precision 'fp16'"},
   };
+  {  // a plan edited to a precision slim does not offer
+    nlohmann::json j = nlohmann::json::parse(read_file(plan));
+    j["layers"][0]["precision"] = "fp16";
+    std::ofstream(dir_ + "/fp16.json") << j.dump();
+  }
   for (const auto& c : cases) {
     const auto e = run_slim("quantize " + model() + c.first);
     EXPECT_EQ(e.exit_code, 2) << c.first << "\n" << e.out << e.err;

@@ -27,6 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kWidth = 16, kClasses = 8, kDead = 5;  // input channel kDead of m3 is 0
+constexpr Precision F = Precision::fp32, I8 = Precision::int8, I4 = Precision::int4;
 
 fs::path scratch(const std::string& name) {
   const fs::path d = fs::path(env_or("SLIM_TEST_TMP", "/tmp")) /
@@ -93,11 +94,12 @@ MixedPrecisionOptions quick() {
   return mo;
 }
 
-// Every layer takes 1 ms in fp32 and 0.5 ms in int8, alone or not.
+// Every layer takes 1 ms in fp32 and 0.5 ms in int8, alone or not; int4 is not offered.
 Measurements with_set_latencies(Measurements m) {
   for (auto& l : m.layers) {
     l.fp32_ms = 1.0;
     l.int8_ms = l.int8_alone_ms = 0.5;
+    l.int4 = false;
   }
   m.fp32_ms = double(m.layers.size());
   m.scale = 1;  // profiled changes taken as end-to-end ones
@@ -140,7 +142,7 @@ TEST(MixedPrecision, KeepsTheSensitiveLayerInFp32) {
   MixedPrecisionOptions mo = quick();
   mo.latency_budget_ms = 2.5;
   const Plan plan = choose_plan(set, mo);
-  EXPECT_EQ(plan.chosen.int8, (std::vector<bool>{true, true, false, true}));
+  EXPECT_EQ(plan.chosen.precision, (std::vector<Precision>{I8, I8, F, I8}));
   EXPECT_DOUBLE_EQ(plan.chosen.latency_ms, 2.5);
   EXPECT_DOUBLE_EQ(plan.fastest_ms, 2.0);
   // The front runs from all int8 (2 ms) to all fp32 (4 ms, no loss), losses falling.
@@ -153,19 +155,123 @@ TEST(MixedPrecision, KeepsTheSensitiveLayerInFp32) {
   // The accuracy budget: the fastest plan within the loss, m3 again left out.
   MixedPrecisionOptions acc = quick();
   acc.accuracy_budget = m.layers[0].loss + m.layers[1].loss + m.layers[3].loss + 1e-12;
-  EXPECT_EQ(choose_plan(set, acc).chosen.int8, (std::vector<bool>{true, true, false, true}));
+  EXPECT_EQ(choose_plan(set, acc).chosen.precision, (std::vector<Precision>{I8, I8, F, I8}));
 
   // A layer slower in int8 stays fp32 whatever the budget.
   Measurements slow = set;
   slow.layers[0].int8_ms = slow.layers[0].int8_alone_ms = 1.5;
   mo.latency_budget_ms = 10;
-  EXPECT_FALSE(choose_plan(slow, mo).chosen.int8[0]);
+  EXPECT_EQ(choose_plan(slow, mo).chosen.precision[0], F);
   // Borders cost: a lone int8 layer among fp32 ones pays its Q/DQ pairs.
   Measurements border = set;
   for (auto& l : border.layers) l.int8_alone_ms = 1.2;  // alone: slower than fp32
   mo.latency_budget_ms = 3.99;
   const Plan b = choose_plan(border, mo);
-  EXPECT_GE(b.chosen.int8_layers(), 2);  // only runs of int8 layers save anything
+  EXPECT_GE(b.chosen.layers(I8), 2);  // only runs of int8 layers save anything
+
+  // int4 is offered for the four MatMuls; m3's one large weight per column rounds the
+  // rest of its block away in 4 bits too.
+  for (const auto& l : m.layers) EXPECT_TRUE(l.int4) << l.name;
+  for (size_t i : {0, 1, 3}) EXPECT_GT(m.layers[2].loss_int4, 10 * m.layers[i].loss_int4);
+  // int4 at 0.75 ms (no borders) losing half of int8, m3 ten times more: 2.75 ms needs
+  // 1.25 ms saved, least lost with two layers int8 and one int4 (all three int8 lose more).
+  Measurements three = set;
+  for (auto& l : three.layers) {
+    l.int4 = true;
+    l.int4_ms = 0.75;
+    l.loss_int4 = 0.5 * l.loss;
+  }
+  three.layers[2].loss_int4 = 10 * three.layers[2].loss;
+  mo.latency_budget_ms = 2.75;
+  const Plan mixed = choose_plan(three, mo);
+  EXPECT_EQ(mixed.chosen.precision[2], F);
+  EXPECT_LE(mixed.chosen.latency_ms, 2.75);
+  double loss = 0;
+  for (size_t i = 0; i < 4; ++i)
+    loss += mixed.chosen.precision[i] == I8   ? three.layers[i].loss
+            : mixed.chosen.precision[i] == I4 ? three.layers[i].loss_int4
+                                              : 0.0;
+  EXPECT_DOUBLE_EQ(mixed.chosen.loss, loss);
+  EXPECT_EQ(mixed.chosen.layers(I4), 1);
+  EXPECT_EQ(mixed.chosen.layers(I8), 2);
+}
+
+// Six layers of 1 ms in fp32 and 0.5 ms in int8 whose measured loss does not add up: each
+// run of int8 layers costs 1 on top of its layers' own losses (its border Q/DQ), which the
+// per-layer losses do not see.
+struct Interacting {
+  Measurements m;
+  Interacting() {
+    const double loss[] = {0.1, 0.5, 0.1, 0.5, 0.1, 0.6};
+    for (int i = 0; i < 6; ++i) {
+      Layer l{"l" + std::to_string(i), "MatMul", {"l" + std::to_string(i)}};
+      l.loss = loss[i];
+      l.fp32_ms = 1;
+      l.int8_ms = l.int8_alone_ms = 0.5;
+      m.layers.push_back(l);
+    }
+    m.fp32_ms = 6;
+  }
+  double operator()(const std::vector<Precision>& x) const {
+    double total = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      total += x[i] == I8 ? m.layers[i].loss + (i == 0 || x[i - 1] != I8 ? 1.0 : 0.0) : 0.0;
+    return total;
+  }
+};
+
+TEST(MixedPrecision, SearchChoosesTheLeastMeasuredLoss) {
+  const Interacting f;
+  MixedPrecisionOptions mo;
+  mo.latency_budget_ms = 4.5;  // three layers int8
+  const Plan plan = choose_plan(f.m, mo);
+  // The per-layer losses pick the three cheapest, scattered: 0.3 predicted, 3.3 measured.
+  EXPECT_EQ(plan.chosen.precision, (std::vector<Precision>{I8, F, I8, F, I8, F}));
+  std::vector<Candidate> seen;
+  const PlanPoint p = search_plans(f.m, plan, mo, 4.5, std::cref(f), seen);
+  // One run of three: 0.7 + 1.
+  EXPECT_EQ(p.precision, (std::vector<Precision>{I8, I8, I8, F, F, F}));
+  EXPECT_LE(p.latency_ms, 4.5);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen[0].source, "front");
+  EXPECT_EQ(seen[0].point.precision, plan.chosen.precision);
+  EXPECT_NEAR(seen[0].loss, 3.3, 1e-9);
+  EXPECT_LE(seen.size(), size_t(mo.evaluations));
+  for (const auto& c : seen) {
+    EXPECT_DOUBLE_EQ(c.loss, f(c.point.precision)) << c.source;
+    if (c.point.latency_ms <= 4.5) {
+      EXPECT_GE(c.loss, 1.7 - 1e-9) << c.source;
+    }
+  }
+  EXPECT_TRUE(std::any_of(seen.begin(), seen.end(), [](const Candidate& c) {
+    return c.source.find("=fp32 ") != std::string::npos;  // a swap: one out, one in
+  }));
+  // Measured plans are not measured again; the evaluations bound the new ones.
+  const size_t before = seen.size();
+  search_plans(f.m, plan, mo, 4.5, std::cref(f), seen);
+  EXPECT_EQ(seen.size(), before);
+  std::vector<Candidate> two;
+  mo.evaluations = 2;
+  search_plans(f.m, plan, mo, 4.5, std::cref(f), two);
+  EXPECT_EQ(two.size(), 2u);
+  mo.evaluations = 0;  // the knapsack's choice as is
+  std::vector<Candidate> none;
+  EXPECT_EQ(search_plans(f.m, plan, mo, 4.5, std::cref(f), none).precision,
+            plan.chosen.precision);
+  EXPECT_TRUE(none.empty());
+
+  // An accuracy budget: the fastest front point whose measured loss is within it.
+  MixedPrecisionOptions acc;
+  acc.accuracy_budget = 2.25;
+  const Plan front = choose_plan(f.m, acc);
+  std::vector<Candidate> bisected;
+  const PlanPoint q = search_plans(f.m, front, acc, 0, std::cref(f), bisected);
+  EXPECT_LE(f(q.precision), 2.25);
+  for (const auto& pt : front.pareto)
+    if (pt.latency_ms < q.latency_ms) {
+      EXPECT_GT(f(pt.precision), 2.25) << pt.latency_ms;
+    }
+  EXPECT_LE(bisected.size(), 4u);  // log2 of the front's points
 }
 
 TEST(MixedPrecision, RefusesABudgetBelowTheFastestPlan) {
@@ -191,12 +297,12 @@ TEST(MixedPrecision, PlanRoundTripsAndReappliesToTheSameBytes) {
   mo.accuracy_budget = 1e9;  // the fastest plan, whatever this machine measures
   const std::string out = (d / "mixed.onnx").string();
   const MixedPrecisionResult r = run_mixed_precision(model, out, calib, qo, mo);
-  ASSERT_EQ(r.plan.chosen.int8.size(), 4u);
+  ASSERT_EQ(r.plan.chosen.precision.size(), 4u);
   const std::string plan_path = (d / "plan.json").string();
   std::ofstream(plan_path) << plan_to_json(r, qo, mo);
 
   const LoadedPlan p = read_plan(plan_path);
-  EXPECT_EQ(p.int8, r.plan.chosen.int8);
+  EXPECT_EQ(p.precision, r.plan.chosen.precision);
   ASSERT_EQ(p.measurements.layers.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(p.measurements.layers[i].nodes, r.measurements.layers[i].nodes);
@@ -218,6 +324,17 @@ TEST(MixedPrecision, PlanRoundTripsAndReappliesToTheSameBytes) {
   EXPECT_EQ(q.graph.initializers.count("w3"), 1u);
   EXPECT_EQ(q.graph.initializers.count("w1"), 0u);  // replaced by w1_quantized
   EXPECT_EQ(q.graph.initializers.count("w1_quantized"), 1u);
+
+  // m2 int4 weight-only, the rest fp32: one MatMulNBits named m2 and no Q/DQ.
+  for (auto& l : j["layers"]) l["precision"] = l["name"] == "m2" ? "int4" : "fp32";
+  std::ofstream(edited) << j.dump();
+  const std::string four = (d / "int4.onnx").string();
+  quantize_model(model, four, calib, plan_options(read_plan(edited), edited, model, qo));
+  std::map<std::string, std::vector<std::string>> by_op;
+  for (const auto& n : OnnxImporter::load_file(four).graph.nodes) by_op[n.op_type].push_back(n.name);
+  EXPECT_EQ(by_op["MatMulNBits"], std::vector<std::string>{"m2"});
+  EXPECT_EQ(by_op["MatMul"].size(), 3u);
+  EXPECT_EQ(by_op.count("QuantizeLinear"), 0u);
 }
 
 TEST(MixedPrecision, RefusesAPlanThatDoesNotFit) {
@@ -247,9 +364,17 @@ TEST(MixedPrecision, RefusesAPlanThatDoesNotFit) {
       << e2;
 
   j = nlohmann::json::parse(read_text(plan_path));
-  j["layers"][0]["precision"] = "int4";
+  j["layers"][0]["precision"] = "fp16";
   std::ofstream(bad) << j.dump();
-  EXPECT_NE(message([&] { read_plan(bad); }).find("precision 'int4'"), std::string::npos);
+  const std::string e3 = message([&] { read_plan(bad); });
+  EXPECT_NE(e3.find("layer 'm1' has precision 'fp16' (fp32, int8 or int4; fp16 is not offered"),
+            std::string::npos)
+      << e3;
+  j["layers"][0]["precision"] = "int4";
+  j["layers"][0]["int4"] = false;  // as for a layer without a constant MatMul/Gemm weight
+  std::ofstream(bad) << j.dump();
+  EXPECT_NE(message([&] { read_plan(bad); }).find("int4 is for MatMul/Gemm layers"),
+            std::string::npos);
   std::ofstream(bad) << "{}";
   EXPECT_NE(message([&] { read_plan(bad); }).find("not a slim mixed-precision plan"),
             std::string::npos);

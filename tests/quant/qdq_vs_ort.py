@@ -17,9 +17,16 @@
    (ConvInteger, int8 weights, per-channel scales), NNCF's QDQ (symmetric int8
    activations, per-channel weights, Q/DQ around Add, Concat and MaxPool) and a QDQ Gemm
    with uint8 weights.
+3. Weight-only int4 from mixed precision: a plan of the transformer block (`slim quantize
+   --accuracy-budget --plan-out`) edited so that every MatMul/Gemm layer offered int4 is
+   int4 (com.microsoft MatMulNBits), the rest fp32, then int4 and int8 alternating, and
+   re-applied with `--plan`; the outputs agree with ONNX Runtime's MatMulNBits within 1e-3
+   of their largest value (both dequantize the same 4-bit weights; sums round apart), 1%
+   with int8 layers between (a rounding tie moves an 8-bit value by a step).
 Also `slim inspect` and `slim run` on every export. Skipped (exit 77) unless
 onnxruntime-node is installed (tests/runtime/ort_compare.py).
 Usage: qdq_vs_ort.py [--install] [--slim PATH] [--build DIR]."""
+import json
 import os
 import subprocess
 import sys
@@ -210,6 +217,36 @@ def nncf_model(path, rng):
     return {"x": rng.uniform(-2, 2, (2, 3, 12, 12)).astype(np.float32)}, {"y": None, "c1_dq": 0.05, "a_dq": 0.06, "cat_dq": 0.06}
 
 
+def int4_vs_ort(args, node_modules, models, fixtures, failures):
+    work = tempfile.mkdtemp(dir=fixtures)
+    src = os.path.join(models, "encoder.onnx")
+    calib = ["--calib", os.path.join(models, "encoder_calib"), "--calib-cache", os.path.join(fixtures, "cache")]
+    plan_path = os.path.join(work, "plan.json")
+    subprocess.run([args.slim, "quantize", src, "-o", os.path.join(work, "measured.onnx"), "--threads", "1",
+                    "--accuracy-budget", "0", "--latency-runs", "1", "--sensitivity-samples", "2",
+                    "--search-evaluations", "0", "--plan-out", plan_path] + calib, check=True, stdout=subprocess.DEVNULL)
+    plan = json.load(open(plan_path))
+    offered = [i for i, l in enumerate(plan["layers"]) if l.get("int4")]
+    if not offered:
+        failures.append("int4: no layer of the transformer block is offered int4")
+        return
+    x = np.load(os.path.join(models, "encoder_held", "x.npy"))[:8]
+    for label, pick, tolerance in (("int4", lambda k: "int4", 1e-3),
+                                   ("int4/int8", lambda k: "int4" if k % 2 == 0 else "int8", 1e-2)):
+        for i, l in enumerate(plan["layers"]):
+            l["precision"] = pick(offered.index(i)) if i in offered else "fp32"
+        edited = os.path.join(work, label.replace("/", "_") + ".json")
+        json.dump(plan, open(edited, "w"))
+        out = edited[:-5] + ".onnx"
+        subprocess.run([args.slim, "quantize", src, "-o", out, "--plan", edited] + calib, check=True,
+                       stdout=subprocess.DEVNULL)
+        want = ort_compare.run_ort(node_modules, out, {"x": x}, work, "disabled")
+        for providers in ("cpu,ref", "ref"):
+            got = ort_compare.run_slim(args.slim, out, {"x": x}, work, providers)
+            compare(f"mixed precision {label}, {len(offered)} MatMul/Gemm layers offered int4 [{providers}]", want,
+                    got, {}, failures, 0, tolerance)
+
+
 def main():
     args, node_modules = ort_compare.setup(__doc__)
     if not node_modules:
@@ -244,6 +281,7 @@ def main():
         want = ort_compare.run_ort(node_modules, out, {"x": x}, work)
         got = ort_compare.run_slim(args.slim, out, {"x": x}, work, "cpu,ref")
         compare(f"{label} [ORT's fused kernels]", want, got, {}, failures, 0, 0.1)
+    int4_vs_ort(args, node_modules, models, fixtures, failures)
     rng = np.random.default_rng(24)
     for name, build in (("qoperator", qoperator_model), ("dynamic", dynamic_model), ("nncf", nncf_model)):
         work = tempfile.mkdtemp(dir=fixtures)

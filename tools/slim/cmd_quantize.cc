@@ -1,6 +1,7 @@
 // slim quantize: GGUF language models (llama.cpp's weight formats) and ONNX networks
 // (calibrated 8-bit QDQ, optionally evaluated against the float model); the file's type
 // picks the path.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -43,7 +44,9 @@ struct QuantizeArgs {
   bool has_latency_budget = false, has_accuracy_budget = false;
   std::string plan, plan_out, pareto_png, measurements;
   int64_t sensitivity_samples = 16;
-  int latency_runs = 20;
+  int latency_runs = 20, search_evaluations = 24;
+  int64_t int4_block = 32;
+  bool no_int4 = false;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -142,6 +145,8 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     std::printf("measurements: from %s (not measured again)\n", a.measurements.c_str());
   }
   mo.latency_runs = a.latency_runs;
+  mo.evaluations = a.search_evaluations;
+  mo.int4 = !a.no_int4;
   std::unique_ptr<Progress> p;
   std::string stage;
   mo.progress = [&](const std::string& s, int64_t done, int64_t total) {
@@ -165,32 +170,54 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
   for (const auto& l : m.layers) slower += l.saving_ms() <= 0;
   std::printf("layers: %zu (%lld not faster in int8 here even among int8 neighbours)\n",
               m.layers.size(), (long long)slower);
-  std::printf("  loss = (loss alone in int8 + loss saved keeping it alone in fp32) / 2\n");
-  std::printf("  %-4s %-28s %-8s %5s %9s %9s %9s %9s %9s %9s\n", "#", "layer", "op", "nodes",
-              "loss", "alone", "l-o-o", "fp32 ms", "int8 ms", "alone ms");
+  std::printf(
+      "  loss = (loss alone in int8 + loss saved keeping it alone in fp32) / 2; int4: weight-only "
+      "MatMulNBits (blocks of %lld), loss alone, time among int4 layers\n",
+      (long long)o.int4_block);
+  std::printf("  %-4s %-28s %-8s %5s %9s %9s %9s %9s %9s %9s %9s %9s\n", "#", "layer", "op",
+              "nodes", "loss", "alone", "l-o-o", "fp32 ms", "int8 ms", "alone ms", "int4 loss",
+              "int4 ms");
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const auto& l = m.layers[i];
-    std::printf("  %-4zu %-28s %-8s %5zu %9.3g %9.3g %9.3g %9.4f %9.4f %9.4f  %s\n", i,
-                l.name.c_str(), l.op.c_str(), l.nodes.size(), l.loss, l.loss_alone,
-                l.loss_leave_one_out, l.fp32_ms, l.int8_ms, l.int8_alone_ms,
-                c.int8[i] ? "int8" : "fp32");
+    std::printf("  %-4zu %-28s %-8s %5zu %9.3g %9.3g %9.3g %9.4f %9.4f %9.4f", i, l.name.c_str(),
+                l.op.c_str(), l.nodes.size(), l.loss, l.loss_alone, l.loss_leave_one_out,
+                l.fp32_ms, l.int8_ms, l.int8_alone_ms);
+    if (l.int4)
+      std::printf(" %9.3g %9.4f", l.loss_int4, l.int4_ms);
+    else
+      std::printf(" %9s %9s", "-", "-");
+    std::printf("  %s\n", quant::precision_name(c.precision[i]));
   }
   std::printf(
       "Pareto front (predicted: all-fp32 latency + Σ over int8 layers of (int8 − fp32) + half the "
-      "(alone − int8) border cost per fp32 neighbour):\n");
-  std::printf("  %12s %12s %12s\n", "latency ms", "loss", "int8 layers");
+      "(alone − int8) border cost per neighbour not in int8 + Σ over int4 layers of (int4 − "
+      "fp32)):\n");
+  std::printf("  %12s %12s %12s %12s\n", "latency ms", "loss", "int8 layers", "int4 layers");
   // At most ~24 rows, evenly spread (all of them in the plan file), and the chosen one.
   const auto& front = r.plan.pareto;
   const size_t step = std::max<size_t>(1, (front.size() + 23) / 24);
   for (size_t k = 0; k < front.size(); ++k) {
     const auto& pt = front[k];
-    const bool chosen = pt.int8 == c.int8;
+    const bool chosen = pt.precision == c.precision;
     if (k % step && k + 1 != front.size() && !chosen) continue;
-    std::printf("  %12.3f %12.4g %12lld%s\n", pt.latency_ms, pt.loss, (long long)pt.int8_layers(),
-                chosen ? "  <- chosen" : "");
+    std::printf("  %12.3f %12.4g %12lld %12lld%s\n", pt.latency_ms, pt.loss,
+                (long long)pt.layers(quant::Precision::int8),
+                (long long)pt.layers(quant::Precision::int4), chosen ? "  <- chosen" : "");
   }
   if (step > 1)
     std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
+  if (!r.candidates.empty()) {
+    std::printf(
+        "candidates (built, loss measured on the same samples; the least measured loss within "
+        "the target is chosen):\n");
+    std::printf("  %-20s %10s %6s %6s %12s %12s %12s\n", "source", "target ms", "int8", "int4",
+                "predicted ms", "pred. loss", "measured");
+    for (const auto& cd : r.candidates)
+      std::printf("  %-20s %10.3f %6lld %6lld %12.3f %12.4g %12.4g%s\n", cd.source.c_str(),
+                  cd.target_ms, (long long)cd.point.layers(quant::Precision::int8),
+                  (long long)cd.point.layers(quant::Precision::int4), cd.point.latency_ms,
+                  cd.point.loss, cd.loss, cd.point.precision == c.precision ? "  <- chosen" : "");
+  }
   if (mo.latency_budget_ms)
     std::printf("budget: latency %.3f ms%s\n", *mo.latency_budget_ms,
                 r.tries > 1 ? (" (" + std::to_string(r.tries) + " builds; last aimed at " +
@@ -203,9 +230,12 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     for (const auto& t : r.history)
       std::printf(
           "  build aimed at %.3f ms: predicted %.3f, measured %.3f (%.3f at the prediction's "
-          "load), %lld layers int8\n",
-          t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms, (long long)t.int8_layers);
-  std::printf("chosen: %lld of %zu layers int8\n", (long long)c.int8_layers(), m.layers.size());
+          "load), %lld layers int8, %lld int4\n",
+          t.target_ms, t.predicted_ms, t.measured_ms, t.normalized_ms, (long long)t.int8_layers,
+          (long long)t.int4_layers);
+  std::printf("chosen: %lld of %zu layers int8, %lld int4 weight-only\n",
+              (long long)c.layers(quant::Precision::int8), m.layers.size(),
+              (long long)c.layers(quant::Precision::int4));
   std::printf("  predicted: latency %.3f ms, loss %.4g\n", c.latency_ms, c.loss);
   std::printf(
       "  measured:  latency %.3f ms (all fp32 %.3f ms in the same rounds; %.3f ms at the load "
@@ -234,6 +264,12 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
       front.y.push_back(pt.loss);
     }
     ch.series.push_back(front);
+    plot::Series measured{"candidates: predicted latency, measured loss", {}, {}, false};
+    for (const auto& cd : r.candidates) {
+      measured.x.push_back(cd.point.latency_ms);
+      measured.y.push_back(cd.loss);
+    }
+    if (!measured.x.empty()) ch.series.push_back(measured);
     ch.series.push_back({"chosen, predicted", {c.latency_ms}, {c.loss}, false});
     ch.series.push_back({"chosen, measured (at the prediction's load)",
                          {r.measured.normalized_ms},
@@ -289,6 +325,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   for (const auto& n : split_list(a.exclude)) o.exclude_nodes.insert(n);
   o.batch = a.batch;
   o.max_samples = a.max_samples;
+  o.int4_block = a.int4_block;
   o.num_threads = a.threads;
   o.providers = split_list(a.providers);
   o.cache_dir = a.no_cache ? "" : (a.cache_dir.empty() ? default_cache_dir() : a.cache_dir);
@@ -308,10 +345,12 @@ void quantize_onnx(const QuantizeArgs& a) {
   if (!a.plan.empty()) {
     const quant::LoadedPlan plan = quant::read_plan(a.plan);
     o = quant::plan_options(plan, a.plan, a.in, o);
-    int64_t n8 = 0;
-    for (bool b : plan.int8) n8 += b;
-    std::printf("plan: %s, %lld of %zu layers int8 (quantizer settings from the plan)\n",
-                a.plan.c_str(), (long long)n8, plan.int8.size());
+    const auto count = [&](quant::Precision p) {
+      return (long long)std::count(plan.precision.begin(), plan.precision.end(), p);
+    };
+    std::printf("plan: %s, %lld of %zu layers int8, %lld int4 (quantizer settings from the plan)\n",
+                a.plan.c_str(), count(quant::Precision::int8), plan.precision.size(),
+                count(quant::Precision::int4));
   }
 
   const Model probe = OnnxImporter::load_file(a.in);
@@ -353,6 +392,9 @@ void quantize_onnx(const QuantizeArgs& a) {
       (long long)rep.activations_quantized, rep.ranges.size(), (long long)rep.weights_quantized,
       rep.weight_bytes_float / 1048576.0, rep.weight_bytes_quantized / 1048576.0,
       (long long)rep.biases_quantized);
+  if (rep.int4_weights)
+    std::printf("  %lld MatMul/Gemm weights int4 weight-only (MatMulNBits, blocks of %lld)\n",
+                (long long)rep.int4_weights, (long long)o.int4_block);
   if (rep.batch_norms_folded)
     std::printf("  %lld BatchNormalization/Mul folded into the preceding Conv/Gemm\n",
                 (long long)rep.batch_norms_folded);
@@ -465,9 +507,11 @@ void add_quantize(CLI::App& app) {
   auto* mp = "Mixed precision (ONNX)";
   auto* lb =
       cmd->add_option("--latency-budget-ms", a->latency_budget,
-                      "Choose each layer's precision (int8 or fp32) for the least loss whose "
-                      "predicted latency of one sample on this machine is at most this; layers "
-                      "slower in int8 here stay fp32")
+                      "Choose each layer's precision (fp32, int8, or int4 weight-only for "
+                      "MatMul/Gemm with a constant weight) for the least loss whose predicted "
+                      "latency of one sample on this machine is at most this; layers slower in "
+                      "int8 here stay fp32. fp16 is not offered: slim's CPU kernels compute in "
+                      "fp32, so fp16 would only add conversions")
           ->group(mp);
   auto* ab = cmd->add_option("--accuracy-budget", a->accuracy_budget,
                              "Or the least latency whose predicted loss (KL of softmax outputs, "
@@ -493,6 +537,20 @@ void add_quantize(CLI::App& app) {
                   "Calibration samples each layer's loss is measured on")
       ->capture_default_str()
       ->check(CLI::PositiveNumber)
+      ->group(mp);
+  cmd->add_option("--search-evaluations", a->search_evaluations,
+                  "Candidate plans near the budget (the front's, contiguous int8 runs, swap and "
+                  "drop moves) built and their loss measured; the least measured loss is "
+                  "chosen (0: the predicted choice as is)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->group(mp);
+  cmd->add_option("--int4-block", a->int4_block,
+                  "Block size along K of int4 weight-only MatMulNBits (a power of two >= 16)")
+      ->capture_default_str()
+      ->group(mp);
+  cmd->add_flag("--no-int4", a->no_int4,
+                "Offer fp32 and int8 only (no int4 weight-only MatMul/Gemm layers)")
       ->group(mp);
   cmd->add_option("--latency-runs", a->latency_runs,
                   "Timed runs per model (medians) for the latencies")

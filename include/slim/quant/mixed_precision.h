@@ -1,12 +1,16 @@
 // Mixed precision under a latency or accuracy budget (`slim quantize --latency-budget-ms`,
 // `--accuracy-budget`): the quantizable nodes are grouped into layers (one Conv, ConvTranspose,
 // MatMul or Gemm with the elementwise and data-movement nodes that follow it); each layer's
-// sensitivity (the loss on calibration samples when it alone is int8) and its latency in
-// fp32 and in int8 (per-node profiles of the compiled all-fp32 and all-int8 models, Q/DQ
-// nodes charged to the layer they serve) are measured on this machine; a knapsack over the
-// layers that are faster in int8 picks the int8 set of least predicted loss within the
-// latency budget (or of least latency within the loss budget). docs/quantization.md §11
-// has the formulas.
+// sensitivity (the loss on calibration samples when it alone is int8, or int4 weight-only
+// for a MatMul/Gemm with a constant weight) and its latency in fp32, int8 and int4 (per-node
+// profiles of the compiled all-fp32, all-int8 and all-int4 models, Q/DQ nodes charged to
+// the layer they serve) are measured on this machine; a knapsack over the layers picks each
+// one's precision for the least predicted loss within the latency budget (or the least
+// latency within the loss budget); the losses of sets do not
+// add up, so candidate plans near the budget (the knapsack's front, contiguous runs, and
+// swap/drop moves from the best) are then built and their loss measured, and the plan of
+// least measured loss within the budget is written. docs/quantization.md §11 has the
+// formulas.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +27,10 @@
 
 namespace slim::quant {
 
+// A layer's precision in a plan. fp16 is not one: slim's CPU kernels compute in fp32.
+enum class Precision : uint8_t { fp32, int8, int4 };
+const char* precision_name(Precision p);
+
 // One quantizable layer: `nodes` (names in the prepared model) are quantized together.
 struct Layer {
   std::string name;  // its Conv/ConvTranspose/MatMul/Gemm (or its first node)
@@ -34,6 +42,11 @@ struct Layer {
   // quantized when either is int8: the alone losses count it twice, the leave-one-out ones
   // not at all, their mean once.
   double loss = 0, loss_alone = 0, loss_leave_one_out = 0;
+  // Weight-only int4 (MatMulNBits), offered for a MatMul/Gemm anchor with a constant 2-D
+  // weight: the loss when the anchor alone is int4 (weight-only: no activation is shared
+  // with a neighbour, so these add up better), its time in the all-int4 model.
+  bool int4 = false;
+  double loss_int4 = 0, int4_ms = 0;
   // Time charged to it (median of runs) in the all-fp32 and the all-int8 profiles, and in
   // the profile of the model where it alone is int8 (its Q/DQ at the fp32 borders included).
   double fp32_ms = 0, int8_ms = 0, int8_alone_ms = 0;
@@ -69,6 +82,9 @@ struct MixedPrecisionOptions {
   int64_t samples = 16;                     // calibration samples for the loss
   int latency_runs = 20;                    // timed runs per model (medians)
   int tries = 5;  // builds of the chosen plan: a re-measure over budget tightens the target
+  // Candidate plans whose loss is measured per build (0: the knapsack's choice as is).
+  int evaluations = 24;
+  bool int4 = true;  // offer int4 weight-only for MatMul/Gemm layers with constant weights
   // Measurements to choose from instead of measuring (a plan file's, read_plan), for
   // another budget; they must be of this model with these quantizer settings.
   std::optional<Measurements> measurements;
@@ -76,9 +92,10 @@ struct MixedPrecisionOptions {
   std::function<void(const std::string&, int64_t, int64_t)> progress;
 };
 
-// T(P) = fp32_ms + scale · Σ_{i int8} [(int8_ms − fp32_ms) + border_ms/2 per fp32
-// neighbour in the layer order]: a plan's predicted latency.
-double predicted_latency(const Measurements& m, const std::vector<bool>& int8);
+// T(P) = fp32_ms + scale · (Σ_{i int8} [(int8_ms − fp32_ms) + border_ms/2 per neighbour in
+// the layer order that is not int8] + Σ_{i int4} (int4_ms − fp32_ms)): a plan's predicted
+// latency.
+double predicted_latency(const Measurements& m, const std::vector<Precision>& precision);
 
 // Measures every layer's sensitivity and latency. `qo` is the quantizer's settings
 // (SmoothQuant is refused: its factors depend on which nodes are quantized).
@@ -86,15 +103,15 @@ Measurements measure_layers(const std::string& model_path, const SampleSet& cali
                             const QuantizeOptions& qo, const MixedPrecisionOptions& mo);
 
 struct PlanPoint {
-  double latency_ms = 0, loss = 0;  // predicted
-  std::vector<bool> int8;           // per layer
-  int64_t int8_layers() const;
+  double latency_ms = 0, loss = 0;   // predicted
+  std::vector<Precision> precision;  // per layer
+  int64_t layers(Precision p) const;
 };
 
 struct Plan {
   PlanPoint chosen;
   std::vector<PlanPoint> pareto;  // by latency, ascending; loss descending
-  double fastest_ms = 0;          // every layer that is faster in int8 quantized
+  double fastest_ms = 0;          // the front's fastest point
 };
 
 // The choice from measurements (no model runs): throws invalid_argument when the latency
@@ -103,8 +120,10 @@ struct Plan {
 Plan choose_plan(const Measurements& m, const MixedPrecisionOptions& o,
                  std::optional<double> target_ms = std::nullopt);
 
-// Nodes the plan leaves in fp32: quantize_model's exclude_nodes.
-std::set<std::string> fp32_nodes(const Measurements& m, const std::vector<bool>& int8);
+// The quantizer settings that write a plan: `base` with the nodes of the plan's fp32 and
+// int4 layers excluded from int8 and the int4 layers' anchors in int4_nodes.
+QuantizeOptions plan_quantizer(const Measurements& m, const std::vector<Precision>& precision,
+                               QuantizeOptions base);
 
 struct Verification {
   // End-to-end medians of the written model and of the all-fp32 one, runs alternating,
@@ -114,15 +133,38 @@ struct Verification {
   double loss = 0;  // on the same samples and metric as the sensitivities
 };
 
+// A candidate plan built and its loss measured (the same meter as the sensitivities).
+struct Candidate {
+  std::string source;  // "front", "run a-b" (a run of int8 layers), "i=fp32 j=int8" (a move)
+  PlanPoint point;     // predicted latency and loss
+  double loss = 0;     // measured
+  double target_ms = 0;  // the latency target it was evaluated for
+};
+
+// Candidates near the latency target, their losses measured with `measure` (at most
+// `evaluations` new ones; `evaluated` holds those measured before and is extended; a plan
+// is measured once), from the front's points with T(P) ≤ target (the nearest first),
+// contiguous runs of int8 layers that fit (the shortest prefix and suffix, and the runs of
+// least predicted loss), and, from the best measured so far, moves of one or two layers
+// to another precision that fit (drops back to fp32, swaps), ranked by predicted loss.
+// Returns the plan of least measured loss with T(P) ≤ target (the front's choice when
+// nothing was evaluated). With an accuracy budget instead: the front's points
+// are bisected for the fastest whose measured loss is within it.
+PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o,
+                       double target_ms,
+                       const std::function<double(const std::vector<Precision>&)>& measure,
+                       std::vector<Candidate>& evaluated);
+
 struct MixedPrecisionResult {
   Measurements measurements;
   Plan plan;
+  std::vector<Candidate> candidates;  // every plan whose loss was measured, in order
   Verification measured;
   double target_ms = 0;  // the latency the last try aimed at (the budget, or tighter)
   int tries = 0;
   struct Try {
     double target_ms, predicted_ms, measured_ms, normalized_ms, loss;
-    int64_t int8_layers;
+    int64_t int8_layers, int4_layers;
   };
   std::vector<Try> history;
 };
@@ -141,7 +183,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
 
 struct LoadedPlan {
   Measurements measurements;
-  std::vector<bool> int8;
+  std::vector<Precision> precision;
   QuantizeOptions quantizer;  // the settings the plan was made with
 };
 // Reads a plan file; errors name the file.

@@ -31,6 +31,10 @@ struct QuantizeOptions {
   bool bias_correction = false;    // correct each bias for the mean shift weight rounding causes
   std::set<std::string> op_types;  // ops to quantize; empty: default_op_types()
   std::set<std::string> exclude_nodes;  // nodes left in float
+  // MatMul/Gemm nodes with constant weights written as weight-only 4-bit com.microsoft
+  // MatMulNBits (blocks of int4_block along K; never int8), for mixed precision.
+  std::set<std::string> int4_nodes;
+  int64_t int4_block = 32;
   int64_t batch = 8;                    // samples per run where the batch dim is free
   int64_t max_samples = 0;              // 0: the whole calibration set
   int num_threads = 0;
@@ -52,6 +56,7 @@ struct QuantizeReport {
   int64_t activations_quantized = 0, weights_quantized = 0, biases_quantized = 0;
   int64_t activations_removed = 0;  // Relu/Clip whose clamp the QuantizeLinear does
   int64_t batch_norms_folded = 0, smoothed = 0, bias_corrected = 0;
+  int64_t int4_weights = 0;  // MatMul/Gemm weights written as 4-bit MatMulNBits
   int64_t weight_bytes_float = 0, weight_bytes_quantized = 0;
   // Per group of activations that share a scale: their names, the observed and the
   // chosen range, and the QuantizeLinear parameters.
