@@ -307,8 +307,14 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // one output channel; a padded 5x5 with stride 3
       {{1, 12, 6, 6}, 1, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
       {{1, 16, 14, 9}, 48, 5, 1, DType::u8, DType::i8, DType::u8, true, false, {3, 3}},
-      // fewer output pixels than a tile: oneDNN's kernel
+      // fewer output pixels than a tile (SE's 1x1 convolutions on [N, C, 1, 1])
       {{1, 8, 2, 2}, 16, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
+      {{1, 24, 1, 1}, 40, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
+      // depthwise: channels past the last vector, strides, dilations, an int8 source
+      {{1, 20, 13, 11}, 20, 5, 20, DType::i8, DType::i8, DType::u8, true, true, {2, 2}},
+      {{1, 40, 9, 10}, 40, 3, 40, DType::u8, DType::u8, DType::i8, false, true, {1, 1}, {2, 2},
+       {2, 1, 2, 3}},
+      {{1, 72, 3, 2}, 72, 3, 72, DType::u8, DType::i8, DType::u8, true, false},
   };
   for (const QConvCase& c : cases) {
     SCOPED_TRACE("x " + shape_str(c.x) + " group " + std::to_string(c.group));

@@ -424,43 +424,47 @@ T* piece(void* scratch, size_t offset) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The direct convolution: slim's own kernel for requantized convolutions of one group
-// whose weights need no compensation, where vpdpbusd sums u8 x s8 products exactly
-// (int8_dot). oneDNN 2.6's 8-bit kernels at AVX2 and each call's set-up had left PP-OCR's
-// detector only 1.39x faster than f32 at AVX2 with AVX-VNNI.
+// The direct convolution: slim's own kernel for requantized convolutions of one group or
+// depthwise ones whose weights need no compensation, where vpdpbusd sums u8 x s8 products
+// exactly (int8_dot). oneDNN 2.6's 8-bit kernels at AVX2 and each call's set-up, and its
+// depthwise kernels' int32 sums written out and read back, had left PP-OCR's detector
+// only 1.39x faster than f32 at AVX2 with AVX-VNNI.
 //
-// The source is unsigned NHWC bytes, cp (the channels rounded up to 4) bytes per pixel,
-// with the padding around the image: where it arrives otherwise (NCHW, int8, padded,
-// channels not a multiple of 4) it is copied into such a buffer first, the padding and
-// the extra channels filled with the zero point, so that (x - x_zp) is 0 there (padding
-// adds nothing, as in ONNX Runtime; the extra channels' weights are 0 anyway). The weights
-// are packed once per block of output channels (up to 4 vectors at AVX-512, 2 at AVX2),
-// [tap][cp / 4][block lanes][4], zeros past the last channel. A tile of mr consecutive
-// output pixels (raster order) times one block accumulates in registers: one vpdpbusd per
-// 4 channels, pixel and vector, the pixel's 4 bytes broadcast. sum(x * w) - x_zp * sum(w)
-// + bias is the sum oneDNN computes plus the bias, requantized in registers as
-// requantize_rows does (the same operations, so the same bytes) and stored; the image's
-// last tile, when shorter, starts mr pixels before its end and stores only its new pixels.
+// The source is unsigned NHWC bytes, cp bytes per pixel (the channels rounded up to 4, or
+// to a vector's lanes when depthwise), with the padding around the image: where it arrives
+// otherwise (NCHW, int8, padded, channels not rounded) it is copied into such a buffer
+// first, the padding and the extra channels filled with the zero point, so that (x - x_zp)
+// is 0 there (padding adds nothing, as in ONNX Runtime; the extra channels' weights are 0).
+// The weights are packed once per block of output channels (up to 4 vectors at AVX-512, 2
+// at AVX2), zeros past the last channel. A tile of mr consecutive output pixels (raster
+// order) times one block accumulates in registers: one vpdpbusd per 4 input channels,
+// pixel and vector, the pixel's 4 bytes broadcast, against weights [tap][cp / 4][block
+// lanes][4]; depthwise, one vpdpwssd per tap, pixel and vector, the block's bytes widened
+// to int32 (x as the int16 pair (x, 0)) against weights [tap][block lanes] as pairs
+// (w, 0). sum(x * w) - x_zp * sum(w) + bias is the sum oneDNN computes plus the bias,
+// requantized in registers as requantize_rows does (the same operations, so the same
+// bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
+// end (or at 0, its extra pixels repeating the last) and stores only its new pixels.
 
 // What one tile call reads and writes.
 struct DirectTile {
-  const uint8_t* src;    // the (padded) source image
+  const uint8_t* src;    // the (padded) source image (depthwise: at the block's channel)
   const int64_t* pixel;  // mr offsets in src: each output pixel's first tap
   const int64_t* tap;    // the taps' offsets from there
-  int64_t taps, quads;   // taps; channel quads (cp / 4)
+  int64_t taps, quads;   // taps; channel quads (cp / 4; depthwise: 1)
   const int8_t* w;       // the block's packed weights
   const int32_t* bias;   // the block's bias - x_zp * sum(w), one per lane
   const float* scale;    // the block's scales, one per lane
   uint8_t* y;            // the tile's first pixel at the block's first channel
   int64_t ldy;           // output channels (bytes from one pixel to the next)
-  int first;             // pixels of the tile before this one are not stored
+  int first, last;       // the tile's pixels [first, last) are stored
   int cols;              // channels of the block that exist
 };
 
 class DirectConv {
  public:
-  // The kernel for g, or none where it does not run (no vpdpbusd, groups, an output of
-  // fewer pixels than a tile). w8: the weights [oc, c, kh, kw] as oneDNN would take them.
+  // The kernel for g, or none where it does not run (no vpdpbusd; groups other than
+  // depthwise). w8: the weights [oc, c / group, kh, kw] as oneDNN would take them.
   static std::unique_ptr<DirectConv> make(const ConvGeometry& g, const std::vector<int8_t>& w8,
                                           Int8Dot dot, ScratchLayout& layout);
   // One image: x (NCHW, or NHWC when x_channels_last; int8 when flip) into y (NHWC bytes).
@@ -468,17 +472,19 @@ class DirectConv {
            int32_t x_zero_point, const Int8Output& out, uint8_t* y, void* scratch) const;
 
   // Calls fn(tile, nr) for every block of output tiles [t0, t1) (nr: the block's vectors),
-  // and applies out.table to each tile's bytes.
+  // and applies out.table to their bytes.
   template <typename Fn>
   void each_tile(const uint8_t* src, const int32_t* bias, const float* scale,
                  const Int8Output& out, uint8_t* y, int64_t t0, int64_t t1, Fn&& fn) const;
 
   Int8Dot dot = Int8Dot::none;
   int lanes = 0, nr = 0, mr = 0;  // lanes per vector; vectors per block; pixels per tile
+  bool depthwise = false;
 
  private:
   ConvGeometry g_;
   int64_t cp_ = 0, hp_ = 0, wp_ = 0, ocp_ = 0;  // padded channels, height, width; lanes' channels
+  int64_t block_bytes_ = 0;                      // packed weight bytes per output channel
   std::vector<int8_t> w_;                        // packed
   std::vector<int32_t> wsum_;                    // sum(w) per output channel
   std::vector<int64_t> taps_;
@@ -491,25 +497,30 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
                            Fn&& fn) const {
   const int64_t oc = g_.y[1], ow = g_.y[3], pixels = g_.y[2] * ow, block = int64_t(nr) * lanes;
   std::array<int64_t, 16> pixel{};
+  int64_t looked_up = t0 * mr;  // bytes before this pixel went through out.table
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t p0 = std::min(t * mr, pixels - mr);
+    const int64_t p0 = std::max<int64_t>(0, std::min(t * mr, pixels - mr));
     for (int m = 0; m < mr; ++m) {
-      const int64_t oy = (p0 + m) / ow, ox = (p0 + m) % ow;
+      const int64_t p = std::min(p0 + m, pixels - 1), oy = p / ow, ox = p % ow;
       pixel[size_t(m)] = (oy * g_.stride[0] * wp_ + ox * g_.stride[1]) * cp_;
     }
-    DirectTile tile{src, pixel.data(), taps_.data(), int64_t(taps_.size()), cp_ / 4, nullptr,
-                    nullptr, nullptr, nullptr, oc, int(t * mr - p0), 0};
+    DirectTile tile{src, pixel.data(), taps_.data(), int64_t(taps_.size()),
+                    depthwise ? 1 : cp_ / 4, nullptr, nullptr, nullptr, nullptr, oc,
+                    int(t * mr - p0), int(std::min<int64_t>(mr, pixels - p0)), 0};
     for (int64_t c0 = 0; c0 < oc; c0 += block) {
-      tile.w = w_.data() + c0 * tile.taps * cp_;
+      tile.src = src + (depthwise ? c0 : 0);
+      tile.w = w_.data() + c0 * block_bytes_;
       tile.bias = bias + c0;
       tile.scale = scale + c0;
       tile.y = y + p0 * oc + c0;
       tile.cols = int(std::min(block, oc - c0));
       fn(tile, int((tile.cols + lanes - 1) / lanes));
     }
-    if (out.table) {
-      uint8_t* b = y + (p0 + tile.first) * oc;
-      lookup_bytes(out.table, b, b, (mr - tile.first) * oc);
+    // The table over runs of at least 4 KiB (a call per tile cost more than the lookups).
+    const int64_t done = p0 + tile.last;
+    if (out.table && (t + 1 == t1 || (done - looked_up) * oc >= 4096)) {
+      lookup_bytes(out.table, y + looked_up * oc, y + looked_up * oc, (done - looked_up) * oc);
+      looked_up = done;
     }
   }
 }
@@ -520,7 +531,23 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
 #define SLIM_VNNI512 __attribute__((target("avx512f,avx512vnni")))
 #define SLIM_VNNI256 __attribute__((target("avx2,avxvnni")))
 
-// NR vectors of 16 output channels x MR pixels (NR * MR <= 24 of the 32 zmm registers).
+// A tile's NR vectors of 16 output channels x MR pixels (NR * MR <= 24 of the 32 zmm
+// registers), requantized and stored.
+template <int NR, int MR>
+SLIM_VNNI512 inline __attribute__((always_inline)) void store_tile_avx512(
+    const DirectTile& t, const Requant512& requant, const __m512i (&acc)[MR][NR]) {
+  for (int j = 0; j < NR; ++j) {
+    const int rest = std::clamp(t.cols - 16 * j, 0, 16);
+    const __mmask16 keep = rest == 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1);
+    const __m512i bias = _mm512_loadu_si512(t.bias + 16 * j);
+    const __m512 scale = _mm512_loadu_ps(t.scale + 16 * j);
+    for (int m = 0; m < MR; ++m)
+      if (m >= t.first && m < t.last)
+        _mm512_mask_cvtepi32_storeu_epi8(t.y + m * t.ldy + 16 * j, keep,
+                                         requant(_mm512_add_epi32(acc[m][j], bias), scale));
+  }
+}
+
 template <int NR, int MR>
 SLIM_VNNI512 void direct_tile_avx512(const DirectTile& t, const Requant512& requant) {
   __m512i acc[MR][NR];
@@ -540,19 +567,52 @@ SLIM_VNNI512 void direct_tile_avx512(const DirectTile& t, const Requant512& requ
       }
     }
   }
-  for (int j = 0; j < NR; ++j) {
-    const int rest = std::clamp(t.cols - 16 * j, 0, 16);
-    const __mmask16 keep = rest == 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1);
-    const __m512i bias = _mm512_loadu_si512(t.bias + 16 * j);
-    const __m512 scale = _mm512_loadu_ps(t.scale + 16 * j);
+  store_tile_avx512<NR, MR>(t, requant, acc);
+}
+
+template <int NR, int MR>
+SLIM_VNNI512 void depthwise_tile_avx512(const DirectTile& t, const Requant512& requant) {
+  __m512i acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_si512();
+  const int8_t* w = t.w;
+  for (int64_t a = 0; a < t.taps; ++a, w += NR * 64) {
+    const uint8_t* s = t.src + t.tap[a];
+    __m512i wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * 64);
     for (int m = 0; m < MR; ++m)
-      if (m >= t.first)
-        _mm512_mask_cvtepi32_storeu_epi8(t.y + m * t.ldy + 16 * j, keep,
-                                         requant(_mm512_add_epi32(acc[m][j], bias), scale));
+      for (int j = 0; j < NR; ++j) {
+        const __m512i x = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 16 * j)));
+        acc[m][j] = _mm512_dpwssd_epi32(acc[m][j], x, wv[j]);
+      }
   }
+  store_tile_avx512<NR, MR>(t, requant, acc);
 }
 
 // NR vectors of 8 output channels x MR pixels (NR * MR <= 12 of the 16 ymm registers).
+template <int NR, int MR>
+SLIM_VNNI256 inline __attribute__((always_inline)) void store_tile_avx2(
+    const DirectTile& t, const Requant256& requant, const __m256i (&acc)[MR][NR]) {
+  for (int j = 0; j < NR; ++j) {
+    const int rest = std::clamp(t.cols - 8 * j, 0, 8);
+    const __m256i bias = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias + 8 * j));
+    const __m256 scale = _mm256_loadu_ps(t.scale + 8 * j);
+    for (int m = 0; m < MR; ++m) {
+      if (m < t.first || m >= t.last) continue;
+      const __m128i q = requant(_mm256_add_epi32(acc[m][j], bias), scale);
+      uint8_t* to = t.y + m * t.ldy + 8 * j;
+      if (rest == 8) {
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(to), q);
+      } else {
+        alignas(16) uint8_t tmp[16];
+        _mm_store_si128(reinterpret_cast<__m128i*>(tmp), q);
+        std::memcpy(to, tmp, size_t(rest));
+      }
+    }
+  }
+}
+
 template <int NR, int MR>
 SLIM_VNNI256 void direct_tile_avx2(const DirectTile& t, const Requant256& requant) {
   __m256i acc[MR][NR];
@@ -573,42 +633,51 @@ SLIM_VNNI256 void direct_tile_avx2(const DirectTile& t, const Requant256& requan
       }
     }
   }
-  for (int j = 0; j < NR; ++j) {
-    const int rest = std::clamp(t.cols - 8 * j, 0, 8);
-    const __m256i bias = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias + 8 * j));
-    const __m256 scale = _mm256_loadu_ps(t.scale + 8 * j);
-    for (int m = 0; m < MR; ++m) {
-      if (m < t.first) continue;
-      const __m128i q = requant(_mm256_add_epi32(acc[m][j], bias), scale);
-      uint8_t* to = t.y + m * t.ldy + 8 * j;
-      if (rest == 8) {
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(to), q);
-      } else {
-        alignas(16) uint8_t tmp[16];
-        _mm_store_si128(reinterpret_cast<__m128i*>(tmp), q);
-        std::memcpy(to, tmp, size_t(rest));
+  store_tile_avx2<NR, MR>(t, requant, acc);
+}
+
+template <int NR, int MR>
+SLIM_VNNI256 void depthwise_tile_avx2(const DirectTile& t, const Requant256& requant) {
+  __m256i acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm256_setzero_si256();
+  const int8_t* w = t.w;
+  for (int64_t a = 0; a < t.taps; ++a, w += NR * 32) {
+    const uint8_t* s = t.src + t.tap[a];
+    __m256i wv[NR];
+    for (int j = 0; j < NR; ++j)
+      wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 32));
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NR; ++j) {
+        const __m256i x = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 8 * j)));
+        acc[m][j] = _mm256_dpwssd_avx_epi32(acc[m][j], x, wv[j]);
       }
-    }
   }
+  store_tile_avx2<NR, MR>(t, requant, acc);
 }
 
 // Tiles [t0, t1) at AVX-512 VNNI and at AVX-VNNI: the layer's tile height mr goes with
 // its widest block (6 x 4, 8 x 3, 12 x 2 or 12 x 1 vectors), a narrower last block keeps it.
+#define SLIM_DIRECT_CASE(isa, NR, MR)                                           \
+  case MR * 10 + NR:                                                            \
+    return d.depthwise ? depthwise_tile_##isa<NR, MR>(t, requant)               \
+                       : direct_tile_##isa<NR, MR>(t, requant);
 SLIM_VNNI512 void direct_tiles_avx512(const DirectConv& d, const uint8_t* src, const int32_t* bias,
                                       const float* scale, const Int8Output& out, uint8_t* y,
                                       int64_t t0, int64_t t1) {
   const Requant512 requant(out);
   d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) SLIM_VNNI512 {
     switch (d.mr * 10 + nr) {
-      case 64: return direct_tile_avx512<4, 6>(t, requant);
-      case 63: return direct_tile_avx512<3, 6>(t, requant);
-      case 62: return direct_tile_avx512<2, 6>(t, requant);
-      case 61: return direct_tile_avx512<1, 6>(t, requant);
-      case 83: return direct_tile_avx512<3, 8>(t, requant);
-      case 82: return direct_tile_avx512<2, 8>(t, requant);
-      case 81: return direct_tile_avx512<1, 8>(t, requant);
-      case 122: return direct_tile_avx512<2, 12>(t, requant);
-      default: return direct_tile_avx512<1, 12>(t, requant);
+      SLIM_DIRECT_CASE(avx512, 4, 6)
+      SLIM_DIRECT_CASE(avx512, 3, 6)
+      SLIM_DIRECT_CASE(avx512, 2, 6)
+      SLIM_DIRECT_CASE(avx512, 1, 6)
+      SLIM_DIRECT_CASE(avx512, 3, 8)
+      SLIM_DIRECT_CASE(avx512, 2, 8)
+      SLIM_DIRECT_CASE(avx512, 1, 8)
+      SLIM_DIRECT_CASE(avx512, 2, 12)
+      default: SLIM_DIRECT_CASE(avx512, 1, 12)
     }
   });
 }
@@ -619,23 +688,26 @@ SLIM_VNNI256 void direct_tiles_avx2(const DirectConv& d, const uint8_t* src, con
   const Requant256 requant(out);
   d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) SLIM_VNNI256 {
     switch (d.mr * 10 + nr) {
-      case 62: return direct_tile_avx2<2, 6>(t, requant);
-      case 61: return direct_tile_avx2<1, 6>(t, requant);
-      default: return direct_tile_avx2<1, 12>(t, requant);
+      SLIM_DIRECT_CASE(avx2, 2, 6)
+      SLIM_DIRECT_CASE(avx2, 1, 6)
+      default: SLIM_DIRECT_CASE(avx2, 1, 12)
     }
   });
 }
+#undef SLIM_DIRECT_CASE
 #pragma GCC diagnostic pop
 #endif
 
 std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::vector<int8_t>& w8,
                                              Int8Dot dot, ScratchLayout& layout) {
 #if defined(__x86_64__)
-  if (dot == Int8Dot::none || g.group != 1) return nullptr;
+  const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3];
+  const bool depthwise = g.group == c && oc == c && c > 1;
+  if (dot == Int8Dot::none || (g.group != 1 && !depthwise)) return nullptr;
   auto d = std::make_unique<DirectConv>();
   d->dot = dot;
+  d->depthwise = depthwise;
   d->lanes = dot == Int8Dot::avx512_vnni ? 16 : 8;
-  const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3];
   const int64_t vectors = (oc + d->lanes - 1) / d->lanes;
   if (dot == Int8Dot::avx512_vnni) {
     d->nr = int(std::min<int64_t>(vectors, 4));
@@ -644,28 +716,34 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     d->nr = int(std::min<int64_t>(vectors, 2));
     d->mr = d->nr == 2 ? 6 : 12;
   }
-  if (g.y[2] * g.y[3] < d->mr) return nullptr;
   d->g_ = g;
-  d->cp_ = (c + 3) / 4 * 4;
+  d->cp_ = depthwise ? vectors * d->lanes : (c + 3) / 4 * 4;
   d->hp_ = g.x[2] + g.pad_l[0] + g.pad_r[0];
   d->wp_ = g.x[3] + g.pad_l[1] + g.pad_r[1];
   d->ocp_ = vectors * d->lanes;
   for (int64_t a = 0; a < kh; ++a)
     for (int64_t t = 0; t < kw; ++t)
       d->taps_.push_back((a * (g.dil[0] + 1) * d->wp_ + t * (g.dil[1] + 1)) * d->cp_);
-  // Block by block (the last one's vectors only), [tap][quad][lane][4].
-  const int64_t taps = kh * kw, block = int64_t(d->nr) * d->lanes;
-  d->w_.assign(size_t(d->ocp_ * taps * d->cp_), 0);
+  // Block by block (the last one's vectors only): [tap][quad][lane][4] bytes, or
+  // depthwise [tap][lane] int16 pairs (w, 0).
+  const int64_t taps = kh * kw, block = int64_t(d->nr) * d->lanes, kin = depthwise ? 1 : c;
+  d->block_bytes_ = taps * (depthwise ? 4 : d->cp_);
+  d->w_.assign(size_t(d->ocp_ * d->block_bytes_), 0);
   d->wsum_.assign(size_t(d->ocp_), 0);
   for (int64_t c0 = 0; c0 < oc; c0 += block) {
     const int64_t width = std::min(block, d->ocp_ - c0);
-    int8_t* to = d->w_.data() + c0 * taps * d->cp_;
+    int8_t* to = d->w_.data() + c0 * d->block_bytes_;
     for (int64_t a = 0; a < taps; ++a)
-      for (int64_t k = 0; k < c; ++k)
+      for (int64_t k = 0; k < kin; ++k)
         for (int64_t j = 0; j < width && c0 + j < oc; ++j) {
-          const int8_t v = w8[size_t(((c0 + j) * c + k) * taps + a)];
-          to[((a * d->cp_ / 4 + k / 4) * width + j) * 4 + k % 4] = v;
+          const int8_t v = w8[size_t(((c0 + j) * kin + k) * taps + a)];
           d->wsum_[size_t(c0 + j)] += v;
+          if (depthwise) {
+            const int32_t pair = uint16_t(int16_t(v));
+            std::memcpy(to + (a * width + j) * 4, &pair, 4);
+          } else {
+            to[((a * d->cp_ / 4 + k / 4) * width + j) * 4 + k % 4] = v;
+          }
         }
   }
   d->src_at_ = layout.add(size_t(d->hp_ * d->wp_ * d->cp_));
