@@ -85,7 +85,28 @@ void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t
                       int64_t e, int64_t group, bool flip, bool split, int64_t stride,
                       uint8_t* dst) {
   const uint8_t mask = flip ? 0x80 : 0;
-  const int64_t cg = c / group, cs = stride;
+  const int64_t cg = c / group, cs = stride, quads = (c + 3) / 4;
+  if (x_channels_last && group == 1 && !split && stride >= 4 * quads) {
+    // Whole 4-byte quads (the direct convolution rounds its channels up to 4): the last
+    // may take the next pixel's first channels, which meet zero weights there; none reads
+    // past the image (its last pixels go byte by byte).
+    const uint32_t mask4 = flip ? 0x80808080u : 0;
+    for (int64_t p = b; p < e; ++p) {
+      const uint8_t* src = x + p * c;
+      uint8_t* out = dst + (p - b) * cs;
+      if ((p * c + 4 * quads) > pixels * c) {
+        for (int64_t k = 0; k < c; ++k) out[k] = src[k] ^ mask;
+        continue;
+      }
+      for (int64_t q = 0; q < quads; ++q) {
+        uint32_t v;
+        std::memcpy(&v, src + 4 * q, 4);
+        v ^= mask4;
+        std::memcpy(out + 4 * q, &v, 4);
+      }
+    }
+    return;
+  }
   if (x_channels_last) {
     for (int64_t p = b; p < e; ++p) {
       const uint8_t* src = x + p * c;
