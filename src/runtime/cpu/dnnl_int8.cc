@@ -679,7 +679,8 @@ SLIM_VNNI256 void depthwise_tile_avx2(const DirectTile& t, const Requant256& req
 }
 
 // Tiles [t0, t1) at AVX-512 VNNI and at AVX-VNNI: the layer's tile height mr goes with
-// its widest block (6 x 4, 8 x 3, 12 x 2 or 12 x 1 vectors), a narrower last block keeps it.
+// its widest block (pixels x vectors: 6 x 4, 8 x 3, 12 x 2 or 12 x 1 at AVX-512; 4 x 3,
+// 6 x 2 or 12 x 1 at AVX2), a narrower last block keeps it.
 #define SLIM_DIRECT_CASE(isa, NR, MR)                                           \
   case MR * 10 + NR:                                                            \
     return d.depthwise ? depthwise_tile_##isa<NR, MR>(t, requant)               \
@@ -709,6 +710,7 @@ SLIM_VNNI256 void direct_tiles_avx2(const DirectConv& d, const uint8_t* src, con
   const Requant256 requant(out);
   d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) SLIM_VNNI256 {
     switch (d.mr * 10 + nr) {
+      SLIM_DIRECT_CASE(avx2, 3, 4)
       SLIM_DIRECT_CASE(avx2, 2, 6)
       SLIM_DIRECT_CASE(avx2, 1, 6)
       default: SLIM_DIRECT_CASE(avx2, 1, 12)
@@ -734,8 +736,10 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     d->nr = int(std::min<int64_t>(vectors, 4));
     d->mr = d->nr == 4 ? 6 : d->nr == 3 ? 8 : 12;
   } else {
-    d->nr = int(std::min<int64_t>(vectors, 2));
-    d->mr = d->nr == 2 ? 6 : 12;
+    // 3 x 4 where the vectors come in threes (PP-OCR's 24, 48, 96... channels: a block of
+    // 1 x 6 after ones of 2 x 6 had only 6 sums in flight), else 2 x 6, 1 x 12.
+    d->nr = vectors % 3 == 0 ? 3 : int(std::min<int64_t>(vectors, 2));
+    d->mr = d->nr == 3 ? 4 : d->nr == 2 ? 6 : 12;
   }
   d->g_ = g;
   d->cp_ = depthwise ? vectors * d->lanes : (c + 3) / 4 * 4;
