@@ -27,6 +27,7 @@ Int8Dot int8_dot() {
   dnnl_engine();  // holds oneDNN to slim's level first
   const unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
   auto has = [&](dnnl::cpu_isa level) { return (isa & unsigned(level)) == unsigned(level); };
+  if (has(dnnl::cpu_isa::avx512_core_amx)) return Int8Dot::amx;
   if (has(dnnl::cpu_isa::avx512_core_vnni)) return Int8Dot::avx512_vnni;
   if (has(dnnl::cpu_isa::avx2_vnni)) return Int8Dot::avx_vnni;
   return Int8Dot::none;
@@ -727,12 +728,13 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
   const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3];
   const bool depthwise = g.group == c && oc == c && c > 1;
   if (dot == Int8Dot::none || (g.group != 1 && !depthwise)) return nullptr;
+  if (dot == Int8Dot::amx && (depthwise ? 1 : c) * kh * kw >= 64) return nullptr;
   auto d = std::make_unique<DirectConv>();
   d->dot = dot;
   d->depthwise = depthwise;
-  d->lanes = dot == Int8Dot::avx512_vnni ? 16 : 8;
+  d->lanes = dot == Int8Dot::avx_vnni ? 8 : 16;
   const int64_t vectors = (oc + d->lanes - 1) / d->lanes;
-  if (dot == Int8Dot::avx512_vnni) {
+  if (d->lanes == 16) {
     d->nr = int(std::min<int64_t>(vectors, 4));
     d->mr = d->nr == 4 ? 6 : d->nr == 3 ? 8 : 12;
   } else {
@@ -809,10 +811,10 @@ void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels
   const int64_t pixels = g_.y[2] * g_.y[3], tiles = (pixels + mr - 1) / mr;
   parallel_items(ctx, tiles, mr * int64_t(taps_.size()) * cp_ * ocp_, kMacsPerThread,
                  [&](int64_t b, int64_t e) {
-                   if (dot == Int8Dot::avx512_vnni)
-                     direct_tiles_avx512(*this, src, bias, scale, out, y, b, e);
-                   else
+                   if (dot == Int8Dot::avx_vnni)
                      direct_tiles_avx2(*this, src, bias, scale, out, y, b, e);
+                   else
+                     direct_tiles_avx512(*this, src, bias, scale, out, y, b, e);
                  });
 #else
   (void)ctx, (void)x, (void)x_channels_last, (void)flip, (void)x_zero_point, (void)out, (void)y,
