@@ -522,9 +522,10 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
   int64_t looked_up = t0 * mr;  // bytes before this pixel went through out.table
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t p0 = std::max<int64_t>(0, std::min(t * mr, pixels - mr));
+    int64_t oy = p0 / ow, ox = p0 % ow;  // one division per tile, not one per pixel
     for (int m = 0; m < mr; ++m) {
-      const int64_t p = std::min(p0 + m, pixels - 1), oy = p / ow, ox = p % ow;
       pixel[size_t(m)] = (oy * g_.stride[0] * wp_ + ox * g_.stride[1]) * cp_;
+      if (p0 + m + 1 < pixels && ++ox == ow) ox = 0, ++oy;
     }
     DirectTile tile{src, pixel.data(), taps_.data(), int64_t(taps_.size()),
                     depthwise ? 1 : cp_ / 4, nullptr, nullptr, nullptr, nullptr, oc,
