@@ -87,11 +87,32 @@ void to_channels_last(const uint8_t* x, bool x_channels_last, int64_t c, int64_t
                       uint8_t* dst) {
   const uint8_t mask = flip ? 0x80 : 0;
   const int64_t cg = c / group, cs = stride, quads = (c + 3) / 4;
-  if (x_channels_last && group == 1 && !split && stride >= 4 * quads) {
-    // Whole 4-byte quads (the direct convolution rounds its channels up to 4): the last
-    // may take the next pixel's first channels, which meet zero weights there; none reads
-    // past the image (its last pixels go byte by byte).
-    const uint32_t mask4 = flip ? 0x80808080u : 0;
+  const uint32_t mask4 = flip ? 0x80808080u : 0;
+  // Whole 4-byte quads where the destination has room (the direct convolution rounds its
+  // channels up to 4): channels past c, which meet zero weights there, take the next
+  // pixel's first ones (NHWC; none reads past the image: its last pixels go byte by byte)
+  // or zeros (NCHW, four planes interleaved: a quarter of the stores).
+  const bool whole_quads = group == 1 && !split && stride >= 4 * quads;
+  if (!x_channels_last && whole_quads) {
+    static constexpr uint8_t zeros[64] = {};
+    for (int64_t p0 = b; p0 < e; p0 += 64) {
+      const int64_t pn = std::min<int64_t>(64, e - p0);
+      for (int64_t q = 0; q < quads; ++q) {
+        const uint8_t* plane[4];
+        for (int64_t i = 0; i < 4; ++i)
+          plane[i] = 4 * q + i < c ? x + (4 * q + i) * pixels + p0 : zeros;
+        uint8_t* out = dst + (p0 - b) * cs + 4 * q;
+        for (int64_t j = 0; j < pn; ++j) {
+          const uint32_t v = (uint32_t(plane[0][j]) | uint32_t(plane[1][j]) << 8 |
+                              uint32_t(plane[2][j]) << 16 | uint32_t(plane[3][j]) << 24) ^
+                             mask4;
+          std::memcpy(out + j * cs, &v, 4);
+        }
+      }
+    }
+    return;
+  }
+  if (x_channels_last && whole_quads) {
     for (int64_t p = b; p < e; ++p) {
       const uint8_t* src = x + p * c;
       uint8_t* out = dst + (p - b) * cs;
@@ -801,7 +822,18 @@ void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels
   const uint8_t* src = x;
   if (!x_channels_last || flip || padded || cp_ != c) {
     uint8_t* buf = piece<uint8_t>(scratch, src_at_);
-    if (padded || cp_ != c) std::memset(buf, zp, size_t(hp_ * wp_ * cp_));
+    // The zero point around the image (and, where channels are rounded up, everywhere).
+    if (cp_ != c) {
+      std::memset(buf, zp, size_t(hp_ * wp_ * cp_));
+    } else if (padded) {
+      const int64_t row = wp_ * cp_, top = g_.pad_l[0], left = g_.pad_l[1] * cp_;
+      std::memset(buf, zp, size_t(top * row));
+      std::memset(buf + (top + ih) * row, zp, size_t((hp_ - top - ih) * row));
+      for (int64_t r = top; r < top + ih; ++r) {
+        std::memset(buf + r * row, zp, size_t(left));
+        std::memset(buf + r * row + left + iw * cp_, zp, size_t(row - left - iw * cp_));
+      }
+    }
     parallel_items(ctx, ih, iw * c, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
         to_channels_last(x, x_channels_last, c, ih * iw, r * iw, (r + 1) * iw, 1, flip, false, cp_,
