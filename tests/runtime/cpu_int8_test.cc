@@ -302,7 +302,17 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // batches, a 1x1 convolution with strides, a source copied from NCHW
       {{2, 20, 9, 10}, 36, 1, 1, DType::u8, DType::i8, DType::u8, true, true, {2, 2}},
       // dilations and uneven padding, an int8 source, uint8 weights (zero point 128)
-      {{1, 7, 12, 12}, 24, 3, 1, DType::i8, DType::u8, DType::i8, false, true, {1, 1}, {2, 2},
+      {{1, 7, 12, 12},
+       24,
+       3,
+       1,
+       DType::i8,
+       DType::u8,
+       DType::i8,
+       false,
+       true,
+       {1, 1},
+       {2, 2},
        {2, 1, 2, 3}},
       // one output channel; a padded 5x5 with stride 3
       {{1, 12, 6, 6}, 1, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
@@ -312,7 +322,17 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       {{1, 24, 1, 1}, 40, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
       // depthwise: channels past the last vector, strides, dilations, an int8 source
       {{1, 20, 13, 11}, 20, 5, 20, DType::i8, DType::i8, DType::u8, true, true, {2, 2}},
-      {{1, 40, 9, 10}, 40, 3, 40, DType::u8, DType::u8, DType::i8, false, true, {1, 1}, {2, 2},
+      {{1, 40, 9, 10},
+       40,
+       3,
+       40,
+       DType::u8,
+       DType::u8,
+       DType::i8,
+       false,
+       true,
+       {1, 1},
+       {2, 2},
        {2, 1, 2, 3}},
       {{1, 72, 3, 2}, 72, 3, 72, DType::u8, DType::i8, DType::u8, true, false},
   };
@@ -364,10 +384,10 @@ TEST(CpuInt8, ChainsOfQLinearConvsOfAnyWidthGiveRefsBytes) {
         Tensor bias(DType::i32, {oc});
         for (int64_t i = 0; i < oc; ++i) bias.data<int32_t>()[i] = int32_t(i * 131 - 700);
         b.initializer(y + "b", bias);
-        Node& n = b.node("QLinearConv",
-                         {x, y + "xs", y + "xz", y + "w", y + "ws", y + "wz", y + "ys", y + "yz",
-                          y + "b"},
-                         {y}, y);
+        Node& n = b.node(
+            "QLinearConv",
+            {x, y + "xs", y + "xz", y + "w", y + "ws", y + "wz", y + "ys", y + "yz", y + "b"}, {y},
+            y);
         n.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
       };
       qconv("x", "c1", DType::u8, t, 6, mid, 3, 21);

@@ -328,7 +328,7 @@ struct Requant512 {
   }
   // 16 sums (bias included) times their scales, as int32 lanes of the output's bytes.
   __attribute__((target("avx512f"), always_inline)) inline __m512i operator()(__m512i a,
-                                                                               __m512 scale) const {
+                                                                              __m512 scale) const {
     __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), scale);
     // Clamped (min/max: a NaN lane, which ends as 0 anyway, may take either bound) and
     // rounded half to even by the conversion itself (MXCSR's default, which the magic
@@ -371,7 +371,7 @@ struct Requant256 {
   }
   // The 8 output bytes, in the low half.
   __attribute__((target("avx2"), always_inline)) inline __m128i operator()(__m256i a,
-                                                                            __m256 scale) const {
+                                                                           __m256 scale) const {
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(a), scale);
     const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
@@ -517,8 +517,8 @@ class DirectConv {
   // Calls fn(tile, nr) for every block of output tiles [t0, t1) (nr: the block's vectors),
   // and applies out.table to their bytes.
   template <typename Fn>
-  void each_tile(const uint8_t* src, const int32_t* bias, const float* scale,
-                 const Int8Output& out, uint8_t* y, int64_t t0, int64_t t1, Fn&& fn) const;
+  void each_tile(const uint8_t* src, const int32_t* bias, const float* scale, const Int8Output& out,
+                 uint8_t* y, int64_t t0, int64_t t1, Fn&& fn) const;
 
   Int8Dot dot = Int8Dot::none;
   int lanes = 0, nr = 0, mr = 0;  // lanes per vector; vectors per block; pixels per tile
@@ -527,9 +527,9 @@ class DirectConv {
  private:
   ConvGeometry g_;
   int64_t cp_ = 0, hp_ = 0, wp_ = 0, ocp_ = 0;  // padded channels, height, width; lanes' channels
-  int64_t block_bytes_ = 0;                      // packed weight bytes per output channel
-  std::vector<int8_t> w_;                        // packed
-  std::vector<int32_t> wsum_;                    // sum(w) per output channel
+  int64_t block_bytes_ = 0;                     // packed weight bytes per output channel
+  std::vector<int8_t> w_;                       // packed
+  std::vector<int32_t> wsum_;                   // sum(w) per output channel
   std::vector<int64_t> taps_;
   size_t src_at_ = 0, bias_at_ = 0, scale_at_ = 0;
 };
@@ -548,9 +548,14 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
       pixel[size_t(m)] = (oy * g_.stride[0] * wp_ + ox * g_.stride[1]) * cp_;
       if (p0 + m + 1 < pixels && ++ox == ow) ox = 0, ++oy;
     }
-    DirectTile tile{src, pixel.data(), taps_.data(), int64_t(taps_.size()),
-                    depthwise ? 1 : cp_ / 4, nullptr, nullptr, nullptr, nullptr, oc,
-                    int(t * mr - p0), int(std::min<int64_t>(mr, pixels - p0)), 0};
+    DirectTile tile{};
+    tile.pixel = pixel.data();
+    tile.tap = taps_.data();
+    tile.taps = int64_t(taps_.size());
+    tile.quads = depthwise ? 1 : cp_ / 4;
+    tile.ldy = oc;
+    tile.first = int(t * mr - p0);
+    tile.last = int(std::min<int64_t>(mr, pixels - p0));
     for (int64_t c0 = 0; c0 < oc; c0 += block) {
       tile.src = src + (depthwise ? c0 : 0);
       tile.w = w_.data() + c0 * block_bytes_;
@@ -704,9 +709,9 @@ SLIM_VNNI256 void depthwise_tile_avx2(const DirectTile& t, const Requant256& req
 // Tiles [t0, t1) at AVX-512 VNNI and at AVX-VNNI: the layer's tile height mr goes with
 // its widest block (pixels x vectors: 6 x 4, 8 x 3, 12 x 2 or 12 x 1 at AVX-512; 4 x 3,
 // 6 x 2 or 12 x 1 at AVX2), a narrower last block keeps it.
-#define SLIM_DIRECT_CASE(isa, NR, MR)                                           \
-  case MR * 10 + NR:                                                            \
-    return d.depthwise ? depthwise_tile_##isa<NR, MR>(t, requant)               \
+#define SLIM_DIRECT_CASE(isa, NR, MR)                             \
+  case MR * 10 + NR:                                              \
+    return d.depthwise ? depthwise_tile_##isa<NR, MR>(t, requant) \
                        : direct_tile_##isa<NR, MR>(t, requant);
 SLIM_VNNI512 void direct_tiles_avx512(const DirectConv& d, const uint8_t* src, const int32_t* bias,
                                       const float* scale, const Int8Output& out, uint8_t* y,
@@ -722,7 +727,8 @@ SLIM_VNNI512 void direct_tiles_avx512(const DirectConv& d, const uint8_t* src, c
       SLIM_DIRECT_CASE(avx512, 2, 8)
       SLIM_DIRECT_CASE(avx512, 1, 8)
       SLIM_DIRECT_CASE(avx512, 2, 12)
-      default: SLIM_DIRECT_CASE(avx512, 1, 12)
+      default:
+        SLIM_DIRECT_CASE(avx512, 1, 12)
     }
   });
 }
@@ -736,7 +742,8 @@ SLIM_VNNI256 void direct_tiles_avx2(const DirectConv& d, const uint8_t* src, con
       SLIM_DIRECT_CASE(avx2, 3, 4)
       SLIM_DIRECT_CASE(avx2, 2, 6)
       SLIM_DIRECT_CASE(avx2, 1, 6)
-      default: SLIM_DIRECT_CASE(avx2, 1, 12)
+      default:
+        SLIM_DIRECT_CASE(avx2, 1, 12)
     }
   });
 }
@@ -806,8 +813,7 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
 }
 
 void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels_last, bool flip,
-                     int32_t x_zero_point, const Int8Output& out, uint8_t* y,
-                     void* scratch) const {
+                     int32_t x_zero_point, const Int8Output& out, uint8_t* y, void* scratch) const {
 #if defined(__x86_64__)
   const int64_t c = g_.x[1], ih = g_.x[2], iw = g_.x[3], oc = g_.y[1];
   const int32_t zp = flip ? x_zero_point + 128 : x_zero_point;
@@ -968,8 +974,7 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   const bool one_by_one = g.w[2] == 1 && g.w[3] == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
                           g.pad_l[0] == 0 && g.pad_l[1] == 0 && g.pad_r[0] == 0 &&
                           g.pad_r[1] == 0 && group == 1;
-  if (!s.direct && one_by_one && !s.pw.any_comp && bytes && g.x[2] == g.y[2] &&
-      g.x[3] == g.y[3]) {
+  if (!s.direct && one_by_one && !s.pw.any_comp && bytes && g.x[2] == g.y[2] && g.x[3] == g.y[3]) {
     const int64_t row = g.y[3] * oc * 4;
     for (int64_t r = g.y[2] - 1; r >= 1; --r)
       if (g.y[2] % r == 0 && r * row <= (int64_t(512) << 10)) {
@@ -1083,7 +1088,8 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
     if (s.direct) {
       uint8_t* y = static_cast<uint8_t*>(out.bytes) + at;
       uint8_t* bytes_to = out.channels_last ? y : piece<uint8_t>(scratch, s.bytes_at);
-      s.direct->run(ctx, xi, x_channels_last, s.signed_source, x_zero_point, out, bytes_to, scratch);
+      s.direct->run(ctx, xi, x_channels_last, s.signed_source, x_zero_point, out, bytes_to,
+                    scratch);
       if (!out.channels_last) to_nchw(bytes_to, y);
       continue;
     }
