@@ -482,9 +482,9 @@ T* piece(void* scratch, size_t offset) {
 // at AVX2), zeros past the last channel. A tile of mr consecutive output pixels (raster
 // order) times one block accumulates in registers: one vpdpbusd per 4 input channels,
 // pixel and vector, the pixel's 4 bytes broadcast, against weights [tap][cp / 4][block
-// lanes][4]; depthwise, one vpdpwssd per tap, pixel and vector, the block's bytes widened
-// to int32 (x as the int16 pair (x, 0)) against weights [tap][block lanes] as pairs
-// (w, 0). sum(x * w) - x_zp * sum(w) + bias is the sum oneDNN computes plus the bias,
+// lanes][4]; depthwise, one vpdpbusd per tap, pixel and vector, the block's bytes widened
+// to int32 lanes (x, 0, 0, 0) against weights (w, 0, 0, 0) (vpdpwssd on int16 pairs, the
+// same count, had GCC 12 keep the sums on the stack: 2.5x slower). sum(x * w) - x_zp * sum(w) + bias is the sum oneDNN computes plus the bias,
 // requantized in registers as requantize_rows does (the same operations, so the same
 // bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
 // end (or at 0, its extra pixels repeating the last) and stores only its new pixels.
@@ -494,7 +494,7 @@ struct DirectTile {
   const uint8_t* src;    // the (padded) source image (depthwise: at the block's channel)
   const int64_t* pixel;  // mr offsets in src: each output pixel's first tap
   const int64_t* tap;    // the taps' offsets from there
-  int64_t taps, quads;   // taps; channel quads (cp / 4; depthwise: 1)
+  int64_t taps, quads;   // taps; channel quads (cp / 4; depthwise: the kernel's width)
   const int8_t* w;       // the block's packed weights
   const int32_t* bias;   // the block's bias - x_zp * sum(w), one per lane
   const float* scale;    // the block's scales, one per lane
@@ -553,7 +553,7 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
     tile.pixel = pixel.data();
     tile.tap = taps_.data();
     tile.taps = int64_t(taps_.size());
-    tile.quads = depthwise ? 1 : cp_ / 4;
+    tile.quads = depthwise ? g_.w[3] : cp_ / 4;
     tile.ldy = oc;
     tile.first = int(t * mr - p0);
     tile.last = int(std::min<int64_t>(mr, pixels - p0));
@@ -626,16 +626,20 @@ SLIM_VNNI512 void depthwise_tile_avx512(const DirectTile& t, const Requant512& r
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_si512();
   const int8_t* w = t.w;
-  for (int64_t a = 0; a < t.taps; ++a, w += NR * 64) {
-    const uint8_t* s = t.src + t.tap[a];
-    __m512i wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * 64);
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NR; ++j) {
-        const __m512i x = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 16 * j)));
-        acc[m][j] = _mm512_dpwssd_epi32(acc[m][j], x, wv[j]);
-      }
+  // Kernel rows, then their taps: with one loop over all taps GCC 12 kept the sums on the
+  // stack (2.5x slower).
+  for (int64_t r = 0; r < t.taps; r += t.quads) {
+    for (int64_t a = r; a < r + t.quads; ++a, w += NR * 64) {
+      const uint8_t* s = t.src + t.tap[a];
+      __m512i wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * 64);
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NR; ++j) {
+          const __m512i x = _mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 16 * j)));
+          acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], x, wv[j]);
+        }
+    }
   }
   store_tile_avx512<NR, MR>(t, requant, acc);
 }
@@ -692,17 +696,19 @@ SLIM_VNNI256 void depthwise_tile_avx2(const DirectTile& t, const Requant256& req
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm256_setzero_si256();
   const int8_t* w = t.w;
-  for (int64_t a = 0; a < t.taps; ++a, w += NR * 32) {
-    const uint8_t* s = t.src + t.tap[a];
-    __m256i wv[NR];
-    for (int j = 0; j < NR; ++j)
-      wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 32));
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NR; ++j) {
-        const __m256i x = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 8 * j)));
-        acc[m][j] = _mm256_dpwssd_avx_epi32(acc[m][j], x, wv[j]);
-      }
+  for (int64_t r = 0; r < t.taps; r += t.quads) {  // as depthwise_tile_avx512
+    for (int64_t a = r; a < r + t.quads; ++a, w += NR * 32) {
+      const uint8_t* s = t.src + t.tap[a];
+      __m256i wv[NR];
+      for (int j = 0; j < NR; ++j)
+        wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 32));
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NR; ++j) {
+          const __m256i x = _mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 8 * j)));
+          acc[m][j] = _mm256_dpbusd_avx_epi32(acc[m][j], x, wv[j]);
+        }
+    }
   }
   store_tile_avx2<NR, MR>(t, requant, acc);
 }
@@ -785,7 +791,7 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     for (int64_t t = 0; t < kw; ++t)
       d->taps_.push_back((a * (g.dil[0] + 1) * d->wp_ + t * (g.dil[1] + 1)) * d->cp_);
   // Block by block (the last one's vectors only): [tap][quad][lane][4] bytes, or
-  // depthwise [tap][lane] int16 pairs (w, 0).
+  // depthwise [tap][lane][4] as (w, 0, 0, 0).
   const int64_t taps = kh * kw, block = int64_t(d->nr) * d->lanes, kin = depthwise ? 1 : c;
   d->block_bytes_ = taps * (depthwise ? 4 : d->cp_);
   d->w_.assign(size_t(d->ocp_ * d->block_bytes_), 0);
@@ -799,8 +805,7 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
           const int8_t v = w8[size_t(((c0 + j) * kin + k) * taps + a)];
           d->wsum_[size_t(c0 + j)] += v;
           if (depthwise) {
-            const int32_t pair = uint16_t(int16_t(v));
-            std::memcpy(to + (a * width + j) * 4, &pair, 4);
+            to[(a * width + j) * 4] = v;
           } else {
             to[((a * d->cp_ / 4 + k / 4) * width + j) * 4 + k % 4] = v;
           }
