@@ -300,7 +300,7 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // blocks of 4 vectors and a narrower last one, strides, channels not a multiple of 4
       {{1, 5, 11, 13}, 70, 3, 1, DType::u8, DType::i8, DType::u8, true, true, {2, 2}},
       // batches, a 1x1 convolution with strides, a source copied from NCHW
-      {{2, 20, 9, 10}, 36, 1, 1, DType::u8, DType::i8, DType::u8, true, true, {2, 2}},
+      {{2, 36, 9, 10}, 36, 1, 1, DType::u8, DType::i8, DType::u8, true, true, {2, 2}},
       // dilations and uneven padding, an int8 source, uint8 weights (zero point 128)
       {{1, 7, 12, 12},
        24,
@@ -314,13 +314,13 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
        {1, 1},
        {2, 2},
        {2, 1, 2, 3}},
-      // one output channel; a padded 5x5 with stride 3
+      // one output channel (oneDNN's kernel); a padded 5x5 with stride 3
       {{1, 12, 6, 6}, 1, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
       {{1, 16, 14, 9}, 48, 5, 1, DType::u8, DType::i8, DType::u8, true, false, {3, 3}},
       // fewer output pixels than a tile (SE's 1x1 convolutions on [N, C, 1, 1])
       {{1, 8, 2, 2}, 16, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
-      {{1, 24, 1, 1}, 40, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
-      // depthwise: channels past the last vector, strides, dilations, an int8 source
+      {{1, 40, 1, 1}, 24, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
+      // depthwise (oneDNN's kernels): strides, dilations, an int8 source
       {{1, 20, 13, 11}, 20, 5, 20, DType::i8, DType::i8, DType::u8, true, true, {2, 2}},
       {{1, 40, 9, 10},
        40,
@@ -369,10 +369,10 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
 }
 
 // QLinearConvs hand each other channels-last bytes: the direct kernel reads them as they
-// are (unsigned, channels in quads, no padding) or copies them (int8, 5 channels, padded).
+// are (unsigned, channels in quads, no padding) or copies them (int8, 37 channels, padded).
 TEST(CpuInt8, ChainsOfQLinearConvsOfAnyWidthGiveRefsBytes) {
   for (DType t : {DType::u8, DType::i8})
-    for (int64_t mid : {5, 8}) {
+    for (int64_t mid : {37, 40}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::to_string(mid) + " channels");
       const Shape xs = {1, 6, 10, 11};
       ModelBuilder b(13);
@@ -392,7 +392,7 @@ TEST(CpuInt8, ChainsOfQLinearConvsOfAnyWidthGiveRefsBytes) {
       };
       qconv("x", "c1", DType::u8, t, 6, mid, 3, 21);
       qconv("c1", "c2", t, t, mid, 12, 1, 22);
-      qconv("c2", "y", t, DType::u8, 12, 7, 3, 23);
+      qconv("c2", "y", t, DType::u8, 12, 9, 3, 23);
       expect_matches_ref(b.build(), {{"x", extreme_8bit(DType::u8, xs, 24)}}, "c2", "cpu", 0, 0);
     }
 }

@@ -467,34 +467,30 @@ T* piece(void* scratch, size_t offset) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The direct convolution: slim's own kernel for requantized convolutions of one group or
-// depthwise ones whose weights need no compensation, where vpdpbusd sums u8 x s8 products
-// exactly (int8_dot). oneDNN 2.6's 8-bit kernels at AVX2 and each call's set-up, and its
-// depthwise kernels' int32 sums written out and read back, had left PP-OCR's detector
-// only 1.39x faster than f32 at AVX2 with AVX-VNNI.
+// The direct convolution: slim's own kernel for requantized convolutions of one group
+// whose weights need no compensation, where vpdpbusd sums u8 x s8 products exactly
+// (int8_dot). oneDNN 2.6's 8-bit kernels at AVX2 and each call's set-up had left PP-OCR's
+// detector only 1.39x faster than f32 at AVX2 with AVX-VNNI.
 //
-// The source is unsigned NHWC bytes, cp bytes per pixel (the channels rounded up to 4, or
-// to a vector's lanes when depthwise), with the padding around the image: where it arrives
-// otherwise (NCHW, int8, padded, channels not rounded) it is copied into such a buffer
-// first, the padding and the extra channels filled with the zero point, so that (x - x_zp)
-// is 0 there (padding adds nothing, as in ONNX Runtime; the extra channels' weights are 0).
-// The weights are packed once per block of output channels (up to 4 vectors at AVX-512, 2
-// at AVX2), zeros past the last channel. A tile of mr consecutive output pixels (raster
-// order) times one block accumulates in registers: one vpdpbusd per 4 input channels,
-// pixel and vector, the pixel's 4 bytes broadcast, against weights [tap][cp / 4][block
-// lanes][4]; depthwise, one vpdpbusd per tap, pixel and vector, the block's bytes widened
-// to int32 lanes (x, 0, 0, 0) against weights (w, 0, 0, 0) (vpdpwssd on int16 pairs, the
-// same count, had GCC 12 keep the sums on the stack: 2.5x slower). sum(x * w) - x_zp * sum(w) + bias is the sum oneDNN computes plus the bias,
-// requantized in registers as requantize_rows does (the same operations, so the same
-// bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
+// The source is unsigned NHWC bytes, cp (the channels rounded up to 4) bytes per pixel,
+// with the padding around the image: where it arrives otherwise (NCHW, int8, padded,
+// channels not a multiple of 4) it is copied into such a buffer first, the padding and
+// the extra channels filled with the zero point, so that (x - x_zp) is 0 there (padding
+// adds nothing, as in ONNX Runtime; the extra channels' weights are 0). The weights are
+// packed once per block of output channels (up to 4 vectors at AVX-512, 2 or 3 at AVX2),
+// [tap][cp / 4][block lanes][4], zeros past the last channel. A tile of mr consecutive
+// output pixels (raster order) times one block accumulates in registers: one vpdpbusd per
+// 4 input channels, pixel and vector, the pixel's 4 bytes broadcast. sum(x * w) - x_zp *
+// sum(w) + bias is the sum oneDNN computes plus the bias, requantized in registers as
+// requantize_rows does (the same operations, so the same bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
 // end (or at 0, its extra pixels repeating the last) and stores only its new pixels.
 
 // What one tile call reads and writes.
 struct DirectTile {
-  const uint8_t* src;    // the (padded) source image (depthwise: at the block's channel)
+  const uint8_t* src;    // the (padded) source image
   const int64_t* pixel;  // mr offsets in src: each output pixel's first tap
   const int64_t* tap;    // the taps' offsets from there
-  int64_t taps, quads;   // taps; channel quads (cp / 4; depthwise: the kernel's width)
+  int64_t taps, quads;   // taps; channel quads (cp / 4)
   const int8_t* w;       // the block's packed weights
   const int32_t* bias;   // the block's bias - x_zp * sum(w), one per lane
   const float* scale;    // the block's scales, one per lane
@@ -506,9 +502,8 @@ struct DirectTile {
 
 class DirectConv {
  public:
-  // The kernel for g, or none where it does not run (no vpdpbusd; groups other than
-  // depthwise; fewer than 4 input channels). w8: the weights [oc, c / group, kh, kw] as
-  // oneDNN would take them.
+  // The kernel for g, or none where it does not run (see make). w8: the weights
+  // [oc, c, kh, kw] as oneDNN would take them.
   static std::unique_ptr<DirectConv> make(const ConvGeometry& g, const std::vector<int8_t>& w8,
                                           Int8Dot dot, ScratchLayout& layout);
   // One image: x (NCHW, or NHWC when x_channels_last; int8 when flip) into y (NHWC bytes).
@@ -523,12 +518,10 @@ class DirectConv {
 
   Int8Dot dot = Int8Dot::none;
   int lanes = 0, nr = 0, mr = 0;  // lanes per vector; vectors per block; pixels per tile
-  bool depthwise = false;
 
  private:
   ConvGeometry g_;
   int64_t cp_ = 0, hp_ = 0, wp_ = 0, ocp_ = 0;  // padded channels, height, width; lanes' channels
-  int64_t block_bytes_ = 0;                     // packed weight bytes per output channel
   std::vector<int8_t> w_;                       // packed
   std::vector<int32_t> wsum_;                   // sum(w) per output channel
   std::vector<int64_t> taps_;
@@ -553,13 +546,13 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
     tile.pixel = pixel.data();
     tile.tap = taps_.data();
     tile.taps = int64_t(taps_.size());
-    tile.quads = depthwise ? g_.w[3] : cp_ / 4;
+    tile.quads = cp_ / 4;
     tile.ldy = oc;
     tile.first = int(t * mr - p0);
     tile.last = int(std::min<int64_t>(mr, pixels - p0));
     for (int64_t c0 = 0; c0 < oc; c0 += block) {
-      tile.src = src + (depthwise ? c0 : 0);
-      tile.w = w_.data() + c0 * block_bytes_;
+      tile.src = src;
+      tile.w = w_.data() + c0 * tile.taps * cp_;
       tile.bias = bias + c0;
       tile.scale = scale + c0;
       tile.y = y + p0 * oc + c0;
@@ -620,30 +613,6 @@ SLIM_VNNI512 void direct_tile_avx512(const DirectTile& t, const Requant512& requ
   store_tile_avx512<NR, MR>(t, requant, acc);
 }
 
-template <int NR, int MR>
-SLIM_VNNI512 void depthwise_tile_avx512(const DirectTile& t, const Requant512& requant) {
-  __m512i acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_si512();
-  const int8_t* w = t.w;
-  // Kernel rows, then their taps: with one loop over all taps GCC 12 kept the sums on the
-  // stack (2.5x slower).
-  for (int64_t r = 0; r < t.taps; r += t.quads) {
-    for (int64_t a = r; a < r + t.quads; ++a, w += NR * 64) {
-      const uint8_t* s = t.src + t.tap[a];
-      __m512i wv[NR];
-      for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * 64);
-      for (int m = 0; m < MR; ++m)
-        for (int j = 0; j < NR; ++j) {
-          const __m512i x = _mm512_cvtepu8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 16 * j)));
-          acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], x, wv[j]);
-        }
-    }
-  }
-  store_tile_avx512<NR, MR>(t, requant, acc);
-}
-
 // NR vectors of 8 output channels x MR pixels (NR * MR <= 12 of the 16 ymm registers).
 template <int NR, int MR>
 SLIM_VNNI256 inline __attribute__((always_inline)) void store_tile_avx2(
@@ -690,36 +659,12 @@ SLIM_VNNI256 void direct_tile_avx2(const DirectTile& t, const Requant256& requan
   store_tile_avx2<NR, MR>(t, requant, acc);
 }
 
-template <int NR, int MR>
-SLIM_VNNI256 void depthwise_tile_avx2(const DirectTile& t, const Requant256& requant) {
-  __m256i acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) acc[m][j] = _mm256_setzero_si256();
-  const int8_t* w = t.w;
-  for (int64_t r = 0; r < t.taps; r += t.quads) {  // as depthwise_tile_avx512
-    for (int64_t a = r; a < r + t.quads; ++a, w += NR * 32) {
-      const uint8_t* s = t.src + t.tap[a];
-      __m256i wv[NR];
-      for (int j = 0; j < NR; ++j)
-        wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 32));
-      for (int m = 0; m < MR; ++m)
-        for (int j = 0; j < NR; ++j) {
-          const __m256i x = _mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + t.pixel[m] + 8 * j)));
-          acc[m][j] = _mm256_dpbusd_avx_epi32(acc[m][j], x, wv[j]);
-        }
-    }
-  }
-  store_tile_avx2<NR, MR>(t, requant, acc);
-}
-
 // Tiles [t0, t1) at AVX-512 VNNI and at AVX-VNNI: the layer's tile height mr goes with
 // its widest block (pixels x vectors: 6 x 4, 8 x 3, 12 x 2 or 12 x 1 at AVX-512; 4 x 3,
 // 6 x 2 or 12 x 1 at AVX2), a narrower last block keeps it.
-#define SLIM_DIRECT_CASE(isa, NR, MR)                             \
-  case MR * 10 + NR:                                              \
-    return d.depthwise ? depthwise_tile_##isa<NR, MR>(t, requant) \
-                       : direct_tile_##isa<NR, MR>(t, requant);
+#define SLIM_DIRECT_CASE(isa, NR, MR) \
+  case MR * 10 + NR:                  \
+    return direct_tile_##isa<NR, MR>(t, requant);
 SLIM_VNNI512 void direct_tiles_avx512(const DirectConv& d, const uint8_t* src, const int32_t* bias,
                                       const float* scale, const Int8Output& out, uint8_t* y,
                                       int64_t t0, int64_t t1) {
@@ -761,16 +706,17 @@ SLIM_VNNI256 void direct_tiles_avx2(const DirectConv& d, const uint8_t* src, con
 std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::vector<int8_t>& w8,
                                              Int8Dot dot, ScratchLayout& layout) {
 #if defined(__x86_64__)
-  const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3];
-  const bool depthwise = g.group == c && oc == c && c > 1;
-  if (dot == Int8Dot::none || (g.group != 1 && !depthwise)) return nullptr;
-  // Under 4 channels (an image's 3) a quarter of each vpdpbusd would multiply padding and
-  // the whole source be copied to pad it: oneDNN's kernel was 10-25% faster there.
-  if (!depthwise && c < 4) return nullptr;
-  if (dot == Int8Dot::amx && (depthwise ? 1 : c) * kh * kw >= 64) return nullptr;
+  const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3], k = c * kh * kw;
+  if (dot == Int8Dot::none || g.group != 1) return nullptr;
+  // Under 32 bytes summed per output (PP-OCR's first 3x3 of 3 channels, 1x1 ones of 12-24)
+  // or 8 output channels (a 1x1 of 4) the requantization and the source's copy outweigh
+  // the products, and oneDNN's kernels were 10-60% faster (up to 3x at 4 channels).
+  // Depthwise convolutions stay there too: a kernel of vpdpbusd on bytes widened to int32
+  // lanes was 10-40% slower than oneDNN's on the detector's 16-32 channels.
+  if (k < 32 || oc < 8) return nullptr;
+  if (dot == Int8Dot::amx && k >= 64) return nullptr;
   auto d = std::make_unique<DirectConv>();
   d->dot = dot;
-  d->depthwise = depthwise;
   d->lanes = dot == Int8Dot::avx_vnni ? 8 : 16;
   const int64_t vectors = (oc + d->lanes - 1) / d->lanes;
   if (d->lanes == 16) {
@@ -783,32 +729,26 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     d->mr = d->nr == 3 ? 4 : d->nr == 2 ? 6 : 12;
   }
   d->g_ = g;
-  d->cp_ = depthwise ? vectors * d->lanes : (c + 3) / 4 * 4;
+  d->cp_ = (c + 3) / 4 * 4;
   d->hp_ = g.x[2] + g.pad_l[0] + g.pad_r[0];
   d->wp_ = g.x[3] + g.pad_l[1] + g.pad_r[1];
   d->ocp_ = vectors * d->lanes;
   for (int64_t a = 0; a < kh; ++a)
     for (int64_t t = 0; t < kw; ++t)
       d->taps_.push_back((a * (g.dil[0] + 1) * d->wp_ + t * (g.dil[1] + 1)) * d->cp_);
-  // Block by block (the last one's vectors only): [tap][quad][lane][4] bytes, or
-  // depthwise [tap][lane][4] as (w, 0, 0, 0).
-  const int64_t taps = kh * kw, block = int64_t(d->nr) * d->lanes, kin = depthwise ? 1 : c;
-  d->block_bytes_ = taps * (depthwise ? 4 : d->cp_);
-  d->w_.assign(size_t(d->ocp_ * d->block_bytes_), 0);
+  // Block by block (the last one's vectors only): [tap][quad][lane][4].
+  const int64_t taps = kh * kw, block = int64_t(d->nr) * d->lanes;
+  d->w_.assign(size_t(d->ocp_ * taps * d->cp_), 0);
   d->wsum_.assign(size_t(d->ocp_), 0);
   for (int64_t c0 = 0; c0 < oc; c0 += block) {
     const int64_t width = std::min(block, d->ocp_ - c0);
-    int8_t* to = d->w_.data() + c0 * d->block_bytes_;
+    int8_t* to = d->w_.data() + c0 * taps * d->cp_;
     for (int64_t a = 0; a < taps; ++a)
-      for (int64_t k = 0; k < kin; ++k)
+      for (int64_t i = 0; i < c; ++i)
         for (int64_t j = 0; j < width && c0 + j < oc; ++j) {
-          const int8_t v = w8[size_t(((c0 + j) * kin + k) * taps + a)];
+          const int8_t v = w8[size_t(((c0 + j) * c + i) * taps + a)];
           d->wsum_[size_t(c0 + j)] += v;
-          if (depthwise) {
-            to[(a * width + j) * 4] = v;
-          } else {
-            to[((a * d->cp_ / 4 + k / 4) * width + j) * 4 + k % 4] = v;
-          }
+          to[((a * d->cp_ / 4 + i / 4) * width + j) * 4 + i % 4] = v;
         }
   }
   d->src_at_ = layout.add(size_t(d->hp_ * d->wp_ * d->cp_));

@@ -25,9 +25,8 @@ namespace slim::cpu {
 // oneDNN runs: AVX-512 VNNI (amx: with AMX tiles too), AVX-VNNI at AVX2 (unless
 // SLIM_AVX_VNNI=0), or none: oneDNN then multiplies with vpmaddubsw, whose int16 pair sums
 // saturate, and the weights are split. Where there is one, slim's direct convolution
-// (Int8Conv) runs requantized convolutions of one group and depthwise ones on it (with
-// AMX only those reducing fewer than 64 bytes per output, where AMX's tiles are mostly
-// padding).
+// (Int8Conv) runs requantized convolutions of one group on it (with AMX only those
+// reducing fewer than 64 bytes per output, where AMX's tiles are mostly padding).
 enum class Int8Dot { none, avx_vnni, avx512_vnni, amx };
 Int8Dot int8_dot();
 
