@@ -293,7 +293,8 @@ def markdown(results, meta):
              "|---|---|" + "---|" * (len(SETTINGS) + 1)]
     for r in results:
         cells = [r["settings"][label]["summary"] if label in r["settings"] else "-" for label, _ in SETTINGS]
-        extra = "; ".join(f"{label}: {r['settings'][label]['summary']}" for label, _ in EXTRA.get(r["name"], []))
+        extra = "; ".join(f"{label}: {r['settings'][label]['summary']}" for label, _ in EXTRA.get(r["name"], [])
+                          if label in r["settings"])
         held = f"{r['held']}" + (f" (float reads {100 * r['float_text_accuracy']:.1f}% of the lines right)"
                                  if "float_text_accuracy" in r else "")
         lines.append(f"| {r['name']} | {held} | " + " | ".join(cells) + f" | {extra} |")

@@ -477,8 +477,8 @@ TEST(CpuInt8, QdqConvolutionsAndMatMulBecomeQLinearOps) {
 
 // DequantizeLinear -> elementwise op -> QuantizeLinear stays on bytes (fuse_qdq_elementwise):
 // HardSwish written out (Add, Mul, Div, as PaddleOCR exports it) becomes one slim:QLookup,
-// the squeeze-excitation product with its [N, C, 1, 1] gate slim:QLinearMul, the residual
-// slim:QLinearAdd; every byte equals the unfused nodes' on ref.
+// the squeeze-excitation product with its [N, C, 1, 1] gate and the residual Add after it
+// slim:QLinearMulAdd; every byte equals the unfused nodes' on ref.
 TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
   for (DType t : {DType::u8, DType::i8}) {
     ModelBuilder b(13);
@@ -515,8 +515,9 @@ TEST(CpuInt8, QdqElementwiseChainsStayOnBytesExactly) {
       ++ops[a.op];
     }
     EXPECT_EQ(ops["slim:QLookup"], 2);  // HardSwish; HardSigmoid
-    EXPECT_EQ(ops["slim:QLinearMul"], 1);
-    EXPECT_EQ(ops["slim:QLinearAdd"], 1);
+    // The SE product and the residual Add after it (its only reader): one node.
+    EXPECT_EQ(ops["slim:QLinearMulAdd"], 1);
+    EXPECT_EQ(ops["slim:QLinearMul"] + ops["slim:QLinearAdd"], 0);
     EXPECT_EQ(ops["slim:QLinearGlobalAveragePool"], 1);
     EXPECT_EQ(ops["Mul"] + ops["Add"] + ops["Div"] + ops["HardSigmoid"] + ops["GlobalAveragePool"], 0);
     SessionOptions r;
@@ -557,6 +558,25 @@ TEST(CpuInt8, QLinearGlobalAveragePoolGivesRefsBytesExactly) {
     }
 }
 
+// The scale (v_s) and zero point (v_z) initializers of per-tensor bytes v of type t.
+void add_qparams(ModelBuilder& b, const std::string& v, DType t, float scale, int zp) {
+  b.initializer(v + "_s", Tensor::from_vector<float>({}, {scale}));
+  b.initializer(v + "_z", scalar_8bit(t, zp));
+}
+
+// QLinearConv x -> y, k x k with same padding, int8 weights with per-channel scales; the
+// bytes' parameters are x_s/x_z and y_s/y_z (add_qparams).
+void add_qconv(ModelBuilder& b, const std::string& x, const std::string& y, int64_t ic, int64_t oc,
+               int64_t k, uint64_t seed) {
+  b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
+  b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
+  b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
+  Node& c =
+      b.node("QLinearConv",
+             {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
+  c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+}
+
 // Between QLinearConvs the 8-bit chain stays channels-last and on bytes: residual Adds of
 // two channels-last inputs, an Add of a channels-last and a plain input, the SE product
 // with its [N, C, 1, 1] gate (whose result a graph output also reads: written plain),
@@ -570,10 +590,7 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     const Shape xs = {1, 8, 6, 10}, x2s = {1, 16, 6, 10};
     b.input("x", t, spec(xs)).input("x2", t, spec(x2s)).output("y").output("se_out");
     const int z0 = t == DType::u8 ? 128 : 0;
-    auto params = [&](const std::string& v, float s, int z) {
-      b.initializer(v + "_s", Tensor::from_vector<float>({}, {s}));
-      b.initializer(v + "_z", scalar_8bit(t, z));
-    };
+    auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
     std::set<std::string> dequantized;
     auto dq = [&](const std::string& v) {
       if (dequantized.insert(v).second)
@@ -584,22 +601,12 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
       b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
       return v;
     };
-    auto qconv = [&](const std::string& x, const std::string& y, int64_t ic, int64_t oc, int64_t k,
-                     uint64_t seed) {
-      b.initializer(y + "_w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
-      b.initializer(y + "_ws", random_f32({oc}, seed + 1, 0.0005f, 0.002f));
-      b.initializer(y + "_wz", Tensor(DType::i8, {oc}));
-      Node& c =
-          b.node("QLinearConv",
-                 {x, x + "_s", x + "_z", y + "_w", y + "_ws", y + "_wz", y + "_s", y + "_z"}, {y});
-      c.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
-    };
     params("x", 0.031f, z0 - 3);
     params("x2", 0.05f, z0 + 11);
     params("c1", 0.09f, z0 - 40);
     params("c2", 0.07f, z0 + 20);
-    qconv("x", "c1", 8, 16, 3, 41);
-    qconv("x", "c2", 8, 16, 1, 43);
+    add_qconv(b, "x", "c1", 8, 16, 3, 41);
+    add_qconv(b, "x", "c2", 8, 16, 1, 43);
     params("a", 0.12f, z0 - 10);
     b.node("Add", {dq("c1"), dq("c2")}, {"a_f"});
     q("a_f", "a");  // both inputs channels-last
@@ -627,7 +634,7 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     b.node("Concat", {dq("r1"), dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
     q("cat_f", "cat");
     params("y", 0.3f, z0 + 1);
-    qconv("cat", "y", 32, 5, 1, 47);
+    add_qconv(b, "cat", "y", 32, 5, 1, 47);
     const Model m = b.build();
     const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}, {"x2", extreme_8bit(t, x2s, 52)}};
     SessionOptions o;
@@ -638,7 +645,9 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
       EXPECT_EQ(a.provider, "cpu") << a.node;
       ++ops[a.op];
     }
-    EXPECT_EQ(ops["slim:QLinearAdd"], 2);
+    // The residual Add of c1 (c1's only reader) folded into it (fuse_residual_qlinear_add).
+    EXPECT_EQ(ops["slim:QLinearAdd"], 1);
+    EXPECT_EQ(ops["slim:QLinearConvAdd"], 1);
     EXPECT_EQ(ops["slim:QLinearMul"], 1);
     EXPECT_EQ(ops["Resize"], 2);
     EXPECT_EQ(ops["Concat"], 1);
@@ -832,6 +841,283 @@ TEST(CpuInt8, QLinearConvWithItsActivationTableGivesRefsBytes) {
             << name << " " << i;
     }
   }
+}
+
+// The ops of the cpu session (every node on cpu), and its outputs against the unoptimized
+// graph's on ref: the same bytes.
+std::map<std::string, int> cpu_ops(const Session& s) {
+  std::map<std::string, int> ops;
+  for (const auto& a : s.partition()) {
+    EXPECT_EQ(a.provider, "cpu") << a.node;
+    ++ops[a.op];
+  }
+  return ops;
+}
+
+void expect_bytes_of_ref(const Model& m, const TensorMap& in, Session& fast) {
+  SessionOptions r;
+  r.providers = {"ref"};
+  r.optimize = false;
+  const TensorMap got = fast.run(in), want = Session::compile(m, r)->run(in);
+  for (const auto& [name, w] : want) {
+    const Tensor& g = got.at(name);
+    ASSERT_EQ(g.shape(), w.shape()) << name;
+    ASSERT_EQ(g.dtype(), w.dtype()) << name;
+    for (int64_t i = 0; i < g.numel(); ++i)
+      ASSERT_EQ(static_cast<const uint8_t*>(g.raw_data())[i],
+                static_cast<const uint8_t*>(w.raw_data())[i])
+          << name << " " << i;
+  }
+}
+
+// DQ(v) -> Neg -> Q into graph output y at v's scale and the mirrored zero point: a
+// bijection of the bytes (a slim:QLookup that reads them channels-last and writes y NCHW),
+// so every byte of v reaches the comparison unchanged in information.
+void negate_to_output(ModelBuilder& b, const std::string& v, DType t, float scale, int zp,
+                      const std::string& y) {
+  add_qparams(b, y, t, scale, t == DType::u8 ? 255 - zp : -1 - zp);
+  b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_negf"});
+  b.node("Neg", {v + "_negf"}, {y + "_f"});
+  b.node("QuantizeLinear", {y + "_f", y + "_s", y + "_z"}, {y});
+}
+
+// DequantizeLinear -> MaxPool -> QuantizeLinear becomes a MaxPool of the bytes
+// (fuse_qdq_movement): at equal scales and zero points alone, else with the requantizing
+// table after it (bytes of a graph input) or folded into the QLinearConv before it. Pads,
+// strides, dilations and ceil_mode; 13 channels (a masked AVX-512 tail); channels-last from
+// a QLinearConv and on (to a table's slim:QLookup, which writes NCHW), and NCHW (a graph
+// input, or a graph output also reading the pool).
+TEST(CpuInt8, QdqMaxPoolRunsOnBytesExactly) {
+  struct Pool {
+    Shape k, strides, dilations, pads;
+    int64_t ceil = 0;
+  };
+  const std::vector<Pool> pools = {{{3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1},
+                                   {{2, 2}, {2, 2}, {1, 1}, {0, 0, 0, 0}, 0},
+                                   {{3, 2}, {1, 1}, {2, 1}, {1, 0, 2, 1}, 0}};
+  for (DType t : {DType::u8, DType::i8})
+    for (bool after_conv : {false, true})
+      for (bool requantize : {false, true})
+        for (size_t pi = 0; pi < pools.size(); ++pi) {
+          SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " conv" : "") +
+                       (requantize ? " requantized" : "") + " pool " + std::to_string(pi));
+          const Pool& pool = pools[pi];
+          const Shape xs = {2, 13, 9, 11};
+          ModelBuilder b(13);
+          b.input("x", t, spec(xs)).output("y");
+          // The pool's output also read by a graph output: written NCHW.
+          if (pi == 1) b.output("p_out");
+          const int z0 = t == DType::u8 ? 128 : 0;
+          auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
+          params("x", 0.031f, z0 - 3);
+          std::string src = "x";
+          if (after_conv) {
+            params("c", 0.09f, z0 - 40);
+            add_qconv(b, "x", "c", 13, 13, 3, 41);
+            src = "c";
+          }
+          if (requantize)
+            params("p", 0.07f, z0 + 9);
+          else
+            params("p", after_conv ? 0.09f : 0.031f, after_conv ? z0 - 40 : z0 - 3);
+          b.node("DequantizeLinear", {src, src + "_s", src + "_z"}, {"d"});
+          Node& mp = b.node("MaxPool", {"d"}, {"m"});
+          mp.attrs["kernel_shape"] = attr_ints(pool.k);
+          mp.attrs["strides"] = attr_ints(pool.strides);
+          mp.attrs["dilations"] = attr_ints(pool.dilations);
+          mp.attrs["pads"] = attr_ints(pool.pads);
+          mp.attrs["ceil_mode"] = attr_int(pool.ceil);
+          b.node("QuantizeLinear", {"m", "p_s", "p_z"}, {"p"});
+          if (pi == 1) b.node("Identity", {"p"}, {"p_out"});
+          if (requantize)
+            negate_to_output(b, "p", t, 0.07f, z0 + 9, "y");
+          else
+            negate_to_output(b, "p", t, after_conv ? 0.09f : 0.031f, after_conv ? z0 - 40 : z0 - 3,
+                             "y");
+          const Model m = b.build();
+          const TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
+          SessionOptions o;
+          o.providers = {"cpu", "ref"};
+          auto fast = Session::compile(m, o);
+          auto ops = cpu_ops(*fast);
+          EXPECT_EQ(ops["MaxPool"], 1);
+          EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+          EXPECT_EQ(ops["slim:QLookup"], requantize && !after_conv ? 2 : 1);  // and the Neg
+          EXPECT_EQ(ops["slim:QLinearConvLookup"], requantize && after_conv ? 1 : 0);
+          expect_bytes_of_ref(m, in, *fast);
+        }
+}
+
+// A QLinearConv (or its activation's slim:QLinearConvLookup) whose only reader is a residual
+// slim:QLinearAdd becomes slim:QLinearConvAdd (fuse_residual_qlinear_add): the Add in the
+// requantizing epilogue. The residual comes channels-last from another QLinearConv or NCHW
+// from a graph input; the sum goes on channels-last (to a table) or out NCHW; 13
+// channels, uint8 and int8, a 1x1 convolution over enough sums to run in bands; every
+// scale different. Ref's bytes of the unfused nodes.
+TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8})
+    for (bool residual_conv : {false, true})
+      for (bool relu : {false, true})
+        for (int64_t k : {1, 3}) {
+          SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") +
+                       (residual_conv ? " conv residual" : "") + (relu ? " relu" : "") +
+                       " kernel " + std::to_string(k));
+          const Shape xs = k == 1 ? Shape{1, 7, 72, 64} : Shape{2, 7, 9, 11};
+          const Shape ys = {xs[0], 13, xs[2], xs[3]};
+          ModelBuilder b(13);
+          b.input("x", t, spec(xs)).output("y");
+          if (!residual_conv) b.input("r", t, spec(ys));
+          if (k == 3) b.output("s_out");  // the sum also goes out: NCHW
+          const int z0 = t == DType::u8 ? 128 : 0;
+          auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
+          params("x", 0.031f, z0 - 3);
+          params("r", 0.05f, z0 + 11);
+          if (residual_conv) add_qconv(b, "x", "r", 7, 13, 1, 43);
+          params("c", 0.09f, z0 - 40);
+          add_qconv(b, "x", "c", 7, 13, k, 41);
+          std::string a = "c";
+          if (relu) {
+            b.node("DequantizeLinear", {"c", "c_s", "c_z"}, {"c_f"});
+            b.node("Relu", {"c_f"}, {"h_f"});
+            params("h", 0.045f, z0 - 128);
+            b.node("QuantizeLinear", {"h_f", "h_s", "h_z"}, {"h"});
+            a = "h";
+          }
+          b.node("DequantizeLinear", {a, a + "_s", a + "_z"}, {"a_f"});
+          b.node("DequantizeLinear", {"r", "r_s", "r_z"}, {"r_f"});
+          b.node("Add", {"a_f", "r_f"}, {"s_f"});
+          params("s", 0.12f, z0 - 10);
+          b.node("QuantizeLinear", {"s_f", "s_s", "s_z"}, {"s"});
+          if (k == 3) b.node("Identity", {"s"}, {"s_out"});
+          negate_to_output(b, "s", t, 0.12f, z0 - 10, "y");
+          const Model m = b.build();
+          TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
+          if (!residual_conv) in["r"] = extreme_8bit(t, ys, 52);
+          SessionOptions o;
+          o.providers = {"cpu", "ref"};
+          auto fast = Session::compile(m, o);
+          auto ops = cpu_ops(*fast);
+          EXPECT_EQ(ops["slim:QLinearConvAdd"], 1);
+          EXPECT_EQ(ops["slim:QLinearAdd"] + ops["slim:QLinearConvLookup"], 0);
+          EXPECT_EQ(ops["slim:QLookup"], 1);  // the Neg
+          EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+          expect_bytes_of_ref(m, in, *fast);
+        }
+}
+
+// x + x * gate, the shortcut around a squeeze-excitation gate (PP-OCR's detector's RSE
+// layers): the slim:QLinearMul read only by the residual slim:QLinearAdd becomes
+// slim:QLinearMulAdd (fuse_residual_qlinear_add). x a QLinearConv's channels-last bytes
+// (read by the pool, the product and the Add) or a graph input's NCHW ones; the gate
+// [N, C, 1, 1] or a full second tensor; the sum on channels-last (to a table) or, read by a
+// graph output too, NCHW. Ref's bytes of the unfused nodes.
+TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
+  for (DType t : {DType::u8, DType::i8})
+    for (bool after_conv : {false, true})
+      for (bool gated : {false, true}) {
+        SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " conv" : "") +
+                     (gated ? " gated" : " full"));
+        const Shape xs = {2, 13, 9, 11};
+        ModelBuilder b(13);
+        b.input("x", t, spec(xs)).output("y");
+        if (!gated) b.input("f", t, spec(xs));
+        if (gated) b.output("s_out");  // the sum also goes out: NCHW
+        const int z0 = t == DType::u8 ? 128 : 0;
+        auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
+        std::set<std::string> dequantized;
+        auto dq = [&](const std::string& v) {
+          if (dequantized.insert(v).second)
+            b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+          return v + "_dq";
+        };
+        auto q = [&](const std::string& f, const std::string& v) {
+          b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
+          return v;
+        };
+        params("x", 0.031f, z0 - 3);
+        params("f", 0.02f, z0 + 30);
+        std::string src = "x";
+        if (after_conv) {
+          params("c", 0.09f, z0 - 40);
+          add_qconv(b, "x", "c", 13, 13, 3, 41);
+          src = "c";
+        }
+        std::string other = "f";
+        if (gated) {
+          params("g", 0.01f, z0);
+          b.node("GlobalAveragePool", {dq(src)}, {"g_f"});
+          q("g_f", "g");
+          params("gate", 1.f / 255, z0 - 128);
+          b.node("HardSigmoid", {dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
+          other = q("gate_f", "gate");
+        }
+        params("m", 0.05f, z0 + 5);
+        b.node("Mul", {dq(src), dq(other)}, {"m_f"});
+        q("m_f", "m");
+        params("s", 0.11f, z0 - 9);
+        b.node("Add", {dq(src), dq("m")}, {"s_f"});
+        q("s_f", "s");
+        if (gated) b.node("Identity", {"s"}, {"s_out"});
+        negate_to_output(b, "s", t, 0.11f, z0 - 9, "y");
+        const Model m = b.build();
+        TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
+        if (!gated) in["f"] = extreme_8bit(t, xs, 53);
+        SessionOptions o;
+        o.providers = {"cpu", "ref"};
+        auto fast = Session::compile(m, o);
+        auto ops = cpu_ops(*fast);
+        EXPECT_EQ(ops["slim:QLinearMulAdd"], 1);
+        EXPECT_EQ(ops["slim:QLinearMul"] + ops["slim:QLinearAdd"], 0);
+        EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+        expect_bytes_of_ref(m, in, *fast);
+      }
+}
+
+// A Concat of 8-bit bytes along channels takes channels-last inputs (QLinearConvs' bytes)
+// and hands channels-last bytes on (to a table's slim:QLookup); with a plain input among them
+// (a graph input) or a plain reader (a graph output), oneDNN's byte reorders place each
+// input in NCHW. Inputs at different scales are requantized by tables (fuse_qdq_movement).
+TEST(CpuInt8, ConcatOfBytesStaysChannelsLastExactly) {
+  for (DType t : {DType::u8, DType::i8})
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + " variant " +
+                   std::to_string(variant));
+      const Shape xs = {2, 7, 9, 11};
+      ModelBuilder b(13);
+      b.input("x", t, spec(xs)).output("y");
+      if (variant == 1) b.input("e", t, spec({2, 3, 9, 11}));
+      if (variant == 2) b.output("cat_out");
+      const int z0 = t == DType::u8 ? 128 : 0;
+      auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
+      params("x", 0.031f, z0 - 3);
+      params("c1", 0.09f, z0 - 40);
+      params("c2", 0.07f, z0 + 20);
+      params("e", 0.05f, z0 + 11);
+      params("cat", 0.09f, z0 - 40);  // c1's: no table for it
+      add_qconv(b, "x", "c1", 7, 13, 3, 41);
+      add_qconv(b, "x", "c2", 7, 5, 1, 43);
+      std::vector<std::string> parts = {"c1", "c2"};
+      if (variant == 1) parts.push_back("e");
+      std::vector<std::string> floats;
+      for (const auto& p : parts) {
+        b.node("DequantizeLinear", {p, p + "_s", p + "_z"}, {p + "_f"});
+        floats.push_back(p + "_f");
+      }
+      b.node("Concat", floats, {"cat_f"}).attrs["axis"] = attr_int(1);
+      b.node("QuantizeLinear", {"cat_f", "cat_s", "cat_z"}, {"cat"});
+      if (variant == 2) b.node("Identity", {"cat"}, {"cat_out"});
+      negate_to_output(b, "cat", t, 0.09f, z0 - 40, "y");
+      const Model m = b.build();
+      TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
+      if (variant == 1) in["e"] = extreme_8bit(t, {2, 3, 9, 11}, 53);
+      SessionOptions o;
+      o.providers = {"cpu", "ref"};
+      auto fast = Session::compile(m, o);
+      auto ops = cpu_ops(*fast);
+      EXPECT_EQ(ops["Concat"], 1);
+      EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+      expect_bytes_of_ref(m, in, *fast);
+    }
 }
 
 TEST(CpuInt8, QuantizationKernelsMatchRef) {

@@ -3,7 +3,10 @@
 byte has a token, a few merges, ChatML's special tokens) and a ChatML chat template, for the
 language-model serving tests; with --moe, chat-moe.gguf instead: the same tokenizer on a
 qwen2moe model (3 layers, 4 experts of 64 hidden units, 2 per token, a shared expert of 96).
-Usage: make_llm.py OUT_DIR [--moe]"""
+Usage: make_llm.py OUT_DIR [--moe | --long]
+
+--long writes chat-long.gguf instead: the same model with a context of 4096 tokens, for a
+request that must stay in flight for seconds."""
 import os
 import sys
 
@@ -55,10 +58,11 @@ def main():
                              n_layer=3, vocab=len(tokens), tokenizer=tokenizer, n_ctx=512, output_scale=scale,
                              moe=dict(n_expert=4, k=2, n_ff_sh=96), reference=False)
     else:
-        make_gguf.make_model(out, "chat", "llama", "F32", 2, False, 77, n_embd=128, n_head=4, n_ff=256, n_layer=2,
-                             vocab=len(tokens), tokenizer=tokenizer, n_ctx=512, output_scale=scale)
+        name, n_ctx = ("chat-long", 4096) if "--long" in sys.argv[2:] else ("chat", 512)
+        make_gguf.make_model(out, name, "llama", "F32", 2, False, 77, n_embd=128, n_head=4, n_ff=256, n_layer=2,
+                             vocab=len(tokens), tokenizer=tokenizer, n_ctx=n_ctx, output_scale=scale)
         for extra in ("tokens", "logits", "emul", "deq"):  # make_model's checks for the llm tests
-            os.remove(os.path.join(out, "chat.%s.npy" % extra))
+            os.remove(os.path.join(out, "%s.%s.npy" % (name, extra)))
 
 
 if __name__ == "__main__":

@@ -26,11 +26,13 @@ from serve_harness import Server  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="slim_llm_test_")
 subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_llm.py"), TMP], check=True)
+subprocess.run(["/usr/bin/python3", os.path.join(HERE, "make_llm.py"), TMP, "--long"], check=True)
 MODEL = os.path.join(TMP, "chat.gguf")
+LONG_MODEL = os.path.join(TMP, "chat-long.gguf")  # context 4096: requests that last seconds
 
 
-def start(*extra):
-    return Server(["--model", MODEL, "--host", "127.0.0.1", "--http-port", "0", "--allow-grpc", "false",
+def start(*extra, model=MODEL):
+    return Server(["--model", model, "--host", "127.0.0.1", "--http-port", "0", "--allow-grpc", "false",
                    "--metrics-port", "0", "--threads", "2"] + list(extra))
 
 
@@ -328,19 +330,20 @@ def open_stream(port, body):
 
 class Scheduling(unittest.TestCase):
     def test_urgent_request_preempts_and_the_victim_output_is_unchanged(self):
-        with start("--max-sequences", "1") as srv:
+        with start("--max-sequences", "1", model=LONG_MODEL) as srv:
             long_prompt = "A long background job about the history of relational databases"
-            alone = completion(srv, long_prompt, 400)["choices"][0]["text"]
-            urgent_alone = completion(srv, "Urgent!", 8)["choices"][0]["text"]
-            # The background request streams; the urgent one arrives once it has started.
+            alone = completion(srv, long_prompt, 4000, model="chat-long")["choices"][0]["text"]
+            urgent_alone = completion(srv, "Urgent!", 8, model="chat-long")["choices"][0]["text"]
+            # The background request (4000 tokens, about a second) streams; the urgent one
+            # arrives once it has started.
             conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
             conn.request("POST", "/v1/completions", json.dumps(
-                {"model": "chat", "prompt": long_prompt, "max_tokens": 400, "temperature": 0, "priority": 10,
+                {"model": "chat-long", "prompt": long_prompt, "max_tokens": 4000, "temperature": 0, "priority": 10,
                  "stream": True, "stream_options": {"include_usage": True}}), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             first = resp.readline()
             self.assertTrue(first.startswith(b"data: "), first)
-            urgent = completion(srv, "Urgent!", 8, priority=0)
+            urgent = completion(srv, "Urgent!", 8, model="chat-long", priority=0)
             rest = first + resp.read()
             conn.close()
             events = sse_events(rest.decode())
@@ -353,15 +356,16 @@ class Scheduling(unittest.TestCase):
             self.assertEqual(metric(srv, "slim_llm_preemptions_total"), 1)
 
     def test_full_queue_answers_429_with_retry_after(self):
-        with start("--max-sequences", "1", "--max-llm-queue", "1") as srv:
-            # The second request must arrive while the first (400 tokens, well under a second
-            # here) still streams; on a loaded machine it may not, so that case is tried again.
+        with start("--max-sequences", "1", "--max-llm-queue", "1", model=LONG_MODEL) as srv:
+            # The second request must arrive while the first still streams: 4000 tokens take
+            # seconds (400 had taken 0.2 s, about what starting curl takes on a busy machine);
+            # should it still end first, that case is tried again.
             for _ in range(5):
-                s = open_stream(srv.http_port, {"model": "chat", "prompt": "hold the line", "max_tokens": 400,
+                s = open_stream(srv.http_port, {"model": "chat-long", "prompt": "hold the line", "max_tokens": 4000,
                                                 "temperature": 0, "stream": True, "priority": 3})
                 s.recv(1)  # the stream has started
                 status, hdrs, text = curl(srv.url("/v1/completions"),
-                                          {"model": "chat", "prompt": "me too", "max_tokens": 4, "priority": 3})
+                                          {"model": "chat-long", "prompt": "me too", "max_tokens": 4, "priority": 3})
                 if status == 429:
                     break
                 self.assertEqual(status, 200, text)
@@ -371,7 +375,7 @@ class Scheduling(unittest.TestCase):
             self.assertIn("in flight", json.loads(text)["error"]["message"])
             # Another priority level has a queue of its own.
             status, _, _ = curl(srv.url("/v1/completions"),
-                                {"model": "chat", "prompt": "me too", "max_tokens": 4, "priority": 0})
+                                {"model": "chat-long", "prompt": "me too", "max_tokens": 4, "priority": 0})
             self.assertEqual(status, 200)
             s.close()
 

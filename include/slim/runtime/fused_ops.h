@@ -24,6 +24,14 @@
 //   slim:QLinearConvLookup inputs QLinearConv's nine (bias may be ""), T (u8/i8 constant
 //       [256]): QLinearConv, then each byte through T (of T's dtype): a convolution and the
 //       activation tabulated after it (passes: fuse_qlinear_conv_lookup).
+//   slim:QLinearConvAdd inputs QLinearConv's nine (bias may be ""), T (as
+//       QLinearConvLookup's, or ""), then slim:QLinearAdd's seven after A: A_scale,
+//       A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point: the bytes of
+//       QLinearConv (through T) are A of a QLinearAdd with B of the output's shape: a
+//       convolution and the residual Add after it (passes: fuse_residual_qlinear_add).
+//   slim:QLinearMulAdd inputs slim:QLinearMul's eight, then slim:QLinearAdd's seven after A
+//       (as slim:QLinearConvAdd's): the product's bytes are A of a QLinearAdd with B of the
+//       output's shape (the shortcut around a squeeze-excitation gate, B + B * gate).
 //   slim:QLinearAdd / slim:QLinearMul inputs A, A_scale, A_zero_point, B, B_scale,
 //       B_zero_point, C_scale, C_zero_point (scalars): C = QuantizeLinear(
 //       DequantizeLinear(A) op DequantizeLinear(B)), each step rounded to f32 as the

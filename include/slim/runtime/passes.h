@@ -120,14 +120,25 @@ int64_t fuse_qdq_elementwise(PassGraph& g);
 // becomes a Resize of the bytes, after a slim:QLookup with the table Q(DQ(v)) unless that
 // is the identity (equal scales and zero points); DequantizeLinear_i -> Concat ->
 // QuantizeLinear a Concat of the bytes, each input requantized by its table (folded into
-// the table of a slim:QLookup -> Resize made here when that feeds only the Concat).
-// Nearest resizing and concatenation copy values, so both are exact.
+// the table of a slim:QLookup -> Resize made here when that feeds only the Concat);
+// DequantizeLinear -> MaxPool (4-D) -> QuantizeLinear a MaxPool of the bytes when that table
+// never decreases, then the table (or the table composed into a slim:QLookup before it, or
+// before it for fuse_qlinear_conv_lookup to fold into a QLinearConv: either only feeding
+// it). Nearest resizing and concatenation copy values and max commutes with a
+// non-decreasing table, so all are exact.
 int64_t fuse_qdq_movement(PassGraph& g);
 
 // When g.int8_kernels, once the passes above are done: a QLinearConv read only by a
 // slim:QLookup (its activation, tabulated) becomes slim:QLinearConvLookup, whose kernel
 // maps the bytes through the table as it requantizes them (no pass of its own).
 int64_t fuse_qlinear_conv_lookup(PassGraph& g);
+
+// When g.int8_kernels, after fuse_qlinear_conv_lookup: a QLinearConv or
+// slim:QLinearConvLookup read only by a slim:QLinearAdd whose other input has the same
+// shape (a residual) becomes slim:QLinearConvAdd, whose kernel adds the residual to the
+// requantized bytes in its epilogue, as the Add computes it; a slim:QLinearMul so read (the
+// shortcut around a squeeze-excitation gate) slim:QLinearMulAdd.
+int64_t fuse_residual_qlinear_add(PassGraph& g);
 
 struct PassStats {
   std::map<std::string, int64_t> rewrites;  // pass name -> rewrites

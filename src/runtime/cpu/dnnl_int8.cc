@@ -423,16 +423,26 @@ void requantize_rows(const int32_t* acc, int64_t n, const Int8Output& out, uint8
                        out.zero_point, out.bytes_signed, bytes + s);
 }
 
+// Requantized rows [p0, p1) of oc bytes: through the table, then plus the residual's rows
+// (`residual`: the image's, or the band's, NHWC).
+void finish_bytes(const Int8Output& out, const uint8_t* residual, int64_t oc, uint8_t* bytes,
+                  int64_t p0, int64_t p1) {
+  uint8_t* b = bytes + p0 * oc;
+  const int64_t n = (p1 - p0) * oc;
+  if (out.table) lookup_bytes(out.table, b, b, n);
+  if (residual) qbinary(b, residual + p0 * oc, 0.f, b, n, false, out.add_a, out.add_b, out.add_c);
+}
+
 // Rows [p0, p1) of one image's sums acc [pixels, oc] (NHWC), plus comp[oc] * box[g][p]
 // (box may be null), into `sums`, `values` or `bytes` (NHWC, row p at p * oc; sums or
 // values may be acc itself: each row is read before it is written).
 void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t oc, int64_t group,
                  const std::vector<int32_t>& comp, const Int8Output& out, int32_t* sums,
-                 float* values, uint8_t* bytes, int64_t p0, int64_t p1) {
+                 float* values, uint8_t* bytes, const uint8_t* residual, int64_t p0, int64_t p1) {
   // Without compensation the groups of a pixel are one row (depthwise: 1 channel each).
   if (!box && bytes && out.period) {
     requantize_rows(acc + p0 * oc, (p1 - p0) * oc, out, bytes + p0 * oc);
-    if (out.table) lookup_bytes(out.table, bytes + p0 * oc, bytes + p0 * oc, (p1 - p0) * oc);
+    finish_bytes(out, residual, oc, bytes, p0, p1);
     return;
   }
   const int64_t ocg = box ? oc / group : oc;
@@ -444,7 +454,7 @@ void finish_rows(const int32_t* acc, const int32_t* box, int64_t pixels, int64_t
                  sums ? sums + o0 : nullptr, values ? values + o0 : nullptr,
                  bytes ? bytes + o0 : nullptr);
     }
-  if (out.table && bytes) lookup_bytes(out.table, bytes + p0 * oc, bytes + p0 * oc, (p1 - p0) * oc);
+  if (bytes) finish_bytes(out, residual, oc, bytes, p0, p1);
 }
 
 memory::desc u8_md(const memory::dims& d, memory::format_tag f) {
@@ -511,7 +521,7 @@ class DirectConv {
            int32_t x_zero_point, const Int8Output& out, uint8_t* y, void* scratch) const;
 
   // Calls fn(tile, nr) for every block of output tiles [t0, t1) (nr: the block's vectors),
-  // and applies out.table to their bytes.
+  // and applies out.table and out.residual (the image's) to their bytes.
   template <typename Fn>
   void each_tile(const uint8_t* src, const int32_t* bias, const float* scale, const Int8Output& out,
                  uint8_t* y, int64_t t0, int64_t t1, Fn&& fn) const;
@@ -534,7 +544,7 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
                            Fn&& fn) const {
   const int64_t oc = g_.y[1], ow = g_.y[3], pixels = g_.y[2] * ow, block = int64_t(nr) * lanes;
   std::array<int64_t, 16> pixel{};
-  int64_t looked_up = t0 * mr;  // bytes before this pixel went through out.table
+  int64_t looked_up = t0 * mr;  // pixels before this one are finished
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t p0 = std::max<int64_t>(0, std::min(t * mr, pixels - mr));
     int64_t oy = p0 / ow, ox = p0 % ow;  // one division per tile, not one per pixel
@@ -559,10 +569,11 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
       tile.cols = int(std::min(block, oc - c0));
       fn(tile, int((tile.cols + lanes - 1) / lanes));
     }
-    // The table over runs of at least 4 KiB (a call per tile cost more than the lookups).
+    // The table and the residual over runs of at least 4 KiB (a call per tile cost more
+    // than the lookups).
     const int64_t done = p0 + tile.last;
-    if (out.table && (t + 1 == t1 || (done - looked_up) * oc >= 4096)) {
-      lookup_bytes(out.table, y + looked_up * oc, y + looked_up * oc, (done - looked_up) * oc);
+    if ((out.table || out.residual) && (t + 1 == t1 || (done - looked_up) * oc >= 4096)) {
+      finish_bytes(out, out.residual, oc, y, looked_up, done);
       looked_up = done;
     }
   }
@@ -1037,7 +1048,9 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
     if (s.direct) {
       uint8_t* y = static_cast<uint8_t*>(out.bytes) + at;
       uint8_t* bytes_to = out.channels_last ? y : piece<uint8_t>(scratch, s.bytes_at);
-      s.direct->run(ctx, xi, x_channels_last, s.signed_source, x_zero_point, out, bytes_to,
+      Int8Output image = out;
+      if (image.residual) image.residual += at;
+      s.direct->run(ctx, xi, x_channels_last, s.signed_source, x_zero_point, image, bytes_to,
                     scratch);
       if (!out.channels_last) to_nchw(bytes_to, y);
       continue;
@@ -1111,7 +1124,8 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
               src + r0 * iw * s.cs, acc, piece<char>(scratch, s.pad_at));
         parallel_items(ctx, bp, oc, 1 << 15, [&](int64_t b, int64_t e) {
           finish_rows(acc, nullptr, bp, oc, group, s.pw.comp, out, nullptr, nullptr,
-                      bytes_to + r0 * ow * oc, b, e);
+                      bytes_to + r0 * ow * oc,
+                      out.residual ? out.residual + at + r0 * ow * oc : nullptr, b, e);
         });
       }
       if (!out.channels_last) to_nchw(bytes_to, static_cast<uint8_t*>(out.bytes) + at);
@@ -1127,7 +1141,8 @@ void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last
                                        : piece<uint8_t>(scratch, s.bytes_at))
                   : nullptr;
     parallel_items(ctx, opixels, oc, 1 << 15, [&](int64_t b, int64_t e) {
-      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, bytes_to, b, e);
+      finish_rows(acc, box, opixels, oc, group, s.pw.comp, out, sums_to, values_to, bytes_to,
+                  out.residual ? out.residual + at : nullptr, b, e);
     });
     if (!out.channels_last)
       to_nchw(bytes_to ? static_cast<void*>(bytes_to) : acc,
@@ -1547,9 +1562,12 @@ std::optional<std::string> qlinear_params(const KernelBuildInfo& info, int64_t c
     if (info.input(8).constant->numel() != channels)
       return std::string("the bias is not one value per output channel");
   }
-  // (slim:QLinearConvLookup's table, input 9, is checked by its claim.)
-  const bool lookup = info.node.domain == kFusedDomain && info.node.op_type == "QLinearConvLookup";
-  if (info.inputs.size() > (lookup ? 10u : 9u)) return std::string("too many inputs");
+  // (slim:QLinearConvLookup's and slim:QLinearConvAdd's inputs from 9 on are checked by
+  // their claims.)
+  const size_t most = info.node.domain != kFusedDomain           ? 9
+                      : info.node.op_type == "QLinearConvLookup" ? 10
+                                                                 : 17;
+  if (info.inputs.size() > most) return std::string("too many inputs");
   auto value = [&](int i) { return info.input(i).constant->contiguous(); };
   auto zero_point = [&](int i) {
     if (!info.has_input(i)) return int32_t(0);
@@ -1599,19 +1617,30 @@ namespace {
 
 // Reads and writes NCHW, or NHWC where its neighbours agree: a chain of them (and
 // 8-bit MaxPool and Concat between) hands bytes on channels-last, as oneDNN computes them.
-// QLinearConv, and slim:QLinearConvLookup (its bytes then through a 256-entry table, in
-// the table's type: the activation after it, which fuse_qlinear_conv_lookup folds in).
+// QLinearConv, slim:QLinearConvLookup (its bytes then through a 256-entry table, in
+// the table's type: the activation after it, which fuse_qlinear_conv_lookup folds in) and
+// slim:QLinearConvAdd (then, with or without a table, the residual slim:QLinearAdd after
+// it: fuse_residual_qlinear_add), whose residual B is read channels-last where its producer
+// writes so and transposed into the kernel's scratch otherwise.
 class QLinearConvKernel final : public ChannelsLastConv {
  public:
   QLinearConvKernel(const KernelBuildInfo& info, const ConvGeometry& g, Requant r)
       : conv_(info.node, g, *info.input(3).constant, info.input(5).constant, r.x == DType::i8, r.y),
         r_(std::move(r)),
         out_(r_.y) {
-    if (info.inputs.size() == 10) {
+    if (info.has_input(9)) {
       const Tensor t = info.input(9).constant->contiguous();
       std::memcpy(table_.data(), t.raw_data(), 256);
       out_ = t.dtype();
       has_table_ = true;
+    }
+    if (info.inputs.size() == 17) {
+      add_ = true;
+      add_a_ = qparams(info, 10);
+      add_b_ = qparams(info, 13);
+      add_c_ = qparams(info, 15);
+      nhwc_b_ = int8_nhwc_layout(g.y, *info.input(12).dtype);
+      out_ = add_c_.is_signed ? DType::i8 : DType::u8;
     }
     nhwc_x_ = int8_nhwc_layout(g.x, r_.x);
     nhwc_y_ = int8_nhwc_layout(g.y, out_);
@@ -1621,14 +1650,42 @@ class QLinearConvKernel final : public ChannelsLastConv {
     *shape = conv_.geometry().y;
     return i == 0;
   }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 12 ? add_ && layout == nhwc_b_ : ChannelsLastConv::accepts_private_input(i, layout);
+  }
+  uint64_t wanted_input_layout(int i) const override {
+    return i == 12 ? (add_ ? nhwc_b_ : 0) : ChannelsLastConv::wanted_input_layout(i);
+  }
+  void use_private_input(int i, uint64_t layout) override {
+    if (i == 12)
+      b_channels_last_ = true;
+    else
+      ChannelsLastConv::use_private_input(i, layout);
+  }
   void compute(KernelContext& ctx) const override {
     const ConvGeometry& g = conv_.geometry();
     check_input_shape(ctx, 0, g.x, r_.x);
     Int8Output out = requantized(r_, ctx.output(0, out_, g.y).raw_data());
     out.channels_last = y_channels_last_;
     if (has_table_) out.table = table_.data();
-    conv_.run(ctx, ctx.required_input(0).raw_data(), x_channels_last_, r_.x_zp, out,
-              thread_scratch(conv_.scratch_bytes()));
+    const size_t conv_bytes = conv_.scratch_bytes();
+    auto* scratch = static_cast<uint8_t*>(
+        thread_scratch(conv_bytes + (add_ && !b_channels_last_ ? size_t(shape_numel(g.y)) : 0)));
+    if (add_) {
+      const Tensor& b = ctx.required_input(12);
+      if (b.shape() != g.y)
+        ctx.fail(ErrorCode::invalid_argument,
+                 "B " + b.describe() + " does not have the output's shape");
+      out.residual = static_cast<const uint8_t*>(b.raw_data());
+      if (!b_channels_last_) {
+        bytes_to_nhwc(out.residual, scratch + conv_bytes, g.y[0], g.y[1], g.y[2] * g.y[3]);
+        out.residual = scratch + conv_bytes;
+      }
+      out.add_a = add_a_;
+      out.add_b = add_b_;
+      out.add_c = add_c_;
+    }
+    conv_.run(ctx, ctx.required_input(0).raw_data(), x_channels_last_, r_.x_zp, out, scratch);
   }
 
  private:
@@ -1637,6 +1694,9 @@ class QLinearConvKernel final : public ChannelsLastConv {
   DType out_;
   std::array<uint8_t, 256> table_{};
   bool has_table_ = false;
+  bool add_ = false, b_channels_last_ = false;
+  QParams add_a_, add_b_, add_c_;
+  uint64_t nhwc_b_ = 0;
 };
 
 std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvGeometry* g,
@@ -1651,23 +1711,56 @@ std::optional<std::string> qlinear_conv_setup(const KernelBuildInfo& info, ConvG
   return qlinear_params(info, g->y[1], r);
 }
 
-// QLinearConv, and slim:QLinearConvLookup (its 9 inputs and a 256-entry table the kernel
-// applies as it requantizes): one kernel, the lookup claimed only with a constant table.
-KernelDef qlinear_conv_def(bool lookup) {
+// What a QLinearConv kernel does after requantizing.
+enum class ConvEpilogue { none, lookup, add };
+
+// Why slim:QLinearConvLookup's table (input 9) or slim:QLinearConvAdd's inputs from 9 on
+// do not fit the convolution's output `y` (bytes of type yt), or nothing.
+std::optional<std::string> epilogue_inputs(const KernelBuildInfo& info, ConvEpilogue e,
+                                           const Shape& y, DType yt) {
+  if (e == ConvEpilogue::none) return std::nullopt;
+  if (info.inputs.size() != (e == ConvEpilogue::lookup ? 10u : 17u))
+    return std::string(e == ConvEpilogue::lookup
+                           ? "takes QLinearConv's 9 inputs and a table"
+                           : "takes QLinearConv's 9 inputs, a table and QLinearAdd's 7 after A");
+  if (info.has_input(9) || e == ConvEpilogue::lookup) {
+    const Tensor* t = info.input(9).constant;
+    if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
+      return std::string("the table is not 256 constant 8-bit values");
+    yt = t->dtype();
+  }
+  if (e == ConvEpilogue::lookup) return std::nullopt;
+  for (int i : {10, 13, 15}) {
+    const Tensor* s = info.input(i).constant;
+    const Tensor* z = info.input(i + 1).constant;
+    if (!s || s->dtype() != DType::f32 || s->numel() != 1 || !z || !is_8bit(z->dtype()) ||
+        z->numel() != 1)
+      return std::string("the Add's scales and zero points must be constant scalars");
+  }
+  if (info.input(11).constant->dtype() != yt)
+    return std::string("A_zero_point differs in type from the convolution's bytes");
+  if (auto r = need_8bit(info, 12)) return r;
+  if (auto r = need_static(info, 12)) return r;
+  if (*info.input(12).shape != y) return std::string("B does not have the output's shape");
+  if (info.input(14).constant->dtype() != *info.input(12).dtype)
+    return std::string("B_zero_point differs in type from B");
+  return std::nullopt;
+}
+
+// QLinearConv, slim:QLinearConvLookup (its 9 inputs and a 256-entry table the kernel
+// applies as it requantizes) and slim:QLinearConvAdd (then the residual Add): one kernel.
+KernelDef qlinear_conv_def(ConvEpilogue e) {
   KernelDef def;
-  def.op_type = lookup ? "QLinearConvLookup" : "QLinearConv";
-  if (lookup) def.domain = kFusedDomain;
-  def.since_version = lookup ? kFusedOpset : 10;
-  def.claim = [lookup](const KernelBuildInfo& info) {
-    if (lookup) {
-      if (info.inputs.size() != 10) return Claim::no("takes QLinearConv's 9 inputs and a table");
-      const Tensor* t = info.input(9).constant;
-      if (!t || !is_8bit(t->dtype()) || t->numel() != 256)
-        return Claim::no("the table is not 256 constant 8-bit values");
-    }
+  def.op_type = e == ConvEpilogue::none     ? "QLinearConv"
+                : e == ConvEpilogue::lookup ? "QLinearConvLookup"
+                                            : "QLinearConvAdd";
+  if (e != ConvEpilogue::none) def.domain = kFusedDomain;
+  def.since_version = e != ConvEpilogue::none ? kFusedOpset : 10;
+  def.claim = [e](const KernelBuildInfo& info) {
     ConvGeometry g;
     Requant r;
-    if (auto e = qlinear_conv_setup(info, &g, &r)) return Claim::no(*e);
+    if (auto why = qlinear_conv_setup(info, &g, &r)) return Claim::no(*why);
+    if (auto why = epilogue_inputs(info, e, g.y, r.y)) return Claim::no(*why);
     return Claim::yes();
   };
   def.build = [](const KernelBuildInfo& info) -> std::unique_ptr<OpKernel> {
@@ -1838,8 +1931,9 @@ void register_dnnl_int8_kernels(KernelRegistry& r) {
   r.add(conv_integer_def());
   r.add(matmul_integer_def());
   r.add(dynamic_quantize_conv_def());
-  r.add(qlinear_conv_def(false));
-  r.add(qlinear_conv_def(true));
+  r.add(qlinear_conv_def(ConvEpilogue::none));
+  r.add(qlinear_conv_def(ConvEpilogue::lookup));
+  r.add(qlinear_conv_def(ConvEpilogue::add));
   r.add(qlinear_matmul_def());
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/quantize.h"
 
 namespace slim::cpu {
 
@@ -54,6 +55,11 @@ struct Int8Output {
   // Requantized: then each byte mapped through this 256-entry table (slim:QLinearConvLookup:
   // the activation after the convolution), rows at a time while they are in cache.
   const uint8_t* table = nullptr;
+  // Requantized: then (slim:QLinearConvAdd) those bytes, at add_a's scale and zero point,
+  // added to `residual` (bytes of the output's shape, NHWC, at add_b's) as slim:QLinearAdd
+  // adds them, into bytes at add_c's, rows at a time while they are in cache.
+  const uint8_t* residual = nullptr;
+  QParams add_a, add_b, add_c;
 };
 
 // The private layout tag of 8-bit NHWC bytes of a 4-D NCHW shape: what QLinearConv hands

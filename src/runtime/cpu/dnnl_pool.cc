@@ -2,7 +2,13 @@
 // primitive (with dilation), built at compile time for the static input shape. ONNX's
 // ceil_mode becomes extra end padding, which oneDNN's max and exclude-padding average
 // ignore; where that would change an include-padding average, the node is declined.
+// MaxPool of 8-bit bytes (where fuse_qdq_movement sends DequantizeLinear -> MaxPool ->
+// QuantizeLinear) runs on the provider's own byte max instead.
+#include <cstring>
+
 #include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/dnnl_int8.h"
+#include "runtime/cpu/quantize.h"
 
 namespace slim::cpu {
 namespace {
@@ -16,10 +22,17 @@ struct PoolSetup {
   Shape x, y, k, stride, dil, pad_l, pad_r;
 };
 
+bool byte_input(const KernelBuildInfo& info) {
+  return info.input(0).dtype == DType::u8 || info.input(0).dtype == DType::i8;
+}
+
 std::optional<std::string> pool_setup(const KernelBuildInfo& info, PoolKind kind, PoolSetup* s) {
   const Node& node = info.node;
-  if (auto r = need_f32(info, 0)) return r;
+  if (!byte_input(info) || kind != PoolKind::max)
+    if (auto r = need_f32(info, 0)) return r;
   if (auto r = need_static(info, 0)) return r;
+  if (byte_input(info) && info.input(0).shape->size() != 4)
+    return std::string("8-bit MaxPool of 4-D tensors only");
   if (node.outputs.size() != 1) return std::string("the Indices output is not implemented");
   s->x = *info.input(0).shape;
   const size_t rank = s->x.size();
@@ -187,6 +200,104 @@ class DnnlPoolKernel final : public OpKernel {
   mutable dnnl::stream stream_;
 };
 
+// MaxPool of 4-D uint8 or int8 bytes: each output the maximum of its window's bytes
+// (padding never wins: it is -inf in ref), compared in the bytes' type. Channels-last bytes
+// from a QLinearConv (or QLookup) are pooled as runs of C bytes per tap, vectorized
+// (max_bytes), and handed on so; NCHW planes take each output row's maximum over the
+// window's rows (vectorized along the row), then over the columns.
+class ByteMaxPoolKernel final : public OpKernel {
+ public:
+  ByteMaxPoolKernel(PoolSetup s, DType t) : s_(std::move(s)), t_(t) {
+    nhwc_x_ = int8_nhwc_layout(s_.x, t_);
+    nhwc_y_ = int8_nhwc_layout(s_.y, t_);
+  }
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = t_;
+    *shape = s_.y;
+    return i == 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
+  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
+  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
+  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+
+  void compute(KernelContext& ctx) const override {
+    check_input_shape(ctx, 0, s_.x, t_);
+    const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
+    auto* y = static_cast<uint8_t*>(ctx.output(0, t_, s_.y).raw_data());
+    const int64_t n = s_.x[0], c = s_.x[1], ih = s_.x[2], iw = s_.x[3], oh = s_.y[2], ow = s_.y[3];
+    const bool is_signed = t_ == DType::i8;
+    const uint8_t lowest = is_signed ? 0x80 : 0;
+    // The input rows (columns) of output row oy's (column ox's) window inside the input.
+    auto taps = [&](int d, int64_t o, int64_t in, auto&& fn) {
+      for (int64_t k = 0; k < s_.k[size_t(d)]; ++k) {
+        const int64_t i =
+            o * s_.stride[size_t(d)] - s_.pad_l[size_t(d)] + k * (s_.dil[size_t(d)] + 1);
+        if (i >= 0 && i < in) fn(i);
+      }
+    };
+    if (cl_x_) {
+      // Channels-last: each output pixel the maximum of its taps' runs of C bytes, into the
+      // output, or into scratch and transposed for a reader that wants NCHW.
+      uint8_t* to = cl_y_ ? y : static_cast<uint8_t*>(thread_scratch(size_t(shape_numel(s_.y))));
+      parallel_items(ctx, n * oh, ow * c * shape_numel(s_.k), 1 << 15, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t img = r / oh, oy = r % oh;
+          const uint8_t* xi = x + img * ih * iw * c;
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            uint8_t* d = to + (r * ow + ox) * c;
+            std::memset(d, lowest, size_t(c));
+            taps(0, oy, ih, [&](int64_t iy) {
+              taps(1, ox, iw,
+                   [&](int64_t ix) { max_bytes(d, xi + (iy * iw + ix) * c, c, is_signed); });
+            });
+          }
+        }
+      });
+      if (!cl_y_) bytes_to_nchw(to, y, n, c, oh * ow);
+      return;
+    }
+    // NCHW: per plane and output row, the maximum of the window's input rows, then of each
+    // output column's taps in it.
+    parallel_items(ctx, n * c * oh, iw * s_.k[0], 1 << 15, [&](int64_t r0, int64_t r1) {
+      uint8_t* row = static_cast<uint8_t*>(thread_scratch(size_t(iw)));
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t plane = r / oh, oy = r % oh;
+        std::memset(row, lowest, size_t(iw));
+        taps(0, oy, ih,
+             [&](int64_t iy) { max_bytes(row, x + (plane * ih + iy) * iw, iw, is_signed); });
+        uint8_t* d = y + r * ow;
+        if (s_.stride[1] == 1) {
+          // Stride 1: tap k is the row shifted by k * dilation - pad, over the output
+          // columns it falls inside.
+          std::memset(d, lowest, size_t(ow));
+          for (int64_t k = 0; k < s_.k[1]; ++k) {
+            const int64_t off = k * (s_.dil[1] + 1) - s_.pad_l[1];
+            const int64_t lo = std::max<int64_t>(0, -off), hi = std::min(ow, iw - off);
+            if (hi > lo) max_bytes(d + lo, row + lo + off, hi - lo, is_signed);
+          }
+          continue;
+        }
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          int32_t m = is_signed ? -128 : 0;
+          taps(1, ox, iw, [&](int64_t ix) {
+            m = std::max(m, is_signed ? int32_t(int8_t(row[ix])) : int32_t(row[ix]));
+          });
+          d[ox] = uint8_t(m);
+        }
+      }
+    });
+  }
+
+ private:
+  PoolSetup s_;
+  DType t_;
+  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
+  bool cl_x_ = false, cl_y_ = false;
+};
+
 KernelDef pool_def(const std::string& op, int64_t since, PoolKind kind) {
   KernelDef def;
   def.op_type = op;
@@ -200,6 +311,8 @@ KernelDef pool_def(const std::string& op, int64_t since, PoolKind kind) {
     PoolSetup s;
     if (auto why = pool_setup(info, kind, &s))
       throw Error(ErrorCode::internal, info.node.describe() + ": cpu kernel built for a node it declines: " + *why);
+    if (byte_input(info))
+      return std::make_unique<ByteMaxPoolKernel>(std::move(s), *info.input(0).dtype);
     return std::make_unique<DnnlPoolKernel>(info.node, std::move(s));
   };
   return def;

@@ -690,12 +690,6 @@ KernelDef qlookup_def() {
   return def;
 }
 
-struct QParams {
-  float scale = 1.f;
-  int32_t zp = 0;
-  bool is_signed = false;
-};
-
 // Rounded as the DequantizeLinear nodes, the Add or Mul and the QuantizeLinear they
 // replace: GCC would otherwise contract a dequantizing multiply and the Add into an FMA.
 #pragma GCC push_options
@@ -876,6 +870,41 @@ __attribute__((target("avx2"))) void qbinary_avx2(const uint8_t* a, const uint8_
 }
 #endif
 
+#pragma GCC pop_options
+
+#if defined(__x86_64__)
+// max_bytes: 64 bytes a step at AVX-512 (the tail under a mask), 32 at AVX2.
+__attribute__((target("avx512f,avx512bw"))) int64_t max_bytes_avx512(uint8_t* y, const uint8_t* x,
+                                                                     int64_t n, bool is_signed) {
+  auto step = [&](__m512i a, __m512i b) __attribute__((target("avx512f,avx512bw"))) {
+    return is_signed ? _mm512_max_epi8(a, b) : _mm512_max_epu8(a, b);
+  };
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    _mm512_storeu_si512(y + i, step(_mm512_loadu_si512(y + i), _mm512_loadu_si512(x + i)));
+  if (i < n) {
+    const __mmask64 m = (uint64_t(1) << (n - i)) - 1;
+    _mm512_mask_storeu_epi8(
+        y + i, m, step(_mm512_maskz_loadu_epi8(m, y + i), _mm512_maskz_loadu_epi8(m, x + i)));
+  }
+  return n;
+}
+
+__attribute__((target("avx2"))) int64_t max_bytes_avx2(uint8_t* y, const uint8_t* x, int64_t n,
+                                                       bool is_signed) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i)),
+                  b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        is_signed ? _mm256_max_epi8(a, b) : _mm256_max_epu8(a, b));
+  }
+  return i;
+}
+#endif
+
+}  // namespace
+
 // c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null, at the level
 // the kernels run at.
 void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul,
@@ -886,9 +915,27 @@ void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n
 #endif
   qbinary_loop_any(a, b, bv, c, n, mul, pa, pb, pc);
 }
-#pragma GCC pop_options
 
-}  // namespace
+QParams qparams(const KernelBuildInfo& info, int i) {
+  QParams p;
+  p.scale = info.input(i).constant->contiguous().data<float>()[0];
+  const Tensor z = info.input(i + 1).constant->contiguous();
+  p.is_signed = z.dtype() == DType::i8;
+  p.zp = p.is_signed ? int32_t(z.data<int8_t>()[0]) : int32_t(z.data<uint8_t>()[0]);
+  return p;
+}
+
+void max_bytes(uint8_t* y, const uint8_t* x, int64_t n, bool is_signed) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (detected_isa() == Isa::avx512)
+    i = max_bytes_avx512(y, x, n, is_signed);
+  else if (detected_isa() == Isa::avx2)
+    i = max_bytes_avx2(y, x, n, is_signed);
+#endif
+  for (; i < n; ++i)
+    y[i] = is_signed ? uint8_t(std::max(int8_t(y[i]), int8_t(x[i]))) : std::max(y[i], x[i]);
+}
 
 // NCHW <-> NHWC bytes of n images of c channels and p pixels each, in 32 x 32 tiles.
 void bytes_to_nhwc(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p) {
@@ -917,20 +964,31 @@ namespace {
 // 4-D bytes may arrive channels-last from a QLinearConv or QLookup (the full inputs, and
 // a [N, C, 1, 1] B, which is the same bytes in either layout) and then leave so: the
 // residual Adds and SE's Muls of a CNN keep its 8-bit chain in NHWC. An input in the
-// other layout than the output is transposed first.
+// other layout than the output is transposed first. slim:QLinearMulAdd (a QLinearMul and the
+// residual slim:QLinearAdd after it, fuse_residual_qlinear_add: the shortcut around an SE
+// gate, R + R * gate) then adds the residual R (input 10) to each run of products while it
+// is in cache, R read in the layout the results are made in (transposed first if not).
 class QLinearBinaryKernel final : public OpKernel {
  public:
   QLinearBinaryKernel(const KernelBuildInfo& info, bool swap, int64_t inner)
-      : mul_(info.node.op_type == "QLinearMul"), swap_(swap), inner_(inner) {
+      : mul_(info.node.op_type != "QLinearAdd"), swap_(swap), inner_(inner) {
     const int a = swap ? 3 : 0, b = swap ? 0 : 3;
     y_shape_ = *info.input(a).shape;
-    pa_ = params(info, a + 1);
-    pb_ = params(info, b + 1);
-    pc_ = params(info, 6);
+    pa_ = qparams(info, a + 1);
+    pb_ = qparams(info, b + 1);
+    pc_ = qparams(info, 6);
+    add_ = info.inputs.size() == 15;
+    if (add_) {
+      pm_ = qparams(info, 8);
+      pr_ = qparams(info, 11);
+      pd_ = qparams(info, 13);
+    }
+    y_ = (add_ ? pd_ : pc_).is_signed ? DType::i8 : DType::u8;
     if (y_shape_.size() == 4) {
       const Shape& bs = *info.input(b).shape;
       nhwc_a_ = int8_nhwc_layout(y_shape_, *info.input(a).dtype);
-      nhwc_y_ = int8_nhwc_layout(y_shape_, pc_.is_signed ? DType::i8 : DType::u8);
+      nhwc_y_ = int8_nhwc_layout(y_shape_, y_);
+      if (add_) nhwc_r_ = int8_nhwc_layout(y_shape_, *info.input(10).dtype);
       // B: full, or [N, C, 1, 1] (bytes identical in both layouts).
       if (inner_ == 0)
         nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype);
@@ -938,45 +996,55 @@ class QLinearBinaryKernel final : public OpKernel {
                bs[3] == 1)
         nhwc_b_ = int8_nhwc_layout(bs, *info.input(b).dtype), gate_ = true;
       else
-        nhwc_a_ = 0;  // other broadcasts: plain NCHW only
+        nhwc_a_ = nhwc_r_ = 0;  // other broadcasts: plain NCHW only
     }
   }
   bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = pc_.is_signed ? DType::i8 : DType::u8;
+    *dtype = y_;
     *shape = y_shape_;
     return i == 0;
   }
   bool accepts_private_input(int i, uint64_t layout) const override {
-    if (layout == 0 || (i != 0 && i != 3)) return false;
+    if (layout == 0) return false;
+    if (i == 10) return layout == nhwc_r_;
+    if (i != 0 && i != 3) return false;
     const bool is_a = (i == 3) == swap_;
     return layout == (is_a ? nhwc_a_ : nhwc_b_);
   }
   void use_private_input(int i, uint64_t) override {
-    if ((i == 3) == swap_)
+    if (i == 10)
+      cl_r_ = true;
+    else if ((i == 3) == swap_)
       cl_a_ = true;
     else if (inner_ == 0)
       cl_b_ = true;
   }
   uint64_t private_output_layout(int i) const override {
-    // Channels-last out when a full input came so (a gated A, or either of two full ones).
-    return i == 0 && (cl_a_ || cl_b_) && (inner_ == 0 || gate_) ? nhwc_y_ : 0;
+    // Channels-last out when a full input came so (a gated A, or either of two full ones, or
+    // the residual).
+    return i == 0 && (cl_a_ || cl_b_ || cl_r_) && (inner_ == 0 || gate_) ? nhwc_y_ : 0;
   }
   void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
 
   void compute(KernelContext& ctx) const override {
     const auto* a = static_cast<const uint8_t*>(ctx.required_input(swap_ ? 3 : 0).raw_data());
     const auto* b = static_cast<const uint8_t*>(ctx.required_input(swap_ ? 0 : 3).raw_data());
-    auto* c = static_cast<uint8_t*>(
-        ctx.output(0, pc_.is_signed ? DType::i8 : DType::u8, y_shape_).raw_data());
+    const auto* r = add_ ? static_cast<const uint8_t*>(ctx.required_input(10).raw_data()) : nullptr;
+    if (add_ && ctx.required_input(10).shape() != y_shape_)
+      ctx.fail(ErrorCode::invalid_argument, "the residual " + ctx.required_input(10).describe() +
+                                                " does not have the output's shape");
+    auto* c = static_cast<uint8_t*>(ctx.output(0, y_, y_shape_).raw_data());
     const int64_t n = shape_numel(y_shape_);
     // The layout the results are made in: the one that needs the fewest transposes (a
     // gated A that came channels-last stays so, and a plain output is transposed).
-    const bool work_cl = inner_ != 0 ? cl_a_ : int(cl_a_) + int(cl_b_) + int(cl_y_) >= 2;
+    const bool work_cl =
+        inner_ != 0 ? cl_a_ : int(cl_a_) + int(cl_b_) + int(cl_r_) + int(cl_y_) >= 2;
     const bool need_a = cl_a_ != work_cl, need_b = inner_ == 0 && cl_b_ != work_cl,
-               need_c = work_cl != cl_y_;
+               need_r = add_ && cl_r_ != work_cl, need_c = work_cl != cl_y_;
     uint8_t* tmp = nullptr;
-    if (need_a || need_b || need_c)
-      tmp = static_cast<uint8_t*>(thread_scratch(size_t(n) * size_t(need_a + need_b + need_c)));
+    if (need_a || need_b || need_r || need_c)
+      tmp = static_cast<uint8_t*>(
+          thread_scratch(size_t(n) * size_t(need_a + need_b + need_r + need_c)));
     int64_t nb = 1, ch = 1, px = 1;
     if (y_shape_.size() == 4) nb = y_shape_[0], ch = y_shape_[1], px = y_shape_[2] * y_shape_[3];
     uint8_t* at = tmp;
@@ -991,10 +1059,16 @@ class QLinearBinaryKernel final : public OpKernel {
     };
     if (need_a) a = relayout(a, work_cl);
     if (need_b) b = relayout(b, work_cl);
+    if (need_r) r = relayout(r, work_cl);
     uint8_t* out = need_c ? at : c;
+    // Elements [s, s + m) of the results made: plus the residual's (slim:QLinearMulAdd).
+    auto residual = [&](int64_t s, int64_t m) {
+      if (add_) qbinary(out + s, r + s, 0.f, out + s, m, false, pm_, pr_, pd_);
+    };
     if (inner_ == 0) {
       parallel_items(ctx, n, 1, kGrain, [&](int64_t s, int64_t e) {
         qbinary(a + s, b + s, 0.f, out + s, e - s, mul_, pa_, pb_, pc_);
+        residual(s, e - s);
       });
     } else if (work_cl) {
       // A [N, H, W, C] with B [N, C]: each pixel's channels against B's row, B's row
@@ -1005,11 +1079,12 @@ class QLinearBinaryKernel final : public OpKernel {
         for (int64_t k = 0; k < run; ++k)
           std::memcpy(tiled.data() + (img * run + k) * ch, b + img * ch, size_t(ch));
       parallel_items(ctx, nb * px, ch, kGrain, [&](int64_t s, int64_t e) {
-        for (int64_t r = s; r < e;) {
-          const int64_t img = r / px, m = std::min({run, e - r, (img + 1) * px - r});
-          qbinary(a + r * ch, tiled.data() + img * run * ch, 0.f, out + r * ch, m * ch, mul_, pa_,
+        for (int64_t p = s; p < e;) {
+          const int64_t img = p / px, m = std::min({run, e - p, (img + 1) * px - p});
+          qbinary(a + p * ch, tiled.data() + img * run * ch, 0.f, out + p * ch, m * ch, mul_, pa_,
                   pb_, pc_);
-          r += m;
+          residual(p * ch, m * ch);
+          p += m;
         }
       });
     } else {
@@ -1018,6 +1093,7 @@ class QLinearBinaryKernel final : public OpKernel {
           const int32_t v = pb_.is_signed ? int32_t(int8_t(b[o])) : int32_t(b[o]);
           qbinary(a + o * inner_, nullptr, float(v - pb_.zp) * pb_.scale, out + o * inner_, inner_,
                   mul_, pa_, pb_, pc_);
+          residual(o * inner_, inner_);
         }
       });
     }
@@ -1025,27 +1101,42 @@ class QLinearBinaryKernel final : public OpKernel {
   }
 
  private:
-  // The scale at input i, the zero point at i + 1.
-  static QParams params(const KernelBuildInfo& info, int i) {
-    QParams p;
-    p.scale = info.input(i).constant->contiguous().data<float>()[0];
-    const Tensor z = info.input(i + 1).constant->contiguous();
-    p.is_signed = z.dtype() == DType::i8;
-    p.zp = p.is_signed ? int32_t(z.data<int8_t>()[0]) : int32_t(z.data<uint8_t>()[0]);
-    return p;
-  }
   bool mul_, swap_;
   int64_t inner_;  // 0: both full; else B holds one value per run of inner_ elements
   Shape y_shape_;
+  DType y_ = DType::u8;
   QParams pa_, pb_, pc_;
-  uint64_t nhwc_a_ = 0, nhwc_b_ = 0, nhwc_y_ = 0;
-  bool gate_ = false;                                // B is [N, C, 1, 1]
-  bool cl_a_ = false, cl_b_ = false, cl_y_ = false;  // channels-last A, B (full), output
+  // slim:QLinearMulAdd: the products' parameters as the Add reads them, R's, the sum's.
+  bool add_ = false;
+  QParams pm_, pr_, pd_;
+  uint64_t nhwc_a_ = 0, nhwc_b_ = 0, nhwc_r_ = 0, nhwc_y_ = 0;
+  bool gate_ = false;  // B is [N, C, 1, 1]
+  // Channels-last A, B (full), R, output.
+  bool cl_a_ = false, cl_b_ = false, cl_r_ = false, cl_y_ = false;
 };
 
 // Which input is full (swap: the second) and B's run length (0: B full too), or why not.
+// slim:QLinearMulAdd: also the Add's inputs 8-14, R of the output's shape.
 std::optional<std::string> qbinary_setup(const KernelBuildInfo& info, bool* swap, int64_t* inner) {
-  if (info.inputs.size() != 8) return std::string("takes 8 inputs");
+  const bool add = info.node.op_type == "QLinearMulAdd";
+  if (info.inputs.size() != (add ? 15u : 8u))
+    return std::string(add ? "takes 15 inputs" : "takes 8 inputs");
+  if (add) {
+    if (!is_8bit(info.input(10).dtype)) return std::string("8-bit inputs only");
+    if (auto r = need_static(info, 10)) return r;
+    for (int i : {8, 9, 11, 12, 13, 14}) {
+      const Tensor* t = info.input(i).constant;
+      const bool scale = i == 8 || i == 11 || i == 13;
+      if (!t || t->numel() != 1 || (scale ? t->dtype() != DType::f32 : !is_8bit(t->dtype())))
+        return std::string("scales and zero points must be constant scalars");
+    }
+    if (info.input(9).constant->dtype() != info.input(7).constant->dtype())
+      return std::string("the products' zero points differ in type");
+    const Shape& a = *info.input(0).shape;
+    const Shape& b = *info.input(3).shape;
+    if (*info.input(10).shape != (shape_numel(b) > shape_numel(a) ? b : a))
+      return std::string("R does not have the output's shape");
+  }
   for (int i : {0, 3}) {
     if (!is_8bit(info.input(i).dtype)) return std::string("8-bit inputs only");
     if (auto r = need_static(info, i)) return r;
@@ -1212,6 +1303,7 @@ void register_quantize_kernels(KernelRegistry& r) {
   r.add(qlookup_def());
   r.add(qbinary_def("QLinearAdd"));
   r.add(qbinary_def("QLinearMul"));
+  r.add(qbinary_def("QLinearMulAdd"));
   r.add(depth_to_space_def());
 }
 

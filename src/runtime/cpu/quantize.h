@@ -49,6 +49,25 @@ ref::DynamicQuantParams dynamic_quantize(const KernelContext& ctx, const float* 
 // y[i] = table[x[i]] for n bytes (y may be x), vectorized where the CPU allows.
 void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, int64_t n);
 
+// The parameters of per-tensor quantized bytes.
+struct QParams {
+  float scale = 1.f;
+  int32_t zp = 0;
+  bool is_signed = false;
+};
+
+// The scale (input i) and zero point (input i + 1) of a node's per-tensor bytes, constants.
+QParams qparams(const KernelBuildInfo& info, int i);
+
+// c[0..n) = Q(DQ(a[i]) op DQ(b[i])), or Q(DQ(a[i]) op bv) when b is null, op Mul (mul) or
+// Add: ref's DequantizeLinear, Add or Mul and QuantizeLinear to the bit (slim:QLinearAdd /
+// slim:QLinearMul, and the residual Add of slim:QLinearConvAdd's epilogue). c may be a.
+void qbinary(const uint8_t* a, const uint8_t* b, float bv, uint8_t* c, int64_t n, bool mul,
+             QParams pa, QParams pb, QParams pc);
+
+// y[i] = max(y[i], x[i]) for n bytes compared as uint8, or int8 when is_signed.
+void max_bytes(uint8_t* y, const uint8_t* x, int64_t n, bool is_signed);
+
 // NCHW -> NHWC (bytes_to_nhwc) and back (bytes_to_nchw) for n images of c channels and
 // p pixels of one byte each.
 void bytes_to_nhwc(const uint8_t* x, uint8_t* y, int64_t n, int64_t c, int64_t p);

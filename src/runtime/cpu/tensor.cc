@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "runtime/cpu/cpu_common.h"
+#include "runtime/cpu/dnnl_int8.h"
 #include "slim/core/convert.h"
 
 namespace slim::cpu {
@@ -270,6 +271,9 @@ std::optional<std::string> concat_plan(const KernelBuildInfo& info, ConcatPlan* 
 // fire modules). In both layouts the channels of an input are contiguous runs (per pixel,
 // or per image), so the concatenation stays a copy of runs. When the inputs' layouts
 // differ or the output is plain, oneDNN reorders each input into its part of the output.
+// 8-bit bytes (a QDQ model's Concat, fuse_qdq_movement) do the same in channels-last
+// (int8_nhwc_layout, what QLinearConv, QLookup, byte Resize and MaxPool hand on), so
+// PP-OCR's detector's Concat hands its head convolution channels-last bytes.
 class ConcatKernel final : public OpKernel {
  public:
   bool static_output(int i, DType* dtype, Shape* shape) const override {
@@ -278,7 +282,8 @@ class ConcatKernel final : public OpKernel {
     return i == 0;
   }
   ConcatKernel(ConcatPlan p, DType dt, std::vector<Shape> in) : p_(std::move(p)), dt_(dt), in_(std::move(in)) {
-    channels_ = dt_ == DType::f32 && p_.y.size() == 4 && p_.axis == 1;
+    bytes_ = dt_ == DType::u8 || dt_ == DType::i8;
+    channels_ = (dt_ == DType::f32 || bytes_) && p_.y.size() == 4 && p_.axis == 1;
     for (const Shape& s : in_) channels_ = channels_ && s.size() == 4;
     in_fmt_.assign(in_.size(), dnnl::memory::format_tag::nchw);
   }
@@ -287,13 +292,17 @@ class ConcatKernel final : public OpKernel {
     const auto f = in_fmt_[0];
     const bool same = f != dnnl::memory::format_tag::nchw &&
                       std::all_of(in_fmt_.begin(), in_fmt_.end(), [&](auto g) { return g == f; });
-    return i == 0 && same ? layout_tag(f32_md(p_.y, f)) : 0;
+    return i == 0 && same ? layout_tag(md(p_.y, f)) : 0;
   }
   bool accepts_private_input(int i, uint64_t layout) const override {
+    if (bytes_) return channels_ && layout == int8_nhwc_layout(in_[size_t(i)], dt_);
     return channels_ && channel_layout(in_[size_t(i)], layout).has_value();
   }
   void use_private_output(int i, uint64_t layout) override { out_fmt_ = in_fmt_[0]; }
-  void use_private_input(int i, uint64_t layout) override { in_fmt_[size_t(i)] = *channel_layout(in_[size_t(i)], layout); }
+  void use_private_input(int i, uint64_t layout) override {
+    in_fmt_[size_t(i)] =
+        bytes_ ? dnnl::memory::format_tag::nhwc : *channel_layout(in_[size_t(i)], layout);
+  }
   // One outer row (plain or nChw16c with a batch of 1; channels-last only for one pixel),
   // every input in the output's layout: input i is the output's bytes from the inputs
   // before it on.
@@ -317,9 +326,10 @@ class ConcatKernel final : public OpKernel {
     const bool nhwc = out_fmt_ == dnnl::memory::format_tag::nhwc;
     const int64_t outer = nhwc ? p_.outer * p_.y[2] * p_.y[3] : p_.outer;
     std::vector<int64_t> chunk = p_.chunk_bytes;
+    const int64_t e = int64_t(dtype_size(dt_));
     if (nhwc)
-      for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = in_[i][1] * 4;
-    const int64_t row = nhwc ? p_.y[1] * 4 : p_.row_bytes;
+      for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = in_[i][1] * e;
+    const int64_t row = nhwc ? p_.y[1] * e : p_.row_bytes;
     std::vector<const char*> src(chunk.size());
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<const char*>(ctx.required_input(int(i)).raw_data());
     char* out = static_cast<char*>(y.raw_data());
@@ -345,11 +355,11 @@ class ConcatKernel final : public OpKernel {
       const auto& eng = dnnl_engine();
       if (reorders_.empty()) {
         stream_ = dnnl::stream(eng);
-        const dnnl::memory::desc y_md = plain_md(p_.y);
+        const dnnl::memory::desc y_md = md(p_.y, dnnl::memory::format_tag::nchw);
         int64_t c0 = 0;
         for (size_t i = 0; i < in_.size(); ++i) {
           const dnnl::memory::desc part = y_md.submemory_desc(to_dims(in_[i]), {0, c0, 0, 0});
-          src_.push_back(dnnl::memory(f32_md(in_[i], in_fmt_[i]), eng, DNNL_MEMORY_NONE));
+          src_.push_back(dnnl::memory(md(in_[i], in_fmt_[i]), eng, DNNL_MEMORY_NONE));
           dst_.push_back(dnnl::memory(part, eng, DNNL_MEMORY_NONE));
           reorders_.push_back(dnnl::reorder(src_.back(), dst_.back()));
           c0 += in_[i][1];
@@ -365,10 +375,19 @@ class ConcatKernel final : public OpKernel {
     });
   }
 
+  // A 4-D f32 or 8-bit layout of the values.
+  dnnl::memory::desc md(const Shape& s, dnnl::memory::format_tag f) const {
+    if (!bytes_) return f32_md(s, f);
+    return dnnl::memory::desc(
+        to_dims(s), dt_ == DType::i8 ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::u8,
+        f);
+  }
+
   ConcatPlan p_;
   DType dt_;
   std::vector<Shape> in_;
-  bool channels_ = false;  // 4-D f32 along axis 1: private layouts possible
+  bool bytes_ = false;     // u8 or i8
+  bool channels_ = false;  // 4-D f32 or 8-bit along axis 1: private layouts possible
   std::vector<dnnl::memory::format_tag> in_fmt_;  // nchw = plain
   dnnl::memory::format_tag out_fmt_ = dnnl::memory::format_tag::nchw;
   mutable dnnl::stream stream_;

@@ -107,6 +107,7 @@ PassStats optimize_graph(PassGraph& g) {
   }
   // After the rounds: the elementwise pass composes the tables of a chain first.
   stats.rewrites["fuse_qlinear_conv_lookup"] += fuse_qlinear_conv_lookup(g);
+  stats.rewrites["fuse_residual_qlinear_add"] += fuse_residual_qlinear_add(g);
   return stats;
 }
 

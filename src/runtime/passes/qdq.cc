@@ -8,6 +8,9 @@
 // 256-entry slim:QLookup (HardSwish written out as Add, Clip, Mul, Div collapses into
 // one), an Add or Mul of two quantized tensors becomes slim:QLinearAdd/QLinearMul, and a
 // GlobalAveragePool slim:QLinearGlobalAveragePool (ONNX Runtime's QDQ transformer's).
+// Resize, Concat and MaxPool move bytes (fuse_qdq_movement), and a QLinearConv takes the
+// activation table (fuse_qlinear_conv_lookup) and, as slim:QLinearMul does, the residual
+// Add (fuse_residual_qlinear_add) after it into its epilogue.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -437,18 +440,54 @@ int64_t fuse_qdq_movement(PassGraph& g) {
     l->outputs = {y};
     return l;
   };
+  // A QLookup's table followed by `then` (its output's type may differ: the QLookup's
+  // output takes it).
+  auto compose_into = [&](Node* l, const Tensor& then) {
+    const auto* lb = static_cast<const uint8_t*>(g.constant(l->inputs[1])->raw_data());
+    const auto* cb = static_cast<const uint8_t*>(then.raw_data());
+    std::array<uint8_t, 256> both;
+    for (int b = 0; b < 256; ++b) both[size_t(b)] = cb[lb[b]];
+    index.remove(l);
+    l->inputs[1] = g.add_constant(l->outputs[0] + "_table", byte_values(then.dtype(), both.data()));
+    index.add(l);
+  };
+  // Whether table t (of bytes of type `from`) never decreases: max commutes with it.
+  auto monotonic = [](const Tensor& t, DType from) {
+    const auto* v = static_cast<const uint8_t*>(t.raw_data());
+    auto value = [](DType d, uint8_t b) { return d == DType::i8 ? int(int8_t(b)) : int(b); };
+    int last = -1000;
+    for (int k = 0; k < 256; ++k) {
+      // The byte values of `from` in increasing order.
+      const uint8_t b = from == DType::i8 ? uint8_t(k ^ 0x80) : uint8_t(k);
+      const int y = value(t.dtype(), v[b]);
+      if (y < last) return false;
+      last = y;
+    }
+    return true;
+  };
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* q = g.nodes[i].get();
     if (!is_op(q, "QuantizeLinear") || !per_tensor(g, q)) continue;
     Node* op = made_by(q->inputs[0]);
     if (!op || op->outputs.size() != 1 || index.sole_reader(op->outputs[0]) != q) continue;
-    if (is_op(op, "Resize")) {
+    const bool pool = is_op(op, "MaxPool");
+    if (is_op(op, "Resize") || pool) {
       // Nearest resizing copies values: Q(Resize(DQ(x))) = Resize(T[x]), T = Q(DQ(v)),
       // the table applied before the resize (on the smaller tensor) or not at all.
-      if (op->attr_string("mode", "nearest") != "nearest" || op->attr_int("antialias", 0) != 0 ||
-          op->attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize")
+      // MaxPool (one output, no Indices) picks values: with T monotonic (DequantizeLinear
+      // and QuantizeLinear both are, for positive scales) Q(MaxPool(DQ(x))) =
+      // MaxPool(T[x]) = T[MaxPool(x)], the maximum taken over the bytes; the table goes
+      // after the pool (fewer bytes), or before it into a QLookup or QLinearConv that only
+      // feeds it (folded there, by fuse_qlinear_conv_lookup for the convolution).
+      if (!pool &&
+          (op->attr_string("mode", "nearest") != "nearest" || op->attr_int("antialias", 0) != 0 ||
+           op->attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"))
         continue;
+      // (Pools of 4-D tensors: what the cpu provider's byte MaxPool covers; ref's is slower
+      // than the f32 one.)
+      const auto xs = g.shape_of(op->inputs[0]);
+      if (pool && (!xs || xs->size() != 4 || op->attr_int("storage_order", 0) != 0)) continue;
       bool constant_rest = true;
       for (size_t k = 1; k < op->inputs.size(); ++k)
         constant_rest = constant_rest && (op->inputs[k].empty() || g.constant(op->inputs[k]));
@@ -457,17 +496,28 @@ int64_t fuse_qdq_movement(PassGraph& g) {
       const DType from = g.constant(dq->inputs[2])->dtype();
       bool identity = false;
       auto t = requantize(dq, q, from, &identity);
-      if (!t) continue;
+      if (!t || (pool && !monotonic(*t, from))) continue;
+      const std::string x = dq->inputs[0];
+      Node* before = made_by(x);
+      const bool only_feeds = index.readers(x).size() == 1 && !index.pinned(x) &&
+                              index.readers(dq->outputs[0]).size() == 1;
       auto r = std::make_unique<Node>(*op);
-      r->inputs[0] = dq->inputs[0];
+      r->inputs[0] = x;
       r->outputs = q->outputs;
       const size_t op_at = free_slot(op), q_at = free_slot(q);
-      if (!identity) {
+      size_t r_at = q_at;
+      if (!identity && pool && only_feeds && is_lookup(before)) {
+        compose_into(before, *t);
+      } else if (!identity && pool && !(only_feeds && is_op(before, "QLinearConv"))) {
+        r->outputs = {g.fresh_name(q->outputs[0] + "_max")};
+        place(lookup_node(r->name + "_requantize", r->outputs[0], q->outputs[0], std::move(*t)),
+              q_at);
+        r_at = op_at;
+      } else if (!identity) {
         r->inputs[0] = g.fresh_name(q->outputs[0] + "_requantized");
-        place(lookup_node(r->name + "_requantize", dq->inputs[0], r->inputs[0], std::move(*t)),
-              op_at);
+        place(lookup_node(r->name + "_requantize", x, r->inputs[0], std::move(*t)), op_at);
       }
-      place(std::move(r), q_at);
+      place(std::move(r), r_at);
       if (index.readers(dq->outputs[0]).empty() && !index.pinned(dq->outputs[0])) {
         index.remove(dq);
         remove_at(g, pos.at(dq));
@@ -510,15 +560,7 @@ int64_t fuse_qdq_movement(PassGraph& g) {
         Node* l = is_op(r, "Resize") ? made_by(r->inputs[0]) : nullptr;
         if (is_lookup(l) && index.readers(x).size() == 0 && !index.pinned(x) &&
             index.readers(l->outputs[0]).size() == 1 && !index.pinned(l->outputs[0])) {
-          const Tensor& lt = *g.constant(l->inputs[1]);
-          const auto* lb = static_cast<const uint8_t*>(lt.raw_data());
-          const auto* cb = static_cast<const uint8_t*>(tables[k]->raw_data());
-          std::array<uint8_t, 256> both;
-          for (int b = 0; b < 256; ++b) both[size_t(b)] = cb[lb[b]];
-          index.remove(l);
-          l->inputs[1] = g.add_constant(l->outputs[0] + "_table",
-                                        byte_values(tables[k]->dtype(), both.data()));
-          index.add(l);
+          compose_into(l, *tables[k]);
           continue;
         }
         c->inputs[k] = g.fresh_name(x + "_requantized");
@@ -560,6 +602,64 @@ int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
     index.remove(c);
     remove_at(g, pos.at(c));
     index.remove(l);
+    g.removed.push_back(std::move(g.nodes[at]));
+    index.add(fused.get());
+    pos[fused.get()] = at;
+    made_by.of[fused->outputs[0]] = fused.get();
+    g.nodes[at] = std::move(fused);
+    g.opsets[kFusedDomain] = kFusedOpset;
+    ++rewrites;
+  }
+  compact(g);
+  return rewrites;
+}
+
+int64_t fuse_residual_qlinear_add(PassGraph& g) {
+  if (!g.int8_kernels) return 0;
+  UseIndex index(g);
+  auto pos = positions(g);
+  Producers made_by(g);
+  auto is_fused = [](const Node* n, const char* op) {
+    return n && n->domain == kFusedDomain && n->op_type == op;
+  };
+  int64_t rewrites = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* a = g.nodes[i].get();
+    if (!is_fused(a, "QLinearAdd") || a->inputs.size() != 8 || a->outputs.size() != 1 ||
+        a->inputs[0] == a->inputs[3])
+      continue;
+    // A residual of the output's shape (no broadcast).
+    const auto sa = g.shape_of(a->inputs[0]), sb = g.shape_of(a->inputs[3]);
+    if (!sa || !sb || *sa != *sb) continue;
+    // The convolution or product: an input's producer that only feeds the Add (the later
+    // one of two).
+    Node* c = nullptr;
+    int side = 0;
+    for (int k : {0, 1}) {
+      Node* p = made_by(a->inputs[size_t(3 * k)]);
+      const bool mul = is_fused(p, "QLinearMul") && p->inputs.size() == 8;
+      if ((is_op(p, "QLinearConv") || is_fused(p, "QLinearConvLookup") || mul) &&
+          p->outputs.size() == 1 && index.sole_reader(p->outputs[0]) == a &&
+          !index.pinned(p->outputs[0]) && (!c || pos.at(p) > pos.at(c))) {
+        c = p;
+        side = k;
+      }
+    }
+    if (!c) continue;
+    const size_t ai = size_t(3 * side), bi = size_t(3 * (1 - side));
+    auto fused = std::make_unique<Node>(*c);
+    fused->domain = kFusedDomain;
+    const bool mul = c->op_type == "QLinearMul";
+    fused->op_type = mul ? "QLinearMulAdd" : "QLinearConvAdd";
+    if (!mul) fused->inputs.resize(10);  // the bias and the table may be ""
+    for (size_t k : {ai + 1, ai + 2, bi, bi + 1, bi + 2, size_t(6), size_t(7)})
+      fused->inputs.push_back(a->inputs[k]);
+    fused->outputs = a->outputs;
+    // In the Add's place, where the residual is ready.
+    const size_t at = pos.at(a);
+    index.remove(c);
+    remove_at(g, pos.at(c));
+    index.remove(a);
     g.removed.push_back(std::move(g.nodes[at]));
     index.add(fused.get());
     pos[fused.get()] = at;

@@ -264,43 +264,74 @@ class QLinearBinaryKernel final : public OpKernel {
   std::unique_ptr<OpKernel> dq_[2], op_, q_;
 };
 
-// slim:QLinearConvLookup (fused_ops.h): ref's QLinearConv of the first nine inputs, then
-// each byte through the table (input 9).
-class QLinearConvLookupKernel final : public OpKernel {
+// slim:QLinearConvLookup, slim:QLinearConvAdd and slim:QLinearMulAdd (fused_ops.h): ref's
+// QLinearConv of the first nine inputs (slim:QLinearMul of the first eight), then each byte
+// through the table (the convolutions' input 9; the Add's may be ""), then (the Adds) ref's
+// slim:QLinearAdd of those bytes and the last seven inputs.
+class QLinearEpilogueKernel final : public OpKernel {
  public:
-  explicit QLinearConvLookupKernel(const Node& node) {
-    if (node.inputs.size() != 10)
-      throw Error(ErrorCode::invalid_model, node.describe() +
-                                                ": takes QLinearConv's 9 inputs (bias may be \"\") "
-                                                "and a table of 256 8-bit values");
-    conv_node_ = node;
-    conv_node_.op_type = "QLinearConv";
-    conv_node_.domain.clear();
-    conv_node_.inputs.resize(9);
-    while (!conv_node_.inputs.empty() && conv_node_.inputs.back().empty())
-      conv_node_.inputs.pop_back();
-    conv_ = ref_kernel_registry().find("QLinearConv", "", 10)->factory(conv_node_, 10);
+  explicit QLinearEpilogueKernel(const Node& node)
+      : mul_(node.op_type == "QLinearMulAdd"), add_(node.op_type != "QLinearConvLookup") {
+    const size_t want = add_ ? (mul_ ? 15 : 17) : 10;
+    if (node.inputs.size() != want)
+      throw Error(ErrorCode::invalid_model,
+                  node.describe() + ": takes " + std::to_string(want) + " inputs (fused_ops.h)");
+    base_node_ = node;
+    base_node_.inputs.resize(mul_ ? 8 : 9);
+    if (mul_) {
+      base_node_.op_type = "QLinearMul";
+      base_ = std::make_unique<QLinearBinaryKernel>(base_node_);
+    } else {
+      base_node_.op_type = "QLinearConv";
+      base_node_.domain.clear();
+      while (!base_node_.inputs.empty() && base_node_.inputs.back().empty())
+        base_node_.inputs.pop_back();
+      base_ = ref_kernel_registry().find("QLinearConv", "", 10)->factory(base_node_, 10);
+    }
+    if (add_) {
+      add_node_.op_type = "QLinearAdd";
+      add_node_.domain = kFusedDomain;
+      add_node_.inputs.assign(8, "");
+      add_node_.outputs = node.outputs;
+      binary_ = std::make_unique<QLinearBinaryKernel>(add_node_);
+    }
   }
   void compute(KernelContext& ctx) const override {
     std::vector<const Tensor*> in;
-    for (size_t i = 0; i < conv_node_.inputs.size(); ++i) in.push_back(ctx.input(int(i)));
+    for (size_t i = 0; i < base_node_.inputs.size(); ++i) in.push_back(ctx.input(int(i)));
     std::vector<Tensor> out(1);
-    KernelContext c(conv_node_, in, &out, nullptr, &ctx.pool());
-    conv_->compute(c);
-    const Tensor& t = ctx.required_input(9);
-    if ((t.dtype() != DType::u8 && t.dtype() != DType::i8) || t.numel() != 256)
-      ctx.fail(ErrorCode::invalid_argument,
-               "the table must be 256 8-bit values, got " + t.describe());
-    const Tensor tc = t.contiguous(), y = out[0].contiguous();
-    const auto* table = static_cast<const uint8_t*>(tc.raw_data());
-    const auto* src = static_cast<const uint8_t*>(y.raw_data());
-    auto* dst = static_cast<uint8_t*>(ctx.output(0, t.dtype(), y.shape()).raw_data());
-    for (int64_t i = 0; i < y.numel(); ++i) dst[i] = table[src[i]];
+    KernelContext c(base_node_, in, &out, nullptr, &ctx.pool());
+    base_->compute(c);
+    Tensor y = out[0].contiguous();
+    if (const Tensor* t = mul_ ? nullptr : add_ ? ctx.input(9) : &ctx.required_input(9)) {
+      if ((t->dtype() != DType::u8 && t->dtype() != DType::i8) || t->numel() != 256)
+        ctx.fail(ErrorCode::invalid_argument,
+                 "the table must be 256 8-bit values, got " + t->describe());
+      const Tensor tc = t->contiguous();
+      const auto* table = static_cast<const uint8_t*>(tc.raw_data());
+      const auto* src = static_cast<const uint8_t*>(y.raw_data());
+      Tensor mapped(t->dtype(), y.shape());
+      auto* dst = static_cast<uint8_t*>(mapped.raw_data());
+      for (int64_t i = 0; i < y.numel(); ++i) dst[i] = table[src[i]];
+      y = mapped;
+    }
+    if (!add_) {
+      ctx.set_output(0, y);
+      return;
+    }
+    std::vector<const Tensor*> add_in = {&y};
+    const int from = mul_ ? 8 : 10;
+    for (int i = from; i < from + 7; ++i) add_in.push_back(ctx.input(i));
+    std::vector<Tensor> sum(1);
+    KernelContext a(add_node_, add_in, &sum, nullptr, &ctx.pool());
+    binary_->compute(a);
+    ctx.set_output(0, sum[0]);
   }
 
  private:
-  Node conv_node_;
-  std::unique_ptr<OpKernel> conv_;
+  bool mul_, add_;
+  Node base_node_, add_node_;
+  std::unique_ptr<OpKernel> base_, binary_;
 };
 
 // slim:QLinearGlobalAveragePool (fused_ops.h): int32 sums per channel, requantized once.
@@ -353,9 +384,9 @@ void register_fused_kernels(KernelRegistry& r) {
   r.add(simple_fused_def("QLookup", [](const Node&) { return std::make_unique<QLookupKernel>(); }));
   r.add(simple_fused_def("QLinearGlobalAveragePool",
                          [](const Node&) { return std::make_unique<QLinearGlobalAveragePoolKernel>(); }));
-  r.add(simple_fused_def("QLinearConvLookup", [](const Node& n) {
-    return std::make_unique<QLinearConvLookupKernel>(n);
-  }));
+  for (const char* op : {"QLinearConvLookup", "QLinearConvAdd", "QLinearMulAdd"})
+    r.add(simple_fused_def(
+        op, [](const Node& n) { return std::make_unique<QLinearEpilogueKernel>(n); }));
   for (const char* op : {"QLinearAdd", "QLinearMul"})
     r.add(simple_fused_def(op, [](const Node& n) { return std::make_unique<QLinearBinaryKernel>(n); }));
 }
