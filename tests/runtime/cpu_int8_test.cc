@@ -265,6 +265,7 @@ struct QConvCase {
   int64_t oc, k, group;
   DType xt, wt, yt;
   bool per_channel, bias;
+  Shape strides = {1, 1}, dilations = {1, 1}, pads = {};  // pads: k / 2 all round
 };
 
 void add_qlinear_params(ModelBuilder& b, const std::string& p, DType xt, DType yt, int64_t oc,
@@ -295,6 +296,45 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // 1x1 over more sums than 512 KiB: run in bands of rows (36 of 72 here)
       {{1, 8, 72, 64}, 40, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
       {{1, 9, 72, 64}, 40, 1, 1, DType::i8, DType::i8, DType::i8, false, false},
+      // Where vpdpbusd is exact (AVX-512 VNNI, AVX-VNNI) slim's direct kernel runs these:
+      // blocks of 4 vectors and a narrower last one, strides, channels not a multiple of 4
+      {{1, 5, 11, 13}, 70, 3, 1, DType::u8, DType::i8, DType::u8, true, true, {2, 2}},
+      // batches, a 1x1 convolution with strides, a source copied from NCHW
+      {{2, 36, 9, 10}, 36, 1, 1, DType::u8, DType::i8, DType::u8, true, true, {2, 2}},
+      // dilations and uneven padding, an int8 source, uint8 weights (zero point 128)
+      {{1, 7, 12, 12},
+       24,
+       3,
+       1,
+       DType::i8,
+       DType::u8,
+       DType::i8,
+       false,
+       true,
+       {1, 1},
+       {2, 2},
+       {2, 1, 2, 3}},
+      // one output channel (oneDNN's kernel); a padded 5x5 with stride 3
+      {{1, 12, 6, 6}, 1, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
+      {{1, 16, 14, 9}, 48, 5, 1, DType::u8, DType::i8, DType::u8, true, false, {3, 3}},
+      // fewer output pixels than a tile (SE's 1x1 convolutions on [N, C, 1, 1])
+      {{1, 8, 2, 2}, 16, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
+      {{1, 40, 1, 1}, 24, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
+      // depthwise (oneDNN's kernels): strides, dilations, an int8 source
+      {{1, 20, 13, 11}, 20, 5, 20, DType::i8, DType::i8, DType::u8, true, true, {2, 2}},
+      {{1, 40, 9, 10},
+       40,
+       3,
+       40,
+       DType::u8,
+       DType::u8,
+       DType::i8,
+       false,
+       true,
+       {1, 1},
+       {2, 2},
+       {2, 1, 2, 3}},
+      {{1, 72, 3, 2}, 72, 3, 72, DType::u8, DType::i8, DType::u8, true, false},
   };
   for (const QConvCase& c : cases) {
     SCOPED_TRACE("x " + shape_str(c.x) + " group " + std::to_string(c.group));
@@ -310,7 +350,10 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       in.push_back("b");
     }
     Node& n = b.node("QLinearConv", in, {"y"}, "conv");
-    n.attrs["pads"] = attr_ints({c.k / 2, c.k / 2, c.k / 2, c.k / 2});
+    n.attrs["pads"] =
+        attr_ints(c.pads.empty() ? Shape{c.k / 2, c.k / 2, c.k / 2, c.k / 2} : c.pads);
+    n.attrs["strides"] = attr_ints(c.strides);
+    n.attrs["dilations"] = attr_ints(c.dilations);
     n.attrs["group"] = attr_int(c.group);
     expect_matches_ref(b.build(), {{"x", extreme_8bit(c.xt, c.x, 5)}}, "conv", "cpu", 0, 0);
   }
@@ -322,6 +365,35 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       b.initializer("w", extreme_8bit(DType::i8, {37, 19}, 4));
       b.node("QLinearMatMul", {"a", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"y"}, "mm");
       expect_matches_ref(b.build(), {{"a", extreme_8bit(at, {2, 5, 37}, 6)}}, "mm", "cpu", 0, 0);
+    }
+}
+
+// QLinearConvs hand each other channels-last bytes: the direct kernel reads them as they
+// are (unsigned, channels in quads, no padding) or copies them (int8, 37 channels, padded).
+TEST(CpuInt8, ChainsOfQLinearConvsOfAnyWidthGiveRefsBytes) {
+  for (DType t : {DType::u8, DType::i8})
+    for (int64_t mid : {37, 40}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::to_string(mid) + " channels");
+      const Shape xs = {1, 6, 10, 11};
+      ModelBuilder b(13);
+      b.input("x", DType::u8, spec(xs)).output("y");
+      auto qconv = [&](const std::string& x, const std::string& y, DType xt, DType yt, int64_t ic,
+                       int64_t oc, int64_t k, uint64_t seed) {
+        add_qlinear_params(b, y, xt, yt, oc, DType::i8, true, seed);
+        b.initializer(y + "w", extreme_8bit(DType::i8, {oc, ic, k, k}, seed));
+        Tensor bias(DType::i32, {oc});
+        for (int64_t i = 0; i < oc; ++i) bias.data<int32_t>()[i] = int32_t(i * 131 - 700);
+        b.initializer(y + "b", bias);
+        Node& n = b.node(
+            "QLinearConv",
+            {x, y + "xs", y + "xz", y + "w", y + "ws", y + "wz", y + "ys", y + "yz", y + "b"}, {y},
+            y);
+        n.attrs["pads"] = attr_ints({k / 2, k / 2, k / 2, k / 2});
+      };
+      qconv("x", "c1", DType::u8, t, 6, mid, 3, 21);
+      qconv("c1", "c2", t, t, mid, 12, 1, 22);
+      qconv("c2", "y", t, DType::u8, 12, 9, 3, 23);
+      expect_matches_ref(b.build(), {{"x", extreme_8bit(DType::u8, xs, 24)}}, "c2", "cpu", 0, 0);
     }
 }
 

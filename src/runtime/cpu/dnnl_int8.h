@@ -22,10 +22,14 @@
 
 namespace slim::cpu {
 
-// Whether oneDNN's 8-bit products accumulate exactly in int32 at the level it runs:
-// with AVX-512 VNNI or AMX (AVX2's VNNI form is not counted: oneDNN's AVX2 kernels of
-// this version do not use it everywhere).
-bool int8_products_exact();
+// The instruction that sums u8 x s8 products exactly in int32 (vpdpbusd) at the level
+// oneDNN runs: AVX-512 VNNI (amx: with AMX tiles too), AVX-VNNI at AVX2 (unless
+// SLIM_AVX_VNNI=0), or none: oneDNN then multiplies with vpmaddubsw, whose int16 pair sums
+// saturate, and the weights are split. Where there is one, slim's direct convolution
+// (Int8Conv) runs requantized convolutions of one group on it (with AMX only those
+// reducing fewer than 64 bytes per output, where AMX's tiles are mostly padding).
+enum class Int8Dot { none, avx_vnni, avx512_vnni, amx };
+Int8Dot int8_dot();
 
 // Where the int32 sums of an 8-bit product go, in the layout ONNX gives the output (NCHW
 // for a convolution, row-major [rows, N] for a matrix product): as they are (ConvInteger,
