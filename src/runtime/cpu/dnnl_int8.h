@@ -66,6 +66,34 @@ struct Int8Output {
 // on to its neighbours (and slim:QLookup passes through).
 uint64_t int8_nhwc_layout(const Shape& nchw, DType t);
 
+// A one-input 8-bit kernel of 4-D tensors that keeps its input's layout: it reads a
+// neighbour's channels-last bytes (int8_nhwc_layout) and then writes channels-last itself
+// (MaxPool, nearest Resize and DepthToSpace of bytes); compute() reads cl_x_ and cl_y_.
+class ByteLayoutKernel : public OpKernel {
+ public:
+  ByteLayoutKernel(DType t, const Shape& x, const Shape& y)
+      : t_(t), x_shape_(x), y_shape_(y), nhwc_x_(int8_nhwc_layout(x, t)), nhwc_y_(int8_nhwc_layout(y, t)) {}
+  bool static_output(int i, DType* dtype, Shape* shape) const override {
+    *dtype = t_;
+    *shape = y_shape_;
+    return i == 0;
+  }
+  bool accepts_private_input(int i, uint64_t layout) const override {
+    return i == 0 && layout == nhwc_x_;
+  }
+  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
+  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
+  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+
+ protected:
+  const DType t_;
+  const Shape x_shape_, y_shape_;
+  bool cl_x_ = false, cl_y_ = false;
+
+ private:
+  const uint64_t nhwc_x_, nhwc_y_;
+};
+
 // A 2-D convolution (4-D tensors) with 8-bit weights [OC, IC / group, kh, kw], constant.
 class Int8Conv {
  public:

@@ -205,23 +205,9 @@ class DnnlPoolKernel final : public OpKernel {
 // from a QLinearConv (or QLookup) are pooled as runs of C bytes per tap, vectorized
 // (max_bytes), and handed on so; NCHW planes take each output row's maximum over the
 // window's rows (vectorized along the row), then over the columns.
-class ByteMaxPoolKernel final : public OpKernel {
+class ByteMaxPoolKernel final : public ByteLayoutKernel {
  public:
-  ByteMaxPoolKernel(PoolSetup s, DType t) : s_(std::move(s)), t_(t) {
-    nhwc_x_ = int8_nhwc_layout(s_.x, t_);
-    nhwc_y_ = int8_nhwc_layout(s_.y, t_);
-  }
-  bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = t_;
-    *shape = s_.y;
-    return i == 0;
-  }
-  bool accepts_private_input(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_x_;
-  }
-  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
-  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
-  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+  ByteMaxPoolKernel(PoolSetup s, DType t) : ByteLayoutKernel(t, s.x, s.y), s_(std::move(s)) {}
 
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, s_.x, t_);
@@ -293,9 +279,6 @@ class ByteMaxPoolKernel final : public OpKernel {
 
  private:
   PoolSetup s_;
-  DType t_;
-  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
-  bool cl_x_ = false, cl_y_ = false;
 };
 
 KernelDef pool_def(const std::string& op, int64_t since, PoolKind kind) {

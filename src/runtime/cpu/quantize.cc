@@ -1191,25 +1191,12 @@ KernelDef qbinary_def(const char* op) {
 // stride goes (fuse_qdq: a 1x1 QLinearConv to kernel-area x channels, then this). It reads
 // a QLinearConv's channels-last bytes and hands them on so; in DCR mode each output pixel
 // of a channels-last output is one run of C bytes.
-class ByteDepthToSpaceKernel final : public OpKernel {
+class ByteDepthToSpaceKernel final : public ByteLayoutKernel {
  public:
   ByteDepthToSpaceKernel(const KernelBuildInfo& info, int64_t bs, bool dcr)
-      : t_(*info.input(0).dtype), x_shape_(*info.input(0).shape), bs_(bs), dcr_(dcr) {
-    y_shape_ = {x_shape_[0], x_shape_[1] / (bs * bs), x_shape_[2] * bs, x_shape_[3] * bs};
-    nhwc_x_ = int8_nhwc_layout(x_shape_, t_);
-    nhwc_y_ = int8_nhwc_layout(y_shape_, t_);
-  }
-  bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = t_;
-    *shape = y_shape_;
-    return i == 0;
-  }
-  bool accepts_private_input(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_x_;
-  }
-  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
-  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
-  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+      : ByteLayoutKernel(*info.input(0).dtype, *info.input(0).shape, output_shape(*info.input(0).shape, bs)),
+        bs_(bs),
+        dcr_(dcr) {}
   void compute(KernelContext& ctx) const override {
     check_input_shape(ctx, 0, x_shape_, t_);
     const auto* x = static_cast<const uint8_t*>(ctx.required_input(0).raw_data());
@@ -1259,12 +1246,9 @@ class ByteDepthToSpaceKernel final : public OpKernel {
   }
 
  private:
-  DType t_;
-  Shape x_shape_, y_shape_;
+  static Shape output_shape(const Shape& x, int64_t bs) { return {x[0], x[1] / (bs * bs), x[2] * bs, x[3] * bs}; }
   int64_t bs_;
   bool dcr_;
-  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
-  bool cl_x_ = false, cl_y_ = false;
 };
 
 KernelDef depth_to_space_def() {

@@ -531,23 +531,9 @@ std::optional<std::string> byte_resize_check(const KernelBuildInfo& info, bool u
   return std::nullopt;
 }
 
-class ByteResizeKernel final : public OpKernel {
+class ByteResizeKernel final : public ByteLayoutKernel {
  public:
-  ByteResizeKernel(ResizePlan p, DType t) : p_(std::move(p)), t_(t) {
-    nhwc_x_ = int8_nhwc_layout(p_.in, t_);
-    nhwc_y_ = int8_nhwc_layout(p_.out, t_);
-  }
-  bool static_output(int i, DType* dtype, Shape* shape) const override {
-    *dtype = t_;
-    *shape = p_.out;
-    return i == 0;
-  }
-  bool accepts_private_input(int i, uint64_t layout) const override {
-    return i == 0 && layout == nhwc_x_;
-  }
-  void use_private_input(int i, uint64_t) override { cl_x_ = i == 0; }
-  uint64_t private_output_layout(int i) const override { return i == 0 && cl_x_ ? nhwc_y_ : 0; }
-  void use_private_output(int i, uint64_t) override { cl_y_ = i == 0; }
+  ByteResizeKernel(ResizePlan p, DType t) : ByteLayoutKernel(t, p.in, p.out), p_(std::move(p)) {}
 
   void compute(KernelContext& ctx) const override {
     const Tensor& xt = ctx.required_input(0);
@@ -605,9 +591,6 @@ class ByteResizeKernel final : public OpKernel {
   }
 
   ResizePlan p_;
-  DType t_;
-  uint64_t nhwc_x_ = 0, nhwc_y_ = 0;
-  bool cl_x_ = false, cl_y_ = false;
 };
 
 bool byte_input(const KernelBuildInfo& info) {
