@@ -1010,14 +1010,16 @@ TEST(CpuInt8, QLinearConvWithItsResidualAddGivesRefsBytes) {
 // slim:QLinearMulAdd (fuse_residual_qlinear_add). x a QLinearConv's channels-last bytes
 // (read by the pool, the product and the Add) or a graph input's NCHW ones; the gate
 // [N, C, 1, 1] or a full second tensor; the sum on channels-last (to a table) or, read by a
-// graph output too, NCHW. Ref's bytes of the unfused nodes.
+// graph output too, NCHW. Ref's bytes of the unfused nodes. Gated images of 256 pixels or
+// more run through per-channel tables below AVX-512 (17 x 16; runtime_int8_avx2 and
+// runtime_int8_scalar), smaller ones element by element (9 x 11).
 TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
   for (DType t : {DType::u8, DType::i8})
     for (bool after_conv : {false, true})
-      for (bool gated : {false, true}) {
+      for (bool gated : {false, true})
+        for (const Shape& xs : {Shape{2, 13, 9, 11}, Shape{2, 13, 17, 16}}) {
         SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " conv" : "") +
-                     (gated ? " gated" : " full"));
-        const Shape xs = {2, 13, 9, 11};
+                     (gated ? " gated " : " full ") + shape_str(xs));
         ModelBuilder b(13);
         b.input("x", t, spec(xs)).output("y");
         if (!gated) b.input("f", t, spec(xs));
