@@ -13,17 +13,6 @@
 
 namespace slim::quant::detail {
 
-namespace {
-
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::i;
-  a.i = v;
-  return a;
-}
-
-}  // namespace
-
 std::optional<std::string> int4_refusal(const Graph& g, const GraphIndex& index, const Node& n) {
   if (n.op_type != "MatMul" && n.op_type != "Gemm")
     return n.op_type + " (only MatMul and Gemm have a 4-bit kernel)";

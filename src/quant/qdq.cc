@@ -18,14 +18,14 @@
 
 namespace slim::quant::detail {
 
-namespace {
-
 Attribute int_attr(int64_t v) {
   Attribute a;
   a.kind = Attribute::Kind::i;
   a.i = v;
   return a;
 }
+
+namespace {
 
 Attribute float_attr(float v) {
   Attribute a;

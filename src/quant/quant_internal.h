@@ -35,6 +35,9 @@ struct GraphIndex {
 };
 
 // The ops quantize_model knows, and how it treats each.
+// An integer attribute (the QDQ and MatMulNBits writers).
+Attribute int_attr(int64_t v);
+
 bool is_quantizable_op(const std::string& op);
 // Ops whose output takes its input's scale (data movement, max pooling): exact in 8 bits.
 bool shares_input_scale(const std::string& op);

@@ -126,6 +126,22 @@ struct Producers {
   std::unordered_map<std::string, Node*> of;
 };
 
+// `fused` (a kFusedDomain op) replaces `first` and `last`, the later one, in `last`'s place:
+// the inputs are ready there and its readers follow.
+void fuse_pair(PassGraph& g, UseIndex& index, std::unordered_map<const Node*, size_t>& pos,
+               Producers& made_by, Node* first, Node* last, std::unique_ptr<Node> fused) {
+  const size_t at = pos.at(last);
+  index.remove(first);
+  remove_at(g, pos.at(first));
+  index.remove(last);
+  g.removed.push_back(std::move(g.nodes[at]));
+  index.add(fused.get());
+  pos[fused.get()] = at;
+  made_by.of[fused->outputs[0]] = fused.get();
+  g.nodes[at] = std::move(fused);
+  g.opsets[kFusedDomain] = kFusedOpset;
+}
+
 }  // namespace
 
 int64_t fuse_qdq_elementwise(PassGraph& g) {
@@ -598,16 +614,7 @@ int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
     fused->inputs.resize(9);
     fused->inputs.push_back(l->inputs[1]);
     fused->outputs = l->outputs;
-    const size_t at = pos.at(l);
-    index.remove(c);
-    remove_at(g, pos.at(c));
-    index.remove(l);
-    g.removed.push_back(std::move(g.nodes[at]));
-    index.add(fused.get());
-    pos[fused.get()] = at;
-    made_by.of[fused->outputs[0]] = fused.get();
-    g.nodes[at] = std::move(fused);
-    g.opsets[kFusedDomain] = kFusedOpset;
+    fuse_pair(g, index, pos, made_by, c, l, std::move(fused));
     ++rewrites;
   }
   compact(g);
@@ -655,17 +662,7 @@ int64_t fuse_residual_qlinear_add(PassGraph& g) {
     for (size_t k : {ai + 1, ai + 2, bi, bi + 1, bi + 2, size_t(6), size_t(7)})
       fused->inputs.push_back(a->inputs[k]);
     fused->outputs = a->outputs;
-    // In the Add's place, where the residual is ready.
-    const size_t at = pos.at(a);
-    index.remove(c);
-    remove_at(g, pos.at(c));
-    index.remove(a);
-    g.removed.push_back(std::move(g.nodes[at]));
-    index.add(fused.get());
-    pos[fused.get()] = at;
-    made_by.of[fused->outputs[0]] = fused.get();
-    g.nodes[at] = std::move(fused);
-    g.opsets[kFusedDomain] = kFusedOpset;
+    fuse_pair(g, index, pos, made_by, c, a, std::move(fused));  // where the residual is ready
     ++rewrites;
   }
   compact(g);
