@@ -27,6 +27,15 @@ inline std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+// A new empty directory SLIM_TEST_TMP/<name><pid> (/tmp without it) for one test's files.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  const std::filesystem::path d =
+      std::filesystem::path(env_or("SLIM_TEST_TMP", "/tmp")) / (name + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 // Returns the directory the script filled, generating it when needed. Concurrent test
 // processes each write a private directory and the first rename wins.
 inline std::string fixture_dir(const std::string& script_name) {

@@ -105,8 +105,9 @@ TEST(OpsetUpgrade, OutputsStayTheSame) {
       EXPECT_NE(n.op_type, "Dropout");
       EXPECT_NE(n.op_type, "Scatter");
       if (n.op_type == "Slice" || n.op_type == "Squeeze" || n.op_type == "Split" ||
-          n.op_type == "Clip")
+          n.op_type == "Clip") {
         EXPECT_TRUE(n.attrs.empty() || n.op_type == "Split") << n.describe();
+      }
     }
     expect_same(run(m, {{"x", x}}), run(up, {{"x", x}}));
     // Written out and read back, it is still that model.

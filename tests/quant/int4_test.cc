@@ -27,11 +27,7 @@ namespace {
 constexpr int64_t kIn = 40, kHidden = 24, kOut = 8;  // K = 40: a full block of 32 and a part
 
 fs::path scratch() {
-  const fs::path d =
-      fs::path(env_or("SLIM_TEST_TMP", "/tmp")) / ("quant_int4_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return slim::forest::testing::scratch_dir("quant_int4_");
 }
 
 Tensor random(Shape shape, std::mt19937& rng, float sd) {

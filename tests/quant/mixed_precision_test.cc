@@ -30,11 +30,7 @@ constexpr int64_t kWidth = 16, kClasses = 8, kDead = 5;  // input channel kDead 
 constexpr Precision F = Precision::fp32, I8 = Precision::int8, I4 = Precision::int4;
 
 fs::path scratch(const std::string& name) {
-  const fs::path d = fs::path(env_or("SLIM_TEST_TMP", "/tmp")) /
-                     ("mixed_precision_" + name + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return slim::forest::testing::scratch_dir("mixed_precision_" + name);
 }
 
 Tensor random(Shape shape, std::mt19937& rng, float sd) {

@@ -28,11 +28,7 @@ std::string models() {
 }
 
 fs::path scratch(const std::string& name) {
-  const fs::path d = fs::path(env_or("SLIM_TEST_TMP", "/tmp")) /
-                     ("quantizer_" + name + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return slim::forest::testing::scratch_dir("quantizer_" + name);
 }
 
 SampleSet samples(const std::string& model, const std::string& part) {

@@ -23,11 +23,7 @@ std::string fixtures() {
 }
 
 fs::path scratch(const std::string& name) {
-  const fs::path d = fs::path(env_or("SLIM_TEST_TMP", "/tmp")) /
-                     ("quant_samples_" + name + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return slim::forest::testing::scratch_dir("quant_samples_" + name);
 }
 
 ValueInfo input(const std::string& name, DType dt, std::vector<Dim> dims) {
