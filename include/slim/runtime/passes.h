@@ -125,7 +125,8 @@ int64_t fuse_qdq_elementwise(PassGraph& g);
 // never decreases, then the table (or the table composed into a slim:QLookup before it, or
 // before it for fuse_qlinear_conv_lookup to fold into a QLinearConv: either only feeding
 // it). Nearest resizing and concatenation copy values and max commutes with a
-// non-decreasing table, so all are exact.
+// non-decreasing table, so all are exact. Last, a slim:QLookup read only by another becomes
+// one table (the second's applied to the first's bytes).
 int64_t fuse_qdq_movement(PassGraph& g);
 
 // When g.int8_kernels, once the passes above are done: a QLinearConv read only by a

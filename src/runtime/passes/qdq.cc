@@ -589,6 +589,24 @@ int64_t fuse_qdq_movement(PassGraph& g) {
     g.opsets[kFusedDomain] = kFusedOpset;
     ++rewrites;
   }
+  // A slim:QLookup read only by another (an activation, then PP-LCNetV3's learnable
+  // x * a + b, each quantized): one table, the first's followed by the second's.
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node* second = g.nodes[i].get();
+    if (!is_lookup(second) || second->inputs.size() != 2 || !g.constant(second->inputs[1]))
+      continue;
+    Node* first = made_by(second->inputs[0]);
+    if (!is_lookup(first) || first->inputs.size() != 2 || !g.constant(first->inputs[1]) ||
+        index.sole_reader(first->outputs[0]) != second || index.pinned(first->outputs[0]))
+      continue;
+    compose_into(first, *g.constant(second->inputs[1]));
+    index.remove(first);
+    first->outputs = second->outputs;
+    index.add(first);
+    made_by.of[first->outputs[0]] = first;
+    free_slot(second);
+    ++rewrites;
+  }
   compact(g);
   return rewrites;
 }
