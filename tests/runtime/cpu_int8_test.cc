@@ -1020,61 +1020,61 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
     for (bool after_conv : {false, true})
       for (bool gated : {false, true})
         for (const Shape& xs : {Shape{2, 13, 9, 11}, Shape{2, 13, 17, 16}}) {
-        SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " conv" : "") +
-                     (gated ? " gated " : " full ") + shape_str(xs));
-        ModelBuilder b(13);
-        b.input("x", t, spec(xs)).output("y");
-        if (!gated) b.input("f", t, spec(xs));
-        if (gated) b.output("s_out");  // the sum also goes out: NCHW
-        const int z0 = t == DType::u8 ? 128 : 0;
-        auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
-        std::set<std::string> dequantized;
-        auto dq = [&](const std::string& v) {
-          if (dequantized.insert(v).second)
-            b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
-          return v + "_dq";
-        };
-        auto q = [&](const std::string& f, const std::string& v) {
-          b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
-          return v;
-        };
-        params("x", 0.031f, z0 - 3);
-        params("f", 0.02f, z0 + 30);
-        std::string src = "x";
-        if (after_conv) {
-          params("c", 0.09f, z0 - 40);
-          add_qconv(b, "x", "c", 13, 13, 3, 41);
-          src = "c";
+          SCOPED_TRACE(std::string(t == DType::u8 ? "u8" : "i8") + (after_conv ? " conv" : "") +
+                       (gated ? " gated " : " full ") + shape_str(xs));
+          ModelBuilder b(13);
+          b.input("x", t, spec(xs)).output("y");
+          if (!gated) b.input("f", t, spec(xs));
+          if (gated) b.output("s_out");  // the sum also goes out: NCHW
+          const int z0 = t == DType::u8 ? 128 : 0;
+          auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
+          std::set<std::string> dequantized;
+          auto dq = [&](const std::string& v) {
+            if (dequantized.insert(v).second)
+              b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+            return v + "_dq";
+          };
+          auto q = [&](const std::string& f, const std::string& v) {
+            b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
+            return v;
+          };
+          params("x", 0.031f, z0 - 3);
+          params("f", 0.02f, z0 + 30);
+          std::string src = "x";
+          if (after_conv) {
+            params("c", 0.09f, z0 - 40);
+            add_qconv(b, "x", "c", 13, 13, 3, 41);
+            src = "c";
+          }
+          std::string other = "f";
+          if (gated) {
+            params("g", 0.01f, z0);
+            b.node("GlobalAveragePool", {dq(src)}, {"g_f"});
+            q("g_f", "g");
+            params("gate", 1.f / 255, z0 - 128);
+            b.node("HardSigmoid", {dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
+            other = q("gate_f", "gate");
+          }
+          params("m", 0.05f, z0 + 5);
+          b.node("Mul", {dq(src), dq(other)}, {"m_f"});
+          q("m_f", "m");
+          params("s", 0.11f, z0 - 9);
+          b.node("Add", {dq(src), dq("m")}, {"s_f"});
+          q("s_f", "s");
+          if (gated) b.node("Identity", {"s"}, {"s_out"});
+          negate_to_output(b, "s", t, 0.11f, z0 - 9, "y");
+          const Model m = b.build();
+          TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
+          if (!gated) in["f"] = extreme_8bit(t, xs, 53);
+          SessionOptions o;
+          o.providers = {"cpu", "ref"};
+          auto fast = Session::compile(m, o);
+          auto ops = cpu_ops(*fast);
+          EXPECT_EQ(ops["slim:QLinearMulAdd"], 1);
+          EXPECT_EQ(ops["slim:QLinearMul"] + ops["slim:QLinearAdd"], 0);
+          EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
+          expect_bytes_of_ref(m, in, *fast);
         }
-        std::string other = "f";
-        if (gated) {
-          params("g", 0.01f, z0);
-          b.node("GlobalAveragePool", {dq(src)}, {"g_f"});
-          q("g_f", "g");
-          params("gate", 1.f / 255, z0 - 128);
-          b.node("HardSigmoid", {dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
-          other = q("gate_f", "gate");
-        }
-        params("m", 0.05f, z0 + 5);
-        b.node("Mul", {dq(src), dq(other)}, {"m_f"});
-        q("m_f", "m");
-        params("s", 0.11f, z0 - 9);
-        b.node("Add", {dq(src), dq("m")}, {"s_f"});
-        q("s_f", "s");
-        if (gated) b.node("Identity", {"s"}, {"s_out"});
-        negate_to_output(b, "s", t, 0.11f, z0 - 9, "y");
-        const Model m = b.build();
-        TensorMap in = {{"x", extreme_8bit(t, xs, 51)}};
-        if (!gated) in["f"] = extreme_8bit(t, xs, 53);
-        SessionOptions o;
-        o.providers = {"cpu", "ref"};
-        auto fast = Session::compile(m, o);
-        auto ops = cpu_ops(*fast);
-        EXPECT_EQ(ops["slim:QLinearMulAdd"], 1);
-        EXPECT_EQ(ops["slim:QLinearMul"] + ops["slim:QLinearAdd"], 0);
-        EXPECT_EQ(ops["QuantizeLinear"] + ops["DequantizeLinear"], 0);
-        expect_bytes_of_ref(m, in, *fast);
-      }
 }
 
 // A Concat of 8-bit bytes along channels takes channels-last inputs (QLinearConvs' bytes)

@@ -72,7 +72,11 @@ uint64_t int8_nhwc_layout(const Shape& nchw, DType t);
 class ByteLayoutKernel : public OpKernel {
  public:
   ByteLayoutKernel(DType t, const Shape& x, const Shape& y)
-      : t_(t), x_shape_(x), y_shape_(y), nhwc_x_(int8_nhwc_layout(x, t)), nhwc_y_(int8_nhwc_layout(y, t)) {}
+      : t_(t),
+        x_shape_(x),
+        y_shape_(y),
+        nhwc_x_(int8_nhwc_layout(x, t)),
+        nhwc_y_(int8_nhwc_layout(y, t)) {}
   bool static_output(int i, DType* dtype, Shape* shape) const override {
     *dtype = t_;
     *shape = y_shape_;

@@ -1100,7 +1100,8 @@ class QLinearBinaryKernel final : public OpKernel {
         });
       } else {
         parallel_items(ctx, nb * ch, px, kGrain, [&](int64_t s, int64_t e) {
-          for (int64_t g = s; g < e; ++g) lookup_bytes(tables.data() + g * 256, a + g * px, out + g * px, px);
+          for (int64_t g = s; g < e; ++g)
+            lookup_bytes(tables.data() + g * 256, a + g * px, out + g * px, px);
         });
       }
     } else if (work_cl) {
@@ -1231,7 +1232,8 @@ KernelDef qbinary_def(const char* op) {
 class ByteDepthToSpaceKernel final : public ByteLayoutKernel {
  public:
   ByteDepthToSpaceKernel(const KernelBuildInfo& info, int64_t bs, bool dcr)
-      : ByteLayoutKernel(*info.input(0).dtype, *info.input(0).shape, output_shape(*info.input(0).shape, bs)),
+      : ByteLayoutKernel(*info.input(0).dtype, *info.input(0).shape,
+                         output_shape(*info.input(0).shape, bs)),
         bs_(bs),
         dcr_(dcr) {}
   void compute(KernelContext& ctx) const override {
@@ -1283,7 +1285,9 @@ class ByteDepthToSpaceKernel final : public ByteLayoutKernel {
   }
 
  private:
-  static Shape output_shape(const Shape& x, int64_t bs) { return {x[0], x[1] / (bs * bs), x[2] * bs, x[3] * bs}; }
+  static Shape output_shape(const Shape& x, int64_t bs) {
+    return {x[0], x[1] / (bs * bs), x[2] * bs, x[3] * bs};
+  }
   int64_t bs_;
   bool dcr_;
 };

@@ -126,6 +126,14 @@ struct Producers {
   std::unordered_map<std::string, Node*> of;
 };
 
+// Whether n is slim's fused op `op` (kFusedDomain).
+bool is_fused(const Node* n, const char* op) {
+  return n && n->domain == kFusedDomain && n->op_type == op;
+}
+bool is_lookup(const Node* n) {
+  return is_fused(n, "QLookup");
+}
+
 // `fused` (a kFusedDomain op) replaces `first` and `last`, the later one, in `last`'s place:
 // the inputs are ready there and its readers follow.
 void fuse_pair(PassGraph& g, UseIndex& index, std::unordered_map<const Node*, size_t>& pos,
@@ -149,9 +157,6 @@ int64_t fuse_qdq_elementwise(PassGraph& g) {
   UseIndex index(g);
   auto pos = positions(g);
   Producers made_by(g);
-  auto is_lookup = [](const Node* n) {
-    return n && n->domain == kFusedDomain && n->op_type == "QLookup";
-  };
   auto drop = [&](Node* n) {
     index.remove(n);
     remove_at(g, pos.at(n));
@@ -430,9 +435,6 @@ int64_t fuse_qdq_movement(PassGraph& g) {
       return std::nullopt;
     }
   };
-  auto is_lookup = [](const Node* n) {
-    return n && n->domain == kFusedDomain && n->op_type == "QLookup";
-  };
   auto free_slot = [&](Node* n) {
     index.remove(n);
     const size_t at = pos.at(n);
@@ -619,8 +621,7 @@ int64_t fuse_qlinear_conv_lookup(PassGraph& g) {
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* l = g.nodes[i].get();
-    if (!l || l->domain != kFusedDomain || l->op_type != "QLookup" || l->inputs.size() != 2)
-      continue;
+    if (!is_lookup(l) || l->inputs.size() != 2) continue;
     Node* c = made_by(l->inputs[0]);
     if (!is_op(c, "QLinearConv") || c->outputs.size() != 1 || c->inputs.size() < 8 ||
         index.sole_reader(c->outputs[0]) != l || index.pinned(c->outputs[0]) ||
@@ -644,9 +645,6 @@ int64_t fuse_residual_qlinear_add(PassGraph& g) {
   UseIndex index(g);
   auto pos = positions(g);
   Producers made_by(g);
-  auto is_fused = [](const Node* n, const char* op) {
-    return n && n->domain == kFusedDomain && n->op_type == op;
-  };
   int64_t rewrites = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node* a = g.nodes[i].get();
