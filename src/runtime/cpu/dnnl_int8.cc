@@ -272,13 +272,7 @@ SLIM_INLINE void requantize_row(const int32_t* acc, int64_t n, int32_t add, cons
     const I q = round_clamped<W>(__builtin_convertvector(a + c * add + b, typename Vec<W>::F) *
                                      load<W>(scale + k),
                                  zp, lo, hi);
-    if (is_signed) {
-      const auto v = __builtin_convertvector(q, typename Bytes<W>::S);
-      std::memcpy(out + k, &v, W);
-    } else {
-      const auto v = __builtin_convertvector(q, typename Bytes<W>::U);
-      std::memcpy(out + k, &v, W);
-    }
+    store_low_bytes<W>(out + k, q);
   }
   for (; k < n; ++k) {
     const int32_t a = acc[k] + (comp ? comp[k] * add : 0) + (qbias ? qbias[k] : 0);

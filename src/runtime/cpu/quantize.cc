@@ -57,23 +57,26 @@ SLIM_INLINE void min_max_loop(const float* x, int64_t n, float* lo, float* hi, b
   *nan = *nan || any_nan;
 }
 
-// Whether any lane of a comparison result is set: narrowed to bytes and tested 8 at a time.
+// Whether any lane of a comparison result is set.
 template <int W>
 SLIM_INLINE bool any_lane(typename Vec<W>::I m) {
-  const auto b = __builtin_convertvector(m, typename Bytes<W>::S);
   if constexpr (W == 16) {
-    // One 128-bit test (vptest) instead of two 64-bit extracts and an or.
+    // Narrowed to bytes (vpmovdb), then one 128-bit test (vptest).
+    const auto b = __builtin_convertvector(m, typename Bytes<W>::S);
     unsigned __int128 all;
     std::memcpy(&all, &b, 16);
     return all != 0;
-  } else if constexpr (W % 8 == 0) {
-    uint64_t parts[W / 8], any = 0;
-    std::memcpy(parts, &b, W);
-    for (int k = 0; k < W / 8; ++k) any |= parts[k];
-    return any != 0;
+  } else if constexpr (W == 8) {
+    // The two halves or-ed: AVX2 has no narrowing to bytes, and GCC 12 converts lane by lane.
+    typedef int32_t H __attribute__((vector_size(16)));
+    const H o =
+        __builtin_shufflevector(m, m, 0, 1, 2, 3) | __builtin_shufflevector(m, m, 4, 5, 6, 7);
+    unsigned __int128 all;
+    std::memcpy(&all, &o, 16);
+    return all != 0;
   } else {
     bool any = false;
-    for (int k = 0; k < W; ++k) any = any || b[k];
+    for (int k = 0; k < W; ++k) any = any || m[k];
     return any;
   }
 }
@@ -103,17 +106,10 @@ SLIM_INLINE void quantize_loop(const float* x, void* y, int64_t n, float scale, 
   const float lo = float(qlo - zp), hi = float(qhi - zp);
   // 1 / scale must be a normal float for the error bound above; else always divide.
   const float inv = std::isnormal(1.f / scale) ? 1.f / scale : 0.f;
-  auto store_q = [&](int64_t i, typename Vec<W>::I q) {
-    if (qlo == 0) {
-      const auto b = __builtin_convertvector(q, typename Bytes<W>::U);
-      std::memcpy(static_cast<uint8_t*>(y) + i, &b, W);
-    } else {
-      const auto b = __builtin_convertvector(q, typename Bytes<W>::S);
-      std::memcpy(static_cast<int8_t*>(y) + i, &b, W);
-    }
-  };
   int64_t i = 0;
-  for (; i + W <= n; i += W) store_q(i, quantize_vec<W>(load<W>(x + i), scale, inv, zp, lo, hi));
+  for (; i + W <= n; i += W)
+    store_low_bytes<W>(static_cast<uint8_t*>(y) + i,
+                       quantize_vec<W>(load<W>(x + i), scale, inv, zp, lo, hi));
   for (; i < n; ++i) {
     const int32_t q = ref::quantize_value(x[i], scale, zp, qlo, qhi);
     if (qlo == 0)
@@ -711,13 +707,7 @@ SLIM_INLINE void qbinary_loop(const uint8_t* a, const uint8_t* b, float bv, uint
                          splat<W>(pb.scale)
                    : splat<W>(bv);
     const auto q = quantize_vec<W>(mul ? fa * fb : fa + fb, pc.scale, inv, pc.zp, lo, hi);
-    if (pc.is_signed) {
-      const auto v = __builtin_convertvector(q, typename Bytes<W>::S);
-      std::memcpy(c + i, &v, W);
-    } else {
-      const auto v = __builtin_convertvector(q, typename Bytes<W>::U);
-      std::memcpy(c + i, &v, W);
-    }
+    store_low_bytes<W>(c + i, q);
   }
   auto value = [](const uint8_t* p, int64_t k, QParams q) {
     return float((q.is_signed ? int32_t(int8_t(p[k])) : int32_t(p[k])) - q.zp) * q.scale;
