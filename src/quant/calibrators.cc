@@ -208,26 +208,31 @@ struct ChannelView {
   }
 };
 
-void round_channel(const float* x, int8_t* out, const ChannelView& v, int64_t c, float s) {
+void round_channel(const float* x, int8_t* out, const ChannelView& v, int64_t c, float s,
+                   int qmax) {
+  const float hi = float(qmax);
   for (int64_t o = 0; o < v.outer; ++o)
     for (int64_t i = 0; i < v.inner; ++i) {
       const int64_t k = (o * v.channels + c) * v.inner + i;
-      out[k] = int8_t(std::clamp(std::nearbyint(x[k] / s), -127.0f, 127.0f));
+      out[k] = int8_t(std::clamp(std::nearbyint(x[k] / s), -hi, hi));
     }
 }
 
 }  // namespace
 
-QuantizedWeight quantize_weight(const Tensor& w, int axis) {
+QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax) {
   check(w.dtype() == DType::f32, ErrorCode::invalid_argument,
         "quantize_weight: " + w.describe() + " is not f32");
   check(axis < w.rank(), ErrorCode::invalid_argument,
         "quantize_weight: axis " + std::to_string(axis) + " of " + w.describe());
+  check(qmax >= 1 && qmax <= 127, ErrorCode::invalid_argument,
+        "quantize_weight: qmax " + std::to_string(qmax) + " is not in [1, 127]");
   const Tensor src = w.contiguous();
   const float* x = src.data<float>();
   const ChannelView v(w.shape(), axis, w.numel());
   QuantizedWeight q;
   q.axis = axis;
+  q.qmax = qmax;
   q.values = Tensor(DType::i8, w.shape());
   q.scales.assign(size_t(v.channels), 1.0f);
   for (int64_t c = 0; c < v.channels; ++c) {
@@ -235,9 +240,9 @@ QuantizedWeight quantize_weight(const Tensor& w, int axis) {
     for (int64_t o = 0; o < v.outer; ++o)
       for (int64_t i = 0; i < v.inner; ++i)
         absmax = std::max(absmax, std::fabs(x[(o * v.channels + c) * v.inner + i]));
-    const float scale = (absmax - -absmax) / 254.0f;
+    const float scale = (absmax - -absmax) / float(2 * qmax);
     q.scales[size_t(c)] = scale >= std::numeric_limits<float>::min() ? scale : 1.0f;
-    round_channel(x, q.values.data<int8_t>(), v, c, q.scales[size_t(c)]);
+    round_channel(x, q.values.data<int8_t>(), v, c, q.scales[size_t(c)], qmax);
   }
   return q;
 }
@@ -247,7 +252,7 @@ void widen_weight_scale(const Tensor& w, QuantizedWeight& q, int64_t c, float sc
   q.scales[size_t(c)] = scale;
   const Tensor src = w.contiguous();
   round_channel(src.data<float>(), q.values.data<int8_t>(),
-                ChannelView(w.shape(), q.axis, w.numel()), c, scale);
+                ChannelView(w.shape(), q.axis, w.numel()), c, scale, q.qmax);
 }
 
 Tensor dequantize_weight(const QuantizedWeight& q) {

@@ -937,6 +937,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
   q["symmetric"] = qo.activations.symmetric;
   q["per_channel"] = qo.per_channel;
   q["bias_correction"] = qo.bias_correction;
+  if (qo.reduce_range) q["reduce_range"] = true;  // absent: 8-bit weights (older plans too)
   q["ops"] = std::vector<std::string>(qo.op_types.begin(), qo.op_types.end());
   q["exclude"] = std::vector<std::string>(qo.exclude_nodes.begin(), qo.exclude_nodes.end());
   q["max_samples"] = qo.max_samples;
@@ -1063,6 +1064,7 @@ LoadedPlan read_plan(const std::string& path) {
     o.activations.symmetric = q.value("symmetric", false);
     o.per_channel = q.value("per_channel", true);
     o.bias_correction = q.value("bias_correction", false);
+    o.reduce_range = q.value("reduce_range", false);
     o.max_samples = q.value("max_samples", int64_t(0));
     o.int4_block = q.value("int4_block", int64_t(32));
     for (const auto& s : q.value("ops", std::vector<std::string>{})) o.op_types.insert(s);

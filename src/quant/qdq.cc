@@ -290,7 +290,7 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
     WeightEntry& entry = weights[{wname, axis}];
     const Tensor& w = g.initializers.at(wname);
     if (entry.output.empty()) {
-      entry.q = quantize_weight(w, axis);
+      entry.q = quantize_weight(w, axis, o.reduce_range ? 64 : 127);
       const std::string qn = names.fresh(wname + "_quantized"),
                         zn = names.fresh(wname + "_zero_point");
       entry.scale = names.fresh(wname + "_scale");

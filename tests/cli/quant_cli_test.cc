@@ -71,6 +71,52 @@ TEST_F(QuantCli, QuantizesEvaluatesAndRunsTheDigitsClassifier) {
   EXPECT_NE(run.out.find("probabilities  f32[400,10]"), std::string::npos) << run.out;
 }
 
+// --reduce-range: 7-bit weights, every int8 value in [-64, 64] (pair-safe for AVX2 CPUs
+// without VNNI), recorded in the report and the plan; the QDQ file loads and runs. Without
+// the flag the weights use the full [-127, 127].
+TEST_F(QuantCli, ReduceRangeWritesSevenBitWeights) {
+  const std::string calib = " --calib " + dir_ + "/calib --calib-cache " + dir_ + "/cache";
+  const std::string out = dir_ + "/reduced.onnx", full = dir_ + "/full.onnx";
+  const auto r = run_slim("quantize " + model() + " -o " + out + calib + " --reduce-range --json " +
+                          dir_ + "/reduced.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("per-channel weights (7-bit, reduce range)"), std::string::npos) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir_ + "/reduced.json")).at("reduce_range"), true);
+  const auto f = run_slim("quantize " + model() + " -o " + full + calib);
+  ASSERT_EQ(f.exit_code, 0) << f.out << f.err;
+  // The smallest and largest int8 weight of each file (the QuantizeLinear-free weights).
+  const auto range = [&](const std::string& file) {
+    const auto p = run_command(
+        "/usr/bin/python3 -c \"import onnx, numpy as np; from onnx import numpy_helper as h; "
+        "m = onnx.load('" +
+        file +
+        "'); v = np.concatenate([h.to_array(t).ravel().astype(np.int64) for t in "
+        "m.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.name.endswith("
+        "'_quantized')]); print(v.min(), v.max())\"");
+    EXPECT_EQ(p.exit_code, 0) << p.err;
+    return p.out;
+  };
+  EXPECT_EQ(range(out), "-64 64\n");
+  const std::string wide = range(full);
+  EXPECT_TRUE(wide.find("-127") != std::string::npos || wide.find(" 127") != std::string::npos)
+      << wide;
+  const auto run = run_slim("run " + out + " -i pixels=" + dir_ + "/held/pixels.npy --argmax");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("probabilities  f32[400,10]"), std::string::npos) << run.out;
+  // A mixed-precision plan keeps the setting, and re-applied gives the same bytes.
+  const std::string mixed = dir_ + "/reduced_mixed.onnx", plan = dir_ + "/reduced_plan.json";
+  const auto m = run_slim("quantize " + model() + " -o " + mixed + calib +
+                          " --reduce-range --threads 1 --latency-runs 3 --accuracy-budget 1 "
+                          "--no-int4 --plan-out " +
+                          plan);
+  ASSERT_EQ(m.exit_code, 0) << m.out << m.err;
+  EXPECT_EQ(nlohmann::json::parse(read_file(plan)).at("quantizer").at("reduce_range"), true);
+  const auto again = run_slim("quantize " + model() + " -o " + dir_ + "/reduced_again.onnx" +
+                              calib + " --plan " + plan);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_EQ(read_file(mixed), read_file(dir_ + "/reduced_again.onnx"));
+}
+
 TEST_F(QuantCli, BadInputIsNamed) {
   struct Case {
     std::string args, message;
@@ -108,6 +154,8 @@ TEST_F(QuantCli, BadInputIsNamed) {
         "--latency-runs", "--search-evaluations", "--int4-block", "--no-int4",
         "fp16 is not offered"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
+  EXPECT_NE(help.out.find("--reduce-range"), std::string::npos);
+  EXPECT_NE(help.out.find("without VNNI"), std::string::npos);
 }
 
 TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "runtime/cpu/dnnl_int8.h"
 #include "runtime/cpu_test_util.h"
 #include "slim/core/convert.h"
 #include "slim/runtime/fused_ops.h"
@@ -395,6 +396,148 @@ TEST(CpuInt8, ChainsOfQLinearConvsOfAnyWidthGiveRefsBytes) {
       qconv("c2", "y", t, DType::u8, 12, 9, 3, 23);
       expect_matches_ref(b.build(), {{"x", extreme_8bit(DType::u8, xs, 24)}}, "c2", "cpu", 0, 0);
     }
+}
+
+// Pair-safe 8-bit weights (dnnl_int8.h): every w8 in [-64, 64], most at ±64 in groups of
+// 4 reduced values (+s, +s, -s, -s), so that with all-255 sources each pair of u8 x s8
+// products sums to ±32640, the most vpmaddubsw's int16 holds, and the group to 0. The
+// reduced index of element i is (i / inner) % period. `over`: one w8 is 65 (not pair-safe),
+// its pair's other 64, whose products with 255 would sum past int16's 32767 unsplit.
+// uint8 weights are w8 + 128 (zero point 128).
+Tensor pair_safe_8bit(DType t, const Shape& shape, int64_t inner, int64_t period, uint64_t seed,
+                      bool over = false) {
+  Tensor out(t, shape);
+  std::mt19937_64 rng(seed);
+  const int64_t at = out.numel() / 2 / (inner * period) * (inner * period);  // reduced index 0
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const int64_t r = (i / inner) % period;
+    const int s = (i / inner / period + i % inner) % 2 ? 64 : -64;
+    int v = r % 4 < 2 ? s : -s;
+    if (rng() % 4 == 0) v = int(rng() % 129) - 64;
+    if (over && i == at) v = 65;
+    if (over && i == at + inner) v = 64;
+    if (t == DType::u8)
+      out.data<uint8_t>()[i] = uint8_t(v + 128);
+    else
+      out.data<int8_t>()[i] = int8_t(v);
+  }
+  return out;
+}
+
+// A source of one value: 255 (uint8) or 127 (int8, which the kernels shift to 255).
+Tensor all_max_8bit(DType t, const Shape& shape) {
+  Tensor out(t, shape);
+  std::fill_n(static_cast<uint8_t*>(out.raw_data()), out.numel(), t == DType::u8 ? 255 : 127);
+  return out;
+}
+
+// Without VNNI pair-safe weights are not split: oneDNN's vpmaddubsw kernels (ConvInteger,
+// MatMulInteger, QLinear convolutions outside the direct kernel) and, at plain AVX2, the
+// direct convolution's vpmaddubsw + vpmaddwd kernel must still give ref's sums and bytes
+// exactly, at the saturation edge (±64 against all-255 sources). One w8 of 65 splits the
+// layer as before, exact too. ctest runs this at avx512, avx2, avx2 without AVX-VNNI and
+// scalar.
+TEST(CpuInt8, PairSafeWeightsGiveRefsBytesUnsplit) {
+  struct Case {
+    Shape x;
+    int64_t oc, k;
+    DType xt, wt;
+    Shape strides = {1, 1};
+  };
+  // The direct kernel at plain AVX2: 3 x 3 tiles (vectors in threes), 2 x 5 and a last
+  // block of 1, 1 x 10; channels not a multiple of 4, an int8 source, uint8 weights,
+  // strides; under 32 bytes per output (oneDNN's kernel, not split either).
+  const std::vector<Case> cases = {
+      {{1, 16, 9, 11}, 24, 3, DType::u8, DType::i8},
+      {{2, 40, 7, 6}, 20, 1, DType::u8, DType::i8},
+      {{1, 13, 10, 9}, 8, 3, DType::i8, DType::i8, {2, 2}},
+      {{1, 8, 6, 7}, 16, 3, DType::u8, DType::u8},
+      {{1, 3, 9, 9}, 16, 3, DType::u8, DType::i8},
+  };
+  for (const Case& c : cases)
+    for (bool over : {false, true})
+      for (bool all_max : {true, false}) {
+        SCOPED_TRACE("x " + shape_str(c.x) + " oc " + std::to_string(c.oc) +
+                     (over ? " one w8 of 65" : "") + (all_max ? " all-max source" : ""));
+        const Shape ws = {c.oc, c.x[1], c.k, c.k};
+        const Tensor w = pair_safe_8bit(c.wt, ws, c.k * c.k, c.x[1], uint64_t(c.oc), over);
+        const Tensor x = all_max ? all_max_8bit(c.xt, c.x) : extreme_8bit(c.xt, c.x, 5);
+        ModelBuilder b(13);
+        b.input("x", c.xt, spec(c.x)).output("y");
+        add_qlinear_params(b, "", c.xt, DType::u8, c.oc, c.wt, true, 7);
+        b.initializer("w", w);
+        Tensor bias(DType::i32, {c.oc});
+        for (int64_t i = 0; i < c.oc; ++i) bias.data<int32_t>()[i] = int32_t(i * 977 - 9000);
+        b.initializer("b", bias);
+        Node& n = b.node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"}, {"y"},
+                         "conv");
+        n.attrs["pads"] = attr_ints({c.k / 2, c.k / 2, c.k / 2, c.k / 2});
+        n.attrs["strides"] = attr_ints(c.strides);
+        expect_matches_ref(b.build(), {{"x", x}}, "conv", "cpu", 0, 0);
+        // The int32 sums as they are (ConvInteger: oneDNN's kernels, no direct one).
+        ModelBuilder s(13);
+        s.input("x", c.xt, spec(c.x)).output("y");
+        s.initializer("w", w);
+        s.initializer("xz", scalar_8bit(c.xt, c.xt == DType::u8 ? 3 : -9));
+        std::vector<std::string> in = {"x", "w", "xz"};
+        if (c.wt == DType::u8) {
+          s.initializer("wz", scalar_8bit(DType::u8, 128));
+          in.push_back("wz");
+        }
+        Node& ci = s.node("ConvInteger", in, {"y"}, "conv");
+        ci.attrs["pads"] = attr_ints({c.k / 2, c.k / 2, c.k / 2, c.k / 2});
+        ci.attrs["strides"] = attr_ints(c.strides);
+        expect_matches_ref(s.build(), {{"x", x}}, "conv", "cpu", 0, 0);
+      }
+  for (DType at : {DType::u8, DType::i8})
+    for (bool over : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(at)) + (over ? " one w8 of 65" : ""));
+      const Shape as = {2, 5, 68};
+      const Tensor w = pair_safe_8bit(DType::i8, {68, 24}, 24, 68, 11, over);
+      ModelBuilder b(13);
+      b.input("a", at, spec(as)).output("y");
+      add_qlinear_params(b, "", at, DType::u8, 24, DType::i8, true, 9);
+      b.initializer("w", w);
+      b.node("QLinearMatMul", {"a", "xs", "xz", "w", "ws", "wz", "ys", "yz"}, {"y"}, "mm");
+      expect_matches_ref(b.build(), {{"a", all_max_8bit(at, as)}}, "mm", "cpu", 0, 0);
+      ModelBuilder s(13);
+      s.input("a", at, spec(as)).output("y");
+      s.initializer("w", w);
+      s.node("MatMulInteger", {"a", "w"}, {"y"}, "mm");
+      expect_matches_ref(s.build(), {{"a", all_max_8bit(at, as)}}, "mm", "cpu", 0, 0);
+      expect_matches_ref(s.build(), {{"a", extreme_8bit(at, as, 12)}}, "mm", "cpu", 0, 0);
+    }
+}
+
+// The path the kernels take: without VNNI pair-safe weights are not split (one w8 of 65
+// is), and at plain AVX2 the direct convolution runs them; with VNNI nothing is split.
+TEST(CpuInt8, PairSafeWeightsTakeTheUnsplitPaths) {
+  const Shape xs = {1, 16, 9, 11}, ws = {24, 16, 3, 3};
+  Node n;
+  n.name = "conv";
+  n.op_type = "QLinearConv";
+  n.attrs["pads"] = attr_ints({1, 1, 1, 1});
+  cpu::ConvGeometry g;
+  ASSERT_FALSE(cpu::conv_geometry(n, xs, ws, false, &g).has_value());
+  const bool none = cpu::int8_dot() == cpu::Int8Dot::none;
+  const unsigned isa = unsigned(dnnl::get_effective_cpu_isa()),
+                 avx2 = unsigned(dnnl::cpu_isa::avx2);
+  const bool plain_avx2 = none && (isa & avx2) == avx2;
+  for (bool over : {false, true}) {
+    SCOPED_TRACE(over ? "one w8 of 65" : "pair-safe");
+    const Tensor w = pair_safe_8bit(DType::i8, ws, 9, 16, 1, over);
+    const cpu::Int8Conv conv(n, g, w, nullptr, false, DType::u8);
+    EXPECT_EQ(conv.split(), none && over);
+    if (none) {
+      EXPECT_EQ(conv.direct(), plain_avx2 && !over);
+    }
+    const cpu::Int8Conv sums(n, g, w, nullptr, false, DType::i32);
+    EXPECT_EQ(sums.split(), none && over);
+    EXPECT_FALSE(sums.direct());
+    const Tensor b = pair_safe_8bit(DType::i8, {68, 24}, 24, 68, 11, over);
+    const cpu::Int8MatMul mm(n, 10, b, nullptr, false);
+    EXPECT_EQ(mm.split(), none && over);
+  }
 }
 
 // Q(x) -> DQ -> Conv(DQ(w), DQ(int32 bias)) -> Q -> DQ -> depthwise Conv -> Q -> DQ ->

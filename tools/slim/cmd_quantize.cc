@@ -37,7 +37,7 @@ struct QuantizeArgs {
                                  eval, labels, json, providers = "cpu,ref";
   double percentile = 99.999, smoothquant = 0, smooth_clip = 100;
   bool per_tensor = false, symmetric = false, bias_correction = false, no_cache = false,
-       verbose = false;
+       verbose = false, reduce_range = false;
   int64_t batch = 8, max_samples = 0;
   // Mixed precision
   double latency_budget = 0, accuracy_budget = 0;
@@ -318,6 +318,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   o.activations.dtype = a.activations == "u8" ? DType::u8 : DType::i8;
   o.activations.symmetric = a.symmetric;
   o.per_channel = !a.per_tensor;
+  o.reduce_range = a.reduce_range;
   o.smoothquant_alpha = a.smoothquant;
   o.smooth_clip = a.smooth_clip;
   o.bias_correction = a.bias_correction;
@@ -370,6 +371,7 @@ void quantize_onnx(const QuantizeArgs& a) {
               o.activations.dtype == DType::u8 ? "u8" : "i8",
               o.activations.symmetric ? "symmetric" : "asymmetric",
               o.per_channel ? "per-channel" : "per-tensor");
+  if (o.reduce_range) std::printf(" (7-bit, reduce range)");
   if (o.calibrator.method == quant::CalibrationMethod::percentile)
     std::printf(" (percentile %g)", o.calibrator.percentile);
   std::printf("\n");
@@ -410,6 +412,7 @@ void quantize_onnx(const QuantizeArgs& a) {
   js["output"] = a.out;
   js["calibrator"] = quant::calibration_method_name(o.calibrator.method);
   js["per_channel"] = o.per_channel;
+  js["reduce_range"] = o.reduce_range;
   js["samples"] = rep.samples;
   js["stats_from_cache"] = rep.stats_from_cache;
   js["nodes_quantized"] = rep.nodes_quantized;
@@ -459,6 +462,11 @@ void add_quantize(CLI::App& app) {
       ->group(onnx);
   cmd->add_flag("--per-tensor", a->per_tensor,
                 "One scale per weight tensor (default: per output channel)")
+      ->group(onnx);
+  cmd->add_flag("--reduce-range", a->reduce_range,
+                "7-bit weights in [-64, 64] (ONNX Runtime's reduce_range): for AVX2 CPUs "
+                "without VNNI (Haswell to Skylake, Zen 1-3), whose 8-bit products then run at "
+                "full speed instead of half; slightly less accurate")
       ->group(onnx);
   cmd->add_option("--activations", a->activations, "Activation type: u8 or i8")
       ->capture_default_str()

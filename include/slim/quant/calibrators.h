@@ -53,14 +53,17 @@ QuantParams quantization_params(Range r, const ActivationType& type);
 float fake_quantize(float x, QuantParams p, const ActivationType& type);
 
 // Per-channel (axis ≥ 0) or per-tensor (axis −1) symmetric int8 weights, values in
-// [−127, 127]: scale = max|w| / 127 over the channel (1 for an all-zero channel),
-// q = clamp(round(w / scale)) with the division in f32 and round half to even.
+// [−qmax, qmax]: scale = max|w| / qmax over the channel (1 for an all-zero channel),
+// q = clamp(round(w / scale)) with the division in f32 and round half to even. qmax 127
+// (8 bits), or 64 (7 bits: ONNX Runtime's reduce_range, whose weights AVX2's vpmaddubsw
+// multiplies without int16 saturation, so CPUs without VNNI need not split them).
 struct QuantizedWeight {
   Tensor values;              // i8, the weight's shape
   std::vector<float> scales;  // one per channel, or one
   int axis = -1;
+  int qmax = 127;
 };
-QuantizedWeight quantize_weight(const Tensor& w, int axis);
+QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax = 127);
 // Raises channel c's scale (of `q`, made from `w`) to `scale` and rounds its values again:
 // a bias must fit int32 at scale s_x·s_w, which a near-zero channel's tiny s_w breaks.
 void widen_weight_scale(const Tensor& w, QuantizedWeight& q, int64_t c, float scale);

@@ -22,6 +22,9 @@ struct QuantizeOptions {
   CalibratorOptions calibrator;
   ActivationType activations;
   bool per_channel = true;  // weights: one scale per output channel (else per tensor)
+  // Weights in 7 bits, [−64, 64] (ONNX Runtime's reduce_range): AVX2 CPUs without VNNI
+  // multiply them at full speed (no weight split, dnnl_int8.h), at some accuracy.
+  bool reduce_range = false;
   // SmoothQuant: for MatMul/Gemm with constant weights, x·W = (x / s)·(s·W) with
   // s_j = a_j^α / w_j^(1−α) (a_j: channel j's max |x|, w_j: row j's max |W|). 0 is off.
   double smoothquant_alpha = 0;

@@ -67,6 +67,13 @@ PreparedWeights prepare_weights(const Tensor& w, const Tensor* w_zp, int64_t cha
   return p;
 }
 
+// Whether vpmaddubsw sums every pair of u8 x w8 products exactly: with every |w8| <= 64 a
+// pair's sum is at most 2 * 255 * 64 = 32640 < 32767 in magnitude, so weights need no
+// split without VNNI (what `slim quantize --reduce-range` writes: 7-bit weights).
+bool pair_safe(const std::vector<int8_t>& w8) {
+  return std::all_of(w8.begin(), w8.end(), [](int8_t v) { return v >= -64 && v <= 64; });
+}
+
 // w8 = hi + lo with both in [-64, 64] (hi = floor(w8 / 2)).
 inline int8_t half_hi(int8_t v) {
   return int8_t(v >> 1);
@@ -473,8 +480,11 @@ T* piece(void* scratch, size_t offset) {
 // ---------------------------------------------------------------------------------------
 // The direct convolution: slim's own kernel for requantized convolutions of one group
 // whose weights need no compensation, where vpdpbusd sums u8 x s8 products exactly
-// (int8_dot). oneDNN 2.6's 8-bit kernels at AVX2 and each call's set-up had left PP-OCR's
-// detector only 1.39x faster than f32 at AVX2 with AVX-VNNI.
+// (int8_dot), or at plain AVX2 where the weights are pair-safe (every |w8| <= 64): there
+// vpmaddubsw sums each pair of a 4-byte group exactly in int16 and vpmaddwd (by ones)
+// adds the two pairs into int32, three instructions in place of vpdpbusd's one. oneDNN
+// 2.6's 8-bit kernels at AVX2 and each call's set-up had left PP-OCR's detector only 1.39x
+// faster than f32 at AVX2 with AVX-VNNI.
 //
 // The source is unsigned NHWC bytes, cp (the channels rounded up to 4) bytes per pixel,
 // with the padding around the image: where it arrives otherwise (NCHW, int8, padded,
@@ -488,6 +498,27 @@ T* piece(void* scratch, size_t offset) {
 // sum(w) + bias is the sum oneDNN computes plus the bias, requantized in registers as
 // requantize_rows does (the same operations, so the same bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
 // end (or at 0, its extra pixels repeating the last) and stores only its new pixels.
+
+// The instruction the direct convolution sums with (see direct_dot).
+enum class DirectDot { none, amx, vnni512, vnni256, pairs256 };
+
+// The direct kernel's instruction at the level oneDNN runs (int8_dot), or at plain AVX2
+// (no VNNI) the pairs kernel where the weights are pair-safe; none where it does not run.
+DirectDot direct_dot(Int8Dot dot, bool pair_safe) {
+  switch (dot) {
+    case Int8Dot::amx:
+      return DirectDot::amx;
+    case Int8Dot::avx512_vnni:
+      return DirectDot::vnni512;
+    case Int8Dot::avx_vnni:
+      return DirectDot::vnni256;
+    case Int8Dot::none:
+      break;
+  }
+  const unsigned isa = unsigned(dnnl::get_effective_cpu_isa()),
+                 avx2 = unsigned(dnnl::cpu_isa::avx2);
+  return pair_safe && (isa & avx2) == avx2 ? DirectDot::pairs256 : DirectDot::none;
+}
 
 // What one tile call reads and writes.
 struct DirectTile {
@@ -509,7 +540,7 @@ class DirectConv {
   // The kernel for g, or none where it does not run (see make). w8: the weights
   // [oc, c, kh, kw] as oneDNN would take them.
   static std::unique_ptr<DirectConv> make(const ConvGeometry& g, const std::vector<int8_t>& w8,
-                                          Int8Dot dot, ScratchLayout& layout);
+                                          DirectDot dot, ScratchLayout& layout);
   // One image: x (NCHW, or NHWC when x_channels_last; int8 when flip) into y (NHWC bytes).
   void run(const KernelContext& ctx, const uint8_t* x, bool x_channels_last, bool flip,
            int32_t x_zero_point, const Int8Output& out, uint8_t* y, void* scratch) const;
@@ -520,7 +551,7 @@ class DirectConv {
   void each_tile(const uint8_t* src, const int32_t* bias, const float* scale, const Int8Output& out,
                  uint8_t* y, int64_t t0, int64_t t1, Fn&& fn) const;
 
-  Int8Dot dot = Int8Dot::none;
+  DirectDot dot = DirectDot::none;
   int lanes = 0, nr = 0, mr = 0;  // lanes per vector; vectors per block; pixels per tile
 
  private:
@@ -579,6 +610,7 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
 #define SLIM_VNNI512 __attribute__((target("avx512f,avx512vnni")))
 #define SLIM_VNNI256 __attribute__((target("avx2,avxvnni")))
 
+#define SLIM_AVX2 __attribute__((target("avx2,fma")))
 // A tile's NR vectors of 16 output channels x MR pixels (NR * MR <= 24 of the 32 zmm
 // registers), requantized and stored.
 template <int NR, int MR>
@@ -620,7 +652,7 @@ SLIM_VNNI512 void direct_tile_avx512(const DirectTile& t, const Requant512& requ
 
 // NR vectors of 8 output channels x MR pixels (NR * MR <= 12 of the 16 ymm registers).
 template <int NR, int MR>
-SLIM_VNNI256 inline __attribute__((always_inline)) void store_tile_avx2(
+__attribute__((target("avx2"), always_inline)) inline void store_tile_avx2(
     const DirectTile& t, const Requant256& requant, const __m256i (&acc)[MR][NR]) {
   for (int j = 0; j < NR; ++j) {
     const int rest = std::clamp(t.cols - 8 * j, 0, 8);
@@ -641,29 +673,47 @@ SLIM_VNNI256 inline __attribute__((always_inline)) void store_tile_avx2(
   }
 }
 
-template <int NR, int MR>
-SLIM_VNNI256 void direct_tile_avx2(const DirectTile& t, const Requant256& requant) {
-  __m256i acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) acc[m][j] = _mm256_setzero_si256();
-  const int8_t* w = t.w;
-  for (int64_t a = 0; a < t.taps; ++a) {
-    const uint8_t* s = t.src + t.tap[a];
-    for (int64_t q = 0; q < t.quads; ++q, w += NR * 32) {
-      __m256i wv[NR];
-      for (int j = 0; j < NR; ++j)
-        wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 32));
-      for (int m = 0; m < MR; ++m) {
-        int32_t x;
-        std::memcpy(&x, s + t.pixel[m] + 4 * q, 4);
-        const __m256i xb = _mm256_set1_epi32(x);
-        for (int j = 0; j < NR; ++j) acc[m][j] = _mm256_dpbusd_avx_epi32(acc[m][j], xb, wv[j]);
-      }
-    }
-  }
-  store_tile_avx2<NR, MR>(t, requant, acc);
+// acc + the 4-byte groups' sums of u8 x s8 products: vpdpbusd (AVX-VNNI), or at plain
+// AVX2 for pair-safe weights vpmaddubsw (pairs in int16, exact as |w| <= 64) and vpmaddwd
+// by ones (the two pairs of a group into int32).
+SLIM_VNNI256 inline __attribute__((always_inline)) __m256i dot_vnni256(__m256i acc, __m256i x,
+                                                                       __m256i w) {
+  return _mm256_dpbusd_avx_epi32(acc, x, w);
 }
 
+SLIM_AVX2 inline __attribute__((always_inline)) __m256i dot_pairs256(__m256i acc, __m256i x,
+                                                                     __m256i w) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1)));
+}
+
+// The AVX2 tile, one body for both instructions: stamped out once per target, since the
+// pairs kernel must not require AVX-VNNI (GCC inlines no intrinsic of a wider target).
+#define SLIM_DIRECT_TILE_256(name, target, dot)                                     \
+  template <int NR, int MR>                                                         \
+  target void name(const DirectTile& t, const Requant256& requant) {                \
+    __m256i acc[MR][NR];                                                            \
+    for (int m = 0; m < MR; ++m)                                                    \
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm256_setzero_si256();              \
+    const int8_t* w = t.w;                                                          \
+    for (int64_t a = 0; a < t.taps; ++a) {                                          \
+      const uint8_t* s = t.src + t.tap[a];                                          \
+      for (int64_t q = 0; q < t.quads; ++q, w += NR * 32) {                         \
+        __m256i wv[NR];                                                             \
+        for (int j = 0; j < NR; ++j)                                                \
+          wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 32)); \
+        for (int m = 0; m < MR; ++m) {                                              \
+          int32_t x;                                                                \
+          std::memcpy(&x, s + t.pixel[m] + 4 * q, 4);                               \
+          const __m256i xb = _mm256_set1_epi32(x);                                  \
+          for (int j = 0; j < NR; ++j) acc[m][j] = dot(acc[m][j], xb, wv[j]);       \
+        }                                                                           \
+      }                                                                             \
+    }                                                                               \
+    store_tile_avx2<NR, MR>(t, requant, acc);                                       \
+  }
+SLIM_DIRECT_TILE_256(direct_tile_avx2, SLIM_VNNI256, dot_vnni256)
+SLIM_DIRECT_TILE_256(direct_tile_pairs256, SLIM_AVX2, dot_pairs256)
+#undef SLIM_DIRECT_TILE_256
 // Tiles [t0, t1) at AVX-512 VNNI and at AVX-VNNI: the layer's tile height mr goes with
 // its widest block (pixels x vectors: 6 x 4, 8 x 3, 12 x 2 or 12 x 1 at AVX-512; 4 x 3,
 // 6 x 2 or 12 x 1 at AVX2), a narrower last block keeps it.
@@ -704,25 +754,42 @@ SLIM_VNNI256 void direct_tiles_avx2(const DirectConv& d, const uint8_t* src, con
     }
   });
 }
+
+// The pairs kernel holds a vector of ones and a product in registers too: at most 10
+// sums in flight (3 x 3, 2 x 5, 1 x 10) of the 16 ymm registers.
+SLIM_AVX2 void direct_tiles_pairs256(const DirectConv& d, const uint8_t* src, const int32_t* bias,
+                                     const float* scale, const Int8Output& out, uint8_t* y,
+                                     int64_t t0, int64_t t1) {
+  const Requant256 requant(out);
+  d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) SLIM_AVX2 {
+    switch (d.mr * 10 + nr) {
+      SLIM_DIRECT_CASE(pairs256, 3, 3)
+      SLIM_DIRECT_CASE(pairs256, 2, 5)
+      SLIM_DIRECT_CASE(pairs256, 1, 5)
+      default:
+        SLIM_DIRECT_CASE(pairs256, 1, 10)
+    }
+  });
+}
 #undef SLIM_DIRECT_CASE
 #pragma GCC diagnostic pop
 #endif
 
 std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::vector<int8_t>& w8,
-                                             Int8Dot dot, ScratchLayout& layout) {
+                                             DirectDot dot, ScratchLayout& layout) {
 #if defined(__x86_64__)
   const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3], k = c * kh * kw;
-  if (dot == Int8Dot::none || g.group != 1) return nullptr;
+  if (dot == DirectDot::none || g.group != 1) return nullptr;
   // Under 32 bytes summed per output (PP-OCR's first 3x3 of 3 channels, 1x1 ones of 12-24)
   // or 8 output channels (a 1x1 of 4) the requantization and the source's copy outweigh
   // the products, and oneDNN's kernels were 10-60% faster (up to 3x at 4 channels).
   // Depthwise convolutions stay there too: a kernel of vpdpbusd on bytes widened to int32
   // lanes was 10-40% slower than oneDNN's on the detector's 16-32 channels.
   if (k < 32 || oc < 8) return nullptr;
-  if (dot == Int8Dot::amx && k >= 64) return nullptr;
+  if (dot == DirectDot::amx && k >= 64) return nullptr;
   auto d = std::make_unique<DirectConv>();
   d->dot = dot;
-  d->lanes = dot == Int8Dot::avx_vnni ? 8 : 16;
+  d->lanes = dot == DirectDot::vnni256 || dot == DirectDot::pairs256 ? 8 : 16;
   const int64_t vectors = (oc + d->lanes - 1) / d->lanes;
   if (d->lanes == 16) {
     d->nr = int(std::min<int64_t>(vectors, 4));
@@ -731,7 +798,10 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     // 3 x 4 where the vectors come in threes (PP-OCR's 24, 48, 96... channels: a block of
     // 1 x 6 after ones of 2 x 6 had only 6 sums in flight), else 2 x 6, 1 x 12.
     d->nr = vectors % 3 == 0 ? 3 : int(std::min<int64_t>(vectors, 2));
-    d->mr = d->nr == 3 ? 4 : d->nr == 2 ? 6 : 12;
+    if (dot == DirectDot::pairs256)
+      d->mr = d->nr == 3 ? 3 : d->nr == 2 ? 5 : 10;  // see direct_tiles_pairs256
+    else
+      d->mr = d->nr == 3 ? 4 : d->nr == 2 ? 6 : 12;
   }
   d->g_ = g;
   d->cp_ = (c + 3) / 4 * 4;
@@ -804,7 +874,9 @@ void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels
   const int64_t pixels = g_.y[2] * g_.y[3], tiles = (pixels + mr - 1) / mr;
   parallel_items(ctx, tiles, mr * int64_t(taps_.size()) * cp_ * ocp_, kMacsPerThread,
                  [&](int64_t b, int64_t e) {
-                   if (dot == Int8Dot::avx_vnni)
+                   if (dot == DirectDot::pairs256)
+                     direct_tiles_pairs256(*this, src, bias, scale, out, y, b, e);
+                   else if (dot == DirectDot::vnni256)
                      direct_tiles_avx2(*this, src, bias, scale, out, y, b, e);
                    else
                      direct_tiles_avx512(*this, src, bias, scale, out, y, b, e);
@@ -913,13 +985,16 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   // Depthwise kernels widen each byte to 32 bits (no pair sums to saturate), and split
   // weights (two channels per group) would send them to oneDNN's reference kernel:
   // 57-190 ms instead of 2-8 for PP-OCR's classifier at SLIM_ISA=avx2.
-  s.split = int8_dot() == Int8Dot::none && !(group == c && group == oc);
+  // Pair-safe weights (every |w8| <= 64) need no split either.
+  s.pw = prepare_weights(w, w_zero_point, oc);
+  const bool safe = pair_safe(s.pw.w8);
+  s.split = int8_dot() == Int8Dot::none && !(group == c && group == oc) && !safe;
   s.signed_source = signed_source;
   const int64_t cg = c / group, ocg = oc / group, k = cg * g.w[2] * g.w[3];
   s.cs = s.split ? 2 * c : c;
-  s.pw = prepare_weights(w, w_zero_point, oc);
   const bool bytes = out == DType::u8 || out == DType::i8;
-  if (bytes && !s.pw.any_comp) s.direct = DirectConv::make(g, s.pw.w8, int8_dot(), s.layout);
+  if (bytes && !s.pw.any_comp)
+    s.direct = DirectConv::make(g, s.pw.w8, direct_dot(int8_dot(), safe), s.layout);
   const memory::dims src_dims = {1, s.cs, g.x[2], g.x[3]}, dst_dims = {1, oc, g.y[2], g.y[3]};
   // A requantized 1x1 convolution (stride 1, no padding, one group, no compensation) of a
   // large image runs in bands of rows whose int32 sums (at most 512 KiB) are requantized
@@ -1012,6 +1087,14 @@ Int8Conv::~Int8Conv() = default;
 
 size_t Int8Conv::scratch_bytes() const {
   return s_->layout.bytes;
+}
+
+bool Int8Conv::split() const {
+  return s_->split;
+}
+
+bool Int8Conv::direct() const {
+  return s_->direct != nullptr;
 }
 
 void Int8Conv::run(const KernelContext& ctx, const void* x, bool x_channels_last,
@@ -1163,10 +1246,10 @@ Int8MatMul::Int8MatMul(const Node& node, int64_t rows, const Tensor& b, const Te
                        bool signed_a)
     : rows_(rows), k_(b.shape()[0]), n_(b.shape()[1]), s_(std::make_unique<State>()) {
   State& s = *s_;
-  s.split = int8_dot() == Int8Dot::none;
+  s.pw = prepare_weights(b, b_zero_point, n_);
+  s.split = int8_dot() == Int8Dot::none && !pair_safe(s.pw.w8);
   s.signed_a = signed_a;
   s.ks = s.split ? 2 * k_ : k_;
-  s.pw = prepare_weights(b, b_zero_point, n_);
   // B [K, N]: when split, the hi rows and then the lo rows.
   std::vector<int8_t> wd(size_t(s.ks * n_));
   for (int64_t i = 0; i < k_ * n_; ++i) {
@@ -1202,6 +1285,10 @@ Int8MatMul::~Int8MatMul() = default;
 
 size_t Int8MatMul::scratch_bytes() const {
   return s_->layout.bytes;
+}
+
+bool Int8MatMul::split() const {
+  return s_->split;
 }
 
 void Int8MatMul::run(const KernelContext& ctx, const void* a, int32_t a_zero_point,

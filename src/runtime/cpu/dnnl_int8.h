@@ -11,6 +11,11 @@
 // int16 and saturates (on random uint8 data nearly every sum came out wrong). There each w8
 // is split into halves hi + lo within [-64, 64], so no pair can saturate, and the
 // source's channels (the matrix's K) are read twice: half the speed, the same sums.
+// Weights that are pair-safe already (every |w8| <= 64: a pair's sum is at most
+// 2 * 255 * 64 = 32640 < 32767, e.g. the 7-bit weights of `slim quantize --reduce-range`)
+// are not split, and at plain AVX2 the direct convolution runs on them with vpmaddubsw +
+// vpmaddwd in place of vpdpbusd: full speed, the same sums. A layer with one |w8| > 64 is
+// split as before.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +30,10 @@ namespace slim::cpu {
 // The instruction that sums u8 x s8 products exactly in int32 (vpdpbusd) at the level
 // oneDNN runs: AVX-512 VNNI (amx: with AMX tiles too), AVX-VNNI at AVX2 (unless
 // SLIM_AVX_VNNI=0), or none: oneDNN then multiplies with vpmaddubsw, whose int16 pair sums
-// saturate, and the weights are split. Where there is one, slim's direct convolution
-// (Int8Conv) runs requantized convolutions of one group on it (with AMX only those
-// reducing fewer than 64 bytes per output, where AMX's tiles are mostly padding).
+// saturate, and the weights are split unless pair-safe. Where there is one, slim's direct
+// convolution (Int8Conv) runs requantized convolutions of one group on it (with AMX only
+// those reducing fewer than 64 bytes per output, where AMX's tiles are mostly padding);
+// at plain AVX2 it runs them on pair-safe weights with vpmaddubsw + vpmaddwd.
 enum class Int8Dot { none, avx_vnni, avx512_vnni, amx };
 Int8Dot int8_dot();
 
@@ -41,9 +47,9 @@ Int8Dot int8_dot();
 struct Int8Output {
   int32_t* sums = nullptr;
   float* values = nullptr;
-  void* bytes = nullptr;         // requantized: uint8, or int8 when bytes_signed
-  const float* scale = nullptr;  // one per output channel
-  const float* bias = nullptr;   // one per output channel, or none
+  void* bytes = nullptr;           // requantized: uint8, or int8 when bytes_signed
+  const float* scale = nullptr;    // one per output channel
+  const float* bias = nullptr;     // one per output channel, or none
   const int32_t* qbias = nullptr;  // requantized: one per output channel, or none
   // Requantized: scale and qbias repeat with this period (a multiple of the channels and
   // of 16, so rows of fewer channels than vector lanes run as one vectorized run), or 0.
@@ -112,6 +118,9 @@ class Int8Conv {
   void run(const KernelContext& ctx, const void* x, bool x_channels_last, int32_t x_zero_point,
            const Int8Output& out, void* scratch) const;
   const ConvGeometry& geometry() const { return g_; }
+  // The path taken (for tests): weights split into halves; slim's direct convolution.
+  bool split() const;
+  bool direct() const;
 
  private:
   struct State;
@@ -129,6 +138,7 @@ class Int8MatMul {
   size_t scratch_bytes() const;
   void run(const KernelContext& ctx, const void* a, int32_t a_zero_point, const Int8Output& out,
            void* scratch) const;
+  bool split() const;  // weights split into halves (for tests)
 
  private:
   struct State;
