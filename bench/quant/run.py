@@ -9,7 +9,10 @@ default QDQ export in ONNX Runtime (onnxruntime-node) and in slim, alternating e
 
 Models are fetched as tests/real_models does (npm pack into its cache; its functions are
 reused). Writes results.json and the README table between its markers.
-Usage: run.py [--slim PATH] [--models a,b] [--rounds N] [--threads N] [--markdown README]"""
+Plain AVX2 (no VNNI: Haswell..Skylake, Zen 1-3) on a newer CPU: --isa avx2 --no-avx-vnni;
+with --reduce-range every setting writes 7-bit weights, which that path runs unsplit.
+Usage: run.py [--slim PATH] [--models a,b] [--rounds N] [--threads N] [--markdown README]
+              [--isa avx2|scalar] [--no-avx-vnni] [--reduce-range]"""
 import argparse
 import glob
 import importlib.util
@@ -60,10 +63,13 @@ def log(*a):
 
 
 def slim_env(args):
-    """slim's environment: passive OpenMP waits, and SLIM_ISA when --isa holds it down."""
+    """slim's environment: passive OpenMP waits, SLIM_ISA when --isa holds it down, and
+    SLIM_AVX_VNNI=0 with --no-avx-vnni (plain AVX2 on a CPU with AVX-VNNI)."""
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     if getattr(args, "isa", None):
         env["SLIM_ISA"] = args.isa
+    if getattr(args, "no_avx_vnni", False):
+        env["SLIM_AVX_VNNI"] = "0"
     return env
 
 
@@ -215,10 +221,12 @@ def data_oww(ctx, work):
 
 def quantize(args, m, label, opts, cache):
     out = os.path.join(m["work"], "q_" + label.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
-                       .replace("+", "").replace(".", "") + ".onnx")
+                       .replace("+", "").replace(".", "") + ("_7bit" if args.reduce_range else "") + ".onnx")
     js = out[:-5] + ".json"
     cmd = [args.slim, "quantize", m["path"], "-o", out, "--calib", os.path.join(m["work"], "calib"), "--eval",
            os.path.join(m["work"], "held"), "--calib-cache", cache, "--json", js, "--threads", str(args.threads)] + opts
+    if args.reduce_range:
+        cmd.append("--reduce-range")
     if os.path.exists(os.path.join(m["work"], "labels.npy")):
         cmd += ["--labels", os.path.join(m["work"], "labels.npy")]
     t0 = time.time()
@@ -285,7 +293,9 @@ def time_all(args, ctx, models, feeds, work, rounds, iters):
 
 def markdown(results, meta):
     lines = [f"Measured {meta['date']} on {meta['machine']} (slim kernels: {meta['isa']}"
-             + (f", SLIM_ISA={meta['slim_isa']}" if meta.get("slim_isa") else "") + "), ONNX Runtime "
+             + (f", SLIM_ISA={meta['slim_isa']}" if meta.get("slim_isa") else "")
+             + (", SLIM_AVX_VNNI=0" if meta.get("no_avx_vnni") else "")
+             + (", weights `--reduce-range` (7-bit)" if meta.get("reduce_range") else "") + "), ONNX Runtime "
              f"{meta['ort_version']}, {meta['threads']} thread(s), load average {meta['load']}.", "",
              "Agreement of the quantized model with the float one on the held-out set (top-1 per row for the "
              "classifiers, decoded text for the recognizer, cosine for the embedding, IoU of the text masks for the detector):", "",
@@ -338,6 +348,10 @@ def main():
     ap.add_argument("--settings", help="only these calibrator settings (labels, comma-separated; the timed "
                     f"`{DEFAULT_EXPORT}` is always run)")
     ap.add_argument("--isa", help="SLIM_ISA for slim's runs (avx2, scalar): its kernels held to that level")
+    ap.add_argument("--no-avx-vnni", action="store_true",
+                    help="SLIM_AVX_VNNI=0: with --isa avx2, plain AVX2 as on CPUs without VNNI")
+    ap.add_argument("--reduce-range", action="store_true",
+                    help="quantize every setting with --reduce-range (7-bit weights, unsplit without VNNI)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3, help="latency rounds (engines alternate)")
     ap.add_argument("--iters", type=int, default=20)
@@ -416,7 +430,8 @@ def main():
         log(json.dumps({k: v for k, v in r.items() if k != "settings"}))
     load = os.getloadavg()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": real.machine(), "isa": isa,
-            "ort_version": real.ORT_VERSION, "threads": args.threads, "slim_isa": args.isa or "", "load": f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"}
+            "ort_version": real.ORT_VERSION, "threads": args.threads, "slim_isa": args.isa or "",
+            "no_avx_vnni": args.no_avx_vnni, "reduce_range": args.reduce_range, "load": f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"}
     for r in results:  # paths of this machine stay out of the saved results
         for q in r["settings"].values():
             q.pop("file", None)
