@@ -446,10 +446,12 @@ TEST(CpuInt8, PairSafeWeightsGiveRefsBytesUnsplit) {
   };
   // The direct kernel at plain AVX2: 3 x 3 tiles (vectors in threes), 2 x 5 and a last
   // block of 1, 1 x 10; channels not a multiple of 4, an int8 source, uint8 weights,
-  // strides; under 32 bytes per output (oneDNN's kernel, not split either).
+  // strides, batches; oneDNN's kernels, not split either: a 1x1 convolution, under 32
+  // bytes per output.
   const std::vector<Case> cases = {
       {{1, 16, 9, 11}, 24, 3, DType::u8, DType::i8},
-      {{2, 40, 7, 6}, 20, 1, DType::u8, DType::i8},
+      {{2, 40, 7, 6}, 36, 3, DType::u8, DType::i8},
+      {{1, 40, 7, 6}, 20, 1, DType::u8, DType::i8},
       {{1, 13, 10, 9}, 8, 3, DType::i8, DType::i8, {2, 2}},
       {{1, 8, 6, 7}, 16, 3, DType::u8, DType::u8},
       {{1, 3, 9, 9}, 16, 3, DType::u8, DType::i8},
@@ -510,7 +512,8 @@ TEST(CpuInt8, PairSafeWeightsGiveRefsBytesUnsplit) {
 }
 
 // The path the kernels take: without VNNI pair-safe weights are not split (one w8 of 65
-// is), and at plain AVX2 the direct convolution runs them; with VNNI nothing is split.
+// is), and at plain AVX2 the direct convolution runs them (k x k ones: 1x1 ones stay on
+// oneDNN); with VNNI nothing is split.
 TEST(CpuInt8, PairSafeWeightsTakeTheUnsplitPaths) {
   const Shape xs = {1, 16, 9, 11}, ws = {24, 16, 3, 3};
   Node n;
@@ -534,6 +537,16 @@ TEST(CpuInt8, PairSafeWeightsTakeTheUnsplitPaths) {
     const cpu::Int8Conv sums(n, g, w, nullptr, false, DType::i32);
     EXPECT_EQ(sums.split(), none && over);
     EXPECT_FALSE(sums.direct());
+    Node n1 = n;
+    n1.attrs["pads"] = attr_ints({0, 0, 0, 0});
+    cpu::ConvGeometry g1;
+    ASSERT_FALSE(cpu::conv_geometry(n1, {1, 40, 7, 6}, {20, 40, 1, 1}, false, &g1).has_value());
+    const cpu::Int8Conv one(n1, g1, pair_safe_8bit(DType::i8, {20, 40, 1, 1}, 1, 40, 2, over),
+                            nullptr, false, DType::u8);
+    EXPECT_EQ(one.split(), none && over);
+    if (plain_avx2) {
+      EXPECT_FALSE(one.direct());
+    }
     const Tensor b = pair_safe_8bit(DType::i8, {68, 24}, 24, 68, 11, over);
     const cpu::Int8MatMul mm(n, 10, b, nullptr, false);
     EXPECT_EQ(mm.split(), none && over);
