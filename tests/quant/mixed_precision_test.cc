@@ -270,6 +270,50 @@ TEST(MixedPrecision, SearchChoosesTheLeastMeasuredLoss) {
   EXPECT_LE(bisected.size(), 4u);  // log2 of the front's points
 }
 
+// The same layers timed: each run of int8 layers also costs 1.5 ms at its borders, which
+// T(P) (no border costs measured: int8_alone_ms = int8_ms) does not see.
+struct InteractingTimed {
+  Interacting f;
+  static double latency(const std::vector<Precision>& x) {
+    double t = 6;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] == I8) t += -0.5 + (i == 0 || x[i - 1] != I8 ? 1.5 : 0.0);
+    return t;
+  }
+  CandidateMeasure operator()(const std::vector<Precision>& x) const {
+    return CandidateMeasure(f(x), latency(x));
+  }
+};
+
+TEST(MixedPrecision, SearchHoldsTimedCandidatesToTheBudget) {
+  const InteractingTimed f;
+  MixedPrecisionOptions mo;
+  mo.latency_budget_ms = 4.5;
+  const Plan plan = choose_plan(f.f.m, mo);
+  // Untimed, the search picks a run of three (T(P) 4.5), which runs in 6 ms.
+  std::vector<Candidate> untimed;
+  const PlanPoint u = search_plans(f.f.m, plan, mo, 4.5, std::cref(f.f), untimed);
+  EXPECT_EQ(u.layers(I8), 3);
+  EXPECT_GT(InteractingTimed::latency(u.precision), 4.5);
+  // Timed: every seed with T(P) ≤ 4.5 (front points of 3-5 int8 layers, runs of three)
+  // measures over the budget, so the seeds are taken again for the budget less the median
+  // overshoot (1.5 ms): all six int8, one run, 4.5 ms.
+  std::vector<Candidate> seen;
+  const PlanPoint p = search_plans(f.f.m, plan, mo, 4.5, std::cref(f), seen);
+  EXPECT_EQ(p.precision, std::vector<Precision>(6, I8));
+  EXPECT_NEAR(f.f(p.precision), 2.9, 1e-9);
+  bool over = false;
+  for (const auto& c : seen) {
+    EXPECT_DOUBLE_EQ(c.measured_ms, InteractingTimed::latency(c.point.precision)) << c.source;
+    over |= c.point.latency_ms <= 4.5 && c.measured_ms > 4.5;
+    if (c.latency_ms() <= 4.5) {
+      EXPECT_GE(c.loss, 2.9 - 1e-9) << c.source;
+    }
+  }
+  EXPECT_TRUE(over);
+  EXPECT_LE(seen.size(), size_t(mo.evaluations));
+}
+
 TEST(MixedPrecision, RefusesABudgetBelowTheFastestPlan) {
   const fs::path d = scratch("budget");
   const std::string model = write_model(d, "mlp", 1);

@@ -208,15 +208,19 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
     std::printf("  (%zu points on the front; every %zu-th shown)\n", front.size(), step);
   if (!r.candidates.empty()) {
     std::printf(
-        "candidates (built, loss measured on the same samples; the least measured loss within "
-        "the target is chosen):\n");
-    std::printf("  %-20s %10s %6s %6s %12s %12s %12s\n", "source", "target ms", "int8", "int4",
-                "predicted ms", "pred. loss", "measured");
-    for (const auto& cd : r.candidates)
-      std::printf("  %-20s %10.3f %6lld %6lld %12.3f %12.4g %12.4g%s\n", cd.source.c_str(),
+        "candidates (built; loss measured on the same samples, latency timed against fp32 "
+        "under a latency budget; the least measured loss within the target is chosen):\n");
+    std::printf("  %-20s %10s %6s %6s %12s %12s %12s %12s\n", "source", "target ms", "int8",
+                "int4", "predicted ms", "measured ms", "pred. loss", "loss");
+    for (const auto& cd : r.candidates) {
+      char timed[32] = "-";
+      if (cd.measured_ms >= 0) std::snprintf(timed, sizeof timed, "%.3f", cd.measured_ms);
+      std::printf("  %-20s %10.3f %6lld %6lld %12.3f %12s %12.4g %12.4g%s\n", cd.source.c_str(),
                   cd.target_ms, (long long)cd.point.layers(quant::Precision::int8),
                   (long long)cd.point.layers(quant::Precision::int4), cd.point.latency_ms,
-                  cd.point.loss, cd.loss, cd.point.precision == c.precision ? "  <- chosen" : "");
+                  timed, cd.point.loss, cd.loss,
+                  cd.point.precision == c.precision ? "  <- chosen" : "");
+    }
   }
   if (mo.latency_budget_ms)
     std::printf("budget: latency %.3f ms%s\n", *mo.latency_budget_ms,
@@ -264,9 +268,10 @@ void mixed_precision(const QuantizeArgs& a, const quant::QuantizeOptions& o,
       front.y.push_back(pt.loss);
     }
     ch.series.push_back(front);
-    plot::Series measured{"candidates: predicted latency, measured loss", {}, {}, false};
+    plot::Series measured{"candidates: measured latency (else predicted), measured loss", {}, {},
+                          false};
     for (const auto& cd : r.candidates) {
-      measured.x.push_back(cd.point.latency_ms);
+      measured.x.push_back(cd.latency_ms());
       measured.y.push_back(cd.loss);
     }
     if (!measured.x.empty()) ch.series.push_back(measured);

@@ -133,27 +133,42 @@ struct Verification {
   double loss = 0;  // on the same samples and metric as the sensitivities
 };
 
-// A candidate plan built and its loss measured (the same meter as the sensitivities).
+// What building a candidate plan measured: its loss (the same meter as the sensitivities)
+// and, under a latency budget, its latency (timed alternating with the all-fp32 model and
+// normalized as Verification::normalized_ms; negative: not timed).
+struct CandidateMeasure {
+  double loss = 0, latency_ms = -1;
+  CandidateMeasure() = default;
+  CandidateMeasure(double l, double ms = -1) : loss(l), latency_ms(ms) {}  // NOLINT: a loss alone
+};
+
+// A candidate plan built and measured.
 struct Candidate {
   std::string source;  // "front", "run a-b" (a run of int8 layers), "i=fp32 j=int8" (a move)
   PlanPoint point;     // predicted latency and loss
   double loss = 0;     // measured
   double target_ms = 0;  // the latency target it was evaluated for
+  double measured_ms = -1;  // measured latency, normalized (negative: not timed)
+  // The latency it is held to the budget by: measured where timed, else T(P).
+  double latency_ms() const { return measured_ms >= 0 ? measured_ms : point.latency_ms; }
 };
 
-// Candidates near the latency target, their losses measured with `measure` (at most
-// `evaluations` new ones; `evaluated` holds those measured before and is extended; a plan
-// is measured once), from the front's points with T(P) ≤ target (the nearest first),
-// contiguous runs of int8 layers that fit (the shortest prefix and suffix, and the runs of
-// least predicted loss), and, from the best measured so far, moves of one or two layers
-// to another precision that fit (drops back to fp32, swaps), ranked by predicted loss.
-// Returns the plan of least measured loss with T(P) ≤ target (the front's choice when
-// nothing was evaluated). With an accuracy budget instead: the front's points
-// are bisected for the fastest whose measured loss is within it.
-PlanPoint search_plans(const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o,
-                       double target_ms,
-                       const std::function<double(const std::vector<Precision>&)>& measure,
-                       std::vector<Candidate>& evaluated);
+// Candidates near the latency target, measured with `measure` (at most `evaluations` new
+// ones; `evaluated` holds those measured before and is extended; a plan is measured once),
+// from the front's points that fit (the nearest the target first), contiguous runs of
+// int8 layers that fit (the shortest prefix and suffix, and the runs of least predicted
+// loss), and, from the best measured so far, moves of one or two layers to another
+// precision that fit (drops back to fp32, swaps), ranked by predicted loss. A plan fits
+// when T(P) + bias ≤ target, bias the median of (measured − predicted latency) over the
+// timed candidates (0 before any), and seeds are taken again for the corrected target when
+// none timed fits. Returns the plan of least measured loss whose latency (measured where
+// timed, else T(P)) is within the target (the front's choice when none is). With an
+// accuracy budget instead: the front's points are bisected for the fastest whose measured
+// loss is within it.
+PlanPoint search_plans(
+    const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o, double target_ms,
+    const std::function<CandidateMeasure(const std::vector<Precision>&)>& measure,
+    std::vector<Candidate>& evaluated);
 
 struct MixedPrecisionResult {
   Measurements measurements;
