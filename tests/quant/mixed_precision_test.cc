@@ -296,8 +296,8 @@ TEST(MixedPrecision, SearchHoldsTimedCandidatesToTheBudget) {
   EXPECT_EQ(u.layers(I8), 3);
   EXPECT_GT(InteractingTimed::latency(u.precision), 4.5);
   // Timed: every seed with T(P) ≤ 4.5 (front points of 3-5 int8 layers, runs of three)
-  // measures over the budget, so the seeds are taken again for the budget less the median
-  // overshoot (1.5 ms): all six int8, one run, 4.5 ms.
+  // measures over the budget, so the seeds are taken again with the fitted correction
+  // (0.75 ms per border): all six int8, one run, 4.5 ms.
   std::vector<Candidate> seen;
   const PlanPoint p = search_plans(f.f.m, plan, mo, 4.5, std::cref(f), seen);
   EXPECT_EQ(p.precision, std::vector<Precision>(6, I8));
