@@ -11,7 +11,9 @@ raised to the fastest plan the measurements predict)
 `slim quantize --measurements PLAN --latency-budget-ms B` chooses (measuring the loss of
 `--search-evaluations` candidate plans) and builds a plan, and two baselines quantize as
 many layers (k: the plan's int8 and int4 layers) in int8, the first k and the last k in
-topological order (the plan file edited, applied with `--plan`). The three models and the float one are timed with
+topological order (the plan file edited, applied with `--plan`), and two more take the
+fewest layers by position (k', first and last) whose latency, timed as below, fits the
+budget, as the plan's own is held to it. The models and the float one are timed with
 `slim bench` (one thread, engines alternating, median of the rounds' p50) and evaluated on
 the held-out set (`--eval`: top-1 agreement and KL against the float model; for the
 recognizer also the share of lines whose greedy CTC decode is the float model's).
@@ -41,7 +43,7 @@ log, sh = qr.log, qr.sh
 CALIBRATOR = ["--calibrator", "percentile", "--percentile", "99.99"]
 ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
 # The chosen plan; as many int8 layers (k) by position; the fewest by position (k') whose
-# predicted latency fits the budget.
+# measured latency fits the budget (k_measured).
 VARIANTS = ("mixed", "first k", "last k", "first k'", "last k'")
 
 
@@ -115,6 +117,37 @@ def k_within(plan, budget, first):
     return n
 
 
+def k_measured(args, m, plan, budget, first, feeds, work, tag, steps=8):
+    """The fewest layers by position whose *measured* latency fits the budget, as the mixed
+    plan is held to it: from k_within's k, down while the next fewer still fits, else up
+    until one fits (each k quantized with --plan and timed with `slim bench` alternating
+    with the float model, normalized to the measuring run's load)."""
+    n = len(plan["layers"])
+
+    def fits(k):
+        pp = os.path.join(work, f"kmeas_{tag}_{'first' if first else 'last'}_{k}.plan.json")
+        json.dump(by_position(plan, k, first), open(pp, "w"))
+        f = pp[:-len(".plan.json")] + ".onnx"
+        quantize(args, m, f, ["--plan", pp])
+        lat = time_all(args, {"float": m["path"], "k": f}, feeds)
+        return lat["k"] * plan["fp32_ms"] / lat["float"] <= budget
+
+    k = k_within(plan, budget, first)
+    if fits(k):
+        for _ in range(steps):
+            if k == 0 or not fits(k - 1):
+                break
+            k -= 1
+        return k
+    for _ in range(steps):
+        if k == n:
+            break
+        k += 1
+        if fits(k):
+            return k
+    return k
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slim", default=os.path.join(ROOT, "build", "tools", "slim"))
@@ -124,7 +157,7 @@ def main():
     ap.add_argument("--budgets", default="0.25,0.5,0.75", help="budgets as fractions of the way from min to max latency")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--latency-runs", type=int, default=10, help="slim quantize --latency-runs")
-    ap.add_argument("--samples", type=int, default=16,
+    ap.add_argument("--samples", type=int, default=64,
                     help="slim quantize --sensitivity-samples (the search chooses on losses measured on these)")
     ap.add_argument("--search-evaluations", type=int, default=24, help="slim quantize --search-evaluations")
     ap.add_argument("--rounds", type=int, default=3, help="slim bench rounds (models alternate)")
@@ -208,7 +241,8 @@ def main():
                    "variants": {}}
             files = {"float": m["path"], "mixed": out}
             row["variants"]["mixed"] = held_metrics(rm)
-            row["k_within"] = {"first": k_within(plan, budget, True), "last": k_within(plan, budget, False)}
+            row["k_within"] = {"first": k_measured(args, m, plan, budget, True, feeds, work, tag),
+                               "last": k_measured(args, m, plan, budget, False, feeds, work, tag)}
             for label, first, kk in (("first k", True, k), ("last k", False, k),
                                      ("first k'", True, row["k_within"]["first"]),
                                      ("last k'", False, row["k_within"]["last"])):
