@@ -1058,8 +1058,13 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
     dnnl::convolution_forward::primitive_desc pd(desc, zero_point_attr(), eng);
     // AMX multiplies 64-byte rows of the reduction: with fewer (1x1 convolutions of 12-48
     // channels, PP-OCR's detector's first layers) most of each tile is padding, and
-    // oneDNN's VNNI kernels were 1.3-1.6x faster there. Take the first that is not AMX.
-    if (k < 64 && std::string(pd.impl_info_str()).find("amx") != std::string::npos) {
+    // oneDNN's VNNI kernels were 1.3-1.6x faster there. A small call does not pay for the
+    // tiles' set-up either: PP-OCR's classifier's 1x1 convolutions to 16-32 channels of 96
+    // pixels (0.1-0.2 M products) took 0.05-0.15 ms on AMX, 0.002-0.008 ms on VNNI. Take the
+    // first that is not AMX.
+    constexpr int64_t kAmxMinMacs = int64_t(1) << 22;
+    if ((k < 64 || s.macs < kAmxMinMacs) &&
+        std::string(pd.impl_info_str()).find("amx") != std::string::npos) {
       dnnl::convolution_forward::primitive_desc other = pd;
       while (other.next_impl())
         if (std::string(other.impl_info_str()).find("amx") == std::string::npos) {
