@@ -168,7 +168,7 @@ TEST_F(QuantCli, MixedPrecisionWritesAPlanThatReappliesToTheSameBytes) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* line : {"(mixed precision QDQ)", "layers: 3", "Pareto front", "chosen: ",
                            "predicted: latency", "measured:  latency", "top-1 agreement",
-                           "candidates (built, loss measured", "int4 weight-only"})
+                           "candidates (built; loss measured", "int4 weight-only"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_GT(std::filesystem::file_size(png), 1000u);
   const auto again =
