@@ -159,12 +159,13 @@ struct Candidate {
 // int8 layers that fit (the shortest prefix and suffix, and the runs of least predicted
 // loss), and, from the best measured so far, moves of one or two layers to another
 // precision that fit (drops back to fp32, swaps), ranked by predicted loss. A plan fits
-// when T(P) + bias ≤ target, bias the median of (measured − predicted latency) over the
-// timed candidates (0 before any), and seeds are taken again for the corrected target when
-// none timed fits. Returns the plan of least measured loss whose latency (measured where
-// timed, else T(P)) is within the target (the front's choice when none is). With an
-// accuracy budget instead: the front's points are bisected for the fastest whose measured
-// loss is within it.
+// when T(P) plus T(P)'s error, fitted over the timed candidates as a + b · (the plan's int8
+// borders), is within the target (a move: the base plan's own measured error plus b times
+// the borders it adds); seeds are taken again with the fitted error when none timed fits.
+// Returns the plan of least measured loss whose latency (measured where timed, else T(P))
+// is within the target (the front's choice when none is). With an accuracy budget
+// instead: the front's points are bisected for the fastest whose measured loss is within
+// it. docs/quantization.md §11 has the details.
 PlanPoint search_plans(
     const Measurements& m, const Plan& plan, const MixedPrecisionOptions& o, double target_ms,
     const std::function<CandidateMeasure(const std::vector<Precision>&)>& measure,
