@@ -104,6 +104,15 @@ GraphIndex::GraphIndex(const Graph& g) {
   }
 }
 
+void erase_unread_initializers(Graph& g, const GraphIndex& index,
+                               const std::set<std::string>& replaced) {
+  std::set<std::string> used;
+  for (const auto& n : g.nodes) used.insert(n.inputs.begin(), n.inputs.end());
+  for (const auto& v : g.outputs) used.insert(v.name);
+  for (const auto& name : replaced)
+    if (!used.count(name) && !index.captured.count(name)) g.initializers.erase(name);
+}
+
 const Tensor* GraphIndex::constant(const Graph& g, const std::string& name) const {
   if (name.empty()) return nullptr;
   auto it = g.initializers.find(name);

@@ -244,13 +244,14 @@ double run_ms(Session& s, const TensorMap& feeds, bool cpu) {
 
 // Medians of `runs` runs of two models, alternating run by run, so that a change of the
 // machine's load falls on both.
-std::pair<double, double> time_alternating(const Model& a, const Model& b, const TensorMap& feeds,
+// `b` is compiled already (the all-fp32 model, compiled once per run: Context::fp32).
+std::pair<double, double> time_alternating(const Model& a, Session& b, const TensorMap& feeds,
                                            const QuantizeOptions& qo, int runs) {
-  auto sa = compile_for(a, feeds, qo), sb = compile_for(b, feeds, qo);
+  auto sa = compile_for(a, feeds, qo);
   std::vector<double> ta, tb;
   for (int i = 0; i < runs; ++i) {
     ta.push_back(run_ms(*sa, feeds, cpu_clock(qo)));
-    tb.push_back(run_ms(*sb, feeds, cpu_clock(qo)));
+    tb.push_back(run_ms(b, feeds, cpu_clock(qo)));
   }
   return {median(ta), median(tb)};
 }
@@ -383,6 +384,7 @@ struct Context {
   detail::PreparedModel p;
   LossMeter meter;
   TensorMap feeds;
+  std::shared_ptr<Session> fp32;  // the prepared float model compiled for feeds
 };
 
 Context make_context(const std::string& model_path, const SampleSet& calib,
@@ -395,9 +397,10 @@ Context make_context(const std::string& model_path, const SampleSet& calib,
   check(mo.evaluations >= 0, ErrorCode::invalid_argument,
         "quantize: --search-evaluations must be at least 0");
   QuantizeReport rep;
-  Context c{detail::prepare_and_collect(model_path, calib, qo, rep), {}, {}};
+  Context c{detail::prepare_and_collect(model_path, calib, qo, rep), {}, {}, {}};
   c.meter = make_meter(c.p.model, calib, qo, mo.samples);
   c.feeds = latency_feeds(c.p.model, calib);
+  c.fp32 = compile_for(c.p.model, c.feeds, qo);
   return c;
 }
 
@@ -449,7 +452,7 @@ Measurements measure(const Context& c, const std::string& model_path, const Quan
     if (m.layers[i].int4) m.layers[i].int4_ms = w.layer_ms[i];
   report(mo, "latency", 1, 1);
   // End to end, the two models alternating too.
-  std::tie(m.fp32_ms, m.int8_ms) = time_alternating(c.p.model, all8, c.feeds, qo, mo.latency_runs);
+  std::tie(m.int8_ms, m.fp32_ms) = time_alternating(all8, *c.fp32, c.feeds, qo, mo.latency_runs);
   m.fp32_profiled_ms = f.profiled_ms;
   m.int8_profiled_ms = q.profiled_ms;
   for (size_t i = 0; i < n; ++i) {
@@ -956,7 +959,7 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
       const Model candidate = build(c.p, m, x, qo);
       CandidateMeasure cm(c.meter.loss(candidate));
       if (mo.latency_budget_ms) {
-        const auto [ms, fp32] = time_alternating(candidate, c.p.model, c.feeds, qo, mo.latency_runs);
+        const auto [ms, fp32] = time_alternating(candidate, *c.fp32, c.feeds, qo, mo.latency_runs);
         cm.latency_ms = fp32 > 0 ? ms * m.fp32_ms / fp32 : ms;
       }
       return cm;
@@ -969,7 +972,7 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     report(mo, "verify", 0, 1);
     r.measured.loss = c.meter.loss(written);
     std::tie(r.measured.latency_ms, r.measured.fp32_latency_ms) =
-        time_alternating(written, c.p.model, c.feeds, qo, 2 * mo.latency_runs);
+        time_alternating(written, *c.fp32, c.feeds, qo, 2 * mo.latency_runs);
     // The load may have changed since the layers were timed: the all-fp32 model, timed in
     // the same rounds, scales the measurement back to the conditions of the prediction.
     r.measured.normalized_ms = r.measured.fp32_latency_ms > 0

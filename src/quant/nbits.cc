@@ -103,11 +103,7 @@ void insert_matmul_nbits(Model& model, const QuantizeOptions& o, QuantizeReport&
           "quantize: no node '" + name + "' to make int4 weight-only");
   g.nodes = std::move(nodes);
   if (!model.opsets.count("com.microsoft")) model.opsets["com.microsoft"] = 1;
-  std::set<std::string> used;
-  for (const auto& n : g.nodes) used.insert(n.inputs.begin(), n.inputs.end());
-  for (const auto& v : g.outputs) used.insert(v.name);
-  for (const auto& name : replaced)
-    if (!used.count(name) && !index.captured.count(name)) g.initializers.erase(name);
+  erase_unread_initializers(g, index, replaced);
 }
 
 }  // namespace slim::quant::detail

@@ -449,11 +449,7 @@ void insert_qdq(Model& model, const StatsMap& stats, const QuantizeOptions& o,
   }
   g.nodes = std::move(nodes);
   // Float initializers that only the quantized weights and biases read go.
-  std::set<std::string> used;
-  for (const auto& n : g.nodes) used.insert(n.inputs.begin(), n.inputs.end());
-  for (const auto& v : g.outputs) used.insert(v.name);
-  for (const auto& name : replaced)
-    if (!used.count(name) && !index.captured.count(name)) g.initializers.erase(name);
+  erase_unread_initializers(g, index, replaced);
 }
 
 }  // namespace slim::quant::detail

@@ -34,6 +34,11 @@ struct GraphIndex {
   const Tensor* constant(const Graph& g, const std::string& name) const;
 };
 
+// Erases the initializers in `replaced` (float ones a writer stood quantized ones in for)
+// that no node, graph output or subgraph (index.captured) reads any more.
+void erase_unread_initializers(Graph& g, const GraphIndex& index,
+                               const std::set<std::string>& replaced);
+
 // The ops quantize_model knows, and how it treats each.
 // An integer attribute (the QDQ and MatMulNBits writers).
 Attribute int_attr(int64_t v);

@@ -720,6 +720,22 @@ void add_qparams(ModelBuilder& b, const std::string& v, DType t, float scale, in
   b.initializer(v + "_z", scalar_8bit(t, zp));
 }
 
+// A test model's Q/DQ nodes with add_qparams' parameters of v: dq(v) dequantizes v (once;
+// later calls reuse its output), q(f, v) quantizes f into v.
+struct QdqNodes {
+  ModelBuilder& b;
+  std::set<std::string> dequantized = {};
+  std::string dq(const std::string& v) {
+    if (dequantized.insert(v).second)
+      b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
+    return v + "_dq";
+  }
+  std::string q(const std::string& f, const std::string& v) {
+    b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
+    return v;
+  }
+};
+
 // QLinearConv x -> y, k x k with same padding, int8 weights with per-channel scales; the
 // bytes' parameters are x_s/x_z and y_s/y_z (add_qparams).
 void add_qconv(ModelBuilder& b, const std::string& x, const std::string& y, int64_t ic, int64_t oc,
@@ -747,16 +763,7 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     b.input("x", t, spec(xs)).input("x2", t, spec(x2s)).output("y").output("se_out");
     const int z0 = t == DType::u8 ? 128 : 0;
     auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
-    std::set<std::string> dequantized;
-    auto dq = [&](const std::string& v) {
-      if (dequantized.insert(v).second)
-        b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
-      return v + "_dq";
-    };
-    auto q = [&](const std::string& f, const std::string& v) {
-      b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
-      return v;
-    };
+    QdqNodes qdq{b};
     params("x", 0.031f, z0 - 3);
     params("x2", 0.05f, z0 + 11);
     params("c1", 0.09f, z0 - 40);
@@ -764,31 +771,31 @@ TEST(CpuInt8, QdqChainsBetweenQLinearConvsStayChannelsLastExactly) {
     add_qconv(b, "x", "c1", 8, 16, 3, 41);
     add_qconv(b, "x", "c2", 8, 16, 1, 43);
     params("a", 0.12f, z0 - 10);
-    b.node("Add", {dq("c1"), dq("c2")}, {"a_f"});
-    q("a_f", "a");  // both inputs channels-last
+    b.node("Add", {qdq.dq("c1"), qdq.dq("c2")}, {"a_f"});
+    qdq.q("a_f", "a");  // both inputs channels-last
     params("m", 0.1f, z0 + 2);
-    b.node("Add", {dq("c2"), dq("x2")}, {"m_f"});
-    q("m_f", "m");  // channels-last and plain
+    b.node("Add", {qdq.dq("c2"), qdq.dq("x2")}, {"m_f"});
+    qdq.q("m_f", "m");  // channels-last and plain
     params("g", 0.01f, z0);
-    b.node("GlobalAveragePool", {dq("a")}, {"g_f"});
-    q("g_f", "g");
+    b.node("GlobalAveragePool", {qdq.dq("a")}, {"g_f"});
+    qdq.q("g_f", "g");
     params("se", 0.2f, z0 - 1);
-    b.node("Mul", {dq("a"), dq("g")}, {"se_f"});
-    q("se_f", "se");
+    b.node("Mul", {qdq.dq("a"), qdq.dq("g")}, {"se_f"});
+    qdq.q("se_f", "se");
     b.node("Identity", {"se"}, {"se_out"});
     b.initializer("scales", Tensor::from_vector<float>({4}, {1.f, 1.f, 2.f, 2.f}));
     params("r1", 0.23f, z0 + 7);
-    b.node("Resize", {dq("se"), "", "scales"}, {"r1_f"}).attrs["mode"] =
+    b.node("Resize", {qdq.dq("se"), "", "scales"}, {"r1_f"}).attrs["mode"] =
         testing::attr_string("nearest");
-    q("r1_f", "r1");
+    qdq.q("r1_f", "r1");
     b.initializer("sizes", Tensor::from_vector<int64_t>({4}, {1, 16, 12, 20}));
     params("r2", 0.1f, z0 + 2);  // m's parameters: no table
-    b.node("Resize", {dq("m"), "", "", "sizes"}, {"r2_f"}).attrs["mode"] =
+    b.node("Resize", {qdq.dq("m"), "", "", "sizes"}, {"r2_f"}).attrs["mode"] =
         testing::attr_string("nearest");
-    q("r2_f", "r2");
+    qdq.q("r2_f", "r2");
     params("cat", 0.15f, z0 - 5);
-    b.node("Concat", {dq("r1"), dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
-    q("cat_f", "cat");
+    b.node("Concat", {qdq.dq("r1"), qdq.dq("r2")}, {"cat_f"}).attrs["axis"] = attr_int(1);
+    qdq.q("cat_f", "cat");
     params("y", 0.3f, z0 + 1);
     add_qconv(b, "cat", "y", 32, 5, 1, 47);
     const Model m = b.build();
@@ -1184,16 +1191,7 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
           if (gated) b.output("s_out");  // the sum also goes out: NCHW
           const int z0 = t == DType::u8 ? 128 : 0;
           auto params = [&](const std::string& v, float s, int z) { add_qparams(b, v, t, s, z); };
-          std::set<std::string> dequantized;
-          auto dq = [&](const std::string& v) {
-            if (dequantized.insert(v).second)
-              b.node("DequantizeLinear", {v, v + "_s", v + "_z"}, {v + "_dq"});
-            return v + "_dq";
-          };
-          auto q = [&](const std::string& f, const std::string& v) {
-            b.node("QuantizeLinear", {f, v + "_s", v + "_z"}, {v});
-            return v;
-          };
+          QdqNodes qdq{b};
           params("x", 0.031f, z0 - 3);
           params("f", 0.02f, z0 + 30);
           std::string src = "x";
@@ -1205,18 +1203,18 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
           std::string other = "f";
           if (gated) {
             params("g", 0.01f, z0);
-            b.node("GlobalAveragePool", {dq(src)}, {"g_f"});
-            q("g_f", "g");
+            b.node("GlobalAveragePool", {qdq.dq(src)}, {"g_f"});
+            qdq.q("g_f", "g");
             params("gate", 1.f / 255, z0 - 128);
-            b.node("HardSigmoid", {dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
-            other = q("gate_f", "gate");
+            b.node("HardSigmoid", {qdq.dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
+            other = qdq.q("gate_f", "gate");
           }
           params("m", 0.05f, z0 + 5);
-          b.node("Mul", {dq(src), dq(other)}, {"m_f"});
-          q("m_f", "m");
+          b.node("Mul", {qdq.dq(src), qdq.dq(other)}, {"m_f"});
+          qdq.q("m_f", "m");
           params("s", 0.11f, z0 - 9);
-          b.node("Add", {dq(src), dq("m")}, {"s_f"});
-          q("s_f", "s");
+          b.node("Add", {qdq.dq(src), qdq.dq("m")}, {"s_f"});
+          qdq.q("s_f", "s");
           if (gated) b.node("Identity", {"s"}, {"s_out"});
           negate_to_output(b, "s", t, 0.11f, z0 - 9, "y");
           const Model m = b.build();
