@@ -12,6 +12,7 @@
 #include <set>
 
 #include "runtime/cpu/dnnl_int8.h"
+#include "runtime/cpu/quantize.h"
 #include "runtime/cpu_test_util.h"
 #include "slim/core/convert.h"
 #include "slim/runtime/fused_ops.h"
@@ -1202,11 +1203,13 @@ TEST(CpuInt8, QLinearMulWithItsResidualAddGivesRefsBytes) {
           }
           std::string other = "f";
           if (gated) {
-            params("g", 0.01f, z0);
+            // A gate byte of its own for most channels (a table each in the lookups).
+            params("g", 0.1f, z0);
             b.node("GlobalAveragePool", {qdq.dq(src)}, {"g_f"});
             qdq.q("g_f", "g");
             params("gate", 1.f / 255, z0 - 128);
-            b.node("HardSigmoid", {qdq.dq("g")}, {"gate_f"}).attrs["alpha"] = testing::attr_float(0.2f);
+            b.node("HardSigmoid", {qdq.dq("g")}, {"gate_f"}).attrs["alpha"] =
+                testing::attr_float(0.04f);
             other = qdq.q("gate_f", "gate");
           }
           params("m", 0.05f, z0 + 5);
@@ -1305,6 +1308,31 @@ TEST(CpuInt8, QuantizationKernelsMatchRef) {
   b.input("x", DType::f32, spec(s)).output("q").output("scale").output("zp");
   b.node("DynamicQuantizeLinear", {"x"}, {"q", "scale", "zp"}, "dql");
   expect_matches_ref(b.build(), {{"x", random_f32(s, 93, -0.7f, 3.f)}}, "dql", "cpu", 0, 0);
+}
+
+// The vectorized 256-entry lookups (AVX-512 VBMI's permutes; AVX2's 16 rows of 16, each
+// row's lookup xor-ed onto the ones before it) against the table itself: every byte value
+// at every position of a vector, tails of every length, and the output over the input.
+TEST(CpuInt8, ByteLookupsGiveTheTablesBytes) {
+  std::mt19937 rng(7);
+  std::vector<uint8_t> x(256 * 32 + 31);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = uint8_t((i * 37 + i / 256) & 255);
+  cpu_test::for_each_isa([&] {
+    for (int t = 0; t < 4; ++t) {
+      uint8_t table[256];
+      for (int v = 0; v < 256; ++v)
+        table[v] = t == 0 ? uint8_t(v) : t == 1 ? uint8_t(255 - v) : uint8_t(rng());
+      for (int64_t n : {int64_t(x.size()), int64_t(31), int64_t(33), int64_t(64 + 17)}) {
+        std::vector<uint8_t> y(size_t(n), 0), in_place(x.begin(), x.begin() + n);
+        cpu::lookup_bytes(table, x.data(), y.data(), n);
+        cpu::lookup_bytes(table, in_place.data(), in_place.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(int(y[size_t(i)]), int(table[x[size_t(i)]])) << "table " << t << " at " << i;
+          ASSERT_EQ(int(in_place[size_t(i)]), int(table[x[size_t(i)]])) << "in place, at " << i;
+        }
+      }
+    }
+  });
 }
 
 TEST(CpuInt8, CastsMatchRef) {
