@@ -537,8 +537,9 @@ T* piece(void* scratch, size_t offset) {
 // requantize_rows does (the same operations, so the same bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
 // end (or at 0, its extra pixels repeating the last) and stores only its new pixels.
 
-// The instruction the direct convolution sums with (see direct_dot).
-enum class DirectDot { none, amx, vnni512, vnni256, pairs256 };
+// The instruction the direct convolution sums with (see direct_dot); depthwise256: a
+// depthwise convolution's own kernel (see dw_tile_avx2).
+enum class DirectDot { none, amx, vnni512, vnni256, pairs256, depthwise256 };
 
 // The direct kernel's instruction at the level oneDNN runs (int8_dot), or at plain AVX2
 // (no VNNI) the pairs kernel where the weights are pair-safe; none where it does not run.
@@ -565,6 +566,7 @@ struct DirectTile {
   const int64_t* tap;    // the taps' offsets from there
   int64_t taps, quads;   // taps; channel quads (cp / 4)
   const int8_t* w;       // the block's packed weights
+  const uint8_t* src_c;  // depthwise: src at the block's first channel
   const int32_t* bias;   // the block's bias - x_zp * sum(w), one per lane
   const float* scale;    // the block's scales, one per lane
   uint8_t* y;            // the tile's first pixel at the block's first channel
@@ -593,9 +595,16 @@ class DirectConv {
   int lanes = 0, nr = 0, mr = 0;  // lanes per vector; vectors per block; pixels per tile
 
  private:
+  // The depthwise kernel (DirectDot::depthwise256): blocks of 16 channels (nr 1, 16 lanes),
+  // tiles of 4 pixels, the channels rounded up to 16 in the source's copy.
+  static std::unique_ptr<DirectConv> make_depthwise(const ConvGeometry& g,
+                                                    const std::vector<int8_t>& w8,
+                                                    ScratchLayout& layout);
+
   ConvGeometry g_;
   int64_t cp_ = 0, hp_ = 0, wp_ = 0, ocp_ = 0;  // padded channels, height, width; lanes' channels
   std::vector<int8_t> w_;                       // packed
+  int64_t w_stride_ = 0;                        // bytes of w_ per output channel
   std::vector<int32_t> wsum_;                   // sum(w) per output channel
   std::vector<int64_t> taps_;
   size_t src_at_ = 0, bias_at_ = 0, scale_at_ = 0;
@@ -625,7 +634,8 @@ void DirectConv::each_tile(const uint8_t* src, const int32_t* bias, const float*
     tile.last = int(std::min<int64_t>(mr, pixels - p0));
     for (int64_t c0 = 0; c0 < oc; c0 += block) {
       tile.src = src;
-      tile.w = w_.data() + c0 * tile.taps * cp_;
+      tile.src_c = src + c0;
+      tile.w = w_.data() + c0 * w_stride_;
       tile.bias = bias + c0;
       tile.scale = scale + c0;
       tile.y = y + p0 * oc + c0;
@@ -810,6 +820,57 @@ SLIM_AVX2 void direct_tiles_pairs256(const DirectConv& d, const uint8_t* src, co
   });
 }
 #undef SLIM_DIRECT_CASE
+
+// A depthwise tile: MR pixels x 16 channels. Each channel sums its own taps, so there are
+// no groups of 4 channels for vpdpbusd: the bytes of two taps are widened to int16 and
+// interleaved (vpunpcklwd / vpunpckhwd), and vpmaddwd multiplies them by the two taps'
+// weights and adds each pair into int32, exactly (|u8 x s8| < 2^15) and without VNNI. The
+// low interleave holds channels 0-3 and 8-11, the high one 4-7 and 12-15 (the weights are
+// packed in that order, [tap pair][low, high][16 int16]), put back in order before the
+// requantization. The taps come in pairs (an odd last one with a zero weight).
+template <int MR>
+SLIM_AVX2 void dw_tile_avx2(const DirectTile& t, const Requant256& requant) {
+  __m256i lo[MR], hi[MR];
+  for (int m = 0; m < MR; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
+  const auto* w = reinterpret_cast<const __m256i*>(t.w);
+  auto widen = [](const uint8_t* p) SLIM_AVX2 {
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  for (int64_t a = 0; a < t.taps; a += 2, w += 2) {
+    const __m256i wl = _mm256_loadu_si256(w), wh = _mm256_loadu_si256(w + 1);
+    const uint8_t *s0 = t.src_c + t.tap[a], *s1 = t.src_c + t.tap[a + 1];
+    for (int m = 0; m < MR; ++m) {
+      const __m256i x0 = widen(s0 + t.pixel[m]), x1 = widen(s1 + t.pixel[m]);
+      lo[m] = _mm256_add_epi32(lo[m], _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), wl));
+      hi[m] = _mm256_add_epi32(hi[m], _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1), wh));
+    }
+  }
+  const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias)),
+                b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias + 8));
+  const __m256 c0 = _mm256_loadu_ps(t.scale), c1 = _mm256_loadu_ps(t.scale + 8);
+  for (int m = t.first; m < t.last; ++m) {
+    const __m256i v0 = _mm256_permute2x128_si256(lo[m], hi[m], 0x20),
+                  v1 = _mm256_permute2x128_si256(lo[m], hi[m], 0x31);
+    const __m128i q = _mm_unpacklo_epi64(requant(_mm256_add_epi32(v0, b0), c0),
+                                         requant(_mm256_add_epi32(v1, b1), c1));
+    uint8_t* to = t.y + m * t.ldy;
+    if (t.cols == 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(to), q);
+    } else {
+      alignas(16) uint8_t tmp[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp), q);
+      std::memcpy(to, tmp, size_t(t.cols));
+    }
+  }
+}
+
+SLIM_AVX2 void dw_tiles_avx2(const DirectConv& d, const uint8_t* src, const int32_t* bias,
+                             const float* scale, const Int8Output& out, uint8_t* y, int64_t t0,
+                             int64_t t1) {
+  const Requant256 requant(out);
+  d.each_tile(src, bias, scale, out, y, t0, t1,
+              [&](const DirectTile& t, int) SLIM_AVX2 { dw_tile_avx2<4>(t, requant); });
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -817,12 +878,13 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
                                              DirectDot dot, ScratchLayout& layout) {
 #if defined(__x86_64__)
   const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3], k = c * kh * kw;
+  if (dot == DirectDot::depthwise256) return make_depthwise(g, w8, layout);
   if (dot == DirectDot::none || g.group != 1) return nullptr;
   // Under 32 bytes summed per output (PP-OCR's first 3x3 of 3 channels, 1x1 ones of 12-24)
   // or 8 output channels (a 1x1 of 4) the requantization and the source's copy outweigh
   // the products, and oneDNN's kernels were 10-60% faster (up to 3x at 4 channels).
-  // Depthwise convolutions stay there too: a kernel of vpdpbusd on bytes widened to int32
-  // lanes was 10-40% slower than oneDNN's on the detector's 16-32 channels.
+  // Depthwise convolutions at AVX-512 stay there too: a kernel of vpdpbusd on bytes widened
+  // to int32 lanes was 10-40% slower than oneDNN's on the detector's 16-32 channels.
   if (k < 32 || oc < 8) return nullptr;
   if (dot == DirectDot::amx && k >= 64) return nullptr;
   // At plain AVX2 1x1 convolutions stay on oneDNN (whose kernels multiply with the same
@@ -869,12 +931,57 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
           to[((a * d->cp_ / 4 + i / 4) * width + j) * 4 + i % 4] = v;
         }
   }
+  d->w_stride_ = taps * d->cp_;
   d->src_at_ = layout.add(size_t(d->hp_ * d->wp_ * d->cp_));
   d->bias_at_ = layout.add(size_t(d->ocp_) * 4);
   d->scale_at_ = layout.add(size_t(d->ocp_) * 4);
   return d;
 #else
   (void)g, (void)w8, (void)dot, (void)layout;
+  return nullptr;
+#endif
+}
+
+std::unique_ptr<DirectConv> DirectConv::make_depthwise(const ConvGeometry& g,
+                                                       const std::vector<int8_t>& w8,
+                                                       ScratchLayout& layout) {
+#if defined(__x86_64__)
+  const int64_t c = g.x[1], kh = g.w[2], kw = g.w[3], taps = kh * kw;
+  if (g.group != c || g.y[1] != c) return nullptr;
+  auto d = std::make_unique<DirectConv>();
+  d->dot = DirectDot::depthwise256;
+  d->lanes = 16;
+  d->nr = 1;
+  d->mr = 4;
+  d->g_ = g;
+  d->cp_ = d->ocp_ = (c + 15) / 16 * 16;
+  d->hp_ = g.x[2] + g.pad_l[0] + g.pad_r[0];
+  d->wp_ = g.x[3] + g.pad_l[1] + g.pad_r[1];
+  for (int64_t a = 0; a < kh; ++a)
+    for (int64_t t = 0; t < kw; ++t)
+      d->taps_.push_back((a * (g.dil[0] + 1) * d->wp_ + t * (g.dil[1] + 1)) * d->cp_);
+  if (taps % 2) d->taps_.push_back(d->taps_[0]);  // its weights are 0
+  const int64_t pairs = int64_t(d->taps_.size()) / 2;
+  // Per block of 16 channels and tap pair: the low interleave's 8 channel pairs (channels
+  // 0-3, 8-11), then the high one's (4-7, 12-15), each (w[tap], w[tap + 1]) as int16.
+  d->w_stride_ = pairs * 4;
+  d->w_.assign(size_t(d->ocp_ * d->w_stride_), 0);
+  d->wsum_.assign(size_t(d->ocp_), 0);
+  auto* packed = reinterpret_cast<int16_t*>(d->w_.data());
+  for (int64_t k = 0; k < c; ++k) {
+    const int64_t block = k / 16, j = k % 16, half = j % 8 / 4, at = j / 8 * 4 + j % 4;
+    for (int64_t a = 0; a < taps; ++a) {
+      const int8_t v = w8[size_t(k * taps + a)];
+      d->wsum_[size_t(k)] += v;
+      packed[((block * pairs + a / 2) * 2 + half) * 16 + at * 2 + a % 2] = v;
+    }
+  }
+  d->src_at_ = layout.add(size_t(d->hp_ * d->wp_ * d->cp_));
+  d->bias_at_ = layout.add(size_t(d->ocp_) * 4);
+  d->scale_at_ = layout.add(size_t(d->ocp_) * 4);
+  return d;
+#else
+  (void)g, (void)w8, (void)layout;
   return nullptr;
 #endif
 }
@@ -915,9 +1022,12 @@ void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels
     src = buf;
   }
   const int64_t pixels = g_.y[2] * g_.y[3], tiles = (pixels + mr - 1) / mr;
-  parallel_items(ctx, tiles, mr * int64_t(taps_.size()) * cp_ * ocp_, kMacsPerThread,
+  const int64_t sums = dot == DirectDot::depthwise256 ? 1 : cp_;  // summed per tap and output
+  parallel_items(ctx, tiles, mr * int64_t(taps_.size()) * sums * ocp_, kMacsPerThread,
                  [&](int64_t b, int64_t e) {
-                   if (dot == DirectDot::pairs256)
+                   if (dot == DirectDot::depthwise256)
+                     dw_tiles_avx2(*this, src, bias, scale, out, y, b, e);
+                   else if (dot == DirectDot::pairs256)
                      direct_tiles_pairs256(*this, src, bias, scale, out, y, b, e);
                    else if (dot == DirectDot::vnni256)
                      direct_tiles_avx2(*this, src, bias, scale, out, y, b, e);
@@ -1036,8 +1146,12 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   const int64_t cg = c / group, ocg = oc / group, k = cg * g.w[2] * g.w[3];
   s.cs = s.split ? 2 * c : c;
   const bool bytes = out == DType::u8 || out == DType::i8;
+  // Depthwise convolutions at AVX2 take slim's own kernel (with AVX-VNNI or without):
+  // oneDNN's took PP-OCRv4's detector's 13 of them 2-3x as long as f32 did.
+  const bool depthwise = group == c && group == oc && detected_isa() == Isa::avx2;
   if (bytes && !s.pw.any_comp)
-    s.direct = DirectConv::make(g, s.pw.w8, direct_dot(int8_dot(), safe), s.layout);
+    s.direct = DirectConv::make(
+        g, s.pw.w8, depthwise ? DirectDot::depthwise256 : direct_dot(int8_dot(), safe), s.layout);
   const memory::dims src_dims = {1, s.cs, g.x[2], g.x[3]}, dst_dims = {1, oc, g.y[2], g.y[3]};
   // A requantized 1x1 convolution (stride 1, no padding, one group, no compensation) of a
   // large image runs in bands of rows whose int32 sums (at most 512 KiB) are requantized
