@@ -921,6 +921,10 @@ QuantizeOptions plan_quantizer(const Measurements& m, const std::vector<Precisio
   return base;
 }
 
+// The share of the budget a verifying re-measure may be over before it is confirmed by a
+// second one (see run_mixed_precision).
+constexpr double kRemeasureNoise = 0.03;
+
 MixedPrecisionResult run_mixed_precision(const std::string& model_path, const std::string& output,
                                          const SampleSet& calib, const QuantizeOptions& qo,
                                          const MixedPrecisionOptions& mo) {
@@ -971,14 +975,29 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     OnnxExporter::save_file(written, output);
     report(mo, "verify", 0, 1);
     r.measured.loss = c.meter.loss(written);
-    std::tie(r.measured.latency_ms, r.measured.fp32_latency_ms) =
-        time_alternating(written, *c.fp32, c.feeds, qo, 2 * mo.latency_runs);
     // The load may have changed since the layers were timed: the all-fp32 model, timed in
     // the same rounds, scales the measurement back to the conditions of the prediction.
-    r.measured.normalized_ms = r.measured.fp32_latency_ms > 0
-                                   ? r.measured.latency_ms * m.fp32_ms / r.measured.fp32_latency_ms
-                                   : r.measured.latency_ms;
-    report(mo, "verify", 1, 1);
+    const auto verify = [&](Verification& v) {
+      std::tie(v.latency_ms, v.fp32_latency_ms) =
+          time_alternating(written, *c.fp32, c.feeds, qo, 2 * mo.latency_runs);
+      v.normalized_ms =
+          v.fp32_latency_ms > 0 ? v.latency_ms * m.fp32_ms / v.fp32_latency_ms : v.latency_ms;
+    };
+    verify(r.measured);
+    int timings = 1;
+    // Over the budget by less than a re-measure's noise (about 1.5 % on PP-OCR's
+    // recognizer): timed once more and the two averaged before aiming lower, where a single
+    // unlucky measurement had sent the search to tighter plans that lose more.
+    if (mo.latency_budget_ms && r.measured.normalized_ms > *mo.latency_budget_ms &&
+        r.measured.normalized_ms <= *mo.latency_budget_ms * (1 + kRemeasureNoise)) {
+      report(mo, "verify", timings++, 2);
+      Verification again;
+      verify(again);
+      r.measured.latency_ms = (r.measured.latency_ms + again.latency_ms) / 2;
+      r.measured.fp32_latency_ms = (r.measured.fp32_latency_ms + again.fp32_latency_ms) / 2;
+      r.measured.normalized_ms = (r.measured.normalized_ms + again.normalized_ms) / 2;
+    }
+    report(mo, "verify", timings, timings);
     r.history.push_back({r.target_ms, r.plan.chosen.latency_ms, r.measured.latency_ms,
                          r.measured.normalized_ms, r.measured.loss,
                          r.plan.chosen.layers(Precision::int8), r.plan.chosen.layers(Precision::int4)});
