@@ -749,7 +749,8 @@ PlanPoint search_plans(
     if (fresh >= o.evaluations) return std::nullopt;
     ++fresh;
     const CandidateMeasure r = measure(x);
-    evaluated.push_back(Candidate{source, point_of(m, x), r.loss, target_ms, r.latency_ms});
+    evaluated.push_back(
+        Candidate{source, point_of(m, x), r.loss, target_ms, r.latency_ms, r.latency_ms >= 0});
     return evaluated.back().loss;
   };
   const auto& front = plan.pareto;
@@ -924,6 +925,34 @@ QuantizeOptions plan_quantizer(const Measurements& m, const std::vector<Precisio
 // The share of the budget a verifying re-measure may be over before it is confirmed by a
 // second one (see run_mixed_precision).
 constexpr double kRemeasureNoise = 0.03;
+// Candidates timed again before one is written (see confirm_plan).
+constexpr int kFinalists = 3;
+
+std::optional<PlanPoint> confirm_plan(
+    double target_ms, std::vector<Candidate>& evaluated,
+    const std::function<double(const std::vector<Precision>&)>& time,
+    const std::function<void(int64_t, int64_t)>& progress) {
+  std::vector<Candidate*> finalists;
+  for (Candidate& cd : evaluated)
+    if (cd.measured_ms >= 0 && cd.measured_ms <= target_ms * (1 + kRemeasureNoise))
+      finalists.push_back(&cd);
+  std::stable_sort(finalists.begin(), finalists.end(),
+                   [](const Candidate* a, const Candidate* b) { return a->loss < b->loss; });
+  if (finalists.size() > size_t(kFinalists)) finalists.resize(size_t(kFinalists));
+  const auto total = int64_t(finalists.size());
+  std::optional<PlanPoint> chosen;
+  for (int64_t i = 0; i < total && !chosen; ++i) {
+    if (progress) progress(i, total);
+    Candidate& cd = *finalists[size_t(i)];
+    if (cd.timings < 2) {
+      cd.measured_ms = (cd.measured_ms * cd.timings + time(cd.point.precision)) / (cd.timings + 1);
+      ++cd.timings;
+    }
+    if (cd.measured_ms <= target_ms) chosen = cd.point;
+  }
+  if (progress) progress(total, total);
+  return chosen;
+}
 
 MixedPrecisionResult run_mixed_precision(const std::string& model_path, const std::string& output,
                                          const SampleSet& calib, const QuantizeOptions& qo,
@@ -958,18 +987,26 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     const size_t before = r.candidates.size();
     // Under a latency budget each candidate is timed too, alternating with the all-fp32
     // model and normalized to the load of the measurements (as the re-measure below).
+    const auto timed = [&](const Model& candidate) {
+      const auto [ms, fp32] = time_alternating(candidate, *c.fp32, c.feeds, qo, mo.latency_runs);
+      return fp32 > 0 ? ms * m.fp32_ms / fp32 : ms;
+    };
     const auto measure = [&](const std::vector<Precision>& x) {
       report(mo, "search", int64_t(r.candidates.size() - before), mo.evaluations);
       const Model candidate = build(c.p, m, x, qo);
       CandidateMeasure cm(c.meter.loss(candidate));
-      if (mo.latency_budget_ms) {
-        const auto [ms, fp32] = time_alternating(candidate, *c.fp32, c.feeds, qo, mo.latency_runs);
-        cm.latency_ms = fp32 > 0 ? ms * m.fp32_ms / fp32 : ms;
-      }
+      if (mo.latency_budget_ms) cm.latency_ms = timed(candidate);
       return cm;
     };
     r.plan.chosen = search_plans(m, r.plan, mo, r.target_ms, measure, r.candidates);
     if (mo.evaluations > 0) report(mo, "search", mo.evaluations, mo.evaluations);
+    if (mo.latency_budget_ms && mo.evaluations > 0) {
+      const auto confirmed = confirm_plan(
+          r.target_ms, r.candidates,
+          [&](const std::vector<Precision>& x) { return timed(build(c.p, m, x, qo)); },
+          [&](int64_t done, int64_t total) { report(mo, "confirm", done, total); });
+      if (confirmed) r.plan.chosen = *confirmed;
+    }
     // quantize_model with the fp32 layers excluded writes these bytes (what --plan does).
     const Model written = build(c.p, m, r.plan.chosen.precision, qo);
     OnnxExporter::save_file(written, output);
@@ -1086,6 +1123,7 @@ std::string plan_to_json(const MixedPrecisionResult& r, const QuantizeOptions& q
                                {"predicted_loss", c.point.loss},
                                {"loss", c.loss},
                                {"measured_ms", c.measured_ms},
+                               {"timings", c.timings},
                                {"int8_layers", c.point.layers(Precision::int8)},
                                {"int4_layers", c.point.layers(Precision::int4)},
                                {"chosen", c.point.precision == r.plan.chosen.precision}});

@@ -314,6 +314,49 @@ TEST(MixedPrecision, SearchHoldsTimedCandidatesToTheBudget) {
   EXPECT_LE(seen.size(), size_t(mo.evaluations));
 }
 
+// Before a plan is written the least-loss candidates timed near the target are timed
+// again and held to it by their mean: one whose first timing came out low (a) gives way to
+// the next (b); one timed well over the target (c) is no finalist; the mean and the count
+// are kept.
+TEST(MixedPrecision, ConfirmTimesTheFinalistsAgain) {
+  std::vector<Candidate> seen;
+  const auto add = [&](const std::string& name, std::vector<Precision> x, double loss, double ms) {
+    Candidate c;
+    c.source = name;
+    c.point.precision = std::move(x);
+    c.loss = loss;
+    c.measured_ms = ms;
+    c.timings = 1;
+    seen.push_back(c);
+  };
+  add("c", {I8, I8, I8}, 0.5, 4.8);  // least loss, but 6.7 % over: not timed again
+  add("a", {I8, I8, F}, 1.0, 4.4);   // timed again at 5.0: mean 4.7, over
+  add("b", {I8, F, F}, 2.0, 4.45);   // timed again at 4.45: fits
+  add("d", {F, F, F}, 3.0, 4.0);
+  std::vector<std::vector<Precision>> timed;
+  const auto time = [&](const std::vector<Precision>& x) {
+    timed.push_back(x);
+    return x == std::vector<Precision>{I8, I8, F} ? 5.0 : 4.45;
+  };
+  const auto chosen = confirm_plan(4.5, seen, time);
+  ASSERT_TRUE(chosen.has_value());
+  EXPECT_EQ(chosen->precision, (std::vector<Precision>{I8, F, F}));
+  EXPECT_EQ(timed, (std::vector<std::vector<Precision>>{{I8, I8, F}, {I8, F, F}}));
+  EXPECT_DOUBLE_EQ(seen[1].measured_ms, 4.7);
+  EXPECT_EQ(seen[1].timings, 2);
+  EXPECT_EQ(seen[0].timings, 1);
+  EXPECT_EQ(seen[3].timings, 1);  // not reached
+  // Timed twice already: held to its mean without a third timing.
+  timed.clear();
+  const auto again = confirm_plan(4.5, seen, time);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->precision, (std::vector<Precision>{I8, F, F}));
+  EXPECT_TRUE(timed.empty());
+  // None fits: the search's choice stands.
+  std::vector<Candidate> over = {seen[1]};
+  EXPECT_FALSE(confirm_plan(4.5, over, time).has_value());
+}
+
 TEST(MixedPrecision, RefusesABudgetBelowTheFastestPlan) {
   const fs::path d = scratch("budget");
   const std::string model = write_model(d, "mlp", 1);
