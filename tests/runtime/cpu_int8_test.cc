@@ -322,7 +322,8 @@ TEST(CpuInt8, QLinearConvAndMatMulGiveRefsBytesExactly) {
       // fewer output pixels than a tile (SE's 1x1 convolutions on [N, C, 1, 1])
       {{1, 8, 2, 2}, 16, 3, 1, DType::u8, DType::i8, DType::u8, true, true},
       {{1, 40, 1, 1}, 24, 1, 1, DType::u8, DType::i8, DType::u8, true, true},
-      // depthwise (oneDNN's kernels): strides, dilations, an int8 source
+      // depthwise (slim's kernel at AVX2, oneDNN's at AVX-512): 5x5, strides, dilations,
+      // uneven padding, an int8 source, channels not a multiple of 16
       {{1, 20, 13, 11}, 20, 5, 20, DType::i8, DType::i8, DType::u8, true, true, {2, 2}},
       {{1, 40, 9, 10},
        40,

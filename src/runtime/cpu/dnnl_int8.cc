@@ -1147,7 +1147,7 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   s.cs = s.split ? 2 * c : c;
   const bool bytes = out == DType::u8 || out == DType::i8;
   // Depthwise convolutions at AVX2 take slim's own kernel (with AVX-VNNI or without):
-  // oneDNN's took PP-OCRv4's detector's 13 of them 2-3x as long as f32 did.
+  // oneDNN's took PP-OCRv4's detector's depthwise ones 2-3x as long as f32 did.
   const bool depthwise = group == c && group == oc && detected_isa() == Isa::avx2;
   if (bytes && !s.pw.any_comp)
     s.direct = DirectConv::make(
