@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "slim/core/error.h"
 
@@ -38,6 +40,13 @@ CpuFeatures probe() {
   f.avx512dq = __builtin_cpu_supports("avx512dq");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+#if defined(__linux__)
+  std::ifstream gds("/sys/devices/system/cpu/vulnerabilities/gather_data_sampling");
+  std::string state;
+  f.slow_gathers = std::getline(gds, state) && state.rfind("Mitigation: Microcode", 0) == 0;
+#endif
+  // SLIM_SLOW_GATHERS=1 / 0 says otherwise (the gather-free paths' tests on any CPU).
+  if (const char* env = std::getenv("SLIM_SLOW_GATHERS"); env && *env) f.slow_gathers = *env != '0';
 #elif defined(__aarch64__)
   f.neon = true;
 #if defined(__linux__)

@@ -19,6 +19,10 @@ struct CpuFeatures {
   // x86-64
   bool avx2 = false, fma = false, f16c = false, popcnt = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512vnni = false;
+  // Intel's microcode mitigation of Gather Data Sampling is on (Skylake to Tiger Lake; Linux
+  // reports it in sysfs): vpgatherdd runs several times slower, so kernels that have a
+  // gather-free way take it. SLIM_SLOW_GATHERS=1 or 0 overrides the probe.
+  bool slow_gathers = false;
   // aarch64 (ASIMD is part of the base architecture, so neon is true on every aarch64 CPU)
   bool neon = false, dotprod = false, fp16 = false;
 };
