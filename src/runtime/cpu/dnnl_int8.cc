@@ -537,9 +537,9 @@ T* piece(void* scratch, size_t offset) {
 // requantize_rows does (the same operations, so the same bytes) and stored. The image's last tile, when shorter, starts mr pixels before its
 // end (or at 0, its extra pixels repeating the last) and stores only its new pixels.
 
-// The instruction the direct convolution sums with (see direct_dot); depthwise256: a
-// depthwise convolution's own kernel (see dw_tile_avx2).
-enum class DirectDot { none, amx, vnni512, vnni256, pairs256, depthwise256 };
+// The instruction the direct convolution sums with (see direct_dot); depthwise256 and
+// depthwise_vnni256: a depthwise convolution's own kernel (see dw_tile_avx2).
+enum class DirectDot { none, amx, vnni512, vnni256, pairs256, depthwise256, depthwise_vnni256 };
 
 // The direct kernel's instruction at the level oneDNN runs (int8_dot), or at plain AVX2
 // (no VNNI) the pairs kernel where the weights are pair-safe; none where it does not run.
@@ -595,10 +595,10 @@ class DirectConv {
   int lanes = 0, nr = 0, mr = 0;  // lanes per vector; vectors per block; pixels per tile
 
  private:
-  // The depthwise kernel (DirectDot::depthwise256): blocks of 16 channels (nr 1, 16 lanes),
-  // tiles of 4 pixels, the channels rounded up to 16 in the source's copy.
+  // The depthwise kernel (DirectDot::depthwise256, depthwise_vnni256): blocks of 16 channels (nr 1,
+  // 16 lanes), tiles of 4 pixels, the channels rounded up to 16 in the source's copy.
   static std::unique_ptr<DirectConv> make_depthwise(const ConvGeometry& g,
-                                                    const std::vector<int8_t>& w8,
+                                                    const std::vector<int8_t>& w8, DirectDot dot,
                                                     ScratchLayout& layout);
 
   ConvGeometry g_;
@@ -824,27 +824,46 @@ SLIM_AVX2 void direct_tiles_pairs256(const DirectConv& d, const uint8_t* src, co
 // A depthwise tile: MR pixels x 16 channels. Each channel sums its own taps, so there are
 // no groups of 4 channels for vpdpbusd: the bytes of two taps are widened to int16 and
 // interleaved (vpunpcklwd / vpunpckhwd), and vpmaddwd multiplies them by the two taps'
-// weights and adds each pair into int32, exactly (|u8 x s8| < 2^15) and without VNNI. The
-// low interleave holds channels 0-3 and 8-11, the high one 4-7 and 12-15 (the weights are
-// packed in that order, [tap pair][low, high][16 int16]), put back in order before the
-// requantization. The taps come in pairs (an odd last one with a zero weight).
-template <int MR>
-SLIM_AVX2 void dw_tile_avx2(const DirectTile& t, const Requant256& requant) {
-  __m256i lo[MR], hi[MR];
-  for (int m = 0; m < MR; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
-  const auto* w = reinterpret_cast<const __m256i*>(t.w);
-  auto widen = [](const uint8_t* p) SLIM_AVX2 {
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
-  for (int64_t a = 0; a < t.taps; a += 2, w += 2) {
-    const __m256i wl = _mm256_loadu_si256(w), wh = _mm256_loadu_si256(w + 1);
-    const uint8_t *s0 = t.src_c + t.tap[a], *s1 = t.src_c + t.tap[a + 1];
-    for (int m = 0; m < MR; ++m) {
-      const __m256i x0 = widen(s0 + t.pixel[m]), x1 = widen(s1 + t.pixel[m]);
-      lo[m] = _mm256_add_epi32(lo[m], _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), wl));
-      hi[m] = _mm256_add_epi32(hi[m], _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1), wh));
-    }
+// weights and adds each pair into int32, exactly (|u8 x s8| < 2^15) and without VNNI (with
+// AVX-VNNI, vpdpwssd does that and the accumulation in one). The low interleave holds
+// channels 0-3 and 8-11, the high one 4-7 and 12-15 (the weights are packed in that order,
+// [tap pair][low, high][16 int16]), put back in order before the requantization. The taps
+// come in pairs (an odd last one with a zero weight). Stamped out once per target, as the
+// direct tiles are.
+SLIM_AVX2 inline __attribute__((always_inline)) __m256i pair_madd256(__m256i acc, __m256i x,
+                                                                     __m256i w) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w));
+}
+SLIM_VNNI256 inline __attribute__((always_inline)) __m256i pair_dp256(__m256i acc, __m256i x,
+                                                                      __m256i w) {
+  return _mm256_dpwssd_avx_epi32(acc, x, w);
+}
+#define SLIM_DW_TILE_256(name, target, pair)                                                   \
+  template <int MR>                                                                            \
+  target void name(const DirectTile& t, const Requant256& requant) {                           \
+    __m256i lo[MR], hi[MR];                                                                    \
+    for (int m = 0; m < MR; ++m) lo[m] = hi[m] = _mm256_setzero_si256();                       \
+    const auto* w = reinterpret_cast<const __m256i*>(t.w);                                     \
+    for (int64_t a = 0; a < t.taps; a += 2, w += 2) {                                          \
+      const __m256i wl = _mm256_loadu_si256(w), wh = _mm256_loadu_si256(w + 1);                \
+      const uint8_t *s0 = t.src_c + t.tap[a], *s1 = t.src_c + t.tap[a + 1];                    \
+      for (int m = 0; m < MR; ++m) {                                                           \
+        const __m256i x0 = _mm256_cvtepu8_epi16(                                               \
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + t.pixel[m]))), \
+                      x1 = _mm256_cvtepu8_epi16(                                               \
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1 + t.pixel[m]))); \
+        lo[m] = pair(lo[m], _mm256_unpacklo_epi16(x0, x1), wl);                                \
+        hi[m] = pair(hi[m], _mm256_unpackhi_epi16(x0, x1), wh);                                \
+      }                                                                                        \
+    }                                                                                          \
+    store_dw_tile_avx2<MR>(t, requant, lo, hi);                                                \
   }
+
+// The tile's 16 channels of pixels [first, last), requantized and stored.
+template <int MR>
+__attribute__((target("avx2"), always_inline)) inline void store_dw_tile_avx2(
+    const DirectTile& t, const Requant256& requant, const __m256i (&lo)[MR],
+    const __m256i (&hi)[MR]) {
   const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias)),
                 b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias + 8));
   const __m256 c0 = _mm256_loadu_ps(t.scale), c1 = _mm256_loadu_ps(t.scale + 8);
@@ -863,6 +882,9 @@ SLIM_AVX2 void dw_tile_avx2(const DirectTile& t, const Requant256& requant) {
     }
   }
 }
+SLIM_DW_TILE_256(dw_tile_avx2, SLIM_AVX2, pair_madd256)
+SLIM_DW_TILE_256(dw_tile_vnni256, SLIM_VNNI256, pair_dp256)
+#undef SLIM_DW_TILE_256
 
 SLIM_AVX2 void dw_tiles_avx2(const DirectConv& d, const uint8_t* src, const int32_t* bias,
                              const float* scale, const Int8Output& out, uint8_t* y, int64_t t0,
@@ -871,6 +893,13 @@ SLIM_AVX2 void dw_tiles_avx2(const DirectConv& d, const uint8_t* src, const int3
   d.each_tile(src, bias, scale, out, y, t0, t1,
               [&](const DirectTile& t, int) SLIM_AVX2 { dw_tile_avx2<4>(t, requant); });
 }
+SLIM_VNNI256 void dw_tiles_vnni256(const DirectConv& d, const uint8_t* src, const int32_t* bias,
+                                   const float* scale, const Int8Output& out, uint8_t* y,
+                                   int64_t t0, int64_t t1) {
+  const Requant256 requant(out);
+  d.each_tile(src, bias, scale, out, y, t0, t1,
+              [&](const DirectTile& t, int) SLIM_VNNI256 { dw_tile_vnni256<4>(t, requant); });
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -878,7 +907,8 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
                                              DirectDot dot, ScratchLayout& layout) {
 #if defined(__x86_64__)
   const int64_t c = g.x[1], oc = g.y[1], kh = g.w[2], kw = g.w[3], k = c * kh * kw;
-  if (dot == DirectDot::depthwise256) return make_depthwise(g, w8, layout);
+  if (dot == DirectDot::depthwise256 || dot == DirectDot::depthwise_vnni256)
+    return make_depthwise(g, w8, dot, layout);
   if (dot == DirectDot::none || g.group != 1) return nullptr;
   // Under 32 bytes summed per output (PP-OCR's first 3x3 of 3 channels, 1x1 ones of 12-24)
   // or 8 output channels (a 1x1 of 4) the requantization and the source's copy outweigh
@@ -943,13 +973,13 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
 }
 
 std::unique_ptr<DirectConv> DirectConv::make_depthwise(const ConvGeometry& g,
-                                                       const std::vector<int8_t>& w8,
+                                                       const std::vector<int8_t>& w8, DirectDot dot,
                                                        ScratchLayout& layout) {
 #if defined(__x86_64__)
   const int64_t c = g.x[1], kh = g.w[2], kw = g.w[3], taps = kh * kw;
   if (g.group != c || g.y[1] != c) return nullptr;
   auto d = std::make_unique<DirectConv>();
-  d->dot = DirectDot::depthwise256;
+  d->dot = dot;
   d->lanes = 16;
   d->nr = 1;
   d->mr = 4;
@@ -981,7 +1011,7 @@ std::unique_ptr<DirectConv> DirectConv::make_depthwise(const ConvGeometry& g,
   d->scale_at_ = layout.add(size_t(d->ocp_) * 4);
   return d;
 #else
-  (void)g, (void)w8, (void)layout;
+  (void)g, (void)w8, (void)dot, (void)layout;
   return nullptr;
 #endif
 }
@@ -1022,11 +1052,14 @@ void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels
     src = buf;
   }
   const int64_t pixels = g_.y[2] * g_.y[3], tiles = (pixels + mr - 1) / mr;
-  const int64_t sums = dot == DirectDot::depthwise256 ? 1 : cp_;  // summed per tap and output
+  const bool depthwise = dot == DirectDot::depthwise256 || dot == DirectDot::depthwise_vnni256;
+  const int64_t sums = depthwise ? 1 : cp_;  // summed per tap and output
   parallel_items(ctx, tiles, mr * int64_t(taps_.size()) * sums * ocp_, kMacsPerThread,
                  [&](int64_t b, int64_t e) {
                    if (dot == DirectDot::depthwise256)
                      dw_tiles_avx2(*this, src, bias, scale, out, y, b, e);
+                   else if (dot == DirectDot::depthwise_vnni256)
+                     dw_tiles_vnni256(*this, src, bias, scale, out, y, b, e);
                    else if (dot == DirectDot::pairs256)
                      direct_tiles_pairs256(*this, src, bias, scale, out, y, b, e);
                    else if (dot == DirectDot::vnni256)
@@ -1149,9 +1182,11 @@ Int8Conv::Int8Conv(const Node& node, const ConvGeometry& g, const Tensor& w,
   // Depthwise convolutions at AVX2 take slim's own kernel (with AVX-VNNI or without):
   // oneDNN's took PP-OCRv4's detector's depthwise ones 2-3x as long as f32 did.
   const bool depthwise = group == c && group == oc && detected_isa() == Isa::avx2;
+  const DirectDot dw =
+      int8_dot() == Int8Dot::avx_vnni ? DirectDot::depthwise_vnni256 : DirectDot::depthwise256;
   if (bytes && !s.pw.any_comp)
-    s.direct = DirectConv::make(
-        g, s.pw.w8, depthwise ? DirectDot::depthwise256 : direct_dot(int8_dot(), safe), s.layout);
+    s.direct =
+        DirectConv::make(g, s.pw.w8, depthwise ? dw : direct_dot(int8_dot(), safe), s.layout);
   const memory::dims src_dims = {1, s.cs, g.x[2], g.x[3]}, dst_dims = {1, oc, g.y[2], g.y[3]};
   // A requantized 1x1 convolution (stride 1, no padding, one group, no compensation) of a
   // large image runs in bands of rows whose int32 sums (at most 512 KiB) are requantized
