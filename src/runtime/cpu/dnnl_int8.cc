@@ -600,6 +600,22 @@ class DirectConv {
   static std::unique_ptr<DirectConv> make_depthwise(const ConvGeometry& g,
                                                     const std::vector<int8_t>& w8, DirectDot dot,
                                                     ScratchLayout& layout);
+  // g, the padded source of cp channels a pixel and the taps' offsets in it.
+  void set_source(const ConvGeometry& g, int64_t cp) {
+    g_ = g;
+    cp_ = cp;
+    hp_ = g.x[2] + g.pad_l[0] + g.pad_r[0];
+    wp_ = g.x[3] + g.pad_l[1] + g.pad_r[1];
+    for (int64_t a = 0; a < g.w[2]; ++a)
+      for (int64_t t = 0; t < g.w[3]; ++t)
+        taps_.push_back((a * (g.dil[0] + 1) * wp_ + t * (g.dil[1] + 1)) * cp_);
+  }
+  // The scratch of a run: the source's copy, the lanes' biases and scales.
+  void reserve(ScratchLayout& layout) {
+    src_at_ = layout.add(size_t(hp_ * wp_ * cp_));
+    bias_at_ = layout.add(size_t(ocp_) * 4);
+    scale_at_ = layout.add(size_t(ocp_) * 4);
+  }
 
   ConvGeometry g_;
   int64_t cp_ = 0, hp_ = 0, wp_ = 0, ocp_ = 0;  // padded channels, height, width; lanes' channels
@@ -938,14 +954,8 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     else
       d->mr = d->nr == 3 ? 4 : d->nr == 2 ? 6 : 12;
   }
-  d->g_ = g;
-  d->cp_ = (c + 3) / 4 * 4;
-  d->hp_ = g.x[2] + g.pad_l[0] + g.pad_r[0];
-  d->wp_ = g.x[3] + g.pad_l[1] + g.pad_r[1];
+  d->set_source(g, (c + 3) / 4 * 4);
   d->ocp_ = vectors * d->lanes;
-  for (int64_t a = 0; a < kh; ++a)
-    for (int64_t t = 0; t < kw; ++t)
-      d->taps_.push_back((a * (g.dil[0] + 1) * d->wp_ + t * (g.dil[1] + 1)) * d->cp_);
   // Block by block (the last one's vectors only): [tap][quad][lane][4].
   const int64_t taps = kh * kw, block = int64_t(d->nr) * d->lanes;
   d->w_.assign(size_t(d->ocp_ * taps * d->cp_), 0);
@@ -962,9 +972,7 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
         }
   }
   d->w_stride_ = taps * d->cp_;
-  d->src_at_ = layout.add(size_t(d->hp_ * d->wp_ * d->cp_));
-  d->bias_at_ = layout.add(size_t(d->ocp_) * 4);
-  d->scale_at_ = layout.add(size_t(d->ocp_) * 4);
+  d->reserve(layout);
   return d;
 #else
   (void)g, (void)w8, (void)dot, (void)layout;
@@ -975,7 +983,6 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
 std::unique_ptr<DirectConv> DirectConv::make_depthwise(const ConvGeometry& g,
                                                        const std::vector<int8_t>& w8, DirectDot dot,
                                                        ScratchLayout& layout) {
-#if defined(__x86_64__)
   const int64_t c = g.x[1], kh = g.w[2], kw = g.w[3], taps = kh * kw;
   if (g.group != c || g.y[1] != c) return nullptr;
   auto d = std::make_unique<DirectConv>();
@@ -983,13 +990,8 @@ std::unique_ptr<DirectConv> DirectConv::make_depthwise(const ConvGeometry& g,
   d->lanes = 16;
   d->nr = 1;
   d->mr = 4;
-  d->g_ = g;
-  d->cp_ = d->ocp_ = (c + 15) / 16 * 16;
-  d->hp_ = g.x[2] + g.pad_l[0] + g.pad_r[0];
-  d->wp_ = g.x[3] + g.pad_l[1] + g.pad_r[1];
-  for (int64_t a = 0; a < kh; ++a)
-    for (int64_t t = 0; t < kw; ++t)
-      d->taps_.push_back((a * (g.dil[0] + 1) * d->wp_ + t * (g.dil[1] + 1)) * d->cp_);
+  d->set_source(g, (c + 15) / 16 * 16);
+  d->ocp_ = d->cp_;
   if (taps % 2) d->taps_.push_back(d->taps_[0]);  // its weights are 0
   const int64_t pairs = int64_t(d->taps_.size()) / 2;
   // Per block of 16 channels and tap pair: the low interleave's 8 channel pairs (channels
@@ -1006,14 +1008,8 @@ std::unique_ptr<DirectConv> DirectConv::make_depthwise(const ConvGeometry& g,
       packed[((block * pairs + a / 2) * 2 + half) * 16 + at * 2 + a % 2] = v;
     }
   }
-  d->src_at_ = layout.add(size_t(d->hp_ * d->wp_ * d->cp_));
-  d->bias_at_ = layout.add(size_t(d->ocp_) * 4);
-  d->scale_at_ = layout.add(size_t(d->ocp_) * 4);
+  d->reserve(layout);
   return d;
-#else
-  (void)g, (void)w8, (void)dot, (void)layout;
-  return nullptr;
-#endif
 }
 
 void DirectConv::run(const KernelContext& ctx, const uint8_t* x, bool x_channels_last, bool flip,
