@@ -371,6 +371,7 @@ struct Requant256 {
   __m128i pick;
   // No scale is NaN or infinite, so no product is NaN (an int32 sum is finite).
   bool finite = true;
+  bool is_signed = false;  // int8 bytes out
   __attribute__((target("avx2"))) explicit Requant256(const Int8Output& out) {
     const int32_t qlo = out.bytes_signed ? -128 : 0, qhi = out.bytes_signed ? 127 : 255;
     lo = _mm256_set1_ps(float(qlo - out.zero_point));
@@ -378,6 +379,7 @@ struct Requant256 {
     zp = _mm256_set1_epi32(out.zero_point);
     pick = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     for (int64_t k = 0; k < out.period; ++k) finite = finite && std::isfinite(out.scale[k]);
+    is_signed = out.bytes_signed;
   }
   // The 8 requantized values, int32 lanes in [qlo, qhi].
   __attribute__((target("avx2"), always_inline)) inline __m256i values(__m256i a,
@@ -875,7 +877,10 @@ SLIM_VNNI256 inline __attribute__((always_inline)) __m256i pair_dp256(__m256i ac
     store_dw_tile_avx2<MR>(t, requant, lo, hi);                                                \
   }
 
-// The tile's 16 channels of pixels [first, last), requantized and stored.
+// The tile's 16 channels of pixels [first, last), requantized and stored. The sums stay in
+// the interleaves' order (the biases and scales are put in it instead), so vpackssdw of
+// the low and high ones gives the 16 channels in order, and vpack(u)swb two pixels' at a
+// time (one lane permute puts each pixel's 16 bytes together).
 template <int MR>
 __attribute__((target("avx2"), always_inline)) inline void store_dw_tile_avx2(
     const DirectTile& t, const Requant256& requant, const __m256i (&lo)[MR],
@@ -883,11 +888,15 @@ __attribute__((target("avx2"), always_inline)) inline void store_dw_tile_avx2(
   const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias)),
                 b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.bias + 8));
   const __m256 c0 = _mm256_loadu_ps(t.scale), c1 = _mm256_loadu_ps(t.scale + 8);
-  for (int m = t.first; m < t.last; ++m) {
-    const __m256i v0 = _mm256_permute2x128_si256(lo[m], hi[m], 0x20),
-                  v1 = _mm256_permute2x128_si256(lo[m], hi[m], 0x31);
-    const __m128i q = _mm_unpacklo_epi64(requant(_mm256_add_epi32(v0, b0), c0),
-                                         requant(_mm256_add_epi32(v1, b1), c1));
+  // Channels 0-3 | 8-11 and 4-7 | 12-15, as the low and high interleaves hold them.
+  const __m256i bl = _mm256_permute2x128_si256(b0, b1, 0x20),
+                bh = _mm256_permute2x128_si256(b0, b1, 0x31);
+  const __m256 cl = _mm256_permute2f128_ps(c0, c1, 0x20), ch = _mm256_permute2f128_ps(c0, c1, 0x31);
+  auto words = [&](int m) __attribute__((target("avx2"))) {
+    return _mm256_packs_epi32(requant.values(_mm256_add_epi32(lo[m], bl), cl),
+                              requant.values(_mm256_add_epi32(hi[m], bh), ch));
+  };
+  auto store = [&](int m, __m128i q) __attribute__((target("avx2"))) {
     uint8_t* to = t.y + m * t.ldy;
     if (t.cols == 16) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(to), q);
@@ -896,6 +905,14 @@ __attribute__((target("avx2"), always_inline)) inline void store_dw_tile_avx2(
       _mm_store_si128(reinterpret_cast<__m128i*>(tmp), q);
       std::memcpy(to, tmp, size_t(t.cols));
     }
+  };
+  const bool is_signed = requant.is_signed;
+  for (int m = t.first; m < t.last; m += 2) {
+    const __m256i w0 = words(m), w1 = m + 1 < t.last ? words(m + 1) : w0;
+    const __m256i b = is_signed ? _mm256_packs_epi16(w0, w1) : _mm256_packus_epi16(w0, w1);
+    const __m256i q = _mm256_permute4x64_epi64(b, 0xd8);  // pixel m's 16 bytes, then m + 1's
+    store(m, _mm256_castsi256_si128(q));
+    if (m + 1 < t.last) store(m + 1, _mm256_extracti128_si256(q, 1));
   }
 }
 SLIM_DW_TILE_256(dw_tile_avx2, SLIM_AVX2, pair_madd256)
