@@ -985,11 +985,16 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     r.target_ms = target.value_or(mo.latency_budget_ms.value_or(r.plan.chosen.latency_ms));
     // The plan of least measured loss among candidates near the target.
     const size_t before = r.candidates.size();
+    // The load may have changed since the layers were timed: the all-fp32 model, timed in
+    // the same rounds, scales a measurement back to the conditions of the prediction.
+    const auto normalized = [&](double ms, double fp32) {
+      return fp32 > 0 ? ms * m.fp32_ms / fp32 : ms;
+    };
     // Under a latency budget each candidate is timed too, alternating with the all-fp32
-    // model and normalized to the load of the measurements (as the re-measure below).
+    // model and normalized (as the re-measure below).
     const auto timed = [&](const Model& candidate) {
       const auto [ms, fp32] = time_alternating(candidate, *c.fp32, c.feeds, qo, mo.latency_runs);
-      return fp32 > 0 ? ms * m.fp32_ms / fp32 : ms;
+      return normalized(ms, fp32);
     };
     const auto measure = [&](const std::vector<Precision>& x) {
       report(mo, "search", int64_t(r.candidates.size() - before), mo.evaluations);
@@ -1011,14 +1016,16 @@ MixedPrecisionResult run_mixed_precision(const std::string& model_path, const st
     const Model written = build(c.p, m, r.plan.chosen.precision, qo);
     OnnxExporter::save_file(written, output);
     report(mo, "verify", 0, 1);
-    r.measured.loss = c.meter.loss(written);
-    // The load may have changed since the layers were timed: the all-fp32 model, timed in
-    // the same rounds, scales the measurement back to the conditions of the prediction.
+    // A candidate's loss is the written model's (the same bytes and meter): not measured
+    // again.
+    const auto built = std::find_if(
+        r.candidates.begin(), r.candidates.end(),
+        [&](const Candidate& cd) { return cd.point.precision == r.plan.chosen.precision; });
+    r.measured.loss = built != r.candidates.end() ? built->loss : c.meter.loss(written);
     const auto verify = [&](Verification& v) {
       std::tie(v.latency_ms, v.fp32_latency_ms) =
           time_alternating(written, *c.fp32, c.feeds, qo, 2 * mo.latency_runs);
-      v.normalized_ms =
-          v.fp32_latency_ms > 0 ? v.latency_ms * m.fp32_ms / v.fp32_latency_ms : v.latency_ms;
+      v.normalized_ms = normalized(v.latency_ms, v.fp32_latency_ms);
     };
     verify(r.measured);
     int timings = 1;

@@ -806,37 +806,27 @@ SLIM_VNNI512 void direct_tiles_avx512(const DirectConv& d, const uint8_t* src, c
   });
 }
 
-SLIM_VNNI256 void direct_tiles_avx2(const DirectConv& d, const uint8_t* src, const int32_t* bias,
-                                    const float* scale, const Int8Output& out, uint8_t* y,
-                                    int64_t t0, int64_t t1) {
-  const Requant256 requant(out);
-  d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) SLIM_VNNI256 {
-    switch (d.mr * 10 + nr) {
-      SLIM_DIRECT_CASE(avx2, 3, 4)
-      SLIM_DIRECT_CASE(avx2, 2, 6)
-      SLIM_DIRECT_CASE(avx2, 1, 6)
-      default:
-        SLIM_DIRECT_CASE(avx2, 1, 12)
-    }
-  });
-}
-
-// The pairs kernel holds a vector of ones and a product in registers too: at most 10
-// sums in flight (3 x 3, 2 x 5, 1 x 10) of the 16 ymm registers.
-SLIM_AVX2 void direct_tiles_pairs256(const DirectConv& d, const uint8_t* src, const int32_t* bias,
-                                     const float* scale, const Int8Output& out, uint8_t* y,
-                                     int64_t t0, int64_t t1) {
-  const Requant256 requant(out);
-  d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) SLIM_AVX2 {
-    switch (d.mr * 10 + nr) {
-      SLIM_DIRECT_CASE(pairs256, 3, 3)
-      SLIM_DIRECT_CASE(pairs256, 2, 5)
-      SLIM_DIRECT_CASE(pairs256, 1, 5)
-      default:
-        SLIM_DIRECT_CASE(pairs256, 1, 10)
-    }
-  });
-}
+// The two AVX2 kernels' tiles, stamped out per target: tile heights m3, m2, m1 for blocks
+// of 3, 2 and 1 vectors. The pairs kernel holds a vector of ones and a product in
+// registers too: at most 10 sums in flight (3 x 3, 2 x 5, 1 x 10) of the 16 ymm registers.
+#define SLIM_DIRECT_TILES_256(isa, target, m3, m2, m1)                                         \
+  target void direct_tiles_##isa(const DirectConv& d, const uint8_t* src, const int32_t* bias, \
+                                 const float* scale, const Int8Output& out, uint8_t* y,        \
+                                 int64_t t0, int64_t t1) {                                     \
+    const Requant256 requant(out);                                                             \
+    d.each_tile(src, bias, scale, out, y, t0, t1, [&](const DirectTile& t, int nr) target {    \
+      switch (d.mr * 10 + nr) {                                                                \
+        SLIM_DIRECT_CASE(isa, 3, m3)                                                           \
+        SLIM_DIRECT_CASE(isa, 2, m2)                                                           \
+        SLIM_DIRECT_CASE(isa, 1, m2)                                                           \
+        default:                                                                               \
+          SLIM_DIRECT_CASE(isa, 1, m1)                                                         \
+      }                                                                                        \
+    });                                                                                        \
+  }
+SLIM_DIRECT_TILES_256(avx2, SLIM_VNNI256, 4, 6, 12)
+SLIM_DIRECT_TILES_256(pairs256, SLIM_AVX2, 3, 5, 10)
+#undef SLIM_DIRECT_TILES_256
 #undef SLIM_DIRECT_CASE
 
 // A depthwise tile: MR pixels x 16 channels. Each channel sums its own taps, so there are
@@ -856,7 +846,7 @@ SLIM_VNNI256 inline __attribute__((always_inline)) __m256i pair_dp256(__m256i ac
                                                                       __m256i w) {
   return _mm256_dpwssd_avx_epi32(acc, x, w);
 }
-#define SLIM_DW_TILE_256(name, target, pair)                                                   \
+#define SLIM_DW_TILE_256(name, tiles, target, pair)                                            \
   template <int MR>                                                                            \
   target void name(const DirectTile& t, const Requant256& requant) {                           \
     __m256i lo[MR], hi[MR];                                                                    \
@@ -875,6 +865,13 @@ SLIM_VNNI256 inline __attribute__((always_inline)) __m256i pair_dp256(__m256i ac
       }                                                                                        \
     }                                                                                          \
     store_dw_tile_avx2<MR>(t, requant, lo, hi);                                                \
+  }                                                                                            \
+  target void tiles(const DirectConv& d, const uint8_t* src, const int32_t* bias,              \
+                    const float* scale, const Int8Output& out, uint8_t* y, int64_t t0,         \
+                    int64_t t1) {                                                              \
+    const Requant256 requant(out);                                                             \
+    d.each_tile(src, bias, scale, out, y, t0, t1,                                              \
+                [&](const DirectTile& t, int) target { name<4>(t, requant); });                \
   }
 
 // The tile's 16 channels of pixels [first, last), requantized and stored. The sums stay in
@@ -915,24 +912,10 @@ __attribute__((target("avx2"), always_inline)) inline void store_dw_tile_avx2(
     if (m + 1 < t.last) store(m + 1, _mm256_extracti128_si256(q, 1));
   }
 }
-SLIM_DW_TILE_256(dw_tile_avx2, SLIM_AVX2, pair_madd256)
-SLIM_DW_TILE_256(dw_tile_vnni256, SLIM_VNNI256, pair_dp256)
+SLIM_DW_TILE_256(dw_tile_avx2, dw_tiles_avx2, SLIM_AVX2, pair_madd256)
+SLIM_DW_TILE_256(dw_tile_vnni256, dw_tiles_vnni256, SLIM_VNNI256, pair_dp256)
 #undef SLIM_DW_TILE_256
 
-SLIM_AVX2 void dw_tiles_avx2(const DirectConv& d, const uint8_t* src, const int32_t* bias,
-                             const float* scale, const Int8Output& out, uint8_t* y, int64_t t0,
-                             int64_t t1) {
-  const Requant256 requant(out);
-  d.each_tile(src, bias, scale, out, y, t0, t1,
-              [&](const DirectTile& t, int) SLIM_AVX2 { dw_tile_avx2<4>(t, requant); });
-}
-SLIM_VNNI256 void dw_tiles_vnni256(const DirectConv& d, const uint8_t* src, const int32_t* bias,
-                                   const float* scale, const Int8Output& out, uint8_t* y,
-                                   int64_t t0, int64_t t1) {
-  const Requant256 requant(out);
-  d.each_tile(src, bias, scale, out, y, t0, t1,
-              [&](const DirectTile& t, int) SLIM_VNNI256 { dw_tile_vnni256<4>(t, requant); });
-}
 #pragma GCC diagnostic pop
 #endif
 
@@ -967,7 +950,7 @@ std::unique_ptr<DirectConv> DirectConv::make(const ConvGeometry& g, const std::v
     // 1 x 6 after ones of 2 x 6 had only 6 sums in flight), else 2 x 6, 1 x 12.
     d->nr = vectors % 3 == 0 ? 3 : int(std::min<int64_t>(vectors, 2));
     if (dot == DirectDot::pairs256)
-      d->mr = d->nr == 3 ? 3 : d->nr == 2 ? 5 : 10;  // see direct_tiles_pairs256
+      d->mr = d->nr == 3 ? 3 : d->nr == 2 ? 5 : 10;  // see SLIM_DIRECT_TILES_256
     else
       d->mr = d->nr == 3 ? 4 : d->nr == 2 ? 6 : 12;
   }
